@@ -1,0 +1,5 @@
+"""The MoE layer and its parts: routing, permutation, the functional layer."""
+from dropless.moe.layer import apply, capacity, init_params
+from dropless.moe.router import update_bias
+
+__all__ = ["apply", "init_params", "capacity", "update_bias"]

@@ -1,0 +1,20 @@
+"""Grouped matmul: one call for all experts, each over its real row count."""
+from dropless.ops.gmm.baselines import (loop_gmm, padded_gmm, padding_stats, ragged_dot_gmm,
+                                        reference_gmm)
+from dropless.ops.gmm.registry import (backend_spec, grouped_matmul, grouped_matmul_backends,
+                                       register_backend, resolve_backend)
+from dropless.ops.gmm.tiled import DEFAULT_TILE_SIZES, tiled_gmm
+
+register_backend("reference", reference_gmm,
+                 description="per-group masked loop, G x the work; obviously correct (tests)")
+register_backend("ragged_dot", ragged_dot_gmm,
+                 description="jax.lax.ragged_dot (XLA); the choice on GPU/TPU")
+register_backend("tiled", tiled_gmm, options=("tile_sizes",),
+                 description="pure-JAX row tiles per group with hand-written VJP; CPU default")
+register_backend("padded", padded_gmm, options=("capacity",),
+                 description="pad each group to a capacity, one batched GEMM (naive baseline)")
+register_backend("loop", loop_gmm, jittable=False,
+                 description="host loop over groups, sizes copied to host (naive baseline)")
+
+__all__ = ["grouped_matmul", "grouped_matmul_backends", "register_backend", "resolve_backend",
+           "backend_spec", "padding_stats", "DEFAULT_TILE_SIZES"]

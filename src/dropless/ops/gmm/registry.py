@@ -1,0 +1,123 @@
+"""The grouped-matmul registry: named backends behind one function.
+
+Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
+
+`grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G)` has exactly `jax.lax.ragged_dot`'s semantics:
+rows [start_g, start_g + group_sizes[g]) are multiplied by rhs[g]; rows past sum(group_sizes)
+come out as zeros; empty groups are fine. Backends are chosen by name; `auto` picks the fastest
+exact one for the platform.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    """A registered backend: `fn(lhs, rhs, group_sizes, *, out_dtype, **options) -> out_MN`."""
+
+    name: str
+    fn: Callable[..., jax.Array]
+    description: str
+    options: tuple[str, ...] = ()
+    jittable: bool = True
+
+
+_REGISTRY: dict[str, BackendSpec] = {}
+
+
+def register_backend(name: str, fn: Callable[..., jax.Array], *, description: str,
+                     options: tuple[str, ...] = (), jittable: bool = True) -> None:
+    """Add a backend under `name` (raises ValueError if the name is taken)."""
+    if name in _REGISTRY or name == "auto":
+        raise ValueError(f"grouped-matmul backend name {name!r} is already registered")
+    _REGISTRY[name] = BackendSpec(name, fn, description, tuple(options), jittable)
+
+
+def grouped_matmul_backends() -> tuple[str, ...]:
+    """Names accepted by `grouped_matmul(backend=...)`, `auto` first."""
+    return ("auto",) + tuple(_REGISTRY)
+
+
+def backend_spec(name: str) -> BackendSpec:
+    check_backend_name(name)
+    return _REGISTRY[resolve_backend(name)]
+
+
+def check_backend_name(name: str, where: str = "backend") -> None:
+    """Raise ValueError naming `where`, the value and the known backends if `name` is unknown."""
+    if name != "auto" and name not in _REGISTRY:
+        raise ValueError(f"{where}={name!r} is not a grouped-matmul backend; "
+                         f"known: {', '.join(grouped_matmul_backends())}")
+
+
+def resolve_backend(name: str, platform: str | None = None) -> str:
+    """`auto` -> `tiled` on CPU (ragged_dot does G times the work there), else `ragged_dot`."""
+    if name != "auto":
+        return name
+    platform = platform or jax.default_backend()
+    return "tiled" if platform == "cpu" else "ragged_dot"
+
+
+def _is_concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_operands(lhs_MK, rhs_GKN, group_sizes_G) -> None:
+    """Shape and dtype checks shared by every backend; ValueError names the argument."""
+    if lhs_MK.ndim != 2:
+        raise ValueError(f"lhs must be 2-D [M, K]; got shape {lhs_MK.shape}")
+    if rhs_GKN.ndim != 3:
+        raise ValueError(f"rhs must be 3-D [G, K, N]; got shape {rhs_GKN.shape}")
+    if lhs_MK.shape[1] != rhs_GKN.shape[1]:
+        raise ValueError(f"lhs K={lhs_MK.shape[1]} does not match rhs K={rhs_GKN.shape[1]} "
+                         f"(lhs {lhs_MK.shape}, rhs {rhs_GKN.shape})")
+    if group_sizes_G.ndim != 1 or group_sizes_G.shape[0] != rhs_GKN.shape[0]:
+        raise ValueError(f"group_sizes must have shape [G]=[{rhs_GKN.shape[0]}]; "
+                         f"got {group_sizes_G.shape}")
+    if not jnp.issubdtype(group_sizes_G.dtype, jnp.integer):
+        raise ValueError(f"group_sizes must be integers; got dtype {group_sizes_G.dtype}")
+    if _is_concrete(group_sizes_G):
+        gs = np.asarray(group_sizes_G)
+        if (gs < 0).any():
+            raise ValueError(f"group_sizes must be >= 0; got {gs.tolist()}")
+        if gs.sum() > lhs_MK.shape[0]:
+            raise ValueError(f"sum(group_sizes)={int(gs.sum())} exceeds lhs rows M="
+                             f"{lhs_MK.shape[0]}")
+
+
+def grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Array, *,
+                   backend: str = "auto", preferred_element_type: Any = None,
+                   **options: Any) -> jax.Array:
+    """out[r] = lhs[r] @ rhs[g(r)] for rows sorted by group; `jax.lax.ragged_dot` semantics.
+
+    Args:
+      lhs_MK: [M, K] rows sorted by group.
+      rhs_GKN: [G, K, N] one matrix per group.
+      group_sizes_G: [G] int rows per group, on device (traced under jit; never copied to host
+        except by the `loop` baseline). Rows past the sum give zeros.
+      backend: a name from `grouped_matmul_backends()`.
+      preferred_element_type: output dtype (accumulation is float32 for float inputs);
+        default: the promoted input dtype.
+      **options: backend options (`tile_sizes` for tiled, `capacity` for padded).
+    Returns: [M, N].
+    Raises: ValueError for an unknown backend or option, bad shapes, negative sizes (when
+      concrete), or the `loop` backend under jit.
+    """
+    lhs_MK, rhs_GKN = jnp.asarray(lhs_MK), jnp.asarray(rhs_GKN)
+    group_sizes_G = jnp.asarray(group_sizes_G)
+    spec = backend_spec(backend)
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        raise ValueError(f"grouped_matmul backend {spec.name!r} takes options "
+                         f"{list(spec.options)}; got unknown {unknown}")
+    check_operands(lhs_MK, rhs_GKN, group_sizes_G)
+    out_dtype = jnp.dtype(preferred_element_type if preferred_element_type is not None
+                          else jnp.result_type(lhs_MK, rhs_GKN))
+    return spec.fn(lhs_MK, rhs_GKN, group_sizes_G.astype(jnp.int32), out_dtype=out_dtype,
+                   **options)
