@@ -1,0 +1,21 @@
+"""`dropless bench KIND`: one module per kind, each with `add_arguments` and `run`."""
+from __future__ import annotations
+
+import importlib
+
+KINDS = {
+    "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
+    "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
+}
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for name, (module, help_text) in KINDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_bench_module=module)
+        importlib.import_module(module).add_arguments(p)
+
+
+def run(args) -> int:
+    return int(importlib.import_module(args._bench_module).run(args) or 0)
