@@ -230,4 +230,9 @@ def tiled_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, tile_sizes=DEFAULT_T
         raise ValueError(f"tile_sizes={tile_sizes!r} must be a non-empty tuple of positive ints")
     if lhs_MK.shape[0] == 0 or rhs_GKN.shape[0] == 0:
         return jnp.zeros((lhs_MK.shape[0], rhs_GKN.shape[2]), out_dtype)
-    return _tiled_gmm(lhs_MK, rhs_GKN, group_sizes_G, jnp.dtype(out_dtype), tile_sizes)
+    return _tiled_gmm_jit(lhs_MK, rhs_GKN, group_sizes_G, jnp.dtype(out_dtype), tile_sizes)
+
+
+# Called eagerly, each fori_loop would compile on its own; one jit compiles the kernel once per
+# shape (under an outer jit it is simply inlined).
+_tiled_gmm_jit = jax.jit(_tiled_gmm, static_argnums=(3, 4))
