@@ -121,9 +121,9 @@ def test_jit_once_for_any_routing(backend):
 
 
 def test_tiled_default_tiles_large_groups():
-    # default tile sizes (512, 448, ...): one group spans full and masked tiles, one is tiny
-    sizes = [700, 3, 0, 290]
-    lhs, rhs, gs, dy = operands(1000, 8, 4, sizes)
+    # default tile sizes (1024, 896, ...): one group spans full and masked tiles, one is tiny
+    sizes = [1300, 3, 0, 290]
+    lhs, rhs, gs, dy = operands(1600, 8, 4, sizes)
     out = grouped_matmul(lhs, rhs, gs, backend="tiled")
     np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-4)
     dl, dr = jax.grad(lambda a, b: jnp.vdot(grouped_matmul(a, b, gs, backend="tiled"), dy),

@@ -6,8 +6,8 @@ B rows in one tile, P tiles in one size class (a static budget; the real count i
 Why this shape of kernel: `jax.lax.ragged_dot` lowers on CPU to a masked dense dot that does G
 times the useful work. Here every group is cut into row tiles that start at the group's first row,
 full tiles of the largest size B first, then one masked tile for the remainder, of the smallest
-size that covers it (with sizes 512, 384, 256, ...: a group of 900 rows runs one 512-row tile and
-one 384-row tile masked to 388 rows). Each size class is one `fori_loop` whose trip count is the
+size that covers it (with sizes 1024, 896, ..., 512, 448, 384, ...: a group of 1400 rows runs one 1024-row
+tile and one 384-row tile masked to 376 rows). Each size class is one `fori_loop` whose trip count is the
 traced number of tiles of that class, so nothing is copied to the host and the kernel jits once
 for every routing. A masked tile near the end of the array is
 clamped inside it (its window slides back) rather than padded, so no operand is ever copied.
@@ -29,7 +29,8 @@ from jax import lax
 
 # one full-tile size, then remainder sizes about 1.15-1.5x apart: a group's last tile wastes
 # little, and a group never runs more than one partial tile
-DEFAULT_TILE_SIZES = (512, 448, 384, 320, 256, 224, 192, 160, 128, 112, 96, 80, 64, 48, 32, 16, 8)
+DEFAULT_TILE_SIZES = (1024, 896, 768, 640, 512, 448, 384, 320, 256, 224, 192, 160, 128, 112, 96,
+                      80, 64, 48, 32, 16, 8)
 
 
 class TileClass(NamedTuple):
