@@ -28,6 +28,7 @@ and no step multiplies by a float32 subnormal.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -199,7 +200,11 @@ def quantize(x: jax.Array, axis: int = -1, *, elem: str = "e4m3", rounding: str 
     _check_float(x, "x")
     fmt = elem_format(elem)
     _check_rounding(rounding)
-    axis = _norm_axis(axis, x.ndim)
+    return _quantize(x, _norm_axis(axis, x.ndim), fmt, rounding)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _quantize(x, axis: int, fmt: ElemFormat, rounding: str):
     xt = jnp.moveaxis(flush_subnormals(x), axis, -1)
     n = xt.shape[-1]
     nb = -(-n // BLOCK)
@@ -224,9 +229,16 @@ def dequantize(q: jax.Array, scale: jax.Array, axis: int = -1, *,
     if tuple(scale.shape) != want:
         raise ValueError(f"scale shape {tuple(scale.shape)} does not match q shape {q.shape} "
                          f"blocked by {BLOCK} along axis {axis} (expected {want})")
+    return _dequantize(q, scale, axis, jnp.dtype(out_dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _dequantize(q, scale, axis: int, out_dtype):
+    n = q.shape[axis]
+    nb = scale.shape[axis]
     e, is_nan = e8m0_exponent(scale)
-    e = jnp.repeat(e, BLOCK, axis=axis, total_repeat_length=want[axis] * BLOCK)
-    is_nan = jnp.repeat(is_nan, BLOCK, axis=axis, total_repeat_length=want[axis] * BLOCK)
+    e = jnp.repeat(e, BLOCK, axis=axis, total_repeat_length=nb * BLOCK)
+    is_nan = jnp.repeat(is_nan, BLOCK, axis=axis, total_repeat_length=nb * BLOCK)
     idx = jnp.arange(n)
     e, is_nan = jnp.take(e, idx, axis=axis), jnp.take(is_nan, idx, axis=axis)
     return decode_elements(q, e, is_nan).astype(out_dtype)
@@ -285,14 +297,18 @@ def quantize_grouped(x: jax.Array, group_sizes_G: jax.Array, axis: int = 0, *,
     fmt = elem_format(elem)
     _check_rounding(rounding)
     axis = _norm_axis(axis, 2)
+    return GroupedMX(*_quantize_grouped(x, group_sizes_G, axis, fmt, rounding), axis)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _quantize_grouped(x, group_sizes_G, axis: int, fmt: ElemFormat, rounding: str):
     x_MK = flush_subnormals(jnp.moveaxis(x, axis, 0))
     m, k = x_MK.shape
     block_M, nblk = group_blocks(group_sizes_G, m)
     amax_BK = jnp.zeros((nblk, k), jnp.int32).at[block_M].max(_abs_bits(x_MK))
     e_BK, nonfinite_BK = scale_exponent(amax_BK, fmt, rounding)
     q_MK = encode_elements(x_MK, e_BK[block_M], nonfinite_BK[block_M], fmt)
-    return GroupedMX(jnp.moveaxis(q_MK, 0, axis), scale_to_e8m0(e_BK, nonfinite_BK),
-                     block_M, axis)
+    return jnp.moveaxis(q_MK, 0, axis), scale_to_e8m0(e_BK, nonfinite_BK), block_M
 
 
 def dequantize_grouped(gq: GroupedMX, *, out_dtype=jnp.float32) -> jax.Array:
