@@ -313,10 +313,16 @@ def _quantize_grouped(x, group_sizes_G, axis: int, fmt: ElemFormat, rounding: st
 
 def dequantize_grouped(gq: GroupedMX, *, out_dtype=jnp.float32) -> jax.Array:
     """Values of group-aware MX blocks: q * scale_BK[block_M] (rows along gq.axis)."""
-    q_MK = jnp.moveaxis(gq.q, gq.axis, 0)
-    e_BK, nan_BK = e8m0_exponent(gq.scale_BK)
-    v_MK = decode_elements(q_MK, e_BK[gq.block_M], nan_BK[gq.block_M])
-    return jnp.moveaxis(v_MK, 0, gq.axis).astype(out_dtype)
+    return _dequantize_grouped(gq.q, gq.scale_BK, gq.block_M, int(gq.axis),
+                               jnp.dtype(out_dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _dequantize_grouped(q, scale_BK, block_M, axis: int, out_dtype):
+    q_MK = jnp.moveaxis(q, axis, 0)
+    e_BK, nan_BK = e8m0_exponent(scale_BK)
+    v_MK = decode_elements(q_MK, e_BK[block_M], nan_BK[block_M])
+    return jnp.moveaxis(v_MK, 0, axis).astype(out_dtype)
 
 
 def fake_quantize(x: jax.Array, axis: int = -1, *, elem: str = "e4m3",
