@@ -116,3 +116,14 @@ def test_bad_arguments():
         mx.quantize_grouped(x, jnp.array([8]), axis=2)
     with pytest.raises(ValueError, match="elem='int8'"):
         mx.quantize_grouped(x, jnp.array([8]), elem="int8")
+
+
+def test_fake_quantize_grouped_fast_path_equals_codes_path():
+    x = data(7, 120, 5)
+    x[50, 2] = np.nan
+    sizes = jnp.array([1, 31, 33, 44, 0])
+    for elem, rounding in (("e4m3", "floor"), ("e5m2", "up")):
+        slow = mx.dequantize_grouped(mx.quantize_grouped(jnp.asarray(x), sizes, 0, elem=elem,
+                                                         rounding=rounding))
+        fast = mx.fake_quantize_grouped(jnp.asarray(x), sizes, 0, elem=elem, rounding=rounding)
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(slow))

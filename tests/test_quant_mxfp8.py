@@ -183,3 +183,17 @@ def test_reference_decode_round_trips_every_code():
             v = ref.decode(c, elem)
             if math.isfinite(v) and abs(v) <= ref.FORMATS[elem]["max"]:
                 assert ref.encode(v, elem) == c, (elem, c)
+
+
+@pytest.mark.parametrize("elem", ELEMS)
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_fake_quantize_fast_path_equals_codes_path(elem, rounding):
+    # fake_quantize skips the FP8 codes; it must give dequantize(quantize(x)) bit for bit
+    x = np.concatenate([wide_range(6, (6, 64), -40, 40)] +
+                       [np.pad(b, ((0, 0), (0, 32))) for b in EDGE_BLOCKS.values()])
+    x[0, 3], x[1, 40] = np.inf, np.nan
+    q, s = mx.quantize(jnp.asarray(x), axis=1, elem=elem, rounding=rounding)
+    slow = np.asarray(mx.dequantize(q, s, axis=1))
+    fast = np.asarray(mx.fake_quantize(jnp.asarray(x), 1, elem=elem, rounding=rounding))
+    np.testing.assert_array_equal(fast, slow)
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(slow))

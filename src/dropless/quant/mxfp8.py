@@ -49,11 +49,13 @@ class ElemFormat:
     emax: int
     max_normal: float
     nan_code: int
+    emin: int    # exponent of the smallest normal
+    mbits: int   # mantissa bits
 
 
 ELEM_FORMATS = {
-    "e4m3": ElemFormat("e4m3", jnp.dtype(jnp.float8_e4m3fn), 8, 448.0, 0x7F),
-    "e5m2": ElemFormat("e5m2", jnp.dtype(jnp.float8_e5m2), 15, 57344.0, 0x7E),
+    "e4m3": ElemFormat("e4m3", jnp.dtype(jnp.float8_e4m3fn), 8, 448.0, 0x7F, -6, 3),
+    "e5m2": ElemFormat("e5m2", jnp.dtype(jnp.float8_e5m2), 15, 57344.0, 0x7E, -14, 2),
 }
 
 
@@ -174,6 +176,22 @@ def encode_elements(x_f32: jax.Array, e: jax.Array, nonfinite: jax.Array,
     return lax.bitcast_convert_type(code, fmt.dtype)
 
 
+def round_elements(x_f32: jax.Array, e: jax.Array, nonfinite: jax.Array,
+                   fmt: ElemFormat) -> jax.Array:
+    """decode_elements(encode_elements(...)) without FP8 codes: the same float32 values.
+
+    x / 2**e (clamped) is rounded to nearest even on the format's grid in float32 arithmetic:
+    its quantum is 2**(max(exponent, emin) - mbits), so round(|y| / quantum) * quantum is exact.
+    Skips the FP8 convert, which XLA:CPU does in software; the tests hold both paths to the
+    NumPy reference.
+    """
+    y = jnp.clip(_mul_pow2(x_f32, -e), -fmt.max_normal, fmt.max_normal)
+    exp_y = (_abs_bits(y) >> 23) - 127
+    qexp = jnp.maximum(exp_y, fmt.emin) - fmt.mbits
+    r = jnp.round(y * _pow2(-qexp)) * _pow2(qexp)  # round half to even
+    return jnp.where(nonfinite, jnp.float32(jnp.nan), _mul_pow2(r, e))
+
+
 def decode_elements(q: jax.Array, e: jax.Array, is_nan: jax.Array) -> jax.Array:
     """float32 values q * 2**e (NaN where the scale is NaN); broadcasts e, is_nan against q."""
     v = _mul_pow2(q.astype(jnp.float32), e)
@@ -200,17 +218,21 @@ def quantize(x: jax.Array, axis: int = -1, *, elem: str = "e4m3", rounding: str 
     _check_float(x, "x")
     fmt = elem_format(elem)
     _check_rounding(rounding)
-    return _quantize(x, _norm_axis(axis, x.ndim), fmt, rounding)
+    return _quantize(x, _norm_axis(axis, x.ndim), fmt, rounding, False)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _quantize(x, axis: int, fmt: ElemFormat, rounding: str):
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _quantize(x, axis: int, fmt: ElemFormat, rounding: str, values: bool):
+    """(codes, scales), or with `values` the rounded float32 values only."""
     xt = jnp.moveaxis(flush_subnormals(x), axis, -1)
     n = xt.shape[-1]
     nb = -(-n // BLOCK)
     xp = jnp.pad(xt, [(0, 0)] * (xt.ndim - 1) + [(0, nb * BLOCK - n)])
     xb = xp.reshape(*xt.shape[:-1], nb, BLOCK)
     e, nonfinite = scale_exponent(jnp.max(_abs_bits(xb), axis=-1, initial=0), fmt, rounding)
+    if values:
+        vb = round_elements(xb, e[..., None], nonfinite[..., None], fmt)
+        return jnp.moveaxis(vb.reshape(*xt.shape[:-1], nb * BLOCK)[..., :n], -1, axis)
     qb = encode_elements(xb, e[..., None], nonfinite[..., None], fmt)
     q = qb.reshape(*xt.shape[:-1], nb * BLOCK)[..., :n]
     return jnp.moveaxis(q, -1, axis), jnp.moveaxis(scale_to_e8m0(e, nonfinite), -1, axis)
@@ -288,25 +310,34 @@ def quantize_grouped(x: jax.Array, group_sizes_G: jax.Array, axis: int = 0, *,
     """
     x = jnp.asarray(x)
     group_sizes_G = jnp.asarray(group_sizes_G)
+    _check_grouped(x, group_sizes_G)
+    fmt = elem_format(elem)
+    _check_rounding(rounding)
+    axis = _norm_axis(axis, 2)
+    return GroupedMX(*_quantize_grouped(x, group_sizes_G, axis, fmt, rounding, False), axis)
+
+
+def _check_grouped(x, group_sizes_G):
     _check_float(x, "x")
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D for grouped quantization; got shape {x.shape}")
     if group_sizes_G.ndim != 1 or not jnp.issubdtype(group_sizes_G.dtype, jnp.integer):
         raise ValueError(f"group_sizes must be a 1-D integer array; got shape "
                          f"{group_sizes_G.shape} dtype {group_sizes_G.dtype}")
-    fmt = elem_format(elem)
-    _check_rounding(rounding)
-    axis = _norm_axis(axis, 2)
-    return GroupedMX(*_quantize_grouped(x, group_sizes_G, axis, fmt, rounding), axis)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _quantize_grouped(x, group_sizes_G, axis: int, fmt: ElemFormat, rounding: str):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _quantize_grouped(x, group_sizes_G, axis: int, fmt: ElemFormat, rounding: str,
+                      values: bool):
+    """(codes, scales_BK, block_M), or with `values` the rounded float32 values only."""
     x_MK = flush_subnormals(jnp.moveaxis(x, axis, 0))
     m, k = x_MK.shape
     block_M, nblk = group_blocks(group_sizes_G, m)
     amax_BK = jnp.zeros((nblk, k), jnp.int32).at[block_M].max(_abs_bits(x_MK))
     e_BK, nonfinite_BK = scale_exponent(amax_BK, fmt, rounding)
+    if values:
+        v_MK = round_elements(x_MK, e_BK[block_M], nonfinite_BK[block_M], fmt)
+        return jnp.moveaxis(v_MK, 0, axis)
     q_MK = encode_elements(x_MK, e_BK[block_M], nonfinite_BK[block_M], fmt)
     return jnp.moveaxis(q_MK, 0, axis), scale_to_e8m0(e_BK, nonfinite_BK), block_M
 
@@ -327,14 +358,26 @@ def _dequantize_grouped(q, scale_BK, block_M, axis: int, out_dtype):
 
 def fake_quantize(x: jax.Array, axis: int = -1, *, elem: str = "e4m3",
                   rounding: str = "floor", out_dtype=None) -> jax.Array:
-    """dequantize(quantize(x)): x rounded to the nearest MX value, in `out_dtype` (x's dtype)."""
-    q, s = quantize(x, axis, elem=elem, rounding=rounding)
-    return dequantize(q, s, axis, out_dtype=out_dtype or x.dtype)
+    """dequantize(quantize(x)): x rounded to the nearest MX value, in `out_dtype` (x's dtype).
+
+    Computed without materialising FP8 codes (`round_elements`); same values, same errors.
+    """
+    x = jnp.asarray(x)
+    _check_float(x, "x")
+    fmt = elem_format(elem)
+    _check_rounding(rounding)
+    v = _quantize(x, _norm_axis(axis, x.ndim), fmt, rounding, True)
+    return v.astype(out_dtype or x.dtype)
 
 
 def fake_quantize_grouped(x: jax.Array, group_sizes_G: jax.Array, axis: int = 0, *,
                           elem: str = "e4m3", rounding: str = "floor",
                           out_dtype=None) -> jax.Array:
-    """dequantize_grouped(quantize_grouped(x)), in `out_dtype` (default x's dtype)."""
-    gq = quantize_grouped(x, group_sizes_G, axis, elem=elem, rounding=rounding)
-    return dequantize_grouped(gq, out_dtype=out_dtype or x.dtype)
+    """dequantize_grouped(quantize_grouped(x)), in `out_dtype` (default x's dtype); computed
+    without materialising FP8 codes (`round_elements`)."""
+    x, group_sizes_G = jnp.asarray(x), jnp.asarray(group_sizes_G)
+    _check_grouped(x, group_sizes_G)
+    fmt = elem_format(elem)
+    _check_rounding(rounding)
+    v = _quantize_grouped(x, group_sizes_G, _norm_axis(axis, 2), fmt, rounding, True)
+    return v.astype(out_dtype or x.dtype)
