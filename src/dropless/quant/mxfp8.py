@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import struct
 from typing import NamedTuple
 
 import jax
@@ -145,7 +146,6 @@ def scale_exponent(amax_bits: jax.Array, fmt: ElemFormat, rounding: str
 
 
 def _host_bits(v: float) -> int:
-    import struct
     return struct.unpack("<I", struct.pack("<f", v))[0]
 
 
