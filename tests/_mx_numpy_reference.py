@@ -1,5 +1,7 @@
 """An independent plain-Python/NumPy implementation of the OCP MX v1.0 rules, for tests only.
 
+Legend: M rows sorted by group, K columns, R rows, n elements along the blocked axis.
+
 Written from the spec, not from dropless.quant: float64 arithmetic with math.frexp, element
 rounding by Python's round() (half to even) on a per-binade quantum, codes assembled from their
 sign / exponent / mantissa fields by hand. No JAX, no ml_dtypes casts.
