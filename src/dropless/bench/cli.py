@@ -6,6 +6,8 @@ import importlib
 KINDS = {
     "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
     "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
+    "quant": ("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation cost, "
+              "convergence"),
 }
 
 
