@@ -4,13 +4,13 @@ Legend: M rows (routed tokens, sorted by group), K contraction dim, N output dim
 B rows in one tile, P tiles in one size class (a static budget; the real count is traced).
 
 Why this shape of kernel: `jax.lax.ragged_dot` lowers on CPU to a masked dense dot that does G
-times the useful work. Here every group is cut into row tiles that start at the group's first row,
+times the useful work. Here every group is cut into row tiles that start at the group's first row:
 full tiles of the largest size B first, then one masked tile for the remainder, of the smallest
-size that covers it (with sizes 1024, 896, ..., 512, 448, 384, ...: a group of 1400 rows runs one 1024-row
-tile and one 384-row tile masked to 376 rows). Each size class is one `fori_loop` whose trip count is the
-traced number of tiles of that class, so nothing is copied to the host and the kernel jits once
-for every routing. A masked tile near the end of the array is
-clamped inside it (its window slides back) rather than padded, so no operand is ever copied.
+size that covers it (with sizes 1024, 896, ..., 448, 384, ...: a group of 1400 rows runs one
+1024-row tile and one 384-row tile masked to 376 rows). Each size class is one `fori_loop` whose
+trip count is the traced number of tiles of that class, so nothing is copied to the host and the
+kernel jits once for every routing. A masked tile near the end of the array is clamped inside it
+(its window slides back) rather than padded, so no operand is ever copied.
 
 The backward pass is written out (a custom VJP) rather than differentiated through the loops
 (which measured 5-30x slower):
