@@ -171,3 +171,17 @@ def test_bad_configs_name_field_and_value():
     with pytest.raises(ValueError, match="lhs K=8 does not match"):
         mxfp8_grouped_matmul(jnp.ones((4, 8)), jnp.ones((1, 9, 2)), jnp.array([4]))
     assert dataclasses.is_dataclass(MXFP8Config)
+
+
+def test_moe_config_mx_options_reach_the_quantized_gmm():
+    import functools
+    from dropless import MoEConfig
+    from dropless.quant import quantized_gmm
+    cfg = MoEConfig(num_experts=4, top_k=2, d_model=32, d_ff=32, gmm_quantization="mxfp8",
+                    mx_scale_rounding="up", mx_grad_elem="e5m2")
+    fn = quantized_gmm(cfg)
+    assert isinstance(fn, functools.partial)
+    assert fn.keywords["config"].scale_rounding == "up"
+    assert fn.keywords["config"].grad_elem == "e5m2"
+    with pytest.raises(ValueError, match="MoEConfig.mx_scale_rounding='ceil'"):
+        MoEConfig(num_experts=4, top_k=2, d_model=32, d_ff=32, mx_scale_rounding="ceil")

@@ -51,6 +51,8 @@ class MoEConfig:
     capacity_factor: float | None = None
     gmm_backend: str = "auto"
     gmm_quantization: str = "none"
+    mx_scale_rounding: str = "floor"  # MXFP8 scales: "floor" (OCP spec) or "up" (never saturates)
+    mx_grad_elem: str = "e4m3"        # MXFP8 element format of gradients: "e4m3" or "e5m2"
     dtype: str = "float32"           # activations and expert matmul inputs
     weight_dtype: str = "float32"    # stored expert / shared weights (router stays float32)
     load_balance_coef: float = 0.0   # Switch/Mixtral loss; Mixtral uses 0.02
@@ -95,6 +97,10 @@ class MoEConfig:
         if self.gmm_quantization not in GMM_QUANTIZATIONS:
             _fail(c, "gmm_quantization", self.gmm_quantization,
                   f"must be one of {GMM_QUANTIZATIONS}")
+        if self.mx_scale_rounding not in ("floor", "up"):
+            _fail(c, "mx_scale_rounding", self.mx_scale_rounding, "must be 'floor' or 'up'")
+        if self.mx_grad_elem not in ("e4m3", "e5m2"):
+            _fail(c, "mx_grad_elem", self.mx_grad_elem, "must be 'e4m3' or 'e5m2'")
         _check_dtype(c, "dtype", self.dtype)
         _check_dtype(c, "weight_dtype", self.weight_dtype)
         for name in ("load_balance_coef", "seq_aux_coef", "z_loss_coef", "bias_update_speed"):

@@ -161,5 +161,8 @@ def quantized_gmm(cfg, mx_config: MXFP8Config | None = None
     if cfg.gmm_quantization != "mxfp8":
         raise ValueError(f"MoEConfig.gmm_quantization={cfg.gmm_quantization!r} has no quantized "
                          f"grouped matmul; known: 'mxfp8'")
-    config = dataclasses.replace(mx_config or MXFP8Config(), backend=cfg.gmm_backend)
+    if mx_config is None:
+        mx_config = MXFP8Config(scale_rounding=getattr(cfg, "mx_scale_rounding", "floor"),
+                                grad_elem=getattr(cfg, "mx_grad_elem", "e4m3"))
+    config = dataclasses.replace(mx_config, backend=cfg.gmm_backend)
     return functools.partial(mxfp8_grouped_matmul, config=config)
