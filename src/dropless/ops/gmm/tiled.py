@@ -187,13 +187,19 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
             return tile_dw(start, size, (rows_B >= row) & (rows_B < end))
         return branch
 
-    branches = [remainder_branch(b) for b in sizes] + [lambda row, end: jnp.zeros((k, n), jnp.float32)]
+    def no_remainder(row, end):
+        return jnp.zeros((k, n), jnp.float32)
+
+    branches = [remainder_branch(b) for b in sizes] + [no_remainder]
 
     def group_body(carry, grp):
+        # start from the remainder tile's product, not from zeros: most groups of a large G
+        # have no full tile, and then the product is the result with no extra pass over [K, N]
+        acc_KN = lax.switch(branch_G[grp], branches, rem_start_G[grp], ends_G[grp])
+
         def full_body(t, acc_KN):
             return acc_KN + tile_dw(starts_G[grp] + t * full, full, None)
-        acc_KN = lax.fori_loop(0, nfull_G[grp], full_body, jnp.zeros((k, n), jnp.float32))
-        acc_KN = acc_KN + lax.switch(branch_G[grp], branches, rem_start_G[grp], ends_G[grp])
+        acc_KN = lax.fori_loop(0, nfull_G[grp], full_body, acc_KN)
         return carry, acc_KN.astype(out_dtype)
 
     # a scan's stacked outputs are written once each: no zero-filled [G, K, N] buffer first
