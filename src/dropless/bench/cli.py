@@ -6,6 +6,8 @@ import importlib
 KINDS = {
     "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
     "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
+    "dispatch": ("dropless.bench.dispatch",
+                 "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving"),
 }
 
 

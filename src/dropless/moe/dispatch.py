@@ -13,9 +13,10 @@ The expert math is the layer's own `expert_ffn`, so EP and the single-device lay
 
 Overflow never drops a token under `overflow="rounds"`: rows beyond a peer's chunk travel in
 further rounds of the same step. The round count is a pmax over all devices, so every rank runs
-the same number of collectives without a host sync. Its backward pass is a custom VJP that
-replays the rounds (recomputing each round's forward, then its VJP), so memory stays bounded by
-one round's buffers. With `overflow="error"` one round runs, rows that do not fit are counted
+the same number of collectives without a host sync. Round 0 is differentiated as usual; the
+extra rounds (a traced-length loop, often empty) have a custom VJP that replays them
+(recomputing each round's forward, then its VJP), so memory stays bounded by one round's
+buffers whatever the routing. With `overflow="error"` one round runs, rows that do not fit are counted
 in `aux["dropped_rows"]`, and `check_overflow` raises on the host.
 """
 from __future__ import annotations
@@ -152,9 +153,9 @@ def _one_round(r, x_TD, w_TK, experts, state, spec: DispatcherSpec, ctx: EPConte
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _rounds(x_TD, w_TK, experts, state, rounds, spec, ctx):
-    """sum over r < rounds of one round's output; rounds is traced (agreed on device)."""
+    """Sum over the extra rounds 1 <= r < rounds (traced, agreed on device) of their outputs."""
     body = lambda r, y: y + _one_round(r, x_TD, w_TK, experts, state, spec, ctx)
-    return lax.fori_loop(0, rounds, body, jnp.zeros(x_TD.shape, jnp.float32))
+    return lax.fori_loop(1, rounds, body, jnp.zeros(x_TD.shape, jnp.float32))
 
 
 def _rounds_fwd(x_TD, w_TK, experts, state, rounds, spec, ctx):
@@ -171,7 +172,7 @@ def _rounds_bwd(spec, ctx, res, dy_TD):
         return jax.tree.map(jnp.add, acc, vjp(dy_TD))
 
     zeros = jax.tree.map(jnp.zeros_like, (x_TD, w_TK, experts))
-    dx, dw, de = lax.fori_loop(0, rounds, body, zeros)
+    dx, dw, de = lax.fori_loop(1, rounds, body, zeros)
     return dx, dw, de, None, None
 
 
@@ -228,10 +229,10 @@ def _per_device(x_TD, w_TK, ids_TK, experts, *, spec: DispatcherSpec, ctx: EPCon
     """Inside the shard_map: local tokens in, local token outputs and global stats out."""
     state = spec.prepare(ids_TK, ctx)
     rounds = spec.rounds(state, ctx)
-    if ctx.max_rounds == 1 or ctx.overflow == "error" or spec.name == "allgather":
-        y_TD = _one_round(0, x_TD, w_TK, experts, state, spec, ctx)  # one round: plain autodiff
-    else:
-        y_TD = _rounds(x_TD, w_TK, experts, state, rounds, spec, ctx)
+    # round 0 is differentiated as usual; only overflow rounds pay for recomputation
+    y_TD = _one_round(0, x_TD, w_TK, experts, state, spec, ctx)
+    if ctx.max_rounds > 1 and ctx.overflow == "rounds" and spec.name != "allgather":
+        y_TD = y_TD + _rounds(x_TD, w_TK, experts, state, rounds, spec, ctx)
     return y_TD, _stats(state, rounds, spec, ctx)
 
 
