@@ -29,18 +29,19 @@ def _one_device_params(cfg):
 
 
 def test_error_policy_raises_with_layer_rows_and_factor():
-    """EP=8, T_local=8, K=2, factor 1 -> chunk 2; all 8 rows of each device go to device 0:
-    6 rows overflow per device, 48 in all; a factor of 8/2 = 4.0 would have been enough."""
+    """EP=8, T_local=8, K=2, factor 1: a round takes one 2-entry row per peer (see
+    test_one_device_routing_rounds_and_stats_hand_counted); all 8 rows of each device go to
+    device 0, so 7 per device overflow, 56 in all, and a factor of 8.0 would have been enough."""
     cfg = _cfg()
     mesh = make_mesh(MeshConfig(expert=8))
     x = jax.random.normal(jax.random.key(1), (64, 8), jnp.float32)
     _, aux = jax.jit(lambda p, x: layer.apply(p, x, cfg, mesh=mesh))(_one_device_params(cfg), x)
-    assert float(aux["dropped_rows"]) == 48 and int(aux["rounds"]) == 1
-    with pytest.raises(BufferOverflowError, match=r"layers/3/moe: 48 rows overflowed.*"
-                                                  r"ragged_buffer_factor=4\.0 would"):
+    assert float(aux["dropped_rows"]) == 56 and int(aux["rounds"]) == 1
+    with pytest.raises(BufferOverflowError, match=r"layers/3/moe: 56 rows overflowed.*"
+                                                  r"ragged_buffer_factor=8\.0 would"):
         check_overflow(aux, layer="layers/3/moe", cfg=cfg)
     # with the sufficient factor nothing overflows, nothing raises, and the output is exact
-    big = cfg.replace(ragged_buffer_factor=4.0)
+    big = cfg.replace(ragged_buffer_factor=8.0)
     y, aux = jax.jit(lambda p, x: layer.apply(p, x, big, mesh=mesh))(_one_device_params(big), x)
     check_overflow(aux, layer="layers/3/moe", cfg=big)
     y_ref, _ = layer.apply(_one_device_params(big), x, big)

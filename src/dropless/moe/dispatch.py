@@ -52,7 +52,7 @@ class DispatcherSpec:
     combine: Callable[..., jax.Array]
     description: str
     unsupported_on: tuple[str, ...] = ()   # platforms where it cannot compile
-    buffer_rows: Callable[..., int] = lambda ctx: ctx.chunk  # slots per peer per round
+    buffer_rows: Callable[..., int] = lambda ctx: ctx.budget.row_chunk  # per peer per round
 
 
 DISPATCHERS: dict[str, DispatcherSpec] = {
@@ -107,14 +107,15 @@ class EPContext:
     num_peers: int
     experts_per_peer: int
     row_slots: int
-    chunk: int
+    budget: dp.Budget
     overflow: str
-    row_bytes: int                      # one travelling row: D activations + J (id, weight)
+    row_bytes: int                      # one travelling row: D activations
+    entry_bytes: int                    # one travelling entry: (row, expert) code + weight
 
     @property
     def max_rounds(self) -> int:
-        """Static bound on the rounds any routing needs (a peer gets <= T rows)."""
-        return -(-self.num_tokens // self.chunk)
+        """Static bound on the rounds any routing needs."""
+        return self.budget.max_rounds
 
 
 def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContext:
@@ -140,8 +141,8 @@ def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContex
         cfg=cfg, expert_axis=EXPERT_AXIS, all_axes=tuple(mesh.axis_names),
         mesh_shape=tuple(int(s) for s in mesh.devices.shape), node_of_position=nodes,
         num_tokens=t_local, num_peers=ep, experts_per_peer=el, row_slots=j,
-        chunk=dp.chunk_rows(t_local, cfg.top_k, ep, cfg.ragged_buffer_factor),
-        overflow=cfg.overflow, row_bytes=cfg.d_model * jnp.dtype(dtype).itemsize + 8 * j)
+        budget=dp.make_budget(t_local, cfg.top_k, cfg.num_experts, ep, cfg.ragged_buffer_factor),
+        overflow=cfg.overflow, row_bytes=cfg.d_model * jnp.dtype(dtype).itemsize, entry_bytes=8)
 
 
 def _one_round(r, x_TD, w_TK, experts, state, spec: DispatcherSpec, ctx: EPContext):
@@ -190,31 +191,37 @@ def _peer_nodes(ctx: EPContext) -> tuple[jax.Array, jax.Array]:
 
 
 def _stats(state, rounds, spec: DispatcherSpec, ctx: EPContext) -> dict[str, jax.Array]:
-    """Per-layer traffic and buffer statistics, summed (or maxed) over all devices."""
-    counts_P, routed_P = state.counts_P, state.routed_P
-    buf = spec.buffer_rows(ctx)
+    """Per-layer traffic and buffer statistics, summed (or maxed) over all devices.
+
+    Rows are counted once per direction (combine moves the same rows back). `*_no_dedup` is what
+    a dispatcher sending one row per (token, choice) would move. Load and headroom refer to the
+    a2a budget (rows and entries per peer per round) whatever the dispatcher.
+    """
+    plan = state.plan if spec.name == "allgather" else state
+    counts_P, routed_P = plan.counts_P, plan.routed_P
+    late_P = jnp.sum(plan.hit_TP & (plan.round_TP > 0), axis=0)   # rows beyond round 0
     if spec.name == "allgather":
         sent_P = jnp.full_like(counts_P, ctx.num_tokens)
+    elif ctx.overflow == "error":
+        sent_P = counts_P - late_P
     else:
-        sent_P = jnp.minimum(counts_P, rounds * buf)
+        sent_P = counts_P
     nodes_P, me = _peer_nodes(ctx)
-    peers = jnp.arange(ctx.num_peers)
-    remote_P = peers != me
+    remote_P = jnp.arange(ctx.num_peers) != me
     intra_P = remote_P & (nodes_P == nodes_P[me])
     inter_P = nodes_P != nodes_P[me]
     s = lambda v: lax.psum(jnp.sum(v).astype(jnp.float32), ctx.all_axes)
-    over = s(jnp.maximum(counts_P - buf, 0))
-    max_rows = lax.pmax(jnp.max(counts_P), ctx.all_axes).astype(jnp.float32)
-    balanced = ctx.num_tokens * ctx.cfg.top_k / ctx.num_peers
+    over = s(late_P)
+    load = lax.pmax(jnp.max(plan.cost_P), ctx.all_axes) / ctx.budget.units[2]
     stats = {
         "rows_sent": s(sent_P), "rows_routed": s(routed_P),
-        "padding_rows": s(rounds * buf * ctx.num_peers) - s(sent_P),
+        "padding_rows": s(rounds * spec.buffer_rows(ctx) * ctx.num_peers) - s(sent_P),
         "rounds": rounds.astype(jnp.int32),
-        "buffer_headroom": 1.0 - max_rows / buf,
+        "buffer_headroom": 1.0 - load.astype(jnp.float32),
         "overflow_rows": over,
         "dropped_rows": over if ctx.overflow == "error" and spec.name != "allgather"
         else jnp.zeros((), jnp.float32),
-        "sufficient_buffer_factor": max_rows / balanced,
+        "sufficient_buffer_factor": (load * ctx.cfg.ragged_buffer_factor).astype(jnp.float32),
         "rows_intra_node": s(jnp.where(intra_P, sent_P, 0)),
         "rows_inter_node": s(jnp.where(inter_P, sent_P, 0)),
         "rows_intra_node_no_dedup": s(jnp.where(intra_P, routed_P, 0)),

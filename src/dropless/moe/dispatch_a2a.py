@@ -76,29 +76,73 @@ def _return_bwd(num_tokens, axis, res, d_TD):
 return_rows.defvjp(_return_fwd, _return_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def sum_rows(y_QD: jax.Array, idx_Q: jax.Array, num_rows: int) -> jax.Array:
+    """out[i] = sum of y_QD[q] with idx_Q[q] == i (idx num_rows = dropped). Transpose of
+    gather_rows."""
+    return _unpack(y_QD, idx_Q, num_rows)
+
+
+def _sum_fwd(y_QD, idx_Q, num_rows):
+    return sum_rows(y_QD, idx_Q, num_rows), (idx_Q,)
+
+
+def _sum_bwd(num_rows, res, d_RD):
+    return _pack(d_RD, res[0]), None
+
+
+sum_rows.defvjp(_sum_fwd, _sum_bwd)
+
+
+@jax.custom_vjp
+def gather_rows(x_RD: jax.Array, idx_Q: jax.Array) -> jax.Array:
+    """out[q] = x_RD[idx_Q[q]] (zero where idx_Q = R). Transpose of sum_rows."""
+    return _pack(x_RD, idx_Q)
+
+
+def _gather_fwd(x_RD, idx_Q):
+    return gather_rows(x_RD, idx_Q), (idx_Q, jnp.zeros((x_RD.shape[0], 0), x_RD.dtype))
+
+
+def _gather_bwd(res, d_QD):
+    idx_Q, shape_R0 = res
+    return _unpack(d_QD, idx_Q, shape_R0.shape[0]).astype(shape_R0.dtype), None
+
+
+gather_rows.defvjp(_gather_fwd, _gather_bwd)
+
+
 class RowsToExperts(NamedTuple):
-    """Frozen metadata from replicating received rows into expert-major order."""
+    """Frozen metadata of the receiver's expansion: rows -> expert-major entries."""
 
     perm: perm.Permutation
-    w_RJ: jax.Array
+    row_Q: jax.Array       # received row of each entry (R = empty)
+    w_Q: jax.Array         # combine weight of each entry
+    num_rows: int
 
 
-def rows_to_experts(x_RD, lid_RJ, w_RJ, num_local: int):
-    """Replicate each row once per local expert it carries, expert-major; unused entries (id
-    num_local) sort last and lie past the group sizes, so the grouped matmul skips them.
+def rows_to_experts(x_RD, row_Q, lid_Q, w_Q, num_local: int):
+    """Expand received rows into one entry per (row, local expert), expert-major. Empty entries
+    (lid num_local) sort last, past the group sizes, so the grouped matmul skips them.
     Returns (x_ND, group_sizes_El, RowsToExperts)."""
-    j = lid_RJ.shape[1]
-    p = perm.sort_by_expert(lid_RJ, num_local + 1)
-    x_ND = perm.permute(x_RD, p.order_N, p.inv_N, j)
-    return x_ND, p.group_sizes_E[:num_local], RowsToExperts(p, w_RJ)
+    p = perm.sort_by_expert(lid_Q[:, None], num_local + 1)
+    x_ND = perm.permute(gather_rows(x_RD, row_Q), p.order_N, p.inv_N, 1)
+    return x_ND, p.group_sizes_E[:num_local], RowsToExperts(p, row_Q, w_Q, x_RD.shape[0])
 
 
 def experts_to_rows(y_ND, meta: RowsToExperts) -> jax.Array:
     """Each row's weighted sum of its experts' outputs (f32): the receiver-side reduction."""
-    j = meta.w_RJ.shape[1]
-    y_RJD = perm.unpermute(y_ND, meta.perm.order_N, meta.perm.inv_N, j)
-    return jnp.einsum("rjd,rj->rd", y_RJD, meta.w_RJ.astype(y_RJD.dtype),
-                      preferred_element_type=jnp.float32)
+    y_QD = perm.unpermute(y_ND, meta.perm.order_N, meta.perm.inv_N, 1)[:, 0]
+    y_QD = y_QD.astype(jnp.float32) * meta.w_Q.astype(jnp.float32)[:, None]
+    return sum_rows(y_QD, meta.row_Q, meta.num_rows)
+
+
+def dense_entries(lid_RJ, w_RJ, num_local: int):
+    """Entries of rows that each carry J (expert, weight) pairs: (row_Q, lid_Q, w_Q), Q = R*J."""
+    r, j = lid_RJ.shape
+    row_Q = jnp.repeat(jnp.arange(r, dtype=jnp.int32), j)
+    lid_Q = lid_RJ.reshape(-1)
+    return jnp.where(lid_Q < num_local, row_Q, r), lid_Q, w_RJ.reshape(-1)
 
 
 class A2AMeta(NamedTuple):
@@ -110,24 +154,35 @@ class A2AMeta(NamedTuple):
 
 def a2a_prepare(ids_TK, ctx) -> dp.SendPlan:
     """The dedup plan for this device's tokens."""
-    return dp.make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer)
+    return dp.make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer, ctx.budget)
 
 
 def a2a_rounds(plan: dp.SendPlan, ctx) -> jax.Array:
     """Rounds every device agrees on: the max over all devices of the rounds each needs."""
     if ctx.overflow == "error":
         return jnp.ones((), jnp.int32)
-    return lax.pmax(dp.rounds_needed(plan.counts_P, ctx.chunk), ctx.all_axes)
+    return lax.pmax(dp.rounds_needed(plan), ctx.all_axes)
+
+
+def _received_entries(slots: dp.RoundSlots, w_Q, ctx, exchange):
+    """Exchange the entry tables; make entry rows index the whole received row buffer."""
+    el, cr, ce = ctx.experts_per_peer, ctx.budget.row_chunk, ctx.budget.entry_chunk
+    code_Q = exchange(slots.erow_Q * (el + 1) + slots.elid_Q)   # one int exchange for both
+    w_Q = exchange(w_Q)
+    erow_Q, lid_Q = code_Q // (el + 1), code_Q % (el + 1)
+    peer_Q = jnp.arange(code_Q.shape[0], dtype=jnp.int32) // ce
+    row_Q = jnp.where(erow_Q < cr, peer_Q * cr + erow_Q, ctx.num_peers * cr)
+    return row_Q, jnp.where(erow_Q < cr, lid_Q, el), w_Q
 
 
 def a2a_dispatch(x_TD, w_TK, plan: dp.SendPlan, r, ctx):
     """Round r of the fused dispatch: (x_ND expert-major, group_sizes_El, A2AMeta)."""
-    slots = dp.round_slots(plan, r, ctx.chunk, ctx.experts_per_peer, ctx.row_slots)
-    w_SJ = dp.slot_weights(w_TK, slots, ctx.experts_per_peer)
+    slots = dp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
+    w_Q = dp.entry_weights(w_TK, slots)
     x_RD = send_rows(x_TD, slots.src_S, ctx.expert_axis)
-    lid_RJ = _a2a(slots.lid_SJ, ctx.expert_axis)
-    w_RJ = _a2a(w_SJ, ctx.expert_axis)
-    x_ND, sizes, local = rows_to_experts(x_RD, lid_RJ, w_RJ, ctx.experts_per_peer)
+    row_Q, lid_Q, w_Q = _received_entries(slots, w_Q, ctx,
+                                          lambda v: _a2a(v, ctx.expert_axis))
+    x_ND, sizes, local = rows_to_experts(x_RD, row_Q, lid_Q, w_Q, ctx.experts_per_peer)
     return x_ND, sizes, A2AMeta(local, slots.src_S, x_TD.shape[0], x_TD.dtype)
 
 
@@ -137,50 +192,49 @@ def a2a_combine(y_ND, meta: A2AMeta, ctx) -> jax.Array:
     return return_rows(y_RD, meta.src_S, meta.num_tokens, ctx.expert_axis).astype(jnp.float32)
 
 
-# ragged_all_to_all: the same rows, but each peer's chunk is sent with its real length only.
+# ragged_all_to_all: the same buffers, but each peer's chunk travels with its real length only.
 
-def _ragged_exchange(x_SD, sizes_P, axis: str, chunk: int) -> jax.Array:
-    """Send the first sizes_P[p] rows of chunk p to peer p, into slot range [me*C, me*C + n)."""
+def _ragged(x, sizes_P, axis: str, chunk: int) -> jax.Array:
+    """Send the first sizes_P[p] items of chunk p to peer p, landing at [me*chunk, ...)."""
     num_peers = sizes_P.shape[0]
     offsets_P = jnp.arange(num_peers, dtype=jnp.int32) * chunk
-    me = lax.axis_index(axis)
-    # the receiver keeps the sender's chunk at sender_index * C, like the dense exchange
-    out_offsets_P = jnp.full((num_peers,), me * chunk, jnp.int32)
-    recv_sizes_P = _a2a(sizes_P, axis)
-    return lax.ragged_all_to_all(x_SD, jnp.zeros_like(x_SD), offsets_P, sizes_P,
-                                 out_offsets_P, recv_sizes_P, axis_name=axis)
+    out_offsets_P = jnp.full((num_peers,), lax.axis_index(axis) * chunk, jnp.int32)
+    recv_P = _a2a(sizes_P, axis)
+    return lax.ragged_all_to_all(x, jnp.zeros_like(x), offsets_P, sizes_P, out_offsets_P,
+                                 recv_P, axis_name=axis)
+
+
+def _round_sizes(plan: dp.SendPlan, r):
+    """(rows, entries) each peer gets in round r."""
+    in_round_TP = plan.hit_TP & (plan.round_TP == r)
+    return (jnp.sum(in_round_TP, axis=0, dtype=jnp.int32),
+            jnp.sum(jnp.where(in_round_TP, plan.entries_TP, 0), axis=0, dtype=jnp.int32))
 
 
 def ragged_dispatch(x_TD, w_TK, plan: dp.SendPlan, r, ctx):
-    """Like a2a_dispatch, but padding slots never travel (GPU/TPU only)."""
-    slots = dp.round_slots(plan, r, ctx.chunk, ctx.experts_per_peer, ctx.row_slots)
-    sizes_P = jnp.clip(plan.counts_P - r * ctx.chunk, 0, ctx.chunk).astype(jnp.int32)
-    w_SJ = dp.slot_weights(w_TK, slots, ctx.experts_per_peer)
-    ex = functools.partial(_ragged_exchange, sizes_P=sizes_P, axis=ctx.expert_axis,
-                           chunk=ctx.chunk)
-    x_RD = ex(_pack(x_TD, slots.src_S))
-    # unfilled receive slots stay zero: shift ids by one so zero means "no expert"
-    lid1_RJ = ex(slots.lid_SJ + 1)
-    lid_RJ = jnp.where(lid1_RJ == 0, ctx.experts_per_peer, lid1_RJ - 1)
-    x_ND, sizes, local = rows_to_experts(x_RD, lid_RJ, ex(w_SJ), ctx.experts_per_peer)
-    meta = A2AMeta(local, slots.src_S, x_TD.shape[0], x_TD.dtype)
-    return x_ND, sizes, (meta, sizes_P)
+    """Like a2a_dispatch, but empty slots never travel (GPU/TPU only; plain autodiff)."""
+    slots = dp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
+    rows_P, entries_P = _round_sizes(plan, r)
+    cr, ce = ctx.budget.row_chunk, ctx.budget.entry_chunk
+    x_RD = _ragged(_pack(x_TD, slots.src_S), rows_P, ctx.expert_axis, cr)
+    # unfilled entry slots arrive as zeros: shift the code by one so zero means "empty"
+    ex = lambda v: _ragged(v, entries_P, ctx.expert_axis, ce)
+    el = ctx.experts_per_peer
+    code_Q = ex(slots.erow_Q * (el + 1) + slots.elid_Q + 1)
+    empty_Q = code_Q == 0
+    shifted = dp.RoundSlots(slots.src_S, jnp.where(empty_Q, cr, (code_Q - 1) // (el + 1)),
+                            jnp.where(empty_Q, el, (code_Q - 1) % (el + 1)), slots.etok_Q,
+                            slots.ek_Q)
+    row_Q, lid_Q, w_Q = _received_entries(shifted, ex(dp.entry_weights(w_TK, slots)), ctx,
+                                          lambda v: v)
+    x_ND, sizes, local = rows_to_experts(x_RD, row_Q, lid_Q, w_Q, el)
+    return x_ND, sizes, (A2AMeta(local, slots.src_S, x_TD.shape[0], x_TD.dtype), rows_P)
 
 
-def ragged_combine(y_ND, meta_sizes, ctx) -> jax.Array:
-    """The reverse ragged exchange, then the per-token sum."""
-    meta, sizes_P = meta_sizes
+def ragged_combine(y_ND, meta_rows, ctx) -> jax.Array:
+    """The reverse ragged exchange (each row back to its owner's slot), then the token sum."""
+    meta, rows_P = meta_rows
     y_RD = experts_to_rows(y_ND, meta.local).astype(meta.out_dtype)
-    back_SD = _ragged_back(y_RD, sizes_P, ctx.expert_axis, ctx.chunk)
+    cr = ctx.budget.row_chunk
+    back_SD = _ragged(y_RD, _a2a(rows_P, ctx.expert_axis), ctx.expert_axis, cr)
     return _unpack(back_SD, meta.src_S, meta.num_tokens).astype(jnp.float32)
-
-
-def _ragged_back(y_RD, sent_P, axis: str, chunk: int) -> jax.Array:
-    """Rows from peer q sit at [q*C, q*C + n_q); return them into our own chunk q."""
-    num_peers = sent_P.shape[0]
-    recv_P = _a2a(sent_P, axis)                  # what each peer sent us = what we return
-    me = lax.axis_index(axis)
-    in_offsets_P = jnp.arange(num_peers, dtype=jnp.int32) * chunk
-    out_offsets_P = jnp.full((num_peers,), me * chunk, jnp.int32)
-    return lax.ragged_all_to_all(y_RD, jnp.zeros_like(y_RD), in_offsets_P, recv_P,
-                                 out_offsets_P, sent_P, axis_name=axis)

@@ -17,20 +17,19 @@ import jax.numpy as jnp
 from jax import lax
 
 from dropless.moe import dispatch_a2a as fused
+from dropless.moe.dispatch_plan import SendPlan, make_plan
 
 
 class Gathered(NamedTuple):
     ids_GK: jax.Array
-    routed_P: jax.Array   # (token, choice) rows of my tokens per peer, for byte accounting
-    counts_P: jax.Array   # (token, peer) pairs of my tokens per peer
+    plan: SendPlan        # what a2a would send: only for the stats
 
 
 def allgather_prepare(ids_TK, ctx) -> Gathered:
-    """Gather the group's expert choices; count rows per peer for the stats."""
-    from dropless.moe.dispatch_plan import make_plan
-    plan = make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer)
+    """Gather the group's expert choices (and plan the a2a rows, for comparable stats)."""
+    plan = make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer, ctx.budget)
     ids_GK = lax.all_gather(ids_TK.astype(jnp.int32), ctx.expert_axis, tiled=True)
-    return Gathered(ids_GK, plan.routed_P, plan.counts_P)
+    return Gathered(ids_GK, plan)
 
 
 def allgather_rounds(state: Gathered, ctx) -> jax.Array:
@@ -48,7 +47,8 @@ def allgather_dispatch(x_TD, w_TK, state: Gathered, r, ctx):
     used_GJ = jnp.take_along_axis(mine_GK, k_GJ, axis=1)
     lid_GJ = jnp.where(used_GJ, jnp.take_along_axis(state.ids_GK % el, k_GJ, axis=1), el)
     w_GJ = jnp.where(used_GJ, jnp.take_along_axis(w_GK, k_GJ, axis=1), 0)
-    x_ND, sizes, local = fused.rows_to_experts(x_GD, lid_GJ, w_GJ, el)
+    row_Q, lid_Q, w_Q = fused.dense_entries(lid_GJ, w_GJ, el)
+    x_ND, sizes, local = fused.rows_to_experts(x_GD, row_Q, lid_Q, w_Q, el)
     return x_ND, sizes, (local, x_TD.dtype)
 
 
