@@ -1,8 +1,8 @@
 """Expert parallelism: the dispatcher registry, the one shard_map boundary, rounds and stats.
 
 Legend: T tokens (global outside shard_map, local inside), D model dim, K top-k, E experts,
-P peers on the `expert` mesh axis, El = E/P local experts, J = min(K, El), C rows per peer per
-round, N rows entering the grouped matmul.
+P peers on the `expert` mesh axis, El = E/P local experts, J = min(K, El), N rows entering the
+grouped matmul. Per-round buffer sizes are in dispatch_plan.Budget.
 
 A dispatcher is a named strategy sharing one contract (see DispatcherSpec):
   state = prepare(ids_TK)                       routing-only bookkeeping, no gradients
@@ -11,7 +11,7 @@ A dispatcher is a named strategy sharing one contract (see DispatcherSpec):
   y_TD += combine(expert_ffn(x_ND, group_sizes_El), meta)      back in token order
 The expert math is the layer's own `expert_ffn`, so EP and the single-device layer share it.
 
-Overflow never drops a token under `overflow="rounds"`: rows beyond a peer's chunk travel in
+Overflow never drops a token under `overflow="rounds"`: rows beyond a peer's budget travel in
 further rounds of the same step. The round count is a pmax over all devices, so every rank runs
 the same number of collectives without a host sync. Round 0 is differentiated as usual; the
 extra rounds (a traced-length loop, often empty) have a custom VJP that replays them

@@ -1,15 +1,17 @@
 """The fused expert-parallel paths: deduplicated rows over `all_to_all` / `ragged_all_to_all`.
 
 Legend: T local tokens, D model dim, K top-k, P peers on the expert axis, El local experts,
-J = min(K, El) expert entries per row, C rows per peer per round, S = P*C buffer slots,
-N = S*J replicated rows on the receiver.
+Cr row slots and Ce entry slots per peer per round, S = P*Cr, Q = P*Ce (one round's buffers),
+R = S received rows, N = Q entries entering the grouped matmul.
 
-Dispatch packs one row per (token, peer) into a [P*C, D] buffer (static: C comes from
-`ragged_buffer_factor`), exchanges it, and on arrival replicates each row once per local expert
-it names, sorted expert-major for the grouped matmul. Combine reduces each row's weighted expert
-outputs on the receiver, sends one row per (token, peer) back, and sums the rows of each token.
-`send_rows` and `return_rows` are each other's transposes and carry custom VJPs saying so, so
-the backward pass runs the same fused exchange instead of autodiff's scatter-and-transpose.
+Dispatch packs one row per (token, peer) into a [P*Cr, D] buffer and one entry per
+(token, choice) -- row slot, local expert, weight -- into a [P*Ce] table (both static, sized by
+`ragged_buffer_factor`), and exchanges them. The receiver expands rows into exactly the entries
+they carry (not J copies of every row), sorted expert-major for the grouped matmul. Combine
+reduces each row's weighted expert outputs on the receiver, sends one row per (token, peer)
+back, and sums the rows of each token. `send_rows`/`return_rows` (and, on the receiver,
+`gather_rows`/`sum_rows`) are each other's transposes and carry custom VJPs saying so, so the
+backward pass runs the same fused exchange instead of autodiff's scatter-and-transpose.
 Code here runs inside the dispatcher's shard_map, on local arrays.
 """
 from __future__ import annotations
