@@ -4,10 +4,10 @@ from __future__ import annotations
 import importlib
 
 KINDS = {
-    "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
-    "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
     "dispatch": ("dropless.bench.dispatch",
                  "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving"),
+    "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
+    "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
 }
 
 
