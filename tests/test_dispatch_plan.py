@@ -76,11 +76,12 @@ def test_make_budget():
 @settings(max_examples=12, deadline=None)
 @given(st.data())
 def test_every_choice_travels_exactly_once_within_buffers(data):
-    peers = data.draw(st.sampled_from([1, 2, 4]))
-    el = data.draw(st.integers(1, 3))
+    # few distinct shapes, so the eager ops compile a handful of times (CI time)
+    peers = data.draw(st.sampled_from([1, 4]))
+    el = data.draw(st.sampled_from([1, 3]))
     e = peers * el
-    k = data.draw(st.integers(1, min(e, 4)))
-    t = data.draw(st.integers(1, 9))
+    k = data.draw(st.sampled_from([1, min(e, 3)]))
+    t = data.draw(st.sampled_from([1, 7]))
     factor = data.draw(st.sampled_from([0.3, 1.0, 2.0]))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     ids = np.stack([rng.permutation(e)[:k] for _ in range(t)])

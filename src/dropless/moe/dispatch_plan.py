@@ -106,7 +106,12 @@ def make_budget(num_tokens: int, top_k: int, num_experts: int, num_peers: int,
     cr = min(t, br + -(-j * br // be))
     ce = min(t * j, be + max(-(-be // br), j))
     worst = t * max(be, j * br)                  # every row to one peer with J entries
-    return Budget(br, be, cr, ce, -(-worst // (br * be)))
+    budget = Budget(br, be, cr, ce, -(-worst // (br * be)))
+    base, per_entry, _ = budget.units
+    if t * max(base, j * per_entry) >= 2**31:
+        raise ValueError(f"{t} local tokens overflow the int32 round accounting at "
+                         f"ragged_buffer_factor={factor}; use more devices or a larger factor")
+    return budget
 
 
 def make_plan(ids_TK: jax.Array, num_peers: int, experts_per_peer: int,
