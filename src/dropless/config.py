@@ -127,3 +127,38 @@ class MoEConfig:
     @property
     def experts_per_group(self) -> int:
         return self.num_experts // self.n_groups
+
+
+MESH_AXES = ("data", "fsdp", "expert")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """The device mesh: sizes of the `data`, `fsdp` and `expert` axes (product = device count).
+
+    Tokens are sharded over all three axes; expert weights over `expert` (their first dim) and,
+    with fsdp > 1, over `fsdp` (their model dim). `devices_per_node` only informs byte accounting
+    and the order devices are laid out in (the expert axis varies fastest, so an expert group
+    stays inside a node when expert <= devices_per_node).
+    """
+
+    data: int = 1
+    fsdp: int = 1
+    expert: int = 1
+
+    def __post_init__(self) -> None:
+        for name in MESH_AXES:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                _fail("MeshConfig", name, v, "must be a positive int")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self, a) for a in MESH_AXES)
+
+    @property
+    def num_devices(self) -> int:
+        return self.data * self.fsdp * self.expert
+
+    def replace(self, **changes: Any) -> "MeshConfig":
+        return dataclasses.replace(self, **changes)
