@@ -56,7 +56,8 @@ def mixtral_8x7b() -> ModelConfig:
         d_ff=14336, attention="mha", rope_theta=1e6, norm_eps=1e-5,
         dtype="bfloat16", weight_dtype="bfloat16",
         moe=MoEConfig(num_experts=8, top_k=2, d_model=d, d_ff=14336, score_func="softmax",
-                      norm_topk_prob=True, load_balance_coef=0.02, dtype="bfloat16",
+                      norm_topk_prob=True, load_balance_coef=0.02, bias_update_speed=0.0,
+                      dtype="bfloat16",
                       weight_dtype="bfloat16"))
 
 
@@ -68,7 +69,8 @@ def qwen3_30b_a3b() -> ModelConfig:
         qk_norm=True, d_ff=6144, attention="mha", rope_theta=1e6,
         dtype="bfloat16", weight_dtype="bfloat16",
         moe=MoEConfig(num_experts=128, top_k=8, d_model=d, d_ff=768, score_func="softmax",
-                      norm_topk_prob=True, load_balance_coef=0.001, dtype="bfloat16",
+                      norm_topk_prob=True, load_balance_coef=0.001, bias_update_speed=0.0,
+                      dtype="bfloat16",
                       weight_dtype="bfloat16"))
 
 

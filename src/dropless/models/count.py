@@ -20,7 +20,8 @@ def _size(tree) -> int:
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """{"total", "active", "embedding", "lm_head", "attention", "dense_ffn", "routed_experts",
-    "shared_experts", "router", "norms", "mtp"}: parameter counts (not bytes)."""
+    "shared_experts", "router", "norms", "mtp", "router_bias", "mtp_matmul_active"}: parameter
+    counts (not bytes). Attention counts include its q/kv norms (MLA, qk-norm)."""
     from dropless.models.deepseek import init_params
     shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
     counts = {"embedding": _size(shapes["embed"]), "lm_head": _size(shapes.get("lm_head", {})),
@@ -42,7 +43,24 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
         inactive = counts["routed_experts"] * (cfg.moe.num_experts - cfg.moe.top_k) \
             // cfg.moe.num_experts
     counts["active"] = counts["total"] - inactive
+    counts["router_bias"] = sum(_size(b["moe"]["router"]["bias_E"]) for b in shapes["layers"]
+                                if "moe" in b)
+    counts["mtp_matmul_active"] = sum(_mtp_matmul_active(m, cfg) for m in shapes.get("mtp", []))
     return counts
+
+
+def _mtp_matmul_active(module, cfg: ModelConfig) -> int:
+    """Matmul weights one token uses in an MTP module (head excluded: it is shared)."""
+    blk = module["block"]
+    n = _size(module["proj_2DD"]) + _size(blk["attn"]) - sum(
+        _size(v) for k, v in blk["attn"].items() if "norm" in k)
+    if "moe" in blk:
+        moe = cfg.moe
+        n += _size(blk["moe"]["router"]["w_DE"]) + _size(blk["moe"].get("shared", {}))
+        n += _size(blk["moe"]["experts"]) * moe.top_k // moe.num_experts
+    else:
+        n += _size(blk["ffn"])
+    return n
 
 
 def format_counts(counts: dict[str, int]) -> str:

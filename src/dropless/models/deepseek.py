@@ -69,7 +69,9 @@ def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
         "final_norm": {"w_D": jnp.ones((cfg.d_model,), wdt)},
     }
     if not cfg.tie_embeddings:
-        params["lm_head"] = {"w_DV": _normal(k_h, (cfg.d_model, cfg.vocab_size), cfg.d_model, wdt)}
+        # a small head (std 0.02) starts the loss near ln(vocab), the uniform prediction
+        params["lm_head"] = {"w_DV": (0.02 * jax.random.normal(
+            k_h, (cfg.d_model, cfg.vocab_size), jnp.float32)).astype(wdt)}
     if cfg.mtp_depth:
         mtp_keys = jax.random.split(k_m, cfg.mtp_depth)
         params["mtp"] = [init_mtp_module(mtp_keys[i], cfg) for i in range(cfg.mtp_depth)]
