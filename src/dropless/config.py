@@ -247,9 +247,9 @@ class TrainConfig:
 
     model: ModelConfig
     preset: str = ""                 # the preset the model came from (informational)
-    steps: int = 300
+    steps: int = 400
     per_device_batch_size: int = 16
-    seq_len: int = 256
+    seq_len: int = 128
     learning_rate: float = 3e-3
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1        # cosine decays to learning_rate * min_lr_ratio

@@ -2,7 +2,7 @@
 
 Keys are dotted paths into TrainConfig (`steps`, `model.d_model`, `model.moe.top_k`), `preset`,
 or MaxText flag names (translated by `dropless.compat.maxtext`). Later items win. Setting
-`model.d_model` also sets `model.moe.d_model`. An unknown key is a ValueError that names it and
+`model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer dense. An unknown key is a ValueError that names it and
 suggests the closest known key.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _fields(cls, prefix: str) -> list[str]:
 
 def known_keys() -> list[str]:
     """Every key `build_config` accepts in our spelling (MaxText names come on top)."""
-    return (["preset"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
+    return (["preset", "model.moe"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
             + _fields(MoEConfig, "model.moe."))
 
 
@@ -104,6 +104,8 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
     for key, value in resolved:
         if key == "preset":
             continue
+        if key == "model.moe" and value is not None:
+            raise ValueError(f"config key 'model.moe' only takes null (a dense model); got {value!r}")
         _set(tree, key, value)
         if key == "model.d_model" and tree["model"]["moe"] is not None:
             _set(tree, "model.moe.d_model", value)

@@ -131,9 +131,13 @@ def translate(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
                 raise ValueError(f"MaxText remat_policy={v!r} is not supported; known: "
                                  f"{sorted(REMAT)}")
             out.append(("remat", REMAT[v]))
-        elif name in ("n_routing_groups", "topk_routing_group"):
-            key = "model.moe.n_groups" if name == "n_routing_groups" else "model.moe.topk_groups"
-            out.append((key, 1 if int(v) <= 0 else int(v)))
+        elif name == "n_routing_groups":
+            if int(v) <= 0:   # no groups: the group limit goes too
+                out += [("model.moe.n_groups", 1), ("model.moe.topk_groups", 1)]
+            else:
+                out.append(("model.moe.n_groups", int(v)))
+        elif name == "topk_routing_group":
+            out.append(("model.moe.topk_groups", 1 if int(v) <= 0 else int(v)))
         elif name == "warmup_steps_fraction":
             out.append(("warmup_steps", int(float(v) * int(seen.get("steps", 300)))))
         elif name == "attention_type":
