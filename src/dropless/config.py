@@ -279,7 +279,8 @@ class TrainConfig:
     checkpoint_every: int = 100      # 0 disables periodic checkpoints
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
-    time_kernels: bool = True        # time grouped matmul / dispatch at start-up
+    time_kernels: bool = True        # time grouped matmul / dispatch / combine at start-up
+    profile_steps: int = 0           # >0: JAX profiler trace of that many steps (from step 3)
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -288,7 +289,8 @@ class TrainConfig:
         _positive_ints(c, self, ("steps", "per_device_batch_size", "seq_len", "eval_every",
                                  "eval_batches", "log_every", "keep_checkpoints",
                                  "data_parallelism", "fsdp_parallelism", "expert_parallelism"))
-        _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed"), allow_zero=True)
+        _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps"),
+                       allow_zero=True)
         if not self.learning_rate > 0:
             _fail(c, "learning_rate", self.learning_rate, "must be > 0")
         if not 0 <= self.min_lr_ratio <= 1:
