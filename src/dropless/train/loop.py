@@ -132,6 +132,8 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     fn = functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
+    if bshard is not None:
+        batch0 = jax.device_put(batch0, bshard)
     t0 = time.perf_counter()
     step_fn = jax.jit(fn, donate_argnums=0).lower(state, batch0).compile()
     compile_s = time.perf_counter() - t0
