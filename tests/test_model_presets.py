@@ -70,8 +70,12 @@ def test_deepseek3_test_forward_with_mtp():
     cfg = get_preset("deepseek3-test")
     params = deepseek.init_params(jax.random.key(0), cfg)
     tokens = jnp.zeros((2, 8), jnp.int32)
-    logits, h, aux = deepseek.forward(params, tokens, cfg)
-    mtp, mtp_aux = deepseek.mtp_logits(params, h, tokens, cfg)
+
+    @jax.jit
+    def run(params, tokens):
+        logits, h, aux = deepseek.forward(params, tokens, cfg)
+        return logits, aux, deepseek.mtp_logits(params, h, tokens, cfg)[0]
+    logits, aux, mtp = run(params, tokens)
     assert logits.shape == (2, 8, 256) and len(mtp) == 1 and mtp[0].shape == (2, 8, 256)
     assert aux["tokens_per_expert_LE"].shape == (2, 8)
     assert int(aux["tokens_per_expert_LE"].sum()) == 2 * 2 * 8 * 2   # 2 layers, T=16, top-2
