@@ -153,3 +153,32 @@ def test_model_config_errors():
         small_cfg(first_k_dense=3)
     with pytest.raises(ValueError, match="num_kv_heads=3"):
         small_cfg("mha", num_kv_heads=3)
+
+
+def test_mtp_sees_exactly_one_token_ahead():
+    """MTP depth 1 at position i may use tokens 0..i+1 (it predicts i+2), never later ones."""
+    cfg = small_cfg(mtp_depth=1)
+    params = deepseek.init_params(jax.random.key(0), cfg)
+    x0 = params["embed"]["w_VD"][jnp.arange(6)]
+
+    def mtp_logit_at(x, i):
+        p = dict(params, embed={"w_VD": x})
+        toks = jnp.arange(6, dtype=jnp.int32)[None]
+        _, h, _ = deepseek.forward(p, toks, cfg)
+        return deepseek.mtp_logits(p, h, toks, cfg)[0][0][0, i].sum()
+
+    grad_at = jax.jit(jax.grad(mtp_logit_at))
+    for i in range(5):                     # position 5 sees a wrapped token; the loss masks it
+        norms = np.linalg.norm(np.asarray(grad_at(x0, i)), axis=-1)
+        assert np.all(norms[i + 2:] == 0), (i, norms)
+        assert norms[i + 1] > 0
+
+
+def test_masked_cross_entropy_hand_worked():
+    from dropless.train.step import cross_entropy
+    logits = jnp.log(jnp.array([[[0.5, 0.5], [0.9, 0.1]]]))
+    targets = jnp.array([[0, 1]])
+    np.testing.assert_allclose(cross_entropy(logits, targets), (np.log(2) + np.log(10)) / 2,
+                               rtol=1e-6)
+    np.testing.assert_allclose(cross_entropy(logits, targets, jnp.array([[1.0, 0.0]])),
+                               np.log(2), rtol=1e-6)

@@ -140,3 +140,18 @@ def test_resume_on_other_data_is_refused(tmp_path, full_run):
     cfg = mini(tmp_path, steps=8, run_name="other", data=str(tmp_path / "other.txt"))
     with pytest.raises(ValueError, match="made on different data"):
         train(cfg, echo=lambda s: None)
+
+
+def test_tensorboard_encoding_hand_worked(tmp_path):
+    from dropless.train import tensorboard as tb
+    assert tb.crc32c(b"123456789") == 0xE3069283          # the CRC-32C check value
+    # Event{wall_time=1.0 (field 1, fixed64), step=3 (field 2, varint),
+    #       summary (field 5) { value (1) { tag (1) "a", simple_value (2, fixed32) 2.0 } } }
+    want = (b"\x09" + bytes.fromhex("000000000000f03f") + b"\x10\x03"
+            + b"\x2a\x0a" + b"\x0a\x08" + b"\x0a\x01a" + b"\x15" + bytes.fromhex("00000040"))
+    assert tb.encode_event(1.0, 3, scalars={"a": 2.0}) == want
+    rec = tb.record(want)
+    assert rec[:8] == len(want).to_bytes(8, "little") and rec[12:-4] == want
+    w = tb.ScalarWriter(tmp_path)
+    w.scalars(1, {"loss": 5.5, "mfu": None})
+    assert w.path.stat().st_size > 0

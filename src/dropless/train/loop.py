@@ -99,6 +99,8 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     from dropless.config_file import to_dict
     (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     writer = _Writer(out_dir / "metrics.jsonl", echo)
+    from dropless.train.tensorboard import ScalarWriter
+    tb = ScalarWriter(out_dir)
 
     corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
                                   eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype)
@@ -186,9 +188,12 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
         result.losses[i + 1] = rec["loss"]
         show = (i + 1) % cfg.log_every == 0 or i + 1 == end
         writer.record(rec, _fmt_step(rec) if show else None)
+        tb.scalars(i + 1, {k: v for k, v in rec.items() if isinstance(v, (int, float))
+                           and k not in ("step", "event")})
         if (i + 1) % cfg.eval_every == 0 or i + 1 == end:
             ev = float(np.mean([float(eval_fn(state["params"], b)) for b in evals]))
             result.eval_losses[i + 1] = ev
+            tb.scalars(i + 1, {"eval_loss": ev})
             writer.record({"event": "eval", "step": i + 1, "eval_loss": ev},
                           f"  eval loss {ev:.4f} at step {i + 1}")
             last = time.perf_counter()   # eval time is not step time
