@@ -51,9 +51,12 @@ def test_maxtext_dense_path_capacity():
     assert cfg.model.moe.capacity_factor is None
 
 
-def test_our_spelling_wins_over_maxtext():
-    cfg = build_config([("steps", 5), ("max_target_length", 64), ("seq_len", 32)])
-    assert cfg.seq_len == 32
+def test_later_items_win_whatever_the_spelling(tmp_path):
+    assert build_config([("max_target_length", 64), ("seq_len", 32)]).seq_len == 32
+    assert build_config([("seq_len", 32), ("max_target_length", 64)]).seq_len == 64
+    p = tmp_path / "c.yaml"
+    p.write_text("seq_len: 48\n")
+    assert build_config([("max_target_length", 96)], yaml_path=str(p)).seq_len == 96
 
 
 @pytest.mark.parametrize("key,suggestion", [
@@ -91,3 +94,7 @@ def test_validation_names_field_and_value():
 def test_dense_model_has_no_moe_keys():
     with pytest.raises(ValueError, match="model.moe is not set"):
         build_config([("model.moe", None), ("model.moe.top_k", 2)])
+
+
+def test_warmup_fraction_uses_steps_in_either_spelling():
+    assert build_config([("steps", 1000), ("warmup_steps_fraction", 0.1)]).warmup_steps == 100
