@@ -67,8 +67,10 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     w0 = rhs[0]
     fns_f = {"dense": lambda: dense_fwd(lhs, w0)}
     fns_b = {"dense": lambda: dense_fb(lhs, w0, dy)}
+    # estimated cost relative to dense, to budget the slow baselines ('loop' dispatches G
+    # eager matmuls and differentiates them eagerly: about G/4 dense calls, measured here)
     work = {"ragged_dot": float(g) if jax.default_backend() == "cpu" else 1.0,
-            "padded": g * cap / m, "reference": float(g)}
+            "padded": g * cap / m, "reference": float(g), "loop": max(1.0, g / 4)}
     skipped = {}
     for name in backends:
         resolved = resolve_backend(name)
