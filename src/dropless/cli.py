@@ -11,6 +11,7 @@ import sys
 
 COMMANDS = {
     "bench": ("dropless.bench.cli", "benchmarks: grouped matmul, MoE layer, ... (JSON lines)"),
+    "plan": ("dropless.plan.cli", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
 }
 
 
