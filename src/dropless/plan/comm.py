@@ -6,9 +6,8 @@ Legend as in shape.py; T tokens per device, b bytes per activation element, P pa
 EP dispatch/combine: without deduplication every (token, choice) row travels to its expert's
 device; with it, one row per (token, destination device) travels, carrying the local expert
 ids and weights, and the receiver replicates it. The expected number of distinct devices a
-token reaches is computed exactly for uniform routing, including DeepSeek-V3's group-limited
-routing (a token picks `topk_groups` of `n_groups` expert groups, then `top_k` experts among
-those groups' experts).
+token reaches is exact for uniform routing and simulated from the routing rule for
+DeepSeek-V3's group-limited routing.
 
 Collectives are modelled as hierarchical rings: for a full buffer of B bytes over a group of n
 devices, `inner` per node and `outer` nodes, an all-gather (or reduce-scatter) moves
@@ -17,51 +16,48 @@ B*(outer-1)/n bytes per device over InfiniBand and B*(inner-1)/inner over NVLink
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-import random
 
 from dropless.plan.hardware import HardwareProfile
 from dropless.plan.layout import DTYPE_BYTES, Group, PlanConfig, groups
 from dropless.plan.shape import ModelShape
 
-_MAX_EXACT_SUBSETS = 20000
-
-
-def _p_hit(total: int, on_device: int, k: int) -> float:
-    """P(at least one of k distinct picks out of `total` lands among `on_device`)."""
-    if on_device <= 0:
-        return 0.0
-    return 1.0 - math.comb(total - on_device, k) / math.comb(total, k)
-
 
 @functools.lru_cache(maxsize=256)
 def expected_devices_per_token(s: ModelShape, ep: int) -> float:
-    """Expected distinct EP devices among a token's top_k experts under uniform routing.
+    """Expected distinct EP devices among a token's top_k experts under balanced routing.
 
-    Device d holds experts [d*E/ep, (d+1)*E/ep); group g holds [g*Eg, (g+1)*Eg). Subsets of
-    groups are enumerated exactly (sampled with a fixed seed beyond 20,000 subsets).
+    Device d holds experts [d*E/ep, (d+1)*E/ep). Without expert groups the top_k experts are
+    a uniform random subset and the expectation is exact:
+    ep * (1 - C(E - E/ep, K) / C(E, K)). With group-limited routing (DeepSeek-V3: groups scored
+    by the sum of their two best experts, the `topk_groups` best kept, top_k among those) the
+    chosen groups each tend to hold a winner, so the routing rule itself is simulated on
+    i.i.d. scores (fixed seed, 8,192 tokens).
     """
     e, k = s.num_experts, s.top_k
     if ep == 1:
         return 1.0
-    per_dev, eg = e // ep, e // s.n_groups
-    m = s.topk_groups * eg
-    n_sub = math.comb(s.n_groups, s.topk_groups)
-    if n_sub <= _MAX_EXACT_SUBSETS:
-        subsets = itertools.combinations(range(s.n_groups), s.topk_groups)
-    else:
-        rng = random.Random(0)
-        subsets = (rng.sample(range(s.n_groups), s.topk_groups) for _ in range(_MAX_EXACT_SUBSETS))
-        n_sub = _MAX_EXACT_SUBSETS
-    total = 0.0
-    for chosen in subsets:
-        counts = [0] * ep
-        for g in chosen:
-            for x in range(g * eg, (g + 1) * eg):
-                counts[x // per_dev] += 1
-        total += sum(_p_hit(m, c, k) for c in counts)
-    return total / n_sub
+    per_dev = e // ep
+    if s.n_groups == 1 or s.topk_groups == s.n_groups:
+        return ep * (1.0 - math.comb(e - per_dev, k) / math.comb(e, k))
+    return _simulated_devices(e, k, s.n_groups, s.topk_groups, ep)
+
+
+def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
+                       n: int = 8192) -> float:
+    import numpy as np
+    rng = np.random.default_rng(0)
+    scores = rng.random((n, e))
+    eg = e // n_groups
+    grouped = np.sort(scores.reshape(n, n_groups, eg), axis=-1)[..., -min(2, eg):]
+    best = np.argsort(-grouped.sum(-1), axis=1)[:, :topk_groups]
+    keep = np.zeros((n, n_groups), bool)
+    np.put_along_axis(keep, best, True, axis=1)
+    scores = np.where(np.repeat(keep, eg, axis=1), scores, -1.0)
+    ids = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    hit = np.zeros((n, ep), bool)
+    np.put_along_axis(hit, ids // (e // ep), True, axis=1)
+    return float(hit.sum(1).mean())
 
 
 def ep_rows(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool | None = None
