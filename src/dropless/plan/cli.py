@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure this machine and compare the model's prediction of an MoE "
                         "layer forward+backward with a timed run (1 and --calibrate-devices)")
     p.add_argument("--calibrate-devices", type=int, default=8)
+    p.add_argument("--reference", action="store_true",
+                   help="the planner beside the reference's DeepSeek-V3 671B / GB300 figures")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -104,7 +106,11 @@ def build(args) -> tuple:
 
 def run(args) -> int:
     try:
-        if args.calibrate:
+        if args.reference:
+            from dropless.plan.reference import comparison, format_markdown
+            result = comparison()
+            text = format_markdown(result)
+        elif args.calibrate:
             from dropless.plan.calibrate import run_calibration
             result = run_calibration(devices=args.calibrate_devices)
             text = result.pop("text")
@@ -134,6 +140,6 @@ def run(args) -> int:
 
 
 def _jsonable(x):
-    if isinstance(x, tuple):
+    if isinstance(x, (tuple, set)):
         return list(x)
     return str(x)

@@ -35,6 +35,7 @@ class HardwareProfile:
     fp8_efficiency: float = 0.55     # MXFP8 grouped GEMM incl. quantization (assumption)
     attention_efficiency: float = 0.45  # flash attention fwd+bwd (assumption)
     link_efficiency: float = 0.8     # collective bus bandwidth / link bandwidth (assumption)
+    hbm_efficiency: float = 0.8      # memory-bound kernels' share of HBM bandwidth (assumption)
     nvlink_latency_s: float = 5e-6   # per collective step (assumption)
     ib_latency_s: float = 10e-6      # per collective step (assumption)
     usable_memory_fraction: float = 0.92  # runtime, allocator and fragmentation reserve
@@ -51,7 +52,7 @@ class HardwareProfile:
             raise ValueError(f"HardwareProfile.gpus_per_domain={self.gpus_per_domain!r} "
                              f"must be >= 1 ({self.name})")
         for f in ("gemm_efficiency", "gmm_efficiency", "fp8_efficiency",
-                  "attention_efficiency", "link_efficiency", "usable_memory_fraction",
+                  "attention_efficiency", "link_efficiency", "hbm_efficiency", "usable_memory_fraction",
                   "overlap_cost"):
             if not 0 <= getattr(self, f) <= 1:
                 raise ValueError(f"HardwareProfile.{f}={getattr(self, f)!r} must be in [0, 1] "

@@ -24,7 +24,6 @@ from dropless.plan.shape import ModelShape, layer_params
 # and read in the forward pass, its gradient written and read, and once more by the
 # recompute / optimizer-free elementwise backward (norms, SwiGLU, rope, permutation).
 ELEMENTWISE_PASSES = 6
-HBM_EFFICIENCY = 0.8
 COMM_PARTS = ("fsdp", "ep", "data", "offload")
 
 
@@ -48,20 +47,31 @@ def _recompute_flops(s: ModelShape, cfg: PlanConfig, fwd: dict[str, float]) -> d
     return out
 
 
-def _layer_weight_bytes(s: ModelShape, cfg: PlanConfig, moe: bool) -> tuple[float, float]:
+def _layer_weight_bytes(s: ModelShape, cfg: PlanConfig, moe: bool, attention: bool = True
+                        ) -> tuple[float, float]:
     """(non-expert bytes, local-expert bytes) one layer all-gathers, in the compute dtype."""
     b = DTYPE_BYTES[cfg.activation_dtype]
     p = layer_params(s, moe)
     experts = p.pop("experts", 0)
+    if not attention:
+        p.pop("attention")
+        p.pop("norms")
     return sum(p.values()) * b, experts / cfg.ep * b
 
 
-def layer_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, moe: bool
-                ) -> dict[str, float]:
-    """Seconds per step spent by one layer in each part (nothing overlapped yet)."""
+def layer_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
+                attention: bool = True) -> dict[str, float]:
+    """Seconds per step spent by one layer in each part (nothing overlapped yet).
+
+    `attention=False` leaves the attention block out (the feed-forward / MoE block alone, as
+    the CPU calibration times it).
+    """
     t = cfg.tokens_per_device
     rates = _rates(hw, cfg)
     fwd = flops.layer_forward_flops(s, cfg.seq_len, moe)
+    if not attention:
+        fwd["gemm"] -= sum(flops.attention_proj_flops(s).values())
+        fwd["attention"] = 0.0
     rec = _recompute_flops(s, cfg, fwd)
     pad = 1.0 + flops.padding_fraction(s, t, cfg.ep, cfg.gmm_tile) if moe else 1.0
     out = {}
@@ -69,11 +79,12 @@ def layer_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, moe: bool
         executed = (3 * fwd[k] + rec[k]) * (pad if k == "gmm" else 1.0)
         out[k] = executed * t / rates[k]
     ab = DTYPE_BYTES[cfg.activation_dtype]
-    tensors = memory.layer_tensors(s, ab, moe)
+    tensors = (memory.layer_tensors(s, ab, moe) if attention
+               else memory.ffn_tensors(s, ab, moe))
     out["elementwise"] = (ELEMENTWISE_PASSES * memory.all_bytes_per_token(tensors, 1.0) * t
-                          / (hw.hbm_bw * HBM_EFFICIENCY))
+                          / (hw.hbm_bw * hw.hbm_efficiency))
     g = groups(cfg, hw)
-    rest_b, exp_b = _layer_weight_bytes(s, cfg, moe)
+    rest_b, exp_b = _layer_weight_bytes(s, cfg, moe, attention)
     grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
     out["fsdp"] = ((2 + grad_scale) * comm.collective_time(rest_b, g["fsdp_all"], hw)
                    + (2 + grad_scale) * comm.collective_time(exp_b, g["fsdp"], hw))
@@ -110,7 +121,7 @@ def head_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict[str,
     f = 3 * flops.head_forward_flops(s) * t * (1 + s.mtp_depth)
     logits = t * s.vocab_size * (DTYPE_BYTES[cfg.activation_dtype] + 4) * (1 + s.mtp_depth)
     return {"gemm": f / _rates(hw, cfg)["gemm"],
-            "elementwise": 3 * logits / (hw.hbm_bw * HBM_EFFICIENCY)}
+            "elementwise": 3 * logits / (hw.hbm_bw * hw.hbm_efficiency)}
 
 
 def optimizer_time(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> float:
@@ -119,7 +130,7 @@ def optimizer_time(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> float
     fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
     p = experts / (cfg.ep * cfg.fsdp) + rest / fsdp_all
     wb, ob = DTYPE_BYTES[cfg.weight_dtype], DTYPE_BYTES[cfg.optimizer_dtype]
-    return p * (3 * wb + 4 * ob) / (hw.hbm_bw * HBM_EFFICIENCY)
+    return p * (3 * wb + 4 * ob) / (hw.hbm_bw * hw.hbm_efficiency)
 
 
 def predict(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:

@@ -1,0 +1,197 @@
+"""Calibrate the step-time model against this machine.
+
+A profile of this machine is measured with micro-benchmarks (dense matmul rate, grouped-matmul
+forward+backward rate, memory bandwidth, the host-device "link" bandwidth and latency of an
+all-reduce); the planner's layer model, fed that profile, predicts the time of a different,
+composite workload, which is then timed:
+
+  `moe_layer`: the MoE layer (router, sort, grouped-matmul SwiGLU, combine, shared expert)
+  forward + backward under `jax.grad`, data-parallel over N host devices (each device runs its
+  tokens with replicated weights; the weight gradients are all-reduced).
+
+Micro-benchmarks and the workload are timed interleaved in one process (A, B, A, B, ...) so
+that the ~2x speed swings of a shared CPU hit both alike. On CPU the collectives run on the
+same cores as the compute, so the profile overlaps nothing (overlap_cost = 1).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from dropless.bench.harness import busy_fraction, format_table, machine_info, time_interleaved
+from dropless.plan.hardware import HardwareProfile
+from dropless.plan.layout import PlanConfig
+from dropless.plan.model import layer_times
+from dropless.plan.shape import ModelShape
+
+# The calibration workload: big enough that matmuls, not dispatch overheads, dominate.
+WORKLOAD = dict(d_model=256, moe_d_ff=512, num_experts=8, top_k=2, num_shared_experts=1)
+TOKENS_PER_DEVICE = 1024
+SEQ = 256
+_MM = 512                  # dense matmul micro-benchmark: M = K = N
+_GMM = (4096, 512, 384, 16)  # grouped matmul micro-benchmark: M, K, N, G (not the workload's)
+_ELEMS = 4 * 2 ** 20        # elementwise micro-benchmark: f32 elements per device
+_AR_ELEMS = 2 ** 20         # all-reduce micro-benchmark: f32 elements per device
+
+
+def _mesh(n: int) -> Mesh:
+    devs = jax.devices()
+    if n > len(devs):
+        raise ValueError(f"calibration devices={n} but only {len(devs)} JAX devices exist "
+                         "(set XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    return Mesh(np.array(devs[:n]), ("d",))
+
+
+def _per_device(mesh: Mesh, fn, in_specs, out_specs):
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=False))
+
+
+def micro_benchmarks(mesh: Mesh) -> dict[str, tuple[Any, float, str]]:
+    """name -> (zero-arg callable, work per call per device, unit). All devices run at once."""
+    from dropless.ops import grouped_matmul
+    n = mesh.size
+    key = jax.random.key(0)
+    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+    a = put(jax.random.normal(key, (n * _MM, _MM)), P("d"))
+    b = put(jax.random.normal(key, (_MM, _MM)), P())
+    mm = _per_device(mesh, lambda a, b: a @ b, (P("d"), P()), P("d"))
+    m, k, nn, g = _GMM
+    lhs = put(jax.random.normal(key, (n * m, k)), P("d"))
+    rhs = put(jax.random.normal(key, (g, k, nn)) / math.sqrt(k), P())
+    gs = jnp.full((g,), m // g, jnp.int32)
+
+    def gmm_train(lhs, rhs):
+        f = lambda l, r: jnp.sum(grouped_matmul(l, r, gs) ** 2)
+        return jax.grad(f, argnums=(0, 1))(lhs, rhs)[0]
+    gmm = _per_device(mesh, gmm_train, (P("d"), P()), P("d"))
+    x = put(jnp.ones((n * _ELEMS,), jnp.float32), P("d"))
+    ew = _per_device(mesh, lambda x: x * 1.5 + 1.0, P("d"), P("d"))
+    y = put(jnp.ones((n * _AR_ELEMS,), jnp.float32), P("d"))
+    ar = _per_device(mesh, lambda y: jax.lax.psum(y, "d"), P("d"), P("d"))
+    z = put(jnp.ones((n * 8,), jnp.float32), P("d"))
+    lat = _per_device(mesh, lambda z: jax.lax.psum(z, "d"), P("d"), P("d"))
+    out = {"matmul": (lambda: mm(a, b), 2.0 * _MM ** 3, "flop"),
+           "gmm_train": (lambda: gmm(lhs, rhs), 3 * 2.0 * m * k * nn, "flop"),
+           "elementwise": (lambda: ew(x), 2 * 4.0 * _ELEMS, "byte")}
+    if n > 1:
+        out["allreduce"] = (lambda: ar(y), 2.0 * (n - 1) / n * 4 * _AR_ELEMS, "byte")
+        out["latency"] = (lambda: lat(z), 1.0, "call")
+    return out
+
+
+def moe_workload(mesh: Mesh):
+    """The timed workload: MoE layer forward + backward, data-parallel over the mesh."""
+    from dropless.config import MoEConfig
+    from dropless.moe import apply, init_params
+    w = WORKLOAD
+    cfg = MoEConfig(num_experts=w["num_experts"], top_k=w["top_k"], d_model=w["d_model"],
+                    d_ff=w["moe_d_ff"], num_shared_experts=w["num_shared_experts"])
+    params = jax.device_put(init_params(jax.random.key(0), cfg), NamedSharding(mesh, P()))
+    n = mesh.size
+    x = jax.device_put(jax.random.normal(jax.random.key(1), (n * TOKENS_PER_DEVICE,
+                                                             w["d_model"])),
+                       NamedSharding(mesh, P("d")))
+
+    def step(params, x):
+        loss = lambda p, x: jnp.mean(apply(p, x.reshape(-1, SEQ, w["d_model"]), cfg)[0] ** 2)
+        grads = jax.grad(loss)(params, x)
+        return jax.lax.pmean(grads, "d")
+    fn = _per_device(mesh, step, (P(), P("d")), P())
+    return lambda: fn(params, x)
+
+
+def profile_from(rates: dict[str, float], n: int) -> HardwareProfile:
+    """A HardwareProfile of this machine from measured rates (efficiencies 1: measured rates
+    are already the achievable ones)."""
+    peak = rates["matmul"]
+    bw = rates.get("allreduce", 1e12)
+    return HardwareProfile(
+        name=f"cpu-{n}", peak_bf16=peak, peak_fp8=peak, hbm_bytes=_ram_bytes(),
+        hbm_bw=rates["elementwise"], nvlink_bw=bw, ib_bw=bw, host_bw=rates["elementwise"],
+        gpus_per_domain=n, gemm_efficiency=1.0, gmm_efficiency=min(1.0, rates["gmm_train"] / peak),
+        fp8_efficiency=min(1.0, rates["gmm_train"] / peak), attention_efficiency=1.0,
+        link_efficiency=1.0, hbm_efficiency=1.0,
+        nvlink_latency_s=max(rates.get("latency_s", 1e-6), 1e-9), ib_latency_s=1e-6,
+        overlap_cost=1.0, usable_memory_fraction=0.9,
+        sources=("measured at start-up by dropless.plan.calibrate",))
+
+
+def _ram_bytes() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            return float(f.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 8e9
+
+
+def _workload_plan(n: int) -> tuple[ModelShape, PlanConfig]:
+    w = WORKLOAD
+    s = ModelShape(name="calibration-moe", vocab_size=2, num_layers=1, num_heads=1,
+                   d_ff=w["moe_d_ff"], attention="mha", **w)
+    cfg = PlanConfig(gpus=n, data=n, per_device_batch=TOKENS_PER_DEVICE // SEQ, seq_len=SEQ,
+                     remat="none", activation_dtype="float32", weight_dtype="float32",
+                     overlap="none", gmm_tile=1)
+    return s, cfg
+
+
+def layer_parts(hw: HardwareProfile, n: int) -> dict[str, float]:
+    """The planner's seconds per part for `moe_workload` on n devices: the MoE block of one
+    layer, data-parallel, f32, everything kept for backward, nothing overlapped."""
+    s, cfg = _workload_plan(n)
+    return {k: v for k, v in layer_times(s, cfg, hw, True, attention=False).items() if v}
+
+
+def predict_workload(hw: HardwareProfile, n: int) -> float:
+    """The planner's predicted seconds for one call of `moe_workload` on n devices."""
+    return sum(layer_parts(hw, n).values())
+
+
+def calibrate(n: int, *, repeats: int = 7) -> dict[str, Any]:
+    """Measure the profile and the workload on n devices (interleaved); predict; compare."""
+    mesh = _mesh(n)
+    micro = micro_benchmarks(mesh)
+    fns = {k: v[0] for k, v in micro.items()}
+    fns["workload"] = moe_workload(mesh)
+    stats = time_interleaved(fns, repeats=repeats, warmup=2)
+    rates = {k: micro[k][1] / (stats[k]["median_ms"] / 1e3) for k in micro if k != "latency"}
+    if "latency" in stats:
+        rates["latency_s"] = stats["latency"]["median_ms"] / 1e3
+    hw = profile_from(rates, n)
+    predicted = predict_workload(hw, n)
+    measured = stats["workload"]["median_ms"] / 1e3
+    return {"devices": n, "workload": "moe_layer_fwd_bwd", **WORKLOAD,
+            "tokens_per_device": TOKENS_PER_DEVICE, "predicted_s": predicted,
+            "measured_s": measured, "measured_min_s": stats["workload"]["min_ms"] / 1e3,
+            "measured_max_s": stats["workload"]["max_ms"] / 1e3,
+            "error": predicted / measured - 1.0, "rates": rates,
+            "parts_s": layer_parts(hw, n), "gmm_efficiency": hw.gmm_efficiency}
+
+
+
+def run_calibration(devices: int = 8, *, repeats: int = 7) -> dict[str, Any]:
+    """Calibrate on 1 and `devices` host devices; the result holds the records and a text."""
+    busy = busy_fraction()
+    records = []
+    for n in sorted({1, devices}):
+        r = calibrate(n, repeats=repeats)
+        r.update(machine_info(), busy_fraction_before=busy, busy_fraction_after=busy_fraction())
+        records.append(r)
+    rows = [{"devices": r["devices"], "predicted_ms": 1e3 * r["predicted_s"],
+             "measured_ms": 1e3 * r["measured_s"], "error": f"{100 * r['error']:+.1f}%",
+             "gemm_GFLOPs": r["rates"]["matmul"] / 1e9,
+             "gmm_GFLOPs": r["rates"]["gmm_train"] / 1e9,
+             "mem_GBs": r["rates"]["elementwise"] / 1e9,
+             "link_GBs": r["rates"].get("allreduce", 0.0) / 1e9} for r in records]
+    text = ("Calibration: MoE layer forward+backward (D={d_model}, F={moe_d_ff}, E={num_experts}, "
+            "top-{top_k}, {num_shared_experts} shared, {t} tokens/device, f32), "
+            "data-parallel over host devices; busy fraction before: {busy}\n").format(
+                t=TOKENS_PER_DEVICE, busy=busy, **WORKLOAD)
+    text += format_table(rows, ["devices", "predicted_ms", "measured_ms", "error",
+                                "gemm_GFLOPs", "gmm_GFLOPs", "mem_GBs", "link_GBs"])
+    return {"records": records, "text": text}
