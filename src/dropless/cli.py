@@ -11,6 +11,10 @@ import sys
 
 COMMANDS = {
     "bench": ("dropless.bench.cli", "benchmarks: grouped matmul, MoE layer, ... (JSON lines)"),
+    "train": ("dropless.train.cli", "train a model (no arguments: the tiny preset on the "
+                                    "Python stdlib's source, into runs/)"),
+    "config": ("dropless.config_cli", "show the effective config, or list the accepted keys"),
+    "report": ("dropless.train.report", "draw loss, throughput and expert load of a run to PNG"),
     "plan": ("dropless.plan.cli", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
 }
 

@@ -121,3 +121,205 @@ class MoEConfig:
     @property
     def experts_per_group(self) -> int:
         return self.num_experts // self.n_groups
+
+
+ATTENTION_KINDS = ("mla", "mha")
+REMAT_POLICIES = ("none", "full", "minimal", "offload")
+
+
+def _positive_ints(cls: str, obj: Any, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        ok = isinstance(v, int) and not isinstance(v, bool) and (v >= 0 if allow_zero else v > 0)
+        if not ok:
+            _fail(cls, name, v, "must be an int >= 0" if allow_zero else "must be a positive int")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A decoder-only MoE transformer: DeepSeek-V3 (MLA) or Mixtral / Qwen3-MoE (GQA) shape.
+
+    Layers `[0, first_k_dense)` use a dense SwiGLU of width `d_ff`; the rest use the MoE layer
+    described by `moe` (every layer is dense when `moe` is None). `attention="mla"` is
+    Multi-head Latent Attention (q/kv low-rank projections with decoupled rope dims);
+    `attention="mha"` is standard attention with `num_kv_heads` key/value heads (GQA).
+    `q_lora_rank=0` means a full-rank query projection (DeepSeek-V2-Lite style).
+    """
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    d_ff: int
+    attention: str = "mla"
+    first_k_dense: int = 0
+    moe: MoEConfig | None = None
+    # standard attention (mha): 0 means num_heads / d_model // num_heads
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    qk_norm: bool = False            # Qwen3: RMSNorm on each query/key head
+    # multi-head latent attention (mla)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    mtp_depth: int = 0               # DeepSeek-V3 multi-token prediction modules (0 = off)
+    mtp_loss_coef: float = 0.3
+    dtype: str = "float32"           # activations
+    weight_dtype: str = "float32"    # stored weights
+
+    def __post_init__(self) -> None:
+        c = "ModelConfig"
+        _positive_ints(c, self, ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"))
+        _positive_ints(c, self, ("first_k_dense", "num_kv_heads", "head_dim", "q_lora_rank",
+                                 "mtp_depth"), allow_zero=True)
+        if self.attention not in ATTENTION_KINDS:
+            _fail(c, "attention", self.attention, f"must be one of {ATTENTION_KINDS}")
+        if self.first_k_dense > self.num_layers:
+            _fail(c, "first_k_dense", self.first_k_dense,
+                  f"must be <= num_layers={self.num_layers}")
+        if self.attention == "mha":
+            if self.num_heads % self.kv_heads:
+                _fail(c, "num_kv_heads", self.num_kv_heads,
+                      f"must divide num_heads={self.num_heads}")
+            if self.head_dim == 0 and self.d_model % self.num_heads:
+                _fail(c, "num_heads", self.num_heads,
+                      f"must divide d_model={self.d_model} when head_dim=0")
+            if self.rope_dim % 2:
+                _fail(c, "head_dim", self.rope_dim, "must be even (rotary pairs)")
+        else:
+            _positive_ints(c, self, ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                     "v_head_dim"))
+            if self.qk_rope_head_dim % 2:
+                _fail(c, "qk_rope_head_dim", self.qk_rope_head_dim, "must be even (rotary pairs)")
+        if self.moe is not None and self.moe.d_model != self.d_model:
+            _fail(c, "moe.d_model", self.moe.d_model, f"must equal d_model={self.d_model}")
+        if not self.rope_theta > 0:
+            _fail(c, "rope_theta", self.rope_theta, "must be > 0")
+        if not self.norm_eps > 0:
+            _fail(c, "norm_eps", self.norm_eps, "must be > 0")
+        if self.mtp_loss_coef < 0:
+            _fail(c, "mtp_loss_coef", self.mtp_loss_coef, "must be >= 0")
+        _check_dtype(c, "dtype", self.dtype)
+        _check_dtype(c, "weight_dtype", self.weight_dtype)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def mha_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """Rotary dims per head: all of them for mha, the decoupled part for mla."""
+        return self.mha_head_dim if self.attention == "mha" else self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        if self.attention == "mha":
+            return self.mha_head_dim
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.mha_head_dim if self.attention == "mha" else self.v_head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.first_k_dense
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run: the model, optimizer, data, parallelism, checkpoints and metrics.
+
+    The global batch is `per_device_batch_size * number of devices in the mesh`
+    (data * fsdp * expert), as in MaxText.
+    """
+
+    model: ModelConfig
+    preset: str = ""                 # the preset the model came from (informational)
+    steps: int = 300
+    per_device_batch_size: int = 16
+    seq_len: int = 256
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1        # cosine decays to learning_rate * min_lr_ratio
+    weight_decay: float = 0.1
+    adam_b1: float = 0.9
+    adam_b2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0           # global-norm clip; 0 disables
+    seed: int = 0
+    remat: str = "none"
+    xla_recipe: str = "none"
+    # data
+    data: str = "stdlib"             # "stdlib", or a path: .txt/.py/.md, .jsonl, .npy, .bin, a dir
+    tokenizer: str = "byte"          # "byte" or a path to a Hugging Face tokenizer.json
+    bin_dtype: str = "uint16"        # element type of pre-tokenized .bin files
+    eval_fraction: float = 0.02
+    eval_every: int = 50
+    eval_batches: int = 2
+    # parallelism (ici_* in MaxText)
+    data_parallelism: int = 1
+    fsdp_parallelism: int = 1
+    expert_parallelism: int = 1
+    # output
+    run_dir: str = "runs"
+    run_name: str = ""               # "" = a timestamped name
+    log_every: int = 1
+    checkpoint_every: int = 100      # 0 disables periodic checkpoints
+    keep_checkpoints: int = 3
+    async_checkpoints: bool = True
+    time_kernels: bool = True        # time grouped matmul / dispatch at start-up
+
+    def __post_init__(self) -> None:
+        c = "TrainConfig"
+        if not isinstance(self.model, ModelConfig):
+            _fail(c, "model", type(self.model).__name__, "must be a ModelConfig")
+        _positive_ints(c, self, ("steps", "per_device_batch_size", "seq_len", "eval_every",
+                                 "eval_batches", "log_every", "keep_checkpoints",
+                                 "data_parallelism", "fsdp_parallelism", "expert_parallelism"))
+        _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed"), allow_zero=True)
+        if not self.learning_rate > 0:
+            _fail(c, "learning_rate", self.learning_rate, "must be > 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            _fail(c, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        for name in ("weight_decay", "grad_clip", "adam_eps"):
+            if getattr(self, name) < 0:
+                _fail(c, name, getattr(self, name), "must be >= 0")
+        for name in ("adam_b1", "adam_b2"):
+            if not 0 <= getattr(self, name) < 1:
+                _fail(c, name, getattr(self, name), "must be in [0, 1)")
+        if self.remat not in REMAT_POLICIES:
+            _fail(c, "remat", self.remat, f"must be one of {REMAT_POLICIES}")
+        if not 0 < self.eval_fraction < 1:
+            _fail(c, "eval_fraction", self.eval_fraction, "must be in (0, 1)")
+        if self.bin_dtype not in ("uint8", "uint16", "int32", "uint32"):
+            _fail(c, "bin_dtype", self.bin_dtype, "must be one of uint8, uint16, int32, uint32")
+        from dropless.train.xla_flags import RECIPES  # registry lives with the flags
+        if self.xla_recipe not in RECIPES:
+            _fail(c, "xla_recipe", self.xla_recipe, f"must be one of {tuple(RECIPES)}")
+        moe = self.model.moe
+        if moe is not None and moe.num_experts % self.expert_parallelism:
+            _fail(c, "expert_parallelism", self.expert_parallelism,
+                  f"must divide model.moe.num_experts={moe.num_experts}")
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def num_devices(self) -> int:
+        return self.data_parallelism * self.fsdp_parallelism * self.expert_parallelism
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.per_device_batch_size * self.num_devices

@@ -1,0 +1,1 @@
+"""Compatibility at the config edge: other frameworks' flag names translated to ours."""

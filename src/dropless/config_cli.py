@@ -1,0 +1,32 @@
+"""`dropless config show [--config FILE] [--preset NAME] [key=value ...]`: the effective config
+(YAML) and the model's parameter counts, FLOPs per token included."""
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = sub.add_parser("show", help="print the effective config (YAML) and parameter counts")
+    from dropless.train.cli import add_arguments as train_args
+    train_args(p)
+    sub.add_parser("keys", help="list every accepted key, ours and MaxText's")
+
+
+def run(args) -> int:
+    if args.action == "keys":
+        from dropless.compat.maxtext import KNOWN
+        from dropless.config_file import known_keys
+        print("\n".join(known_keys()))
+        print("# MaxText names:\n" + "\n".join(sorted(KNOWN)))
+        return 0
+    from dropless.config_file import show
+    from dropless.models.count import format_counts, param_counts
+    from dropless.train.cli import config_from_args
+    from dropless.train.metrics import flops_per_token
+    cfg = config_from_args(args)
+    print(show(cfg), end="")
+    moe = cfg.model.moe
+    fpt = flops_per_token(cfg.model, cfg.seq_len,
+                          capacity_factor=moe.capacity_factor if moe else None)
+    print(f"# {cfg.preset}: {format_counts(param_counts(cfg.model))}; "
+          f"{fpt['model'] / 1e9:.3f} GFLOPs per trained token at seq_len={cfg.seq_len}")
+    return 0

@@ -1,0 +1,135 @@
+"""Building a TrainConfig from a preset, a YAML file and `key=value` overrides.
+
+Keys are dotted paths into TrainConfig (`steps`, `model.d_model`, `model.moe.top_k`), `preset`,
+or MaxText flag names (translated by `dropless.compat.maxtext`). Later items win. Setting
+`model.d_model` also sets `model.moe.d_model`. An unknown key is a ValueError that names it and
+suggests the closest known key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from dropless.compat import maxtext
+from dropless.config import ModelConfig, MoEConfig, TrainConfig
+from dropless.presets import get_preset
+
+DEFAULT_PRESET = "tiny"
+
+
+def _fields(cls, prefix: str) -> list[str]:
+    return [prefix + f.name for f in dataclasses.fields(cls) if f.name not in ("model", "moe")]
+
+
+def known_keys() -> list[str]:
+    """Every key `build_config` accepts in our spelling (MaxText names come on top)."""
+    return (["preset"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
+            + _fields(MoEConfig, "model.moe."))
+
+
+def to_dict(cfg: TrainConfig) -> dict:
+    """The config as nested plain data (YAML/JSON ready)."""
+    return dataclasses.asdict(cfg)
+
+
+def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'key=value' -> (key, YAML-parsed value). Raises ValueError without '='."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r} must look like key=value")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value) if value.strip() else ""
+
+
+def _unknown(key: str) -> ValueError:
+    candidates = known_keys() + list(maxtext.KNOWN)
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    if not close:  # try the last path component ("model.moe.topk" -> "top_k")
+        tail = {c.split(".")[-1]: c for c in candidates}
+        hits = difflib.get_close_matches(key.split(".")[-1], list(tail), n=1, cutoff=0.5)
+        close = [tail[hits[0]]] if hits else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown config key {key!r}{hint} (`dropless config show` lists the keys)")
+
+
+def _coerce(key: str, value: Any, current: Any) -> Any:
+    if isinstance(value, str) and value.lower() in ("none", "null") and not isinstance(current, str):
+        return None
+    if isinstance(current, bool) and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None = None
+                 ) -> TrainConfig:
+    """Preset (default 'tiny') <- YAML file <- items, validated once at the end."""
+    pairs: list[tuple[str, Any]] = []
+    if yaml_path:
+        loaded = yaml.safe_load(Path(yaml_path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {yaml_path!r} must hold a mapping")
+        pairs += _flatten(loaded)
+    pairs += list(items)
+    ours = set(known_keys())
+    mt = [(k, v) for k, v in pairs if k not in ours and k in maxtext.KNOWN]
+    for k, _ in pairs:
+        if k not in ours and k not in maxtext.KNOWN:
+            raise _unknown(k)
+    translated = iter(maxtext.translate(mt))
+    mt_names = {k for k, _ in mt}
+    resolved: list[tuple[str, Any]] = []
+    for k, v in pairs:   # keep the user's order; MaxText pairs expand in place
+        if k in mt_names:
+            continue
+        resolved.append((k, v))
+    resolved = list(translated) + resolved  # our own spelling wins over MaxText's
+    preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
+    base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
+    tree = to_dict(base)
+    for key, value in resolved:
+        if key == "preset":
+            continue
+        _set(tree, key, value)
+        if key == "model.d_model" and tree["model"]["moe"] is not None:
+            _set(tree, "model.moe.d_model", value)
+    return from_dict(tree)
+
+
+def _set(tree: dict, key: str, value: Any) -> None:
+    *path, leaf = key.split(".")
+    node = tree
+    for p in path:
+        if node.get(p) is None:
+            raise ValueError(f"config key {key!r}: {'.'.join(path)} is not set in this model "
+                             "(a dense model has no model.moe)")
+        node = node[p]
+    node[leaf] = _coerce(key, value, node[leaf])
+
+
+def from_dict(tree: dict) -> TrainConfig:
+    """Nested plain data (as `to_dict` writes) -> a validated TrainConfig."""
+    m = dict(tree["model"])
+    moe = m.pop("moe", None)
+    model = ModelConfig(**m, moe=None if moe is None else MoEConfig(**moe))
+    rest = {k: v for k, v in tree.items() if k != "model"}
+    return TrainConfig(**rest, model=model)
+
+
+def show(cfg: TrainConfig) -> str:
+    """The effective config as YAML."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

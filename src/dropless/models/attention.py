@@ -1,0 +1,143 @@
+"""Attention for the model: RMSNorm, rotary embeddings, Multi-head Latent Attention and
+standard (grouped-query) attention. Functional; parameters are plain dicts.
+
+Legend: B batch, S sequence, D model dim, H query heads, G key/value heads, K query/key head dim,
+V value head dim, R rotary dims, N no-rope (content) dims, Q q low-rank dim, L kv low-rank dim.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from dropless.config import ModelConfig
+
+# Names of activations that the `offload` remat policy moves to host memory (as MaxText does).
+OFFLOADED_NAMES = ("query_proj", "value_proj")
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) * w, computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_tables(seq_len: int, dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos_SR2, sin_SR2 with R2 = dim // 2 frequencies theta^(-2i/dim)."""
+    inv_freq = theta ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BSHR: jax.Array, cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
+    """Rotate (first half, second half) pairs of the last axis by the position's angles."""
+    x = x_BSHR.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    c, s = cos_SR2[None, :, None, :], sin_SR2[None, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x_BSHR.dtype)
+
+
+def causal_attention(q_BSHK: jax.Array, k_BSHK: jax.Array, v_BSHV: jax.Array,
+                     scale: float) -> jax.Array:
+    """softmax(q k^T * scale + causal mask) v, scores and softmax in float32. Returns [B,S,H,V]."""
+    s = q_BSHK.shape[1]
+    logits_BHSS = jnp.einsum("bqhk,bshk->bhqs", q_BSHK, k_BSHK,
+                             preferred_element_type=jnp.float32) * scale
+    mask_SS = jnp.tril(jnp.ones((s, s), bool))
+    logits_BHSS = jnp.where(mask_SS[None, None], logits_BHSS, jnp.finfo(jnp.float32).min)
+    probs_BHSS = jax.nn.softmax(logits_BHSS, axis=-1).astype(v_BSHV.dtype)
+    return jnp.einsum("bhqs,bshv->bqhv", probs_BHSS, v_BSHV, preferred_element_type=jnp.float32
+                      ).astype(v_BSHV.dtype)
+
+
+def _dot(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
+    return jnp.einsum(spec, x, w.astype(x.dtype), preferred_element_type=jnp.float32
+                      ).astype(x.dtype)
+
+
+def _normal(key: jax.Array, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
+    return (jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
+
+
+def init_mla(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
+    """MLA weights: wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo."""
+    d, h, wdt = cfg.d_model, cfg.num_heads, jnp.dtype(cfg.weight_dtype)
+    n, r, v, l_kv, q_r = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
+                          cfg.kv_lora_rank, cfg.q_lora_rank)
+    ks = jax.random.split(key, 5)
+    p = {}
+    if q_r:
+        p["wq_a_DQ"] = _normal(ks[0], (d, q_r), d, wdt)
+        p["q_norm_Q"] = jnp.ones((q_r,), wdt)
+        p["wq_b_QHK"] = _normal(ks[1], (q_r, h, n + r), q_r, wdt)
+    else:
+        p["wq_DHK"] = _normal(ks[0], (d, h, n + r), d, wdt)
+    p["wkv_a_DL"] = _normal(ks[2], (d, l_kv + r), d, wdt)   # latent (L) then shared rope key (R)
+    p["kv_norm_L"] = jnp.ones((l_kv,), wdt)
+    p["wkv_b_LHN"] = _normal(ks[3], (l_kv, h, n + v), l_kv, wdt)  # per head: k_nope (N), v (V)
+    p["wo_HVD"] = _normal(ks[4], (h, v, d), h * v, wdt)
+    return p
+
+
+def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
+        cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
+    """Multi-head Latent Attention (DeepSeek-V2/V3): keys and values come from a shared
+    low-rank latent; a decoupled rotary key of R dims is shared by all heads."""
+    n, r, l_kv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    if "wq_a_DQ" in p:
+        c_q = rms_norm(_dot(x_BSD, p["wq_a_DQ"], "bsd,dq->bsq"), p["q_norm_Q"], cfg.norm_eps)
+        q_BSHK = _dot(c_q, p["wq_b_QHK"], "bsq,qhk->bshk")
+    else:
+        q_BSHK = _dot(x_BSD, p["wq_DHK"], "bsd,dhk->bshk")
+    q_BSHK = checkpoint_name(q_BSHK, "query_proj")
+    kv_a = _dot(x_BSD, p["wkv_a_DL"], "bsd,dl->bsl")
+    c_kv_BSL = rms_norm(kv_a[..., :l_kv], p["kv_norm_L"], cfg.norm_eps)
+    k_rope_BS1R = apply_rope(kv_a[..., None, l_kv:], cos_SR2, sin_SR2)
+    kv_BSHN = _dot(c_kv_BSL, p["wkv_b_LHN"], "bsl,lhn->bshn")
+    k_nope, v_BSHV = kv_BSHN[..., :n], kv_BSHN[..., n:]
+    v_BSHV = checkpoint_name(v_BSHV, "value_proj")
+    q_rope = apply_rope(q_BSHK[..., n:], cos_SR2, sin_SR2)
+    q_BSHK = jnp.concatenate([q_BSHK[..., :n], q_rope], axis=-1)
+    k_BSHK = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope_BS1R, k_nope.shape[:-1] + (r,))],
+                             axis=-1)
+    out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, 1.0 / math.sqrt(n + r))
+    return _dot(out_BSHV, p["wo_HVD"], "bshv,hvd->bsd")
+
+
+def init_gqa(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
+    """Standard attention weights: wq, wk, wv (G kv heads), wo, and q/k norms when qk_norm."""
+    d, h, g, k, wdt = (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.mha_head_dim,
+                       jnp.dtype(cfg.weight_dtype))
+    ks = jax.random.split(key, 4)
+    p = {"wq_DHK": _normal(ks[0], (d, h, k), d, wdt),
+         "wk_DGK": _normal(ks[1], (d, g, k), d, wdt),
+         "wv_DGK": _normal(ks[2], (d, g, k), d, wdt),
+         "wo_HKD": _normal(ks[3], (h, k, d), h * k, wdt)}
+    if cfg.qk_norm:
+        p["q_norm_K"] = jnp.ones((k,), wdt)
+        p["k_norm_K"] = jnp.ones((k,), wdt)
+    return p
+
+
+def gqa(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
+        cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
+    """Grouped-query attention (Mixtral, Qwen3): each of G kv heads serves H/G query heads."""
+    q_BSHK = checkpoint_name(_dot(x_BSD, p["wq_DHK"], "bsd,dhk->bshk"), "query_proj")
+    k_BSGK = _dot(x_BSD, p["wk_DGK"], "bsd,dgk->bsgk")
+    v_BSGK = checkpoint_name(_dot(x_BSD, p["wv_DGK"], "bsd,dgk->bsgk"), "value_proj")
+    if "q_norm_K" in p:
+        q_BSHK = rms_norm(q_BSHK, p["q_norm_K"], cfg.norm_eps)
+        k_BSGK = rms_norm(k_BSGK, p["k_norm_K"], cfg.norm_eps)
+    q_BSHK = apply_rope(q_BSHK, cos_SR2, sin_SR2)
+    k_BSGK = apply_rope(k_BSGK, cos_SR2, sin_SR2)
+    rep = cfg.num_heads // cfg.kv_heads
+    k_BSHK = jnp.repeat(k_BSGK, rep, axis=2)
+    v_BSHK = jnp.repeat(v_BSGK, rep, axis=2)
+    out = causal_attention(q_BSHK, k_BSHK, v_BSHK, 1.0 / math.sqrt(cfg.mha_head_dim))
+    return _dot(out, p["wo_HKD"], "bshk,hkd->bsd")
+
+
+ATTENTION = {"mla": (init_mla, mla), "mha": (init_gqa, gqa)}

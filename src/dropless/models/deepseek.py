@@ -1,0 +1,196 @@
+"""The model: DeepSeek-V3-style decoder (MLA, dense-first layers, MoE layers with shared experts,
+optional multi-token prediction) and, through the same blocks, the Mixtral / Qwen3-MoE shape
+(standard attention, softmax routing). Math only: the mesh is passed through to the MoE layer.
+
+Legend: B batch, S sequence, D model dim, F dense hidden, V vocabulary, E experts, Lm MoE layers.
+
+Parameters: {"embed": {"w_VD"}, "layers": [block, ...], "final_norm": {"w_D"},
+"lm_head": {"w_DV"} (untied only), "mtp": [module, ...] (mtp_depth > 0 only)}; a block is
+{"attn_norm_D", "attn": {...}, "ffn_norm_D", "ffn": {...dense...} | "moe": {...moe layer...}}.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dropless import moe as moe_lib
+from dropless.config import ModelConfig
+from dropless.models.attention import ATTENTION, OFFLOADED_NAMES, rms_norm, rope_tables
+
+Params = dict[str, Any]
+
+
+def _normal(key, shape, fan_in, dtype):
+    return (jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
+
+
+def init_dense_ffn(key: jax.Array, d: int, f: int, dtype) -> dict[str, jax.Array]:
+    ks = jax.random.split(key, 3)
+    return {"w_gate_DF": _normal(ks[0], (d, f), d, dtype), "w_up_DF": _normal(ks[1], (d, f), d, dtype),
+            "w_down_FD": _normal(ks[2], (f, d), f, dtype)}
+
+
+def dense_ffn(p: dict[str, jax.Array], x_BSD: jax.Array) -> jax.Array:
+    """SwiGLU: down(silu(x @ gate) * (x @ up)), matmuls accumulated in float32."""
+    dt = x_BSD.dtype
+    g = jnp.dot(x_BSD, p["w_gate_DF"].astype(dt), preferred_element_type=jnp.float32)
+    u = jnp.dot(x_BSD, p["w_up_DF"].astype(dt), preferred_element_type=jnp.float32)
+    h = (jax.nn.silu(g) * u).astype(dt)
+    return jnp.dot(h, p["w_down_FD"].astype(dt), preferred_element_type=jnp.float32).astype(dt)
+
+
+def init_block(key: jax.Array, cfg: ModelConfig, is_moe: bool) -> Params:
+    wdt = jnp.dtype(cfg.weight_dtype)
+    k_a, k_f = jax.random.split(key)
+    block = {"attn_norm_D": jnp.ones((cfg.d_model,), wdt),
+             "attn": ATTENTION[cfg.attention][0](k_a, cfg),
+             "ffn_norm_D": jnp.ones((cfg.d_model,), wdt)}
+    if is_moe:
+        block["moe"] = moe_lib.init_params(k_f, cfg.moe)
+    else:
+        block["ffn"] = init_dense_ffn(k_f, cfg.d_model, cfg.d_ff, wdt)
+    return block
+
+
+def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
+    """Random parameters for `cfg` (use jax.eval_shape(init_params, key, cfg) to plan big ones)."""
+    wdt = jnp.dtype(cfg.weight_dtype)
+    k_e, k_h, k_l, k_m = jax.random.split(key, 4)
+    layer_keys = jax.random.split(k_l, cfg.num_layers)
+    params: Params = {
+        "embed": {"w_VD": jax.random.normal(k_e, (cfg.vocab_size, cfg.d_model), jnp.float32
+                                            ).astype(wdt)},
+        "layers": [init_block(layer_keys[i], cfg, cfg.is_moe_layer(i))
+                   for i in range(cfg.num_layers)],
+        "final_norm": {"w_D": jnp.ones((cfg.d_model,), wdt)},
+    }
+    if not cfg.tie_embeddings:
+        # a small head (std 0.02) starts the loss near ln(vocab), the uniform prediction
+        params["lm_head"] = {"w_DV": (0.02 * jax.random.normal(
+            k_h, (cfg.d_model, cfg.vocab_size), jnp.float32)).astype(wdt)}
+    if cfg.mtp_depth:
+        mtp_keys = jax.random.split(k_m, cfg.mtp_depth)
+        params["mtp"] = [init_mtp_module(mtp_keys[i], cfg) for i in range(cfg.mtp_depth)]
+    return params
+
+
+def init_mtp_module(key: jax.Array, cfg: ModelConfig) -> Params:
+    """One DeepSeek-V3 MTP module: norms for hidden and embedding, a 2D -> D projection, a block
+    (MoE when the model has MoE layers) and its own output norm; embedding and head are shared."""
+    wdt = jnp.dtype(cfg.weight_dtype)
+    k_p, k_b = jax.random.split(key)
+    d = cfg.d_model
+    return {"hidden_norm_D": jnp.ones((d,), wdt), "embed_norm_D": jnp.ones((d,), wdt),
+            "proj_2DD": _normal(k_p, (2 * d, d), 2 * d, wdt),
+            "block": init_block(k_b, cfg, cfg.moe is not None),
+            "out_norm_D": jnp.ones((d,), wdt)}
+
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": lambda: jax.checkpoint_policies.nothing_saveable,
+    "minimal": lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "offload": lambda: jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED_NAMES),
+        offload_src="device", offload_dst="pinned_host"),
+}
+
+
+def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig, mesh: Any = None
+          ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Pre-norm block: x + attn(norm(x)), then + ffn(norm(.)) (dense SwiGLU or MoE layer).
+
+    Returns (y_BSD, aux); aux is empty for dense blocks and the MoE layer's aux otherwise.
+    """
+    attn_fn = ATTENTION[cfg.attention][1]
+    h = x_BSD + attn_fn(p["attn"], rms_norm(x_BSD, p["attn_norm_D"], cfg.norm_eps), cfg,
+                        cos_SR2, sin_SR2)
+    z = rms_norm(h, p["ffn_norm_D"], cfg.norm_eps)
+    if "moe" in p:
+        y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh)
+        return h + y.astype(h.dtype), aux
+    return h + dense_ffn(p["ffn"], z), {}
+
+
+def _block_fn(cfg: ModelConfig, mesh: Any, remat: str):
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r} must be one of {tuple(REMAT_POLICIES)}")
+    fn = functools.partial(block, cfg=cfg, mesh=mesh)
+    if remat == "none":
+        return fn
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[remat]())
+
+
+def _merge_aux(auxes: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+    """Sum the MoE losses over layers; stack per-layer expert loads into [Lm, E]."""
+    if not auxes:
+        return {"moe_loss": jnp.zeros((), jnp.float32), "dropped_tokens": jnp.zeros((), jnp.int32)}
+    out = {"moe_loss": sum(a["loss"] for a in auxes),
+           "dropped_tokens": sum(a["dropped_tokens"] for a in auxes),
+           "tokens_per_expert_LE": jnp.stack([a["tokens_per_expert"] for a in auxes])}
+    for name in ("load_balance_loss", "seq_aux_loss", "z_loss"):
+        out[name] = sum(a[name] for a in auxes) / len(auxes)
+    if "overflow_rounds" in auxes[0]:
+        out["overflow_rounds"] = sum(a["overflow_rounds"] for a in auxes)
+    return out
+
+
+def logits_from_hidden(params: Params, h_BSD: jax.Array, norm_w_D: jax.Array,
+                       cfg: ModelConfig) -> jax.Array:
+    """Final norm and output head (the embedding, transposed, when tied); float32 logits."""
+    z = rms_norm(h_BSD, norm_w_D, cfg.norm_eps)
+    w_DV = params["embed"]["w_VD"].T if cfg.tie_embeddings else params["lm_head"]["w_DV"]
+    return jnp.dot(z, w_DV.astype(z.dtype), preferred_element_type=jnp.float32)
+
+
+def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any = None,
+            remat: str = "none") -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """Token ids [B, S] -> (logits_BSV float32, last hidden h_BSD, aux).
+
+    aux: `moe_loss` (the summed weighted balance losses to add to the objective),
+    `dropped_tokens`, `tokens_per_expert_LE` (one row per MoE layer), mean balance losses.
+    Raises ValueError for token ids that are not a 2-D integer array.
+    """
+    if tokens_BS.ndim != 2 or not jnp.issubdtype(tokens_BS.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an int array [batch, seq]; got {tokens_BS.dtype}"
+                         f"{tuple(tokens_BS.shape)}")
+    dt = jnp.dtype(cfg.dtype)
+    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta)
+    x = params["embed"]["w_VD"][tokens_BS].astype(dt)
+    fn = _block_fn(cfg, mesh, remat)
+    auxes = []
+    for p in params["layers"]:
+        x, aux = fn(p, x, cos, sin)
+        if aux:
+            auxes.append(aux)
+    logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
+    return logits, x, _merge_aux(auxes)
+
+
+def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: ModelConfig, *,
+               mesh: Any = None, remat: str = "none") -> tuple[list[jax.Array], dict]:
+    """DeepSeek-V3 multi-token prediction. Module k (1-based) at position i combines the previous
+    depth's hidden state with the embedding of token i+k and predicts token i+k+1.
+
+    Returns ([logits_BSV per depth], aux); positions i >= S - k see wrapped tokens and must be
+    masked out of the loss (see `dropless.train.step.mtp_loss`).
+    """
+    dt = jnp.dtype(cfg.dtype)
+    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta)
+    fn = _block_fn(cfg, mesh, remat)
+    out, auxes = [], []
+    for k, m in enumerate(params.get("mtp", []), start=1):
+        e = params["embed"]["w_VD"][jnp.roll(tokens_BS, -k, axis=1)].astype(dt)
+        cat = jnp.concatenate([rms_norm(h_BSD, m["hidden_norm_D"], cfg.norm_eps),
+                               rms_norm(e, m["embed_norm_D"], cfg.norm_eps)], axis=-1)
+        h_BSD = jnp.dot(cat, m["proj_2DD"].astype(dt), preferred_element_type=jnp.float32
+                        ).astype(dt)
+        h_BSD, aux = fn(m["block"], h_BSD, cos, sin)
+        if aux:
+            auxes.append(aux)
+        out.append(logits_from_hidden(params, h_BSD, m["out_norm_D"], cfg))
+    return out, _merge_aux(auxes)

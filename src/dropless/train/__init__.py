@@ -1,0 +1,1 @@
+"""Training: data, step, checkpoints, metrics and the loop."""

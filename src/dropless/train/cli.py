@@ -1,0 +1,53 @@
+"""`dropless train [--config FILE] [--preset NAME] [key=value ...]`.
+
+With no arguments: the tiny preset on the built-in corpus (the Python standard library's own
+source), writing to runs/<timestamp>-tiny/. Importing this module must not start JAX: the XLA
+flag recipe is applied in `run` before the first JAX computation.
+"""
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides: our keys (steps=100, model.moe.top_k=4) or "
+                             "MaxText names (per_device_batch_size=8, ici_expert_parallelism=4)")
+    parser.add_argument("--config", help="YAML config file (nested or flat keys)")
+    parser.add_argument("--preset", help="model preset (tiny, deepseek3-test, deepseek3-671b, "
+                                         "mixtral-8x7b, qwen3-30b-a3b); default tiny")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR (its config.json, then overrides)")
+
+
+def config_from_args(args):
+    """The TrainConfig the arguments describe (library call; no JAX computation)."""
+    from dropless.config_file import build_config, parse_override
+    items = [parse_override(o) for o in args.overrides]
+    if args.preset:
+        items.insert(0, ("preset", args.preset))
+    if getattr(args, "resume", None):
+        import json
+        from pathlib import Path
+        from dropless.config_file import _flatten
+        run = Path(args.resume)
+        saved = json.loads((run / "config.json").read_text())
+        saved.update(run_dir=str(run.parent), run_name=run.name)
+        model = saved.pop("model")
+        items = [("preset", saved.pop("preset") or "tiny")] + _flatten(saved) + \
+            _flatten({"model": model}) + items
+    return build_config(items, yaml_path=args.config)
+
+
+def run(args) -> int:
+    cfg = config_from_args(args)
+    from dropless.train.xla_flags import apply_recipe
+    changes = apply_recipe(cfg.xla_recipe)
+    import os
+    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+          + (f" (recipe {cfg.xla_recipe!r} set {sorted(changes)})" if changes else ""))
+    from dropless.train.loop import train
+    result = train(cfg)
+    first = result.losses[min(result.losses)] if result.losses else None
+    last = result.losses[max(result.losses)] if result.losses else None
+    if first is not None:
+        print(f"done: loss {first:.4f} -> {last:.4f}; metrics in {result.run_dir}/metrics.jsonl")
+    return 0

@@ -1,0 +1,121 @@
+"""`dropless report RUN_DIR`: loss (train and eval), throughput (tokens/s, MFU) and an
+expert-load heatmap from RUN_DIR/metrics.jsonl, drawn to PNG files in RUN_DIR (matplotlib, an
+optional dependency: pip install 'dropless[report]')."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def read_metrics(run_dir: str | Path) -> dict[str, list[dict]]:
+    """metrics.jsonl grouped by event ("start", "step", "eval", "end"). A resumed run's steps
+    replace the earlier records of the same step. Raises ValueError when the file is missing."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl")
+    out: dict[str, list[dict]] = {"start": [], "step": [], "eval": [], "end": []}
+    steps: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        ev = rec.get("event")
+        if ev == "step":
+            steps[rec["step"]] = rec
+        elif ev == "eval":
+            evals[rec["step"]] = rec
+        elif ev in out:
+            out[ev].append(rec)
+    out["step"] = [steps[k] for k in sorted(steps)]
+    out["eval"] = [evals[k] for k in sorted(evals)]
+    return out
+
+
+def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
+    """Median step time, tokens/s, TFLOPS/device and MFU (first `skip` steps left out), first and
+    last loss, worst expert load, total dropped tokens."""
+    steps = m["step"]
+    if not steps:
+        return {}
+    body = steps[skip:] or steps
+    med = lambda k: float(np.median([r[k] for r in body if r.get(k) is not None]))  # noqa: E731
+    return {"steps": len(steps), "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"],
+            "last_eval_loss": m["eval"][-1]["eval_loss"] if m["eval"] else None,
+            "median_step_time_s": med("step_time_s"), "median_tokens_per_s": med("tokens_per_s"),
+            "median_tflops_per_device": med("tflops_per_device"),
+            "median_mfu": med("mfu") if any(r.get("mfu") for r in body) else None,
+            "max_expert_load_max_over_mean": max(
+                (r.get("expert_load_max_over_mean", 0) for r in steps), default=None),
+            "dropped_tokens": sum(r["dropped_tokens"] for r in steps)}
+
+
+def draw(run_dir: str | Path) -> list[Path]:
+    """Write loss.png, throughput.png and expert_load.png into run_dir; returns their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    run_dir = Path(run_dir)
+    m = read_metrics(run_dir)
+    steps = m["step"]
+    x = [r["step"] for r in steps]
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [r["loss"] for r in steps], label="train loss")
+    if m["eval"]:
+        ax.plot([r["step"] for r in m["eval"]], [r["eval_loss"] for r in m["eval"]], "o-",
+                label="eval loss")
+    ax.axhline(np.log(256), ls=":", c="gray", label="ln 256")
+    ax.set_xlabel("step"), ax.set_ylabel("nats/token"), ax.legend(), ax.grid(alpha=.3)
+    paths.append(_save(fig, run_dir / "loss.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [r["tokens_per_s"] for r in steps], label="tokens/s")
+    ax.set_xlabel("step"), ax.set_ylabel("tokens/s"), ax.grid(alpha=.3)
+    if any(r.get("mfu") for r in steps):
+        ax2 = ax.twinx()
+        ax2.plot(x, [100 * (r.get("mfu") or 0) for r in steps], c="C1", label="MFU %")
+        ax2.set_ylabel("MFU %")
+    paths.append(_save(fig, run_dir / "throughput.png"))
+
+    loads = [np.asarray(r["tokens_per_expert"], float) for r in steps if "tokens_per_expert" in r]
+    if loads:
+        arr = np.stack(loads)                     # [steps, layers, experts]
+        rel = arr / np.maximum(arr.mean(-1, keepdims=True), 1e-9)
+        fig, axes = plt.subplots(arr.shape[1], 1, figsize=(7, 1.8 * arr.shape[1] + .6),
+                                 squeeze=False)
+        for li, a in enumerate(axes[:, 0]):
+            im = a.imshow(rel[:, li].T, aspect="auto", cmap="viridis",
+                          extent=(x[0], x[-1], arr.shape[2] - .5, -.5))
+            a.set_ylabel(f"MoE layer {li}\nexpert")
+            fig.colorbar(im, ax=a, label="load / mean")
+        axes[-1, 0].set_xlabel("step")
+        paths.append(_save(fig, run_dir / "expert_load.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
+
+
+def run(args) -> int:
+    s = summary(read_metrics(args.run_dir))
+    print(json.dumps(s, indent=2))
+    try:
+        paths = draw(args.run_dir)
+    except ImportError:
+        print("plots need matplotlib: pip install 'dropless[report]'")
+        return 1
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

@@ -1,0 +1,135 @@
+"""The training step: loss (cross-entropy + MTP + MoE balance losses), AdamW with warmup +
+cosine and global-norm clipping, then the aux-loss-free router-bias update outside the optimizer.
+
+Legend: B batch, S sequence, V vocabulary, E experts, Lm MoE layers.
+
+State is a plain dict pytree {"params", "opt_state", "step", "rng"} so it checkpoints as is.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dropless.config import TrainConfig
+from dropless.models import deepseek
+from dropless.moe import update_bias
+
+State = dict[str, Any]
+
+
+def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """Linear warmup to learning_rate, cosine decay to learning_rate * min_lr_ratio at `steps`."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
+        decay_steps=max(cfg.steps, cfg.warmup_steps + 1),
+        end_value=cfg.learning_rate * cfg.min_lr_ratio)
+
+
+def _is_frozen(path) -> bool:
+    """Router biases are not trained by the optimizer (DeepSeek-V3 aux-loss-free balancing)."""
+    return any(getattr(k, "key", None) == "bias_E" for k in path)
+
+
+def _no_decay(path) -> bool:
+    """Norm weights (1-D *_D / *_Q / *_L / *_K vectors) and biases are not weight-decayed."""
+    last = getattr(path[-1], "key", "")
+    return "norm" in last or last == "w_D" or _is_frozen(path)
+
+
+def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
+    """AdamW (decoupled decay on matrices only) with clipping; router biases get zero updates."""
+    labels = jax.tree_util.tree_map_with_path(
+        lambda p, _: "frozen" if _is_frozen(p) else "train", params)
+    decay_mask = jax.tree_util.tree_map_with_path(lambda p, _: not _no_decay(p), params)
+    adamw = optax.adamw(lr_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                        weight_decay=cfg.weight_decay, mask=decay_mask)
+    chain = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+    return optax.multi_transform({"train": optax.chain(*chain, adamw),
+                                  "frozen": optax.set_to_zero()}, labels)
+
+
+def init_state(cfg: TrainConfig) -> tuple[State, optax.GradientTransformation]:
+    """Fresh parameters and optimizer state from cfg.seed."""
+    k_init, k_run = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    params = deepseek.init_params(k_init, cfg.model)
+    opt = make_optimizer(cfg, params)
+    state = {"params": params, "opt_state": opt.init(params),
+             "step": jnp.zeros((), jnp.int32), "rng": k_run}
+    return state, opt
+
+
+def cross_entropy(logits_BSV: jax.Array, targets_BS: jax.Array,
+                  mask_BS: jax.Array | None = None) -> jax.Array:
+    """Mean token cross-entropy in float32 (over mask when given)."""
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits_BSV.astype(jnp.float32),
+                                                          targets_BS)
+    if mask_BS is None:
+        return jnp.mean(nll)
+    return jnp.sum(nll * mask_BS) / jnp.maximum(jnp.sum(mask_BS), 1)
+
+
+def loss_fn(params, batch_BS1: jax.Array, cfg: TrainConfig, mesh: Any = None
+            ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed)."""
+    m = cfg.model
+    inputs, targets = batch_BS1[:, :-1], batch_BS1[:, 1:]
+    logits, h, aux = deepseek.forward(params, inputs, m, mesh=mesh, remat=cfg.remat)
+    ce = cross_entropy(logits, targets)
+    total = ce + aux["moe_loss"]
+    metrics = {"ce_loss": ce, **aux}
+    if m.mtp_depth:
+        mtp, mtp_aux = deepseek.mtp_logits(params, h, inputs, m, mesh=mesh, remat=cfg.remat)
+        s = inputs.shape[1]
+        losses = []
+        for k, lg in enumerate(mtp, start=1):
+            mask = jnp.broadcast_to((jnp.arange(s) < s - k)[None, :], targets.shape)
+            losses.append(cross_entropy(lg, jnp.roll(targets, -k, axis=1), mask))
+        metrics["mtp_loss"] = sum(losses) / len(losses)
+        total = total + m.mtp_loss_coef * metrics["mtp_loss"] + mtp_aux["moe_loss"]
+        if "tokens_per_expert_LE" in mtp_aux:
+            metrics["mtp_tokens_per_expert_LE"] = mtp_aux["tokens_per_expert_LE"]
+    metrics["loss"] = total
+    return total, metrics
+
+
+def _update_biases(params, metrics, cfg: TrainConfig):
+    """bias_E += speed * sign(mean load - load) for every MoE layer (and MTP MoE block)."""
+    moe = cfg.model.moe
+    if moe is None or moe.bias_update_speed == 0:
+        return params
+    params = jax.tree_util.tree_map(lambda x: x, params)  # shallow structural copy
+    rows = iter(metrics["tokens_per_expert_LE"])
+    for blk in params["layers"]:
+        if "moe" in blk:
+            r = blk["moe"]["router"]
+            r["bias_E"] = update_bias(r["bias_E"], next(rows), moe.bias_update_speed)
+    mtp_rows = iter(metrics.get("mtp_tokens_per_expert_LE", []))
+    for mod in params.get("mtp", []):
+        if "moe" in mod["block"]:
+            r = mod["block"]["moe"]["router"]
+            r["bias_E"] = update_bias(r["bias_E"], next(mtp_rows), moe.bias_update_speed)
+    return params
+
+
+def train_step(state: State, batch_BS1: jax.Array, *, cfg: TrainConfig,
+               opt: optax.GradientTransformation, mesh: Any = None) -> tuple[State, dict]:
+    """One optimizer step on a [B, S + 1] batch; returns (new state, metrics)."""
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state["params"], batch_BS1, cfg, mesh)
+    updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    params = _update_biases(params, metrics, cfg)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["lr"] = lr_schedule(cfg)(state["step"])
+    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
+                 "rng": jax.random.fold_in(state["rng"], state["step"])}
+    return new_state, metrics
+
+
+def eval_loss(params, batch_BS1: jax.Array, *, cfg: TrainConfig, mesh: Any = None) -> jax.Array:
+    """Held-out next-token cross-entropy (no MTP, no balance losses)."""
+    logits, _, _ = deepseek.forward(params, batch_BS1[:, :-1], cfg.model, mesh=mesh)
+    return cross_entropy(logits, batch_BS1[:, 1:])
