@@ -101,3 +101,30 @@ def test_bad_shapes_name_field_and_value(kw, match):
 def test_unknown_preset_lists_known():
     with pytest.raises(ValueError, match="preset='gpt5' is unknown; known presets"):
         get_shape("gpt5")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_counts_agree_with_the_trainers_model(name):
+    """Two independent counts: the planner's arithmetic vs the shapes of the trainer's
+    `init_params` (dropless.models.count)."""
+    presets = pytest.importorskip("dropless.presets")
+    from dropless.models.count import param_counts as model_counts
+    cfg = presets.get_preset(name)
+    mine = param_counts(shape_of(cfg, name))
+    theirs = model_counts(cfg)
+    assert mine["total"] == theirs["total"]
+    assert mine["active"] == theirs["active"]
+    assert mine["mtp"] == theirs["mtp"]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_flops_agree_with_the_trainers_metrics(name):
+    presets = pytest.importorskip("dropless.presets")
+    from dropless.plan.flops import model_flops_per_token
+    from dropless.train.metrics import flops_per_token
+    cfg = presets.get_preset(name)
+    seq = 4096
+    theirs = flops_per_token(cfg, seq)["model"]
+    mine = model_flops_per_token(shape_of(cfg, name), seq)
+    # the trainer counts causal attention over (S + 1) / 2 keys, the planner over S / 2
+    assert mine == pytest.approx(theirs, rel=2e-3)

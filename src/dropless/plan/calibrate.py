@@ -1,7 +1,7 @@
 """Calibrate the step-time model against this machine.
 
-A profile of this machine is measured with micro-benchmarks (dense matmul rate, grouped-matmul
-forward+backward rate, memory bandwidth, the host-device "link" bandwidth and latency of an
+A profile of this machine is measured with micro-benchmarks (dense matmul and grouped matmul
+forward+backward rates, memory bandwidth, the host-device "link" bandwidth and latency of an
 all-reduce); the planner's layer model, fed that profile, predicts the time of a different,
 composite workload, which is then timed:
 
@@ -33,7 +33,7 @@ from dropless.plan.shape import ModelShape
 WORKLOAD = dict(d_model=256, moe_d_ff=512, num_experts=8, top_k=2, num_shared_experts=1)
 TOKENS_PER_DEVICE = 1024
 SEQ = 256
-_MM = 512                  # dense matmul micro-benchmark: M = K = N
+_MM = (2048, 384, 384)      # dense matmul micro-benchmark (forward + backward): M, K, N
 _GMM = (4096, 512, 384, 16)  # grouped matmul micro-benchmark: M, K, N, G (not the workload's)
 _ELEMS = 4 * 2 ** 20        # elementwise micro-benchmark: f32 elements per device
 _AR_ELEMS = 2 ** 20         # all-reduce micro-benchmark: f32 elements per device
@@ -58,9 +58,13 @@ def micro_benchmarks(mesh: Mesh) -> dict[str, tuple[Any, float, str]]:
     n = mesh.size
     key = jax.random.key(0)
     put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
-    a = put(jax.random.normal(key, (n * _MM, _MM)), P("d"))
-    b = put(jax.random.normal(key, (_MM, _MM)), P())
-    mm = _per_device(mesh, lambda a, b: a @ b, (P("d"), P()), P("d"))
+    mm_m, mm_k, mm_n = _MM
+    a = put(jax.random.normal(key, (n * mm_m, mm_k)), P("d"))
+    b = put(jax.random.normal(key, (mm_k, mm_n)) / math.sqrt(mm_k), P())
+
+    def mm_train(a, b):
+        return jax.grad(lambda a, b: jnp.sum((a @ b) ** 2), argnums=(0, 1))(a, b)[0]
+    mm = _per_device(mesh, mm_train, (P("d"), P()), P("d"))
     m, k, nn, g = _GMM
     lhs = put(jax.random.normal(key, (n * m, k)), P("d"))
     rhs = put(jax.random.normal(key, (g, k, nn)) / math.sqrt(k), P())
@@ -76,7 +80,7 @@ def micro_benchmarks(mesh: Mesh) -> dict[str, tuple[Any, float, str]]:
     ar = _per_device(mesh, lambda y: jax.lax.psum(y, "d"), P("d"), P("d"))
     z = put(jnp.ones((n * 8,), jnp.float32), P("d"))
     lat = _per_device(mesh, lambda z: jax.lax.psum(z, "d"), P("d"), P("d"))
-    out = {"matmul": (lambda: mm(a, b), 2.0 * _MM ** 3, "flop"),
+    out = {"matmul": (lambda: mm(a, b), 3 * 2.0 * mm_m * mm_k * mm_n, "flop"),
            "gmm_train": (lambda: gmm(lhs, rhs), 3 * 2.0 * m * k * nn, "flop"),
            "elementwise": (lambda: ew(x), 2 * 4.0 * _ELEMS, "byte")}
     if n > 1:
@@ -107,18 +111,19 @@ def moe_workload(mesh: Mesh):
 
 
 def profile_from(rates: dict[str, float], n: int) -> HardwareProfile:
-    """A HardwareProfile of this machine from measured rates (efficiencies 1: measured rates
-    are already the achievable ones)."""
-    peak = rates["matmul"]
+    """A HardwareProfile of this machine from measured rates: the peak is the best measured
+    matmul rate, the efficiencies are the measured rates over it (memory and links at 1: the
+    measured rates are already the achievable ones)."""
+    peak = max(rates["matmul"], rates["gmm_train"])
     bw = rates.get("allreduce", 1e12)
+    gmm = rates["gmm_train"] / peak
     return HardwareProfile(
         name=f"cpu-{n}", peak_bf16=peak, peak_fp8=peak, hbm_bytes=_ram_bytes(),
         hbm_bw=rates["elementwise"], nvlink_bw=bw, ib_bw=bw, host_bw=rates["elementwise"],
-        gpus_per_domain=n, gemm_efficiency=1.0, gmm_efficiency=min(1.0, rates["gmm_train"] / peak),
-        fp8_efficiency=min(1.0, rates["gmm_train"] / peak), attention_efficiency=1.0,
-        link_efficiency=1.0, hbm_efficiency=1.0,
-        nvlink_latency_s=max(rates.get("latency_s", 1e-6), 1e-9), ib_latency_s=1e-6,
-        overlap_cost=1.0, usable_memory_fraction=0.9,
+        gpus_per_domain=n, gemm_efficiency=rates["matmul"] / peak, gmm_efficiency=gmm,
+        fp8_efficiency=gmm, attention_efficiency=rates["matmul"] / peak, link_efficiency=1.0,
+        hbm_efficiency=1.0, nvlink_latency_s=max(rates.get("latency_s", 1e-6), 1e-9),
+        ib_latency_s=1e-6, overlap_cost=1.0, usable_memory_fraction=0.9,
         sources=("measured at start-up by dropless.plan.calibrate",))
 
 

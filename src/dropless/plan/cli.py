@@ -9,7 +9,7 @@ import sys
 
 from dropless.plan import report
 from dropless.plan.hardware import PROFILES, get_profile
-from dropless.plan.layout import (DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS, PlanConfig,
+from dropless.plan.layout import (ATTENTION_IMPLS, DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS, PlanConfig,
                                   REMAT_POLICIES)
 from dropless.plan.model import predict
 from dropless.plan.overrides import apply_model_overrides, parse_overrides, split_settings
@@ -22,7 +22,7 @@ _FLAG_FIELDS = {"gpus": "gpus", "fsdp": "fsdp", "ep": "ep", "data": "data",
                 "gmm_quantization": "gmm_quantization", "dispatcher": "dispatcher",
                 "ragged_buffer_factor": "ragged_buffer_factor", "overlap": "overlap",
                 "weight_dtype": "weight_dtype", "optimizer_dtype": "optimizer_dtype",
-                "devices_per_node": "devices_per_node"}
+                "devices_per_node": "devices_per_node", "attention_impl": "attention_impl"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-dtype", default=None)
     p.add_argument("--optimizer-dtype", default=None)
     p.add_argument("--devices-per-node", type=int, default=None)
+    p.add_argument("--attention-impl", choices=ATTENTION_IMPLS, default=None,
+                   help="flash (default) or naive (S x S scores materialised)")
     p.add_argument("--sweep-gpus", default=None, help="comma-separated cluster sizes")
     p.add_argument("--sweep-axis", choices=SWEEP_AXES, default="data",
                    help="the axis that grows in the sweep")

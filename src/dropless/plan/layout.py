@@ -20,6 +20,7 @@ OVERLAPS = ("none", "fsdp", "full")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OFFLOADABLE = ("query", "key", "value")
+ATTENTION_IMPLS = ("flash", "naive")
 
 
 def _fail(field: str, value, why: str) -> None:
@@ -35,6 +36,8 @@ class PlanConfig:
     dispatcher: a2a (static per-peer chunks) | ragged_a2a (only real rows move) | allgather.
     overlap: none (every part serial) | fsdp (FSDP/data collectives hidden behind compute)
       | full (EP dispatch/combine also overlapped, e.g. two micro-batches).
+    attention_impl: flash (fused, causal half computed) | naive (the S x S scores and
+      probabilities materialised and the full square computed, as plain XLA on CPU does).
     """
 
     gpus: int
@@ -57,6 +60,7 @@ class PlanConfig:
     devices_per_node: int = 0        # 0: the hardware's NVLink domain, fitted to `gpus`
     gmm_tile: int = 128              # rows per grouped-GEMM tile (per-expert padding)
     shard_non_expert_over_ep: bool = True
+    attention_impl: str = "flash"    # naive: full S x S scores materialised, half masked away
 
     def __post_init__(self) -> None:
         for f in ("gpus", "fsdp", "ep", "per_device_batch", "seq_len", "gmm_tile"):
@@ -75,7 +79,8 @@ class PlanConfig:
             _fail("gpus", self.gpus, f"differs from the layout data={self.data} x fsdp="
                   f"{self.fsdp} x ep={self.ep} = {used} devices")
         checks = (("remat", REMAT_POLICIES), ("dispatcher", DISPATCHERS),
-                  ("overlap", OVERLAPS), ("gmm_quantization", GMM_QUANTIZATIONS))
+                  ("overlap", OVERLAPS), ("gmm_quantization", GMM_QUANTIZATIONS),
+                  ("attention_impl", ATTENTION_IMPLS))
         for f, allowed in checks:
             if getattr(self, f) not in allowed:
                 _fail(f, getattr(self, f), f"must be one of {allowed}")

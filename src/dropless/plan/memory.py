@@ -30,8 +30,9 @@ class Tensor(NamedTuple):
     kind: str          # input | dot | elementwise | expert_dot | expert_elementwise
 
 
-def attention_tensors(s: ModelShape, b: int) -> list[Tensor]:
-    """One attention block's activations per token."""
+def attention_tensors(s: ModelShape, b: int, naive_seq: int = 0) -> list[Tensor]:
+    """One attention block's activations per token (`naive_seq` > 0: the S x S scores and
+    probabilities of unfused attention over sequences of that length are materialised)."""
     d, h = s.d_model, s.num_heads
     t = [Tensor("layer_input", d, b, "input"), Tensor("attn_norm", d, b, "elementwise")]
     if s.attention == "mla":
@@ -49,8 +50,12 @@ def attention_tensors(s: ModelShape, b: int) -> list[Tensor]:
         t += [Tensor("query", h * kh, b, "dot"), Tensor("key", g * kh, b, "dot"),
               Tensor("value", g * kh, b, "dot"), Tensor("qk_rope", (h + g) * kh, b,
                                                         "elementwise")]
-    t += [Tensor("attn_out", h * s.v_dim, b, "dot"), Tensor("attn_lse", h, 4, "dot"),
-          Tensor("out_proj", d, b, "dot")]
+    if naive_seq:
+        t += [Tensor("attn_scores", h * naive_seq, 4, "elementwise"),
+              Tensor("attn_probs", h * naive_seq, b, "dot")]
+    else:
+        t.append(Tensor("attn_lse", h, 4, "dot"))
+    t += [Tensor("attn_out", h * s.v_dim, b, "dot"), Tensor("out_proj", d, b, "dot")]
     return t
 
 
@@ -76,8 +81,12 @@ def ffn_tensors(s: ModelShape, b: int, moe: bool) -> list[Tensor]:
     return t
 
 
-def layer_tensors(s: ModelShape, b: int, moe: bool) -> list[Tensor]:
-    return attention_tensors(s, b) + ffn_tensors(s, b, moe)
+def layer_tensors(s: ModelShape, b: int, moe: bool, naive_seq: int = 0) -> list[Tensor]:
+    return attention_tensors(s, b, naive_seq) + ffn_tensors(s, b, moe)
+
+
+def naive_seq(cfg: PlanConfig) -> int:
+    return cfg.seq_len if cfg.attention_impl == "naive" else 0
 
 
 def _scale(t: Tensor, factor: float) -> float:
@@ -137,9 +146,10 @@ def memory_per_device(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> di
                   (sum(moe_l.values()) - moe_l["experts"] + moe_l["experts"] / cfg.ep)
                   if moe_l else 0)
     out["gathered_weights"] = 2 * biggest * ab
-    layers = [(s.num_dense_layers, layer_tensors(s, ab, False))]
+    ns = naive_seq(cfg)
+    layers = [(s.num_dense_layers, layer_tensors(s, ab, False, ns))]
     if s.num_moe_layers:
-        layers.append((s.num_moe_layers + s.mtp_depth, layer_tensors(s, ab, True)))
+        layers.append((s.num_moe_layers + s.mtp_depth, layer_tensors(s, ab, True, ns)))
     dev = host = work = 0.0
     for count, tensors in layers:
         d_, h_ = saved_bytes_per_token(tensors, cfg.remat, cfg.offloaded, f)

@@ -75,11 +75,12 @@ def layer_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, moe: bool, 
     rec = _recompute_flops(s, cfg, fwd)
     pad = 1.0 + flops.padding_fraction(s, t, cfg.ep, cfg.gmm_tile) if moe else 1.0
     out = {}
+    waste = {"gmm": pad, "attention": 2.0 if cfg.attention_impl == "naive" else 1.0}
     for k in flops.KINDS:
-        executed = (3 * fwd[k] + rec[k]) * (pad if k == "gmm" else 1.0)
+        executed = (3 * fwd[k] + rec[k]) * waste.get(k, 1.0)
         out[k] = executed * t / rates[k]
     ab = DTYPE_BYTES[cfg.activation_dtype]
-    tensors = (memory.layer_tensors(s, ab, moe) if attention
+    tensors = (memory.layer_tensors(s, ab, moe, memory.naive_seq(cfg)) if attention
                else memory.ffn_tensors(s, ab, moe))
     out["elementwise"] = (ELEMENTWISE_PASSES * memory.all_bytes_per_token(tensors, 1.0) * t
                           / (hw.hbm_bw * hw.hbm_efficiency))

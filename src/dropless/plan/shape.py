@@ -143,8 +143,9 @@ def layer_params(s: ModelShape, moe: bool) -> dict[str, int]:
 
 
 def _mtp_module_params(s: ModelShape) -> int:
-    """One DeepSeek-V3 MTP module: two norms, a 2D->D projection, and one (MoE) layer."""
-    return 2 * s.d_model + 2 * s.d_model * s.d_model + sum(layer_params(s, s.is_moe).values())
+    """One DeepSeek-V3 MTP module: three norms (embedding, hidden, output), a 2D->D
+    projection, and one (MoE) layer; the output head is shared with the main model."""
+    return 3 * s.d_model + 2 * s.d_model * s.d_model + sum(layer_params(s, s.is_moe).values())
 
 
 def param_counts(s: ModelShape) -> dict[str, int]:
