@@ -1,0 +1,149 @@
+"""`dropless bench gmm`: every grouped-matmul backend as a ratio to a dense matmul of equal FLOPs.
+
+Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
+
+The dense equivalent of a grouped matmul over M rows is one [M, K] @ [K, N] matmul: the same
+useful FLOPs. Each case times the dense matmul and every backend alternately in one process,
+forward and forward+backward (gradients of lhs and rhs), and reports median ratios.
+Baselines that do G times the work (ragged_dot on CPU, padding to capacity) are skipped when
+their estimated time exceeds `--budget-s`, and the skip is reported, not hidden.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dropless.bench import harness
+from dropless.ops import grouped_matmul, padding_stats, resolve_backend
+
+ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
+
+
+def group_sizes_for(routing: str, m: int, g: int, seed: int = 0) -> np.ndarray:
+    """Rows per group for a named routing pattern (host-side; the kernels never see this)."""
+    rng = np.random.default_rng(seed)
+    if routing == "uniform":
+        p = np.full(g, 1.0 / g)
+    elif routing == "zipf":  # Zipf(1.2) over a random expert order
+        p = 1.0 / np.arange(1, g + 1) ** 1.2
+        p = rng.permutation(p / p.sum())
+    elif routing == "half":  # one expert takes half of all rows
+        rest = np.full(g - 1, 0.5 / max(g - 1, 1))
+        p = np.concatenate([[0.5], rest]) if g > 1 else np.ones(1)
+    elif routing == "quarter_empty":  # a quarter of the experts receive nothing
+        p = np.ones(g)
+        p[rng.permutation(g)[: g // 4]] = 0
+        p /= p.sum()
+    else:
+        raise ValueError(f"routing={routing!r} is not one of {ROUTINGS}")
+    return rng.multinomial(m, p).astype(np.int32)
+
+
+def _fwd_and_fb(fn):
+    """(forward, forward+backward) callables for fn(lhs, rhs) -> out."""
+    def fb(lhs, rhs, dy):
+        out, vjp = jax.vjp(fn, lhs, rhs)
+        return vjp(dy)
+    return fn, fb
+
+
+def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
+    rng = np.random.default_rng(seed)
+    dt = jnp.dtype(dtype)
+    lhs = jnp.asarray(rng.standard_normal((m, k)), dt)
+    rhs = jnp.asarray(rng.standard_normal((g, k, n)) / math.sqrt(k), dt)
+    dy = jnp.asarray(rng.standard_normal((m, n)), dt)
+    sizes = group_sizes_for(routing, m, g, seed)
+    gs = jnp.asarray(sizes)
+    cap = int(sizes.max())
+
+    dense_fwd, dense_fb = _fwd_and_fb(
+        lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dt))
+    dense_fwd, dense_fb = jax.jit(dense_fwd), jax.jit(dense_fb)
+    w0 = rhs[0]
+    fns_f = {"dense": lambda: dense_fwd(lhs, w0)}
+    fns_b = {"dense": lambda: dense_fb(lhs, w0, dy)}
+    work = {"ragged_dot": float(g) if jax.default_backend() == "cpu" else 1.0,
+            "padded": g * cap / m, "reference": float(g)}
+    skipped = {}
+    for name in backends:
+        resolved = resolve_backend(name)
+        opts = {"capacity": cap} if resolved == "padded" else {}
+        f = lambda a, b, resolved=resolved, opts=opts: grouped_matmul(
+            a, b, gs, backend=resolved, preferred_element_type=dt, **opts)
+        fwd, fb = _fwd_and_fb(f)
+        if resolved != "loop":
+            fwd, fb = jax.jit(fwd), jax.jit(fb)
+        fns_f[name] = lambda fwd=fwd: fwd(lhs, rhs)
+        fns_b[name] = lambda fb=fb: fb(lhs, rhs, dy)
+        skipped[name] = work.get(resolved, 1.0)
+    # estimate from one dense call: skip baselines whose G-fold work would blow the budget
+    dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
+    records = []
+    for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
+        run_now = {k: v for k, v in fns.items()
+                   if k == "dense" or skipped[k] * dense_s * (repeats + 1) <= budget_s}
+        stats = harness.time_interleaved(run_now, repeats=repeats)
+        base = stats["dense"]["median_ms"]
+        for name in fns:
+            rec = {"bench": "gmm", "mode": mode, "backend": name,
+                   "resolved": "dense" if name == "dense" else resolve_backend(name),
+                   "m": m, "k": k, "n": n, "groups": g, "routing": routing, "dtype": dtype,
+                   "max_group": cap, "empty_groups": int((sizes == 0).sum())}
+            if name in stats:
+                rec.update(stats[name], ratio_to_dense=stats[name]["median_ms"] / base)
+            else:
+                rec.update(skipped=f"estimated {skipped[name] * dense_s:.1f}s/call > budget")
+            if rec["resolved"] == "padded":
+                rec["padding"] = padding_stats(sizes, cap)
+            records.append(rec)
+    return records
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--m", type=int, default=8192, help="routed rows M (default 8192)")
+    p.add_argument("--k", type=int, default=1024, help="contraction dim K (default 1024)")
+    p.add_argument("--n", type=int, default=1024, help="output dim N (default 1024)")
+    p.add_argument("--groups", default="8,64,256", help="comma list of G (default 8,64,256)")
+    p.add_argument("--routings", default=",".join(ROUTINGS), help=f"comma list of {ROUTINGS}")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma list of dtypes")
+    p.add_argument("--backends", default="auto,ragged_dot,padded,loop",
+                   help="comma list of backends to time beside dense (default "
+                        "auto,ragged_dot,padded,loop; padded uses capacity = largest group)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per function (median)")
+    p.add_argument("--budget-s", type=float, default=30.0,
+                   help="skip a baseline whose estimated total time exceeds this (default 30)")
+    p.add_argument("--quick", action="store_true",
+                   help="small smoke run: M=2048, K=N=256, G=8,64, uniform+half, 3 repeats")
+    p.add_argument("--out", default=None, help="append JSON lines here")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.m, args.k, args.n, args.repeats = 2048, 256, 256, 3
+        args.groups, args.routings = "8,64", "uniform,half"
+    info = harness.machine_info()
+    busy = harness.busy_fraction()
+    print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {info['platform']}; "
+          f"others' load before start: {busy}")
+    rows = []
+    for dtype in args.dtypes.split(","):
+        for g in (int(v) for v in args.groups.split(",")):
+            for routing in args.routings.split(","):
+                recs = _case(args.m, args.k, args.n, g, routing, dtype,
+                             args.backends.split(","), args.repeats, args.budget_s, seed=g)
+                after = harness.busy_fraction(0.2)
+                for r in recs:
+                    r.update(machine=info, busy_before=busy, busy_after=after)
+                harness.write_jsonl(args.out, recs)
+                rows += recs
+                busy = after
+                print(harness.format_table(
+                    [r for r in recs if r["backend"] != "dense"],
+                    ["dtype", "groups", "routing", "mode", "backend", "resolved",
+                     "median_ms", "ratio_to_dense", "skipped"]), flush=True)
+    return 0

@@ -1,0 +1,210 @@
+"""Grouped matmul: every backend against a plain NumPy loop, forward and gradients."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dropless.ops import grouped_matmul, grouped_matmul_backends, padding_stats
+from dropless.ops.gmm.tiled import plan_tiles
+
+JITTABLE = ["reference", "ragged_dot", "tiled", "padded"]
+ALL = JITTABLE + ["loop"]
+
+
+def np_gmm(lhs, rhs, sizes):
+    """The definition, in float64: rows of group g times rhs[g]; rows past the sum are zero."""
+    lhs, rhs = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+    out = np.zeros((lhs.shape[0], rhs.shape[2]))
+    start = 0
+    for g, s in enumerate(sizes):
+        out[start:start + s] = lhs[start:start + s] @ rhs[g]
+        start += s
+    return out
+
+
+def np_gmm_grads(lhs, rhs, sizes, dy):
+    lhs, rhs, dy = (np.asarray(a, np.float64) for a in (lhs, rhs, dy))
+    dlhs, drhs = np.zeros_like(lhs), np.zeros_like(rhs)
+    start = 0
+    for g, s in enumerate(sizes):
+        dlhs[start:start + s] = dy[start:start + s] @ rhs[g].T
+        drhs[g] = lhs[start:start + s].T @ dy[start:start + s]
+        start += s
+    return dlhs, drhs
+
+
+def operands(m, k, n, sizes, dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((len(sizes), k, n)), dtype)
+    dy = jnp.asarray(rng.standard_normal((m, n)), dtype)
+    return lhs, rhs, jnp.asarray(sizes, jnp.int32), dy
+
+
+def run(backend, lhs, rhs, gs, **opts):
+    if backend == "tiled":
+        opts.setdefault("tile_sizes", (8, 4, 2))  # small tiles: exercise full and masked classes
+    return grouped_matmul(lhs, rhs, gs, backend=backend, **opts)
+
+
+CASES = {
+    "uniform": (24, [6, 6, 6, 6]),
+    "empty_groups": (24, [0, 10, 0, 14]),
+    "one_group_takes_all": (21, [0, 0, 21, 0]),
+    "sum_below_m": (20, [3, 0, 5, 2]),      # rows 10..19 must come out zero
+    "odd_sizes": (37, [1, 7, 13, 9, 0, 7]),
+    "all_empty": (5, [0, 0, 0]),
+}
+
+
+def test_hand_worked_case():
+    # rows 0,1 -> group 0; group 1 empty; rows 2,3,4 -> group 2; row 5 past the sum -> zeros
+    lhs = jnp.arange(12, dtype=jnp.float32).reshape(6, 2)
+    rhs = jnp.stack([jnp.eye(2), 5 * jnp.eye(2), jnp.array([[0.0, 1.0], [1.0, 0.0]])])
+    expected = np.array([[0, 1], [2, 3], [5, 4], [7, 6], [9, 8], [0, 0]], np.float32)
+    for backend in ALL:
+        out = run(backend, lhs, rhs, jnp.array([2, 0, 3]))
+        np.testing.assert_array_equal(np.asarray(out), expected, err_msg=backend)
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_and_grads_f32(backend, case):
+    m, sizes = CASES[case]
+    lhs, rhs, gs, dy = operands(m, 5, 3, sizes)
+    out = run(backend, lhs, rhs, gs)
+    np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-5)
+    dl, dr = jax.grad(lambda a, b: jnp.vdot(run(backend, a, b, gs), dy), (0, 1))(lhs, rhs)
+    edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
+    np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(dr, edr, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", JITTABLE)
+def test_bf16_matches_f32_reference(backend):
+    m, sizes = CASES["odd_sizes"]
+    lhs, rhs, gs, dy = operands(m, 16, 8, sizes, jnp.bfloat16)
+    out = jax.jit(lambda a, b, g: run(backend, a, b, g))(lhs, rhs, gs)
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float32), np_gmm(lhs, rhs, sizes),
+                               rtol=2e-2, atol=5e-2)
+    dl, dr = jax.jit(jax.grad(lambda a, b: jnp.vdot(run(backend, a, b, gs).astype(
+        jnp.float32), dy.astype(jnp.float32)), (0, 1)))(lhs, rhs)
+    assert dl.dtype == dr.dtype == jnp.bfloat16
+    edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
+    np.testing.assert_allclose(np.asarray(dl, np.float32), edl, rtol=2e-2, atol=1e-1)
+    np.testing.assert_allclose(np.asarray(dr, np.float32), edr, rtol=2e-2, atol=1e-1)
+
+
+def test_preferred_element_type_sets_output_dtype():
+    lhs, rhs, gs, _ = operands(12, 4, 3, [5, 7], jnp.bfloat16)
+    for backend in JITTABLE:
+        out = run(backend, lhs, rhs, gs, preferred_element_type=jnp.float32)
+        assert out.dtype == jnp.float32, backend
+
+
+@pytest.mark.parametrize("backend", ["tiled", "ragged_dot", "padded", "reference"])
+def test_jit_once_for_any_routing(backend):
+    traces = []
+
+    def f(a, b, g):
+        traces.append(1)
+        return run(backend, a, b, g)
+
+    jf = jax.jit(f)
+    lhs, rhs, _, _ = operands(30, 4, 3, [10, 10, 10])
+    for sizes in ([10, 10, 10], [0, 30, 0], [1, 2, 3]):
+        np.testing.assert_allclose(jf(lhs, rhs, jnp.asarray(sizes)), np_gmm(lhs, rhs, sizes),
+                                   rtol=1e-5, atol=1e-5)
+    assert len(traces) == 1
+
+
+def test_tiled_default_tiles_large_groups():
+    # default tile sizes (512, 448, ...): one group spans full and masked tiles, one is tiny
+    sizes = [700, 3, 0, 290]
+    lhs, rhs, gs, dy = operands(1000, 8, 4, sizes)
+    out = grouped_matmul(lhs, rhs, gs, backend="tiled")
+    np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-4)
+    dl, dr = jax.grad(lambda a, b: jnp.vdot(grouped_matmul(a, b, gs, backend="tiled"), dy),
+                      (0, 1))(lhs, rhs)
+    edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
+    np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(dr, edr, rtol=1e-5, atol=1e-3)
+
+
+def test_tile_plan_hand_worked():
+    # the docstring example: sizes [5, 0, 3], m=8, tiles (4, 2)
+    classes = plan_tiles(jnp.array([5, 0, 3]), 8, (4, 2))
+    full, masked4, masked2 = classes
+    assert (full.size, full.masked, int(full.count)) == (4, False, 1)
+    assert int(full.group_P[0]) == 0 and int(full.row_P[0]) == 0
+    assert int(masked4.count) == 1 and int(masked4.group_P[0]) == 2
+    assert int(masked4.row_P[0]) == 5
+    assert int(masked2.count) == 1 and int(masked2.group_P[0]) == 0
+    assert int(masked2.row_P[0]) == 4
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=6), st.integers(0, 5),
+       st.sampled_from([(8, 4, 2), (5, 3), (16,), (7, 6, 1)]))
+def test_tiled_property_any_sizes(sizes, extra_rows, tile_sizes):
+    m = max(sum(sizes) + extra_rows, 1)
+    lhs, rhs, gs, dy = operands(m, 3, 2, sizes, seed=len(sizes))
+    f = lambda a, b: grouped_matmul(a, b, gs, backend="tiled", tile_sizes=tile_sizes)
+    np.testing.assert_allclose(f(lhs, rhs), np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-5)
+    dl, dr = jax.grad(lambda a, b: jnp.vdot(f(a, b), dy), (0, 1))(lhs, rhs)
+    edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
+    np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(dr, edr, rtol=1e-5, atol=1e-4)
+
+
+def test_padded_drops_rows_past_capacity_and_reports_padding():
+    sizes = [6, 2, 0]
+    lhs, rhs, gs, _ = operands(8, 3, 2, sizes)
+    out = grouped_matmul(lhs, rhs, gs, backend="padded", capacity=4)
+    expected = np_gmm(lhs, rhs, sizes)
+    expected[4:6] = 0  # group 0's rows 4 and 5 exceed capacity 4: dropped
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert padding_stats(sizes, 4) == {"capacity": 4, "useful_rows": 8, "executed_rows": 12,
+                                       "padding_rows": 6, "dropped_rows": 2}
+
+
+def test_backend_list_and_unknown_backend():
+    assert set(ALL) <= set(grouped_matmul_backends())
+    assert grouped_matmul_backends()[0] == "auto"
+    lhs, rhs, gs, _ = operands(4, 2, 2, [2, 2])
+    with pytest.raises(ValueError, match=r"backend='nope'.*tiled"):
+        grouped_matmul(lhs, rhs, gs, backend="nope")
+
+
+def test_bad_inputs_name_the_argument():
+    lhs, rhs, gs, _ = operands(6, 4, 2, [3, 3])
+    with pytest.raises(ValueError, match="K=3 does not match rhs K=4"):
+        grouped_matmul(lhs[:, :3], rhs, gs)
+    with pytest.raises(ValueError, match="group_sizes must have shape"):
+        grouped_matmul(lhs, rhs, jnp.array([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"group_sizes must be >= 0; got \[-1, 3\]"):
+        grouped_matmul(lhs, rhs, jnp.array([-1, 3]))
+    with pytest.raises(ValueError, match="exceeds lhs rows M=6"):
+        grouped_matmul(lhs, rhs, jnp.array([4, 3]))
+    with pytest.raises(ValueError, match="group_sizes must be integers"):
+        grouped_matmul(lhs, rhs, jnp.array([3.0, 3.0]))
+    with pytest.raises(ValueError, match="lhs must be 2-D"):
+        grouped_matmul(lhs[None], rhs, gs)
+    with pytest.raises(ValueError, match=r"takes options \['tile_sizes'\]; got unknown \['capacity'\]"):
+        grouped_matmul(lhs, rhs, gs, backend="tiled", capacity=3)
+    with pytest.raises(ValueError, match="tile_sizes"):
+        grouped_matmul(lhs, rhs, gs, backend="tiled", tile_sizes=(0,))
+
+
+def test_loop_backend_refuses_jit_with_a_clear_message():
+    lhs, rhs, gs, _ = operands(6, 4, 2, [3, 3])
+    with pytest.raises(ValueError, match="'loop'.*cannot run under jax.jit"):
+        jax.jit(lambda g: grouped_matmul(lhs, rhs, g, backend="loop"))(gs)
+
+
+def test_auto_is_tiled_on_cpu():
+    from dropless.ops import resolve_backend
+    assert resolve_backend("auto", "cpu") == "tiled"
+    assert resolve_backend("auto", "gpu") == "ragged_dot"
