@@ -110,6 +110,54 @@ def moe_workload(mesh: Mesh):
     return lambda: fn(params, x)
 
 
+TRAIN_PRESET = "tiny"
+TRAIN_BATCH = 4            # per device
+TRAIN_SEQ = 256
+
+
+def _train_config(n: int):
+    from dropless.config_file import build_config
+    items = [("preset", TRAIN_PRESET), ("per_device_batch_size", TRAIN_BATCH),
+             ("seq_len", TRAIN_SEQ)]
+    if n > 1:
+        items.append(("ici_data_parallelism", n))
+    return build_config(items)
+
+
+def train_workload(mesh: Mesh):
+    """The timed workload: one `dropless train` step (the trainer's jitted `train_step`:
+    forward, backward, AdamW, bias update) of the tiny preset, data-parallel over the mesh's
+    devices exactly as the trainer places it."""
+    import functools
+    from dropless.train import mesh as mesh_lib
+    from dropless.train import step as step_lib
+    n = mesh.size
+    cfg = _train_config(n)
+    state, opt = step_lib.init_state(cfg)
+    tmesh = mesh_lib.make_mesh(cfg)
+    shard = mesh_lib.state_shardings(state, tmesh)
+    if shard is not None:
+        state = jax.device_put(state, shard)
+    batch = np.random.default_rng(0).integers(0, cfg.model.vocab_size,
+                                              (cfg.global_batch_size, cfg.seq_len + 1),
+                                              dtype=np.int32)
+    bshard = mesh_lib.batch_sharding(tmesh)
+    batch = jax.device_put(batch, bshard) if bshard is not None else jnp.asarray(batch)
+    fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt,
+                                   mesh=mesh_lib.model_mesh(cfg, tmesh)))
+    return lambda: fn(state, batch)
+
+
+def _train_plan(n: int) -> tuple[ModelShape, PlanConfig]:
+    from dropless.plan.presets import shape_of
+    cfg = _train_config(n)
+    m = cfg.model
+    return shape_of(m, TRAIN_PRESET), PlanConfig(
+        gpus=n, data=n, per_device_batch=TRAIN_BATCH, seq_len=cfg.seq_len, remat=cfg.remat,
+        activation_dtype=m.dtype, weight_dtype=m.weight_dtype, optimizer_dtype="float32",
+        overlap="none", gmm_tile=1, attention_impl="naive")
+
+
 def profile_from(rates: dict[str, float], n: int) -> HardwareProfile:
     """A HardwareProfile of this machine from measured rates: the peak is the best measured
     matmul rate, the efficiencies are the measured rates over it (memory and links at 1: the
@@ -152,39 +200,55 @@ def layer_parts(hw: HardwareProfile, n: int) -> dict[str, float]:
     return {k: v for k, v in layer_times(s, cfg, hw, True, attention=False).items() if v}
 
 
-def predict_workload(hw: HardwareProfile, n: int) -> float:
-    """The planner's predicted seconds for one call of `moe_workload` on n devices."""
-    return sum(layer_parts(hw, n).values())
+def train_parts(hw: HardwareProfile, n: int) -> dict[str, float]:
+    """The planner's seconds per part (exposed) for one `train_workload` step on n devices."""
+    from dropless.plan.model import predict
+    s, cfg = _train_plan(n)
+    return {k: v for k, v in predict(s, cfg, hw)["time"]["exposed_s"].items() if v}
 
 
-def calibrate(n: int, *, repeats: int = 7) -> dict[str, Any]:
+WORKLOADS = {"moe_layer": (moe_workload, layer_parts,
+                           "MoE layer forward+backward (D={d_model}, F={moe_d_ff}, "
+                           "E={num_experts}, top-{top_k}, {num_shared_experts} shared, "
+                           f"{TOKENS_PER_DEVICE} tokens/device, f32)".format(**WORKLOAD)),
+             "train_step": (train_workload, train_parts,
+                            f"`dropless train` step, preset {TRAIN_PRESET}, per-device batch "
+                            f"{TRAIN_BATCH} x {TRAIN_SEQ}")}
+
+
+def calibrate(n: int, *, workload: str = "train_step", repeats: int = 7) -> dict[str, Any]:
     """Measure the profile and the workload on n devices (interleaved); predict; compare."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload={workload!r} must be one of {tuple(WORKLOADS)}")
+    make, parts_fn, _ = WORKLOADS[workload]
     mesh = _mesh(n)
     micro = micro_benchmarks(mesh)
     fns = {k: v[0] for k, v in micro.items()}
-    fns["workload"] = moe_workload(mesh)
+    fns["workload"] = make(mesh)
     stats = time_interleaved(fns, repeats=repeats, warmup=2)
     rates = {k: micro[k][1] / (stats[k]["median_ms"] / 1e3) for k in micro if k != "latency"}
     if "latency" in stats:
         rates["latency_s"] = stats["latency"]["median_ms"] / 1e3
     hw = profile_from(rates, n)
-    predicted = predict_workload(hw, n)
+    parts = parts_fn(hw, n)
+    predicted = sum(parts.values())
     measured = stats["workload"]["median_ms"] / 1e3
-    return {"devices": n, "workload": "moe_layer_fwd_bwd", **WORKLOAD,
-            "tokens_per_device": TOKENS_PER_DEVICE, "predicted_s": predicted,
+    return {"devices": n, "workload": workload, "predicted_s": predicted,
             "measured_s": measured, "measured_min_s": stats["workload"]["min_ms"] / 1e3,
             "measured_max_s": stats["workload"]["max_ms"] / 1e3,
             "error": predicted / measured - 1.0, "rates": rates,
-            "parts_s": layer_parts(hw, n), "gmm_efficiency": hw.gmm_efficiency}
+            "parts_s": parts, "gmm_efficiency": hw.gmm_efficiency,
+            "compile_s": stats["workload"]["compile_ms"] / 1e3}
 
 
 
-def run_calibration(devices: int = 8, *, repeats: int = 7) -> dict[str, Any]:
+def run_calibration(devices: int = 8, *, workload: str = "train_step", repeats: int = 7
+                    ) -> dict[str, Any]:
     """Calibrate on 1 and `devices` host devices; the result holds the records and a text."""
     busy = busy_fraction()
     records = []
     for n in sorted({1, devices}):
-        r = calibrate(n, repeats=repeats)
+        r = calibrate(n, workload=workload, repeats=repeats)
         r.update(machine_info(), busy_fraction_before=busy, busy_fraction_after=busy_fraction())
         records.append(r)
     rows = [{"devices": r["devices"], "predicted_ms": 1e3 * r["predicted_s"],
@@ -193,10 +257,8 @@ def run_calibration(devices: int = 8, *, repeats: int = 7) -> dict[str, Any]:
              "gmm_GFLOPs": r["rates"]["gmm_train"] / 1e9,
              "mem_GBs": r["rates"]["elementwise"] / 1e9,
              "link_GBs": r["rates"].get("allreduce", 0.0) / 1e9} for r in records]
-    text = ("Calibration: MoE layer forward+backward (D={d_model}, F={moe_d_ff}, E={num_experts}, "
-            "top-{top_k}, {num_shared_experts} shared, {t} tokens/device, f32), "
-            "data-parallel over host devices; busy fraction before: {busy}\n").format(
-                t=TOKENS_PER_DEVICE, busy=busy, **WORKLOAD)
+    text = (f"Calibration: {WORKLOADS[workload][2]}, data-parallel over host devices; "
+            f"busy fraction before: {busy}\n")
     text += format_table(rows, ["devices", "predicted_ms", "measured_ms", "error",
                                 "gemm_GFLOPs", "gmm_GFLOPs", "mem_GBs", "link_GBs"])
     return {"records": records, "text": text}

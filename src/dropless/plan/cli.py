@@ -64,9 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-buffer-factor", type=float, default=1.5,
                    help="--suggest skips buffer factors below this (expected max/mean load)")
     p.add_argument("--calibrate", action="store_true",
-                   help="measure this machine and compare the model's prediction of an MoE "
-                        "layer forward+backward with a timed run (1 and --calibrate-devices)")
+                   help="measure this machine's profile, predict a `dropless train` step (or "
+                        "an MoE layer) with it and time the real thing, on 1 and "
+                        "--calibrate-devices host devices")
     p.add_argument("--calibrate-devices", type=int, default=8)
+    p.add_argument("--calibrate-workload", choices=("train_step", "moe_layer"),
+                   default="train_step", help="what --calibrate times and predicts")
     p.add_argument("--reference", action="store_true",
                    help="the planner beside the reference's DeepSeek-V3 671B / GB300 figures")
     p.add_argument("--out", default=None, help="write the result as JSON here")
@@ -114,7 +117,8 @@ def run(args) -> int:
             text = format_markdown(result)
         elif args.calibrate:
             from dropless.plan.calibrate import run_calibration
-            result = run_calibration(devices=args.calibrate_devices)
+            result = run_calibration(devices=args.calibrate_devices,
+                                     workload=args.calibrate_workload)
             text = result.pop("text")
         else:
             shape, cfg, hw = build(args)
