@@ -35,6 +35,11 @@ VARIANTS = {
     "baseline at link rates": (
         "unoptimised: all-gather dispatch, bf16, nothing overlapped, collectives at link rates",
         {"dispatcher": "allgather", "gmm_quantization": "none", "overlap": "none"}),
+    "baseline, collectives over InfiniBand": (
+        "unoptimised and pessimistic: NVLink only inside a 4-GPU tray (no multi-node NVLink), "
+        "static chunks without dedup, bf16, nothing overlapped",
+        {"dispatcher": "a2a", "dedup": False, "gmm_quantization": "none", "overlap": "none",
+         "devices_per_node": 4}),
     "EP overlapped (Megatron-style)": (
         "optimised + dispatch/combine overlapped with compute (two micro-batches)",
         {"overlap": "full"}),
