@@ -139,7 +139,8 @@ def test_ep_bytes_dedup_and_padding():
     hw = get_profile("h100")
     s = ModelShape(vocab_size=2, d_model=4, num_layers=2, num_heads=1, d_ff=2,
                    num_experts=4, top_k=2, moe_d_ff=2)
-    cfg = PlanConfig(gpus=2, ep=2, per_device_batch=1, seq_len=6, ragged_buffer_factor=2.0)
+    cfg = PlanConfig(gpus=2, ep=2, per_device_batch=1, seq_len=6, ragged_buffer_factor=2.0,
+                     dispatcher="a2a")
     # without dedup: K=2 rows per token, half leave the device: 6 tokens * 1 row * (4*2 + 8)
     nd = comm.ep_bytes_per_transfer(s, cfg, hw, dedup=False, padded=False)
     assert nd == {"intra": 6 * 1 * 16, "inter": 0.0}

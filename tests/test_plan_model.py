@@ -56,7 +56,7 @@ def test_directions_of_the_knobs():
     bf16 = predict(DSV3, REF.replace(gmm_quantization="none"), hw)
     assert bf16["time"]["kernel_s"]["gmm"] > base["time"]["kernel_s"]["gmm"]
     nodedup = predict(DSV3, REF.replace(dedup=False), hw)
-    assert nodedup["bytes"]["ep"]["intra"] > 2 * base["bytes"]["ep"]["intra"]
+    assert nodedup["bytes"]["ep"]["intra"] > 1.8 * base["bytes"]["ep"]["intra"]
     big = predict(DSV3, REF.replace(ragged_buffer_factor=3.0), hw)
     assert big["memory"]["total"] > base["memory"]["total"]
     none = predict(DSV3, REF.replace(remat="none"), hw)

@@ -33,7 +33,8 @@ class PlanConfig:
 
     remat: none (save everything) | minimal (save matmul outputs) | full (save layer inputs)
       | offload (save layer inputs, keep `offload` tensors in host memory, recompute the rest).
-    dispatcher: a2a (static per-peer chunks) | ragged_a2a (only real rows move) | allgather.
+    dispatcher: ragged_a2a (only real rows move; default, as `auto` on GPUs) | a2a (static
+      per-peer chunks of buffer factor x the balanced load) | allgather.
     overlap: none (every part serial) | fsdp (FSDP/data collectives hidden behind compute)
       | full (EP dispatch/combine also overlapped, e.g. two micro-batches).
     attention_impl: flash (fused, causal half computed) | naive (the S x S scores and
@@ -49,7 +50,7 @@ class PlanConfig:
     remat: str = "full"
     offload: tuple[str, ...] | None = None   # None: ("query", "value") when remat=offload
     gmm_quantization: str = "none"
-    dispatcher: str = "a2a"
+    dispatcher: str = "ragged_a2a"   # what `auto` picks on GPUs
     dedup: bool = True
     ragged_buffer_factor: float = 2.0
     overlap: str = "fsdp"
