@@ -15,7 +15,7 @@ def test_profile_from_measured_rates():
     rates = {"matmul": 50e9, "gmm_train": 40e9, "elementwise": 5e9, "allreduce": 1e9,
              "latency_s": 1e-4, "program_efficiency": 0.5}
     hw = cal.profile_from(rates, 8)
-    assert hw.peak_bf16 == 50e9 and hw.gpus_per_domain == 8
+    assert hw.peak_bf16 == 50e9 and hw.gpus_per_domain == 8 and hw.name == "cpu-8"
     assert hw.gemm_efficiency == pytest.approx(0.5)          # 0.5 x 50/50
     assert hw.gmm_efficiency == pytest.approx(0.4)           # 0.5 x 40/50
     assert hw.hbm_efficiency == pytest.approx(0.5) and hw.hbm_bw == 5e9
@@ -46,10 +46,14 @@ def test_predicts_moe_layer_on_one_device():
     _check(_run(1, "moe_layer"))
 
 
-@pytest.mark.xfail(reason="XLA:CPU runs the MoE layer ~2x slower per device on 8 host devices "
-                          "than its kernels' measured rates (see docs/planning.md)", strict=False)
 def test_predicts_moe_layer_on_eight_devices():
     _check(_run(8, "moe_layer"))
+
+
+# `dropless train` on 8 host devices is not compared: the trainer's data-parallel path (GSPMD,
+# no expert axis) computes every MoE block for all devices' tokens on every device (its HLO
+# all-gathers the routing and all-reduces [global rows, D] tensors), 8x the work the planner
+# assumes; benchmarks/results/plan_calibration.jsonl and docs/planning.md show the numbers.
 
 
 def test_unknown_workload():
