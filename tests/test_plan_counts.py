@@ -159,3 +159,22 @@ def test_padding_fraction():
     # 4 local experts x 64 rows of padding over 1000*2 rows
     assert flops.padding_fraction(s, 1000, 2, 128) == pytest.approx(4 * 64 / 2000)
     assert math.isclose(flops.padding_fraction(s, 1000, 8, 128), 64 / 2000)
+
+
+@pytest.mark.parametrize("name", ["tiny", "deepseek3-test"])
+def test_parameter_memory_matches_the_trainers_arrays(name):
+    """Weight bytes on one device = the bytes of the trainer's real parameter tree (f32)."""
+    presets = pytest.importorskip("dropless.presets")
+    from dropless.models.deepseek import init_params
+    from dropless.plan.presets import shape_of
+    cfg = presets.get_preset(name)
+    shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+    real = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
+    plan = PlanConfig(gpus=1, per_device_batch=1, seq_len=16,
+                      weight_dtype=np.dtype(cfg.weight_dtype).name)
+    m = memory.memory_per_device(shape_of(cfg, name), plan, get_profile("h100"))
+    assert m["parameters"] == real
+    # sharded 4 ways (fsdp 2 x ep 2): a quarter each
+    m4 = memory.memory_per_device(shape_of(cfg, name), plan.replace(gpus=4, fsdp=2, ep=2),
+                                  get_profile("h100"))
+    assert m4["parameters"] == pytest.approx(real / 4)
