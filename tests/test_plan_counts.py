@@ -178,3 +178,21 @@ def test_parameter_memory_matches_the_trainers_arrays(name):
     m4 = memory.memory_per_device(shape_of(cfg, name), plan.replace(gpus=4, fsdp=2, ep=2),
                                   get_profile("h100"))
     assert m4["parameters"] == pytest.approx(real / 4)
+
+
+def test_ep_rows_match_the_measured_a2a_dispatcher():
+    """Against a measurement: `dropless bench dispatch` (branch ep, benchmarks/results/
+    dispatch_cpu8.jsonl) ran the a2a dispatcher with dedup on 8 host devices, 2 nodes of 4,
+    4096 tokens, 64 experts, top-8 under uniform-ish routing and counted 22,195 rows sent,
+    8,261 to other devices of the node and 11,166 to the other node."""
+    s = ModelShape(vocab_size=2, d_model=256, num_layers=1, num_heads=1, d_ff=2,
+                   num_experts=64, top_k=8, moe_d_ff=256)
+    cfg = PlanConfig(gpus=8, ep=8, per_device_batch=1, seq_len=512, devices_per_node=4)
+    rows = comm.ep_rows(s, cfg, get_profile("h100"))
+    assert rows["per_token"] * 4096 == pytest.approx(22195, rel=0.02)
+    assert rows["intra"] * 4096 == pytest.approx(8261, rel=0.03)
+    assert rows["inter"] * 4096 == pytest.approx(11166, rel=0.03)
+    # and its DeepSeek-V3 projection from a routing sample: 7.47 devices per token at EP 64
+    from dropless.plan.presets import get_shape
+    ds = get_shape("deepseek3-671b", prefer_trainer=False)
+    assert comm.expected_devices_per_token(ds, 64) == pytest.approx(7.473, rel=0.02)
