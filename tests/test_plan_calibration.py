@@ -13,12 +13,12 @@ from dropless.plan import calibrate as cal
 
 def test_profile_from_measured_rates():
     rates = {"matmul": 50e9, "gmm_train": 40e9, "elementwise": 5e9, "allreduce": 1e9,
-             "latency_s": 1e-4, "program_efficiency": 0.5}
+             "latency_s": 1e-4}
     hw = cal.profile_from(rates, 8)
     assert hw.peak_bf16 == 50e9 and hw.gpus_per_domain == 8 and hw.name == "cpu-8"
-    assert hw.gemm_efficiency == pytest.approx(0.5)          # 0.5 x 50/50
-    assert hw.gmm_efficiency == pytest.approx(0.4)           # 0.5 x 40/50
-    assert hw.hbm_efficiency == pytest.approx(0.5) and hw.hbm_bw == 5e9
+    assert hw.gemm_efficiency == pytest.approx(1.0)
+    assert hw.gmm_efficiency == pytest.approx(0.8)           # 40 / 50
+    assert hw.hbm_efficiency == 1.0 and hw.hbm_bw == 5e9
     assert hw.nvlink_bw == 1e9 and hw.nvlink_latency_s == 1e-4 and hw.overlap_cost == 1.0
 
 

@@ -3,10 +3,7 @@
 A profile of this machine is measured with micro-benchmarks, every device busy at once: dense
 and grouped matmul forward+backward rates at the run's shapes (timed in isolation, as the
 trainer does at start-up), elementwise memory bandwidth, the all-reduce bandwidth and latency
-between host devices, and a program of six dependent matmuls of the same size whose rate over
-the isolated matmul's says how much a whole program loses on this runtime (`program_efficiency`:
-~1 on one device; far less when 8 virtual devices share 2 cores, each program's many kernels
-contending for the same thread pool). The planner, fed that profile, predicts a different workload, which is
+between host devices. The planner, fed that profile, predicts a different workload, which is
 then timed:
 
   `train_step`: one step of `dropless train` (the trainer's jitted `train_step`: forward,
@@ -41,7 +38,6 @@ TOKENS_PER_DEVICE = 1024
 SEQ = 256
 _ELEMS = 4 * 2 ** 20        # elementwise micro-benchmark: f32 elements per device
 _AR_ELEMS = 2 ** 20         # all-reduce micro-benchmark: f32 elements per device
-_CHAIN = 6                   # the program micro-benchmark: 6 dependent matmuls (T x D x D)
 
 
 def _mesh(n: int) -> Mesh:
@@ -71,7 +67,7 @@ def micro_benchmarks(mesh: Mesh, mm_shape: tuple, gmm_shape: tuple | None
     """name -> (zero-arg callable, work per call per device, unit). All devices run at once.
 
     Matmuls are timed forward + backward at the run's shapes (`kernel_shapes`); memory, links
-    and the generic program at fixed sizes.
+    and links at fixed sizes.
     """
     from dropless.ops import grouped_matmul
     n = mesh.size
@@ -104,18 +100,7 @@ def micro_benchmarks(mesh: Mesh, mm_shape: tuple, gmm_shape: tuple | None
     ar = _per_device(mesh, lambda y: jax.lax.psum(y, "d"), P("d"), P("d"))
     z = put(jnp.ones((n * 8,), jnp.float32), P("d"))
     lat = _per_device(mesh, lambda z: jax.lax.psum(z, "d"), P("d"), P("d"))
-    px = put(jax.random.normal(key, (n * mm_m, mm_k)), P("d"))
-    pw = put(jax.random.normal(key, (_CHAIN, mm_k, mm_k)) / math.sqrt(mm_k), P())
-
-    def program_train(x, w):
-        def loss(x, w):
-            for i in range(_CHAIN):
-                x = x @ w[i]
-            return jnp.sum(x ** 2)
-        return jax.grad(loss, argnums=(0, 1))(x, w)[0]
-    prog = _per_device(mesh, program_train, (P("d"), P()), P("d"))
     out = {"matmul": (lambda: mm(a, b), 3 * 2.0 * mm_m * mm_k * mm_n, "flop"),
-           "program": (lambda: prog(px, pw), 3 * 2.0 * _CHAIN * mm_m * mm_k * mm_k, "flop"),
            "gmm_train": (gmm_pair, 3 * 3 * 2.0 * m * k * nn, "flop"),
            "elementwise": (lambda: ew(x), 2 * 4.0 * _ELEMS, "byte")}
     if n > 1:
@@ -195,17 +180,16 @@ def _train_plan(n: int) -> tuple[ModelShape, PlanConfig]:
 
 def profile_from(rates: dict[str, float], n: int) -> HardwareProfile:
     """A HardwareProfile of this machine from measured rates: the peak is the best measured
-    matmul rate, the efficiencies are the measured rates over it, times the measured
-    `program_efficiency` (memory and links: the measured rates are the achievable ones)."""
+    matmul rate, the efficiencies are the measured rates over it (memory and links at 1: the
+    measured rates are already the achievable ones)."""
     peak = max(rates["matmul"], rates["gmm_train"])
     bw = rates.get("allreduce", 1e12)
-    r = min(1.0, rates.get("program_efficiency", 1.0))
-    gemm, gmm = r * rates["matmul"] / peak, r * rates["gmm_train"] / peak
+    gemm, gmm = rates["matmul"] / peak, rates["gmm_train"] / peak
     return HardwareProfile(
         name=f"cpu-{n}", peak_bf16=peak, peak_fp8=peak, hbm_bytes=_ram_bytes(),
         hbm_bw=rates["elementwise"], nvlink_bw=bw, ib_bw=bw, host_bw=rates["elementwise"],
         gpus_per_domain=n, gemm_efficiency=gemm, gmm_efficiency=gmm, fp8_efficiency=gmm,
-        attention_efficiency=gemm, link_efficiency=1.0, hbm_efficiency=r,
+        attention_efficiency=gemm, link_efficiency=1.0, hbm_efficiency=1.0,
         nvlink_latency_s=max(rates.get("latency_s", 1e-6), 1e-9),
         ib_latency_s=1e-6, overlap_cost=1.0, usable_memory_fraction=0.9,
         sources=("measured at start-up by dropless.plan.calibrate",))
@@ -269,7 +253,6 @@ def calibrate(n: int, *, workload: str = "train_step", repeats: int = 7) -> dict
         rates = {k: micro[k][1] / (stats[k][stat] / 1e3) for k in micro if k != "latency"}
         if "latency" in stats:
             rates["latency_s"] = stats["latency"][stat] / 1e3
-        rates["program_efficiency"] = rates["program"] / rates["matmul"]
         hw = profile_from(rates, n)
         parts = parts_fn(hw, n)
         measured = stats["workload"][stat] / 1e3

@@ -9,8 +9,8 @@ import sys
 
 from dropless.plan import report
 from dropless.plan.hardware import PROFILES, get_profile
-from dropless.plan.layout import (ATTENTION_IMPLS, DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS, PlanConfig,
-                                  REMAT_POLICIES)
+from dropless.plan.layout import (ATTENTION_IMPLS, DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS,
+                                  REMAT_POLICIES, PlanConfig)
 from dropless.plan.model import predict
 from dropless.plan.overrides import apply_model_overrides, parse_overrides, split_settings
 from dropless.plan.presets import PRESETS, get_shape

@@ -71,7 +71,8 @@ def ep_rows(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool 
                 "per_token": float(cfg.ep)}
     per_token = expected_devices_per_token(s, cfg.ep) if dedup else float(s.top_k)
     per_dev = per_token / cfg.ep
-    return {"local": per_dev, "intra": per_dev * (g.inner - 1), "inter": per_dev * (cfg.ep - g.inner),
+    return {"local": per_dev, "intra": per_dev * (g.inner - 1),
+            "inter": per_dev * (cfg.ep - g.inner),
             "per_token": per_token}
 
 

@@ -52,7 +52,8 @@ class HardwareProfile:
             raise ValueError(f"HardwareProfile.gpus_per_domain={self.gpus_per_domain!r} "
                              f"must be >= 1 ({self.name})")
         for f in ("gemm_efficiency", "gmm_efficiency", "fp8_efficiency",
-                  "attention_efficiency", "link_efficiency", "hbm_efficiency", "usable_memory_fraction",
+                  "attention_efficiency", "link_efficiency", "hbm_efficiency",
+                  "usable_memory_fraction",
                   "overlap_cost"):
             if not 0 <= getattr(self, f) <= 1:
                 raise ValueError(f"HardwareProfile.{f}={getattr(self, f)!r} must be in [0, 1] "

@@ -39,7 +39,8 @@ def format_plan(r: dict) -> str:
         if k in by:
             rows.append({"traffic": k, "NVLink": by[k]["intra"] / GB,
                          "InfiniBand": by[k]["inter"] / GB})
-    lines += ["  " + x for x in format_table(rows, ["traffic", "NVLink", "InfiniBand"]).splitlines()]
+    table = format_table(rows, ["traffic", "NVLink", "InfiniBand"])
+    lines += ["  " + x for x in table.splitlines()]
     if "ep_rows_per_token" in by:
         e = by["ep_rows_per_token"]
         lines.append(f"  EP rows per token: {e['with_dedup']:.2f} with dedup, "
