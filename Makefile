@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(VENV)/bin/dropless bench moe --quick
+	$(VENV)/bin/dropless train
 
 test: setup
 	$(PY) -m pytest

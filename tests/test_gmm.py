@@ -121,9 +121,9 @@ def test_jit_once_for_any_routing(backend):
 
 
 def test_tiled_default_tiles_large_groups():
-    # default tile sizes (512, 448, ...): one group spans full and masked tiles, one is tiny
-    sizes = [700, 3, 0, 290]
-    lhs, rhs, gs, dy = operands(1000, 8, 4, sizes)
+    # default tile sizes (1024, 896, ...): one group spans full and masked tiles, one is tiny
+    sizes = [1300, 3, 0, 290]
+    lhs, rhs, gs, dy = operands(1600, 8, 4, sizes)
     out = grouped_matmul(lhs, rhs, gs, backend="tiled")
     np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-4)
     dl, dr = jax.grad(lambda a, b: jnp.vdot(grouped_matmul(a, b, gs, backend="tiled"), dy),
@@ -145,15 +145,15 @@ def test_tile_plan_hand_worked():
     assert int(masked2.row_P[0]) == 4
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=6), st.integers(0, 5),
        st.sampled_from([(8, 4, 2), (5, 3), (16,), (7, 6, 1)]))
 def test_tiled_property_any_sizes(sizes, extra_rows, tile_sizes):
     m = max(sum(sizes) + extra_rows, 1)
     lhs, rhs, gs, dy = operands(m, 3, 2, sizes, seed=len(sizes))
     f = lambda a, b: grouped_matmul(a, b, gs, backend="tiled", tile_sizes=tile_sizes)
-    np.testing.assert_allclose(f(lhs, rhs), np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-5)
-    dl, dr = jax.grad(lambda a, b: jnp.vdot(f(a, b), dy), (0, 1))(lhs, rhs)
+    out, (dl, dr) = jax.jit(lambda a, b: (f(a, b), jax.vjp(f, a, b)[1](dy)))(lhs, rhs)
+    np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-5)
     edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
     np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(dr, edr, rtol=1e-5, atol=1e-4)

@@ -51,6 +51,8 @@ class MoEConfig:
     capacity_factor: float | None = None
     gmm_backend: str = "auto"
     gmm_quantization: str = "none"
+    mx_scale_rounding: str = "floor"  # MXFP8 scales: "floor" (OCP spec) or "up" (never saturates)
+    mx_grad_elem: str = "e4m3"        # MXFP8 element format of gradients: "e4m3" or "e5m2"
     dtype: str = "float32"           # activations and expert matmul inputs
     weight_dtype: str = "float32"    # stored expert / shared weights (router stays float32)
     load_balance_coef: float = 0.0   # Switch/Mixtral loss; Mixtral uses 0.02
@@ -95,6 +97,10 @@ class MoEConfig:
         if self.gmm_quantization not in GMM_QUANTIZATIONS:
             _fail(c, "gmm_quantization", self.gmm_quantization,
                   f"must be one of {GMM_QUANTIZATIONS}")
+        if self.mx_scale_rounding not in ("floor", "up"):
+            _fail(c, "mx_scale_rounding", self.mx_scale_rounding, "must be 'floor' or 'up'")
+        if self.mx_grad_elem not in ("e4m3", "e5m2"):
+            _fail(c, "mx_grad_elem", self.mx_grad_elem, "must be 'e4m3' or 'e5m2'")
         _check_dtype(c, "dtype", self.dtype)
         _check_dtype(c, "weight_dtype", self.weight_dtype)
         for name in ("load_balance_coef", "seq_aux_coef", "z_loss_coef", "bias_update_speed"):
@@ -122,6 +128,40 @@ class MoEConfig:
     def experts_per_group(self) -> int:
         return self.num_experts // self.n_groups
 
+
+MESH_AXES = ("data", "fsdp", "expert")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """The device mesh: sizes of the `data`, `fsdp` and `expert` axes (product = device count).
+
+    Tokens are sharded over all three axes; expert weights over `expert` (their first dim) and,
+    with fsdp > 1, over `fsdp` (their model dim). `devices_per_node` only informs byte accounting
+    and the order devices are laid out in (the expert axis varies fastest, so an expert group
+    stays inside a node when expert <= devices_per_node).
+    """
+
+    data: int = 1
+    fsdp: int = 1
+    expert: int = 1
+
+    def __post_init__(self) -> None:
+        for name in MESH_AXES:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                _fail("MeshConfig", name, v, "must be a positive int")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self, a) for a in MESH_AXES)
+
+    @property
+    def num_devices(self) -> int:
+        return self.data * self.fsdp * self.expert
+
+    def replace(self, **changes: Any) -> "MeshConfig":
+        return dataclasses.replace(self, **changes)
 
 ATTENTION_KINDS = ("mla", "mha")
 REMAT_POLICIES = ("none", "full", "minimal", "offload")
@@ -247,9 +287,9 @@ class TrainConfig:
 
     model: ModelConfig
     preset: str = ""                 # the preset the model came from (informational)
-    steps: int = 300
+    steps: int = 400
     per_device_batch_size: int = 16
-    seq_len: int = 256
+    seq_len: int = 128
     learning_rate: float = 3e-3
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1        # cosine decays to learning_rate * min_lr_ratio
@@ -279,7 +319,8 @@ class TrainConfig:
     checkpoint_every: int = 100      # 0 disables periodic checkpoints
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
-    time_kernels: bool = True        # time grouped matmul / dispatch at start-up
+    time_kernels: bool = True        # time grouped matmul / dispatch / combine at start-up
+    profile_steps: int = 0           # >0: JAX profiler trace of that many steps (from step 3)
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -288,7 +329,8 @@ class TrainConfig:
         _positive_ints(c, self, ("steps", "per_device_batch_size", "seq_len", "eval_every",
                                  "eval_batches", "log_every", "keep_checkpoints",
                                  "data_parallelism", "fsdp_parallelism", "expert_parallelism"))
-        _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed"), allow_zero=True)
+        _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps"),
+                       allow_zero=True)
         if not self.learning_rate > 0:
             _fail(c, "learning_rate", self.learning_rate, "must be > 0")
         if not 0 <= self.min_lr_ratio <= 1:

@@ -2,8 +2,8 @@
 
 Keys are dotted paths into TrainConfig (`steps`, `model.d_model`, `model.moe.top_k`), `preset`,
 or MaxText flag names (translated by `dropless.compat.maxtext`). Later items win. Setting
-`model.d_model` also sets `model.moe.d_model`. An unknown key is a ValueError that names it and
-suggests the closest known key.
+`model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer dense. An
+unknown key is a ValueError that names it and suggests the closest known key.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _fields(cls, prefix: str) -> list[str]:
 
 def known_keys() -> list[str]:
     """Every key `build_config` accepts in our spelling (MaxText names come on top)."""
-    return (["preset"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
+    return (["preset", "model.moe"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
             + _fields(MoEConfig, "model.moe."))
 
 
@@ -86,24 +86,23 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
         pairs += _flatten(loaded)
     pairs += list(items)
     ours = set(known_keys())
-    mt = [(k, v) for k, v in pairs if k not in ours and k in maxtext.KNOWN]
     for k, _ in pairs:
         if k not in ours and k not in maxtext.KNOWN:
             raise _unknown(k)
-    translated = iter(maxtext.translate(mt))
-    mt_names = {k for k, _ in mt}
+    mt_idx = [i for i, (k, _) in enumerate(pairs) if k not in ours]
+    groups = dict(zip(mt_idx, maxtext.translate_each([pairs[i] for i in mt_idx],
+                                                          context=dict(pairs))))
     resolved: list[tuple[str, Any]] = []
-    for k, v in pairs:   # keep the user's order; MaxText pairs expand in place
-        if k in mt_names:
-            continue
-        resolved.append((k, v))
-    resolved = list(translated) + resolved  # our own spelling wins over MaxText's
+    for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
+        resolved += groups[i] if i in groups else [pair]
     preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
     base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
     tree = to_dict(base)
     for key, value in resolved:
         if key == "preset":
             continue
+        if key == "model.moe" and value is not None:
+            raise ValueError(f"config key 'model.moe' only takes null (a dense model); got {value!r}")
         _set(tree, key, value)
         if key == "model.d_model" and tree["model"]["moe"] is not None:
             _set(tree, "model.moe.d_model", value)

@@ -4,8 +4,12 @@ from __future__ import annotations
 import importlib
 
 KINDS = {
+    "dispatch": ("dropless.bench.dispatch",
+                 "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving"),
     "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
     "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
+    "quant": ("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation cost, "
+              "convergence"),
 }
 
 

@@ -105,14 +105,23 @@ def _bool(name: str, v: Any) -> bool:
 
 
 def translate(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """MaxText (name, value) pairs -> our (key, value) pairs, in order. Names not in KNOWN are
-    the caller's to report; flags that need context (capacity_factor, warmup fraction, dcn_*)
-    are resolved once all pairs are seen."""
+    """MaxText (name, value) pairs -> our (key, value) pairs, in order."""
+    return [pair for group in translate_each(items) for pair in group]
+
+
+def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] | None = None
+                   ) -> list[list[tuple[str, Any]]]:
+    """One list of our (key, value) pairs per MaxText pair, aligned with `items`. Flags that need
+    context (capacity_factor with sparse_matmul, warmup fraction with steps, dcn_* with ici_*)
+    read it from `context` (default: the items themselves). Raises KeyError for a name not in
+    KNOWN."""
     items = list(items)
-    seen = dict(items)
-    out: list[tuple[str, Any]] = []
+    seen = dict(items) if context is None else context
+    groups: list[list[tuple[str, Any]]] = []
     sparse = _bool("sparse_matmul", seen.get("sparse_matmul", True))
     for name, v in items:
+        out: list[tuple[str, Any]] = []
+        groups.append(out)
         if name in RENAMES:
             out += [(key, v) for key in RENAMES[name]]
         elif name in NOOP_ONLY:
@@ -131,9 +140,13 @@ def translate(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
                 raise ValueError(f"MaxText remat_policy={v!r} is not supported; known: "
                                  f"{sorted(REMAT)}")
             out.append(("remat", REMAT[v]))
-        elif name in ("n_routing_groups", "topk_routing_group"):
-            key = "model.moe.n_groups" if name == "n_routing_groups" else "model.moe.topk_groups"
-            out.append((key, 1 if int(v) <= 0 else int(v)))
+        elif name == "n_routing_groups":
+            if int(v) <= 0:   # no groups: the group limit goes too
+                out += [("model.moe.n_groups", 1), ("model.moe.topk_groups", 1)]
+            else:
+                out.append(("model.moe.n_groups", int(v)))
+        elif name == "topk_routing_group":
+            out.append(("model.moe.topk_groups", 1 if int(v) <= 0 else int(v)))
         elif name == "warmup_steps_fraction":
             out.append(("warmup_steps", int(float(v) * int(seen.get("steps", 300)))))
         elif name == "attention_type":
@@ -152,4 +165,4 @@ def translate(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
                 out.append((DCN[name], int(v) * int(seen.get(ici, 1))))
         else:
             raise KeyError(name)
-    return out
+    return groups

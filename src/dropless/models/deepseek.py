@@ -107,13 +107,16 @@ def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig, me
     Returns (y_BSD, aux); aux is empty for dense blocks and the MoE layer's aux otherwise.
     """
     attn_fn = ATTENTION[cfg.attention][1]
-    h = x_BSD + attn_fn(p["attn"], rms_norm(x_BSD, p["attn_norm_D"], cfg.norm_eps), cfg,
-                        cos_SR2, sin_SR2)
+    with jax.named_scope("attention"):
+        h = x_BSD + attn_fn(p["attn"], rms_norm(x_BSD, p["attn_norm_D"], cfg.norm_eps), cfg,
+                            cos_SR2, sin_SR2)
     z = rms_norm(h, p["ffn_norm_D"], cfg.norm_eps)
     if "moe" in p:
-        y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh)
+        with jax.named_scope("moe"):
+            y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh)
         return h + y.astype(h.dtype), aux
-    return h + dense_ffn(p["ffn"], z), {}
+    with jax.named_scope("dense_ffn"):
+        return h + dense_ffn(p["ffn"], z), {}
 
 
 def _block_fn(cfg: ModelConfig, mesh: Any, remat: str):

@@ -14,6 +14,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", help="YAML config file (nested or flat keys)")
     parser.add_argument("--preset", help="model preset (tiny, deepseek3-test, deepseek3-671b, "
                                          "mixtral-8x7b, qwen3-30b-a3b); default tiny")
+    parser.add_argument("--profile-steps", type=int, metavar="N",
+                        help="write a JAX profiler trace of N steps to RUN_DIR/profile")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR (its config.json, then overrides)")
 
@@ -24,6 +26,8 @@ def config_from_args(args):
     items = [parse_override(o) for o in args.overrides]
     if args.preset:
         items.insert(0, ("preset", args.preset))
+    if getattr(args, "profile_steps", None):
+        items.append(("profile_steps", args.profile_steps))
     if getattr(args, "resume", None):
         import json
         from pathlib import Path

@@ -38,9 +38,10 @@ class Corpus:
     num_documents: int
 
     def fingerprint(self) -> dict:
-        """Identifies the corpus in a checkpoint, so a resume on different data is refused."""
+        """Identifies the corpus in a checkpoint, so a resume on different data is refused.
+        The path is left out: moving the same data elsewhere does not change the batches."""
         head = np.asarray(self.train_TOK[:4096]).astype(np.int64)
-        return {"source": self.source, "train_tokens": int(self.train_TOK.size),
+        return {"train_tokens": int(self.train_TOK.size),
                 "eval_tokens": int(self.eval_TOK.size), "vocab_size": self.vocab_size,
                 "crc32": int(zlib.crc32(head.tobytes()))}
 

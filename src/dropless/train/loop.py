@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -98,6 +99,8 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     from dropless.config_file import to_dict
     (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     writer = _Writer(out_dir / "metrics.jsonl", echo)
+    from dropless.train.tensorboard import ScalarWriter
+    tb = ScalarWriter(out_dir)
 
     corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
                                   eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype)
@@ -131,6 +134,8 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     fn = functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
+    if bshard is not None:
+        batch0 = jax.device_put(batch0, bshard)
     t0 = time.perf_counter()
     step_fn = jax.jit(fn, donate_argnums=0).lower(state, batch0).compile()
     compile_s = time.perf_counter() - t0
@@ -139,22 +144,33 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
                                   batch_size=cfg.global_batch_size, seq_len=cfg.seq_len)
 
     from dropless.bench.harness import busy_fraction, machine_info
+    kernels = {}
+    if cfg.time_kernels and moe is not None:
+        from dropless.train.kernel_timing import time_moe_kernels
+        kernels = time_moe_kernels(cfg)
     start_rec = {"event": "start", "resumed_from": start, "preset": cfg.preset,
                  "params": counts, "flops_per_token": fpt, "peak_flops_per_device": peak,
                  "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
                  "corpus": corpus.fingerprint(), "busy_fraction": busy_fraction(0.2),
+                 "moe_kernels": kernels, "xla_flags": os.environ.get("XLA_FLAGS", ""),
                  "machine": machine_info()}
     writer.record(start_rec, f"dropless train: {out_dir}\n  model: {format_counts(counts)}; "
                   f"{fpt['model'] / 1e6:.2f} MFLOPs/token (training)\n  data: {corpus.source} "
                   f"({corpus.train_TOK.size:,} train / {corpus.eval_TOK.size:,} eval tokens); "
                   f"batch {cfg.global_batch_size} x {cfg.seq_len}\n  peak "
                   f"{(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src}); compile {compile_s:.1f} s"
-                  + (f"; resumed at step {start}" if start else ""))
+                  + (f"; resumed at step {start}" if start else "")
+                  + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "
+                     f"{kernels['gmm_ms']:.2f} ms, dispatch {kernels['dispatch_ms']:.2f} ms, "
+                     f"combine {kernels['combine_ms']:.2f} ms" if kernels else ""))
 
     result = RunResult(out_dir, {}, {}, start)
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
+    profile = range(start + 2, start + 2 + cfg.profile_steps)
     last = time.perf_counter()
     for i in range(start, end):
+        if cfg.profile_steps and i == profile.start:
+            jax.profiler.start_trace(str(out_dir / "profile"))
         batch = batch0 if i == start else data_lib.batch_at(
             corpus.train_TOK, i, batch_size=cfg.global_batch_size, seq_len=cfg.seq_len,
             seed=cfg.seed)
@@ -165,12 +181,19 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
         now = time.perf_counter()
         rec = _step_metrics(m, step=i + 1, dt=now - last, cfg=cfg, fpt=fpt, peak=peak)
         last = now
+        if cfg.profile_steps and i + 1 == min(profile.stop, end):
+            jax.profiler.stop_trace()
+            echo(f"  profiler trace of steps {profile.start + 1}-{i + 1} in {out_dir}/profile")
+            last = time.perf_counter()
         result.losses[i + 1] = rec["loss"]
         show = (i + 1) % cfg.log_every == 0 or i + 1 == end
         writer.record(rec, _fmt_step(rec) if show else None)
+        tb.scalars(i + 1, {k: v for k, v in rec.items() if isinstance(v, (int, float))
+                           and k not in ("step", "event")})
         if (i + 1) % cfg.eval_every == 0 or i + 1 == end:
             ev = float(np.mean([float(eval_fn(state["params"], b)) for b in evals]))
             result.eval_losses[i + 1] = ev
+            tb.scalars(i + 1, {"eval_loss": ev})
             writer.record({"event": "eval", "step": i + 1, "eval_loss": ev},
                           f"  eval loss {ev:.4f} at step {i + 1}")
             last = time.perf_counter()   # eval time is not step time

@@ -122,7 +122,7 @@ def train_step(state: State, batch_BS1: jax.Array, *, cfg: TrainConfig,
     updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     params = _update_biases(params, metrics, cfg)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["lr"] = lr_schedule(cfg)(state["step"])
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
                  "rng": jax.random.fold_in(state["rng"], state["step"])}

@@ -4,13 +4,13 @@ Legend: M rows (routed tokens, sorted by group), K contraction dim, N output dim
 B rows in one tile, P tiles in one size class (a static budget; the real count is traced).
 
 Why this shape of kernel: `jax.lax.ragged_dot` lowers on CPU to a masked dense dot that does G
-times the useful work. Here every group is cut into row tiles that start at the group's first row,
+times the useful work. Here every group is cut into row tiles that start at the group's first row:
 full tiles of the largest size B first, then one masked tile for the remainder, of the smallest
-size that covers it (with sizes 512, 384, 256, ...: a group of 900 rows runs one 512-row tile and
-one 384-row tile masked to 388 rows). Each size class is one `fori_loop` whose trip count is the
-traced number of tiles of that class, so nothing is copied to the host and the kernel jits once
-for every routing. A masked tile near the end of the array is
-clamped inside it (its window slides back) rather than padded, so no operand is ever copied.
+size that covers it (with sizes 1024, 896, ..., 448, 384, ...: a group of 1400 rows runs one
+1024-row tile and one 384-row tile masked to 376 rows). Each size class is one `fori_loop` whose
+trip count is the traced number of tiles of that class, so nothing is copied to the host and the
+kernel jits once for every routing. A masked tile near the end of the array is clamped inside it
+(its window slides back) rather than padded, so no operand is ever copied.
 
 The backward pass is written out (a custom VJP) rather than differentiated through the loops
 (which measured 5-30x slower):
@@ -29,7 +29,8 @@ from jax import lax
 
 # one full-tile size, then remainder sizes about 1.15-1.5x apart: a group's last tile wastes
 # little, and a group never runs more than one partial tile
-DEFAULT_TILE_SIZES = (512, 448, 384, 320, 256, 224, 192, 160, 128, 112, 96, 80, 64, 48, 32, 16, 8)
+DEFAULT_TILE_SIZES = (1024, 896, 768, 640, 512, 448, 384, 320, 256, 224, 192, 160, 128, 112, 96,
+                      80, 64, 48, 32, 16, 8)
 
 
 class TileClass(NamedTuple):
@@ -186,13 +187,19 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
             return tile_dw(start, size, (rows_B >= row) & (rows_B < end))
         return branch
 
-    branches = [remainder_branch(b) for b in sizes] + [lambda row, end: jnp.zeros((k, n), jnp.float32)]
+    def no_remainder(row, end):
+        return jnp.zeros((k, n), jnp.float32)
+
+    branches = [remainder_branch(b) for b in sizes] + [no_remainder]
 
     def group_body(carry, grp):
+        # start from the remainder tile's product, not from zeros: most groups of a large G
+        # have no full tile, and then the product is the result with no extra pass over [K, N]
+        acc_KN = lax.switch(branch_G[grp], branches, rem_start_G[grp], ends_G[grp])
+
         def full_body(t, acc_KN):
             return acc_KN + tile_dw(starts_G[grp] + t * full, full, None)
-        acc_KN = lax.fori_loop(0, nfull_G[grp], full_body, jnp.zeros((k, n), jnp.float32))
-        acc_KN = acc_KN + lax.switch(branch_G[grp], branches, rem_start_G[grp], ends_G[grp])
+        acc_KN = lax.fori_loop(0, nfull_G[grp], full_body, acc_KN)
         return carry, acc_KN.astype(out_dtype)
 
     # a scan's stacked outputs are written once each: no zero-filled [G, K, N] buffer first
@@ -230,4 +237,9 @@ def tiled_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, tile_sizes=DEFAULT_T
         raise ValueError(f"tile_sizes={tile_sizes!r} must be a non-empty tuple of positive ints")
     if lhs_MK.shape[0] == 0 or rhs_GKN.shape[0] == 0:
         return jnp.zeros((lhs_MK.shape[0], rhs_GKN.shape[2]), out_dtype)
-    return _tiled_gmm(lhs_MK, rhs_GKN, group_sizes_G, jnp.dtype(out_dtype), tile_sizes)
+    return _tiled_gmm_jit(lhs_MK, rhs_GKN, group_sizes_G, jnp.dtype(out_dtype), tile_sizes)
+
+
+# Called eagerly, each fori_loop would compile on its own; one jit compiles the kernel once per
+# shape (under an outer jit it is simply inlined).
+_tiled_gmm_jit = jax.jit(_tiled_gmm, static_argnums=(3, 4))

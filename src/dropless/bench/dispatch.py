@@ -1,0 +1,238 @@
+"""`dropless bench dispatch`: expert-parallel dispatchers on a device mesh, and a DeepSeek-V3
+projection of bytes per token with and without deduplication.
+
+Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, P expert-parallel ranks.
+
+Per dispatcher (allgather is the baseline), timed interleaved in one process: the dispatch
+(round 0: plan, pack, exchange, replicate expert-major), dispatch + grouped matmul, one full
+round (+ combine), the layer's expert path forward, and forward+backward. gmm and combine
+latencies are differences of these prefixes. Rows and bytes come from the dispatcher's aux.
+On CPU the mesh is host devices: set with --host-devices before JAX starts its backend.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+
+import numpy as np
+
+PROJECTION = dict(num_experts=256, top_k=8, n_groups=8, topk_groups=4, d_model=7168, ep=64,
+                  devices_per_node=8, bytes_per_value=2)   # DeepSeek-V3, bf16 dispatch
+
+
+def _set_host_devices(n: int) -> None:
+    """Ask XLA:CPU for n host devices; only effective before the backend starts."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+def _stage_fn(spec, ctx, mesh, stage: str):
+    """Round 0 of a dispatcher cut after `stage` (dispatch | gmm | round), jitted."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from dropless.moe.layer import expert_ffn
+
+    def local(x, w, ids, experts):
+        state = spec.prepare(ids, ctx)
+        x_ND, sizes, meta = spec.dispatch(x, w, state, 0, ctx)
+        if stage == "dispatch":
+            return x_ND
+        y_ND = expert_ffn(x_ND, sizes, experts, ctx.cfg)
+        return y_ND if stage == "gmm" else spec.combine(y_ND, meta, ctx)
+
+    tok = P(ctx.all_axes)
+    ex = {k: P("expert") for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD")}
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, ex), out_specs=tok,
+                                 check_vma=False))
+
+
+def _case(args, dispatchers, mesh):
+    import jax
+    import jax.numpy as jnp
+
+    from dropless import MoEConfig
+    from dropless.bench import harness
+    from dropless.moe import dispatch as dsp
+    from dropless.moe import layer, router
+    from dropless.parallel import shard_params
+
+    cfg = MoEConfig(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model,
+                    d_ff=args.d_ff, ragged_buffer_factor=args.buffer_factor,
+                    devices_per_node=args.devices_per_node)
+    params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
+    x = jax.random.normal(jax.random.key(1), (args.tokens, args.d_model), jnp.float32)
+    routing = router.route(router.router_logits(x, params["router"]["w_DE"]),
+                           params["router"]["bias_E"], cfg)
+    w, ids, ex = routing.weights_TK, routing.ids_TK, params["experts"]
+    dy = jax.random.normal(jax.random.key(2), x.shape, jnp.float32)
+    fns, cfgs = {}, {}
+    for name in dispatchers:
+        c = cfgs[name] = cfg.replace(dispatcher=name)
+        spec = dsp.DISPATCHERS[dsp.resolve_dispatcher(name)]
+        ctx = dsp.make_context(c, mesh, args.tokens, x.dtype)
+        for stage in ("dispatch", "gmm", "round"):
+            f = _stage_fn(spec, ctx, mesh, stage)
+            fns[f"{name}/{stage}"] = functools.partial(f, x, w, ids, ex)
+
+        def path(x, w, ex, c=c):
+            r = routing._replace(weights_TK=w)
+            return dsp.expert_parallel_experts(x, r, ex, c, mesh)[0]
+        fwd = jax.jit(path)
+        fwd_bwd = jax.jit(lambda x, w, ex, path=path: jax.vjp(path, x, w, ex)[1](dy))
+        fns[f"{name}/forward"] = functools.partial(fwd, x, w, ex)
+        fns[f"{name}/fwd+bwd"] = functools.partial(fwd_bwd, x, w, ex)
+    stats = harness.time_interleaved(fns, repeats=args.repeats)
+    records = []
+    for name in dispatchers:
+        med = {s: stats[f"{name}/{s}"]["median_ms"]
+               for s in ("dispatch", "gmm", "round", "forward", "fwd+bwd")}
+        aux = jax.jit(lambda x, c=cfgs[name]: dsp.expert_parallel_experts(
+            x, routing, ex, c, mesh)[2])(x)
+        aux = {k: float(v) for k, v in aux.items()}
+        ctx = dsp.make_context(cfgs[name], mesh, args.tokens, x.dtype)
+        rec = {"bench": "dispatch", "dispatcher": name, "tokens": args.tokens,
+               "d_model": args.d_model, "d_ff": args.d_ff, "experts": args.experts,
+               "top_k": args.top_k, "ep": int(mesh.shape["expert"]),
+               "buffer_factor": args.buffer_factor, "row_chunk": ctx.budget.row_chunk,
+               "entry_chunk": ctx.budget.entry_chunk,
+               "dispatch_ms": med["dispatch"], "gmm_ms": med["gmm"] - med["dispatch"],
+               "combine_ms": med["round"] - med["gmm"], "forward_ms": med["forward"],
+               "fwd_bwd_ms": med["fwd+bwd"], "timings": {s: stats[f"{name}/{s}"] for s in med},
+               "row_bytes": ctx.row_bytes, "bytes_real": aux["rows_sent"] * ctx.row_bytes,
+               "bytes_padding": aux["padding_rows"] * ctx.row_bytes,
+               "dedup_saving_rows": 1.0 - aux["rows_sent"] / aux["rows_routed"], **aux}
+        records.append(rec)
+    base = next((r for r in records if r["dispatcher"] == "allgather"), None)
+    for r in records:
+        if base:
+            r["fwd_bwd_vs_allgather"] = r["fwd_bwd_ms"] / base["fwd_bwd_ms"]
+            r["forward_vs_allgather"] = r["forward_ms"] / base["forward_ms"]
+    return records
+
+
+def deepseek_v3_projection(tokens: int, seed: int = 0) -> dict:
+    """Bytes per token leaving each device with and without dedup, from a routing sample.
+
+    The sample is DeepSeek-V3's router rule (sigmoid scores, 8 groups, best 4 groups, top-8 of
+    256) on random activations and router weights. Experts go to EP=64 ranks in order (4 per
+    rank), ranks to nodes of 8 (32 experts = one routing group per node); token t lives on rank
+    t % 64. Counts (token, destination) rows: no dedup (one per choice), per-device dedup (our
+    a2a), and per-node dedup (what node-level forwarding such as DeepEP's achieves).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from dropless import MoEConfig
+    from dropless.moe import router
+
+    p = PROJECTION
+    cfg = MoEConfig(num_experts=p["num_experts"], top_k=p["top_k"], d_model=p["d_model"],
+                    d_ff=2048, n_groups=p["n_groups"], topk_groups=p["topk_groups"],
+                    score_func="sigmoid", routed_scaling_factor=2.5)
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (tokens, p["d_model"]), jnp.float32)
+    w = jax.random.normal(kw, (p["d_model"], p["num_experts"])) / math.sqrt(p["d_model"])
+    ids = np.asarray(router.route(router.router_logits(x, w), jnp.zeros(p["num_experts"]),
+                                  cfg).ids_TK)
+    per_rank = p["num_experts"] // p["ep"]
+    dev = ids // per_rank                                 # [T, K] destination rank
+    node = dev // p["devices_per_node"]
+    src_dev = (np.arange(tokens) % p["ep"])[:, None]
+    src_node = src_dev // p["devices_per_node"]
+    row = p["d_model"] * p["bytes_per_value"]
+    out = {"bench": "dispatch_projection", "model": "deepseek-v3", "tokens_sampled": tokens,
+           **p, "bytes_per_row": row}
+    for name, keys in (("no_dedup", np.stack([dev, np.arange(p["top_k"])[None].repeat(
+            tokens, 0)], -1)), ("device_dedup", dev[..., None]), ("node_dedup", None)):
+        inter = intra = 0
+        for t in range(tokens):
+            if name == "node_dedup":
+                nodes = set(node[t]) - {src_node[t, 0]}
+                inter += len(nodes)
+                intra += len(set(dev[t][node[t] == src_node[t, 0]]) - {src_dev[t, 0]})
+                continue
+            dests = {tuple(k) for k in keys[t]}
+            for d in dests:
+                if d[0] == src_dev[t, 0]:
+                    continue
+                if d[0] // p["devices_per_node"] == src_node[t, 0]:
+                    intra += 1
+                else:
+                    inter += 1
+        out[f"{name}_inter_node_rows_per_token"] = inter / tokens
+        out[f"{name}_intra_node_rows_per_token"] = intra / tokens
+        out[f"{name}_inter_node_bytes_per_token"] = inter / tokens * row
+    out["nodes_per_token"] = float(np.mean([len(set(n)) for n in node]))
+    out["devices_per_token"] = float(np.mean([len(set(d)) for d in dev]))
+    nd = out["no_dedup_inter_node_rows_per_token"]
+    out["device_dedup_inter_node_saving"] = 1 - out["device_dedup_inter_node_rows_per_token"] / nd
+    out["node_dedup_inter_node_saving"] = 1 - out["node_dedup_inter_node_rows_per_token"] / nd
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokens", type=int, default=4096, help="global tokens T (default 4096)")
+    p.add_argument("--d-model", type=int, default=256, help="D (default 256)")
+    p.add_argument("--d-ff", type=int, default=256, help="expert hidden F (default 256)")
+    p.add_argument("--experts", type=int, default=64, help="E (default 64)")
+    p.add_argument("--top-k", type=int, default=8, help="K (default 8)")
+    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks (default 8)")
+    p.add_argument("--host-devices", type=int, default=8,
+                   help="on CPU, host devices to create (default 8; needs a fresh process)")
+    p.add_argument("--devices-per-node", type=int, default=4,
+                   help="for intra/inter-node byte accounting (default 4)")
+    p.add_argument("--buffer-factor", type=float, default=2.0,
+                   help="ragged_buffer_factor (default 2.0)")
+    p.add_argument("--dispatchers", default="allgather,a2a",
+                   help="comma list (default allgather,a2a; ragged_a2a on GPU/TPU)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--projection-tokens", type=int, default=4096,
+                   help="tokens in the DeepSeek-V3 routing sample (0 to skip; default 4096)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1024 tokens, D=F=128, 3 repeats, 1024-token projection")
+    p.add_argument("--out", default=None, help="append JSON lines here")
+
+
+def run(args: argparse.Namespace) -> int:
+    _set_host_devices(args.host_devices)
+    import jax
+
+    from dropless.bench import harness
+    from dropless.config import MeshConfig
+    from dropless.parallel import make_mesh
+
+    if args.quick:
+        args.tokens, args.d_model, args.d_ff, args.repeats = 1024, 128, 128, 3
+        args.projection_tokens = min(args.projection_tokens, 1024)
+    n = jax.device_count()
+    if n % args.ep:
+        raise SystemExit(f"--ep={args.ep} does not divide the {n} devices (on CPU, start a "
+                         f"fresh process with --host-devices or XLA_FLAGS)")
+    mesh = make_mesh(MeshConfig(data=n // args.ep, expert=args.ep))
+    info = harness.machine_info()
+    busy = harness.busy_fraction()
+    print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {n} {info['platform']} "
+          f"devices; others' load before start: {busy}", flush=True)
+    records = _case(args, args.dispatchers.split(","), mesh)
+    after = harness.busy_fraction(0.2)
+    for r in records:
+        r.update(machine=info, busy_before=busy, busy_after=after)
+    print(harness.format_table(records, [
+        "dispatcher", "dispatch_ms", "gmm_ms", "combine_ms", "forward_ms", "fwd_bwd_ms",
+        "fwd_bwd_vs_allgather", "rows_sent", "padding_rows", "rows_routed",
+        "dedup_saving_rows", "rounds"]), flush=True)
+    if args.projection_tokens > 0:
+        proj = deepseek_v3_projection(args.projection_tokens)
+        proj.update(machine=info)
+        records.append(proj)
+        print(harness.format_table([proj], [
+            "tokens_sampled", "devices_per_token", "nodes_per_token",
+            "no_dedup_inter_node_rows_per_token", "device_dedup_inter_node_rows_per_token",
+            "node_dedup_inter_node_rows_per_token", "device_dedup_inter_node_saving",
+            "node_dedup_inter_node_saving"]))
+    harness.write_jsonl(args.out, records)
+    return 0

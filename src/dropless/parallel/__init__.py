@@ -1,0 +1,7 @@
+"""Meshes and parameter placement: the only place that maps logical axes to mesh axes."""
+from dropless.parallel.mesh import (LOGICAL_RULES, batch_axes, logical_to_spec, make_mesh,
+                                    mesh_axis_size)
+from dropless.parallel.sharding import PARAM_AXES, param_shardings, param_specs, shard_params
+
+__all__ = ["LOGICAL_RULES", "PARAM_AXES", "batch_axes", "logical_to_spec", "make_mesh",
+           "mesh_axis_size", "param_shardings", "param_specs", "shard_params"]

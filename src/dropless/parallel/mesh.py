@@ -1,0 +1,74 @@
+"""Mesh construction from a MeshConfig, and the logical-axis -> mesh-axis rules.
+
+Math code names logical axes only ("batch", "expert", "embed", "mlp"); this module is the one
+place that says which mesh axes carry them. Meshes use `AxisType.Auto` axes, so jit may
+reshard around the single `shard_map` boundary in the dispatcher (jax 0.10 `make_mesh`
+defaults to Explicit axes, which would make every array's sharding part of its type).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, PartitionSpec
+
+from dropless.config import MESH_AXES, MeshConfig
+
+# logical axis -> mesh axes carrying it (in order); axes absent from a mesh are skipped.
+LOGICAL_RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp", "expert"),  # tokens are split over every axis
+    "expert": ("expert",),                 # expert weights: one slice of experts per EP rank
+    "embed": ("fsdp",),                    # model dim of weights: FSDP shards it
+    "mlp": (),                             # expert hidden dim: not sharded (no tensor parallel)
+    "router": (),                          # router columns: replicated
+}
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A Mesh with axes (data, fsdp, expert) of the configured sizes over `devices`.
+
+    `devices` defaults to all of `jax.devices()` (every process's, under jax.distributed), in
+    their global order; `expert` varies fastest so an EP group spans neighbouring devices, which
+    stay on one node when expert <= devices per node. Raises ValueError when the product of the
+    axis sizes differs from the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if cfg.num_devices != len(devices):
+        raise ValueError(
+            f"MeshConfig(data={cfg.data}, fsdp={cfg.fsdp}, expert={cfg.expert}) needs "
+            f"{cfg.num_devices} devices (data*fsdp*expert) but {len(devices)} are available")
+    grid = np.asarray(devices, dtype=object).reshape(cfg.shape)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def mesh_axis_size(mesh: Mesh, axis: str) -> int:
+    """Size of `axis` in `mesh`, 1 if the mesh has no such axis."""
+    return int(mesh.shape[axis]) if axis in mesh.axis_names else 1
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """Mesh axes the token dim is split over: every axis of the mesh, in mesh order.
+
+    A user-built mesh may have axes beyond (data, fsdp, expert); tokens are split over those too,
+    so every device holds distinct tokens.
+    """
+    return tuple(mesh.axis_names)
+
+
+def logical_to_spec(logical: Sequence[str | None], mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec for an array whose dims have these logical axis names (None: replicated).
+
+    Raises ValueError for a logical name missing from LOGICAL_RULES.
+    """
+    dims = []
+    for name in logical:
+        if name is None:
+            dims.append(None)
+            continue
+        if name not in LOGICAL_RULES:
+            raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(LOGICAL_RULES)}")
+        axes = tuple(batch_axes(mesh)) if name == "batch" else tuple(
+            a for a in LOGICAL_RULES[name] if a in mesh.axis_names)
+        dims.append(axes if len(axes) > 1 else (axes[0] if axes else None))
+    return PartitionSpec(*dims)

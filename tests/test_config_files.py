@@ -1,0 +1,100 @@
+"""Config: YAML + overrides, MaxText translation and its errors, TrainConfig validation."""
+import pytest
+
+from dropless.config_file import build_config, from_dict, parse_override, show, to_dict
+from dropless.compat import maxtext
+from dropless.presets import get_preset
+
+
+def test_defaults_are_tiny():
+    cfg = build_config()
+    assert cfg.preset == "tiny" and cfg.model == get_preset("tiny")
+
+
+def test_yaml_then_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("preset: deepseek3-test\nsteps: 7\nmodel:\n  moe:\n    top_k: 3\n")
+    cfg = build_config([parse_override("steps=9"), parse_override("model.d_model=32")],
+                       yaml_path=str(p))
+    assert cfg.preset == "deepseek3-test" and cfg.steps == 9
+    assert cfg.model.moe.top_k == 3
+    assert cfg.model.d_model == 32 and cfg.model.moe.d_model == 32   # kept in step
+
+
+def test_round_trip():
+    cfg = build_config([("preset", "mixtral-8x7b"), ("learning_rate", 1)])
+    assert from_dict(to_dict(cfg)) == cfg and cfg.learning_rate == 1.0
+    assert "num_experts: 8" in show(cfg)
+
+
+def test_maxtext_reference_recipe():
+    cfg = build_config([("model_name", "deepseek3-671b"), ("sparse_matmul", True),
+                        ("megablox", False), ("capacity_factor", 1.0),
+                        ("ragged_buffer_factor", 2.0), ("per_device_batch_size", 6),
+                        ("max_target_length", 4096), ("weight_dtype", "bfloat16"),
+                        ("remat_policy", "minimal_offloaded"), ("n_routing_groups", -1),
+                        ("ici_expert_parallelism", 8), ("ici_fsdp_parallelism", 2),
+                        ("te_ep_overflow_check_every_n_steps", 10)])
+    moe = cfg.model.moe
+    assert moe.capacity_factor is None            # sparse_matmul never drops
+    assert moe.gmm_backend == "ragged_dot" and moe.ragged_buffer_factor == 2.0
+    assert moe.n_groups == 1 and moe.overflow_check_every_n_steps == 10
+    assert (cfg.per_device_batch_size, cfg.seq_len, cfg.remat) == (6, 4096, "offload")
+    assert cfg.model.weight_dtype == moe.weight_dtype == "bfloat16"
+    assert (cfg.expert_parallelism, cfg.fsdp_parallelism, cfg.global_batch_size) == (8, 2, 96)
+
+
+def test_maxtext_dense_path_capacity():
+    cfg = build_config([("sparse_matmul", False), ("capacity_factor", 1.25)])
+    assert cfg.model.moe.capacity_factor == 1.25
+    cfg = build_config([("sparse_matmul", False), ("capacity_factor", -1)])
+    assert cfg.model.moe.capacity_factor is None
+
+
+def test_later_items_win_whatever_the_spelling(tmp_path):
+    assert build_config([("max_target_length", 64), ("seq_len", 32)]).seq_len == 32
+    assert build_config([("seq_len", 32), ("max_target_length", 64)]).seq_len == 64
+    p = tmp_path / "c.yaml"
+    p.write_text("seq_len: 48\n")
+    assert build_config([("max_target_length", 96)], yaml_path=str(p)).seq_len == 96
+
+
+@pytest.mark.parametrize("key,suggestion", [
+    ("num_expert", "num_experts"), ("model.moe.topk", "model.moe.top_k"),
+    ("per_device_batch", "per_device_batch_size"), ("learning_rat", "learning_rate")])
+def test_unknown_key_suggests_closest(key, suggestion):
+    with pytest.raises(ValueError, match=f"unknown config key '{key}'; did you mean "
+                                         f"'{suggestion}'"):
+        build_config([(key, 1)])
+
+
+def test_unsupported_maxtext_values():
+    with pytest.raises(ValueError, match="ici_tensor_parallelism=2 is not supported"):
+        build_config([("ici_tensor_parallelism", 2)])
+    with pytest.raises(ValueError, match="remat_policy='save_everything' is not supported"):
+        build_config([("remat_policy", "save_everything")])
+    with pytest.raises(ValueError, match="megablox='maybe' must be true or false"):
+        maxtext.translate([("megablox", "maybe")])
+
+
+def test_validation_names_field_and_value():
+    with pytest.raises(ValueError, match="TrainConfig.remat='some'"):
+        build_config([("remat", "some")])
+    with pytest.raises(ValueError, match="TrainConfig.expert_parallelism=3 must divide "
+                                         "model.moe.num_experts=8"):
+        build_config([("expert_parallelism", 3)])
+    with pytest.raises(ValueError, match="TrainConfig.xla_recipe='tpu'"):
+        build_config([("xla_recipe", "tpu")])
+    with pytest.raises(ValueError, match="MoEConfig.top_k=9 must be <= num_experts=8"):
+        build_config([("num_experts_per_tok", 9)])
+    with pytest.raises(ValueError, match="must look like key=value"):
+        parse_override("steps")
+
+
+def test_dense_model_has_no_moe_keys():
+    with pytest.raises(ValueError, match="model.moe is not set"):
+        build_config([("model.moe", None), ("model.moe.top_k", 2)])
+
+
+def test_warmup_fraction_uses_steps_in_either_spelling():
+    assert build_config([("steps", 1000), ("warmup_steps_fraction", 0.1)]).warmup_steps == 100

@@ -1,0 +1,93 @@
+"""Presets: parameter counts against published numbers and a hand count; FLOPs per token
+against a hand count; the deepseek3-test preset runs forward with MTP."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+from dropless.models.count import param_counts
+from dropless.models import deepseek
+from dropless.presets import PRESETS, PUBLISHED_COUNTS, get_preset
+from dropless.train import metrics as met
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_COUNTS))
+def test_published_parameter_counts(name):
+    total, active = PUBLISHED_COUNTS[name]
+    c = param_counts(get_preset(name))
+    assert abs(c["total"] - total) / total < 0.01, c
+    assert abs(c["active"] - active) / active < 0.03, c   # published actives are rounded
+
+
+def test_tiny_hand_count():
+    # tiny: d=128, 4 layers, 4 heads, MLA (no q low-rank, L=64, N=32, R=16, V=32),
+    # layer 0 dense (d_ff 384), layers 1-3 MoE (8 experts d_ff 128, top-2, 1 shared), vocab 256.
+    attn = 128 * 4 * 48 + 64 + 128 * 80 + 64 * 4 * 64 + 4 * 32 * 128   # wq, kv_norm, kv_a, kv_b, wo
+    dense = 3 * 128 * 384
+    experts = 8 * 3 * 128 * 128
+    moe = 128 * 8 + 8 + experts + 3 * 128 * 128                        # router w + bias, shared
+    norms = 4 * 2 * 128 + 128
+    total = 256 * 128 * 2 + 4 * attn + dense + 3 * moe + norms
+    c = param_counts(get_preset("tiny"))
+    assert c["total"] == total
+    assert c["active"] == total - 3 * experts * 6 // 8
+
+
+def test_tiny_flops_hand_count():
+    # matmul weights per token: attention 4 * (24576 + 10240 + 16384 + 16384) = 270336,
+    # dense FFN 147456, MoE 3 * (router 1024 + shared 49152 + 2 experts 98304) = 445440,
+    # head 32768 -> 896000; training = 6x. Attention: 3 (fwd+bwd) * 4 layers * 2 (QK, AV) *
+    # 4 heads * ... = 3 * 4 * 4 * (48 + 32) * (S + 1) with S = 128.
+    cfg = get_preset("tiny")
+    assert met.matmul_params(cfg) == {"main": 896000.0, "mtp": 0.0}
+    want = 6 * 896000 + 3 * 4 * 4 * 80 * 129
+    f = met.flops_per_token(cfg, 128)
+    assert f["model"] == want and f["executed"] == want
+    f_cap = met.flops_per_token(cfg, 128, capacity_factor=1.5)
+    assert f_cap["executed"] == want + 6 * (3 * 8 * 3 * 128 * 128 * 2 / 8) * 0.5
+
+
+def test_throughput_arithmetic():
+    t = met.throughput(step_time_s=2.0, tokens=1000, flops_per_token=1e9, num_devices=2,
+                       peak_flops_per_device=1e12)
+    assert t["tokens_per_s"] == 500 and t["tflops_per_device"] == 0.25 and t["mfu"] == 0.25
+    assert met.throughput(step_time_s=1, tokens=1, flops_per_token=1, num_devices=1,
+                          peak_flops_per_device=None)["mfu"] is None
+
+
+def test_device_peak_table():
+    assert met.device_peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4e12
+    assert met.device_peak_flops("NVIDIA GB200", "fp8") == 5000e12   # not B200's
+    assert met.device_peak_flops("NVIDIA B200", "mxfp8") == 4500e12
+    assert met.device_peak_flops("cpu", "bfloat16") is None
+
+
+def test_expert_load_summary():
+    s = met.expert_load_summary([[2, 2, 2, 2], [8, 0, 0, 0]])
+    assert s == {"expert_load_max_over_mean": 4.0, "expert_load_max_over_mean_avg": 2.5}
+
+
+def test_deepseek3_test_forward_with_mtp():
+    cfg = get_preset("deepseek3-test")
+    params = deepseek.init_params(jax.random.key(0), cfg)
+    tokens = jnp.zeros((2, 8), jnp.int32)
+
+    @jax.jit
+    def run(params, tokens):
+        logits, h, aux = deepseek.forward(params, tokens, cfg)
+        return logits, aux, deepseek.mtp_logits(params, h, tokens, cfg)[0]
+    logits, aux, mtp = run(params, tokens)
+    assert logits.shape == (2, 8, 256) and len(mtp) == 1 and mtp[0].shape == (2, 8, 256)
+    assert aux["tokens_per_expert_LE"].shape == (2, 8)
+    assert int(aux["tokens_per_expert_LE"].sum()) == 2 * 2 * 8 * 2   # 2 layers, T=16, top-2
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(ValueError, match="preset='tiny2'.*did you mean 'tiny'"):
+        get_preset("tiny2")
+
+
+def test_big_presets_init_abstractly():
+    for name in PRESETS:
+        shapes = jax.eval_shape(lambda k, n=name: deepseek.init_params(k, get_preset(n)),
+                                jax.random.key(0))
+        assert len(shapes["layers"]) == get_preset(name).num_layers

@@ -1,0 +1,66 @@
+"""CLI layer of training: argument -> config, `config show`, and the report's arithmetic."""
+import argparse
+import json
+
+import pytest
+
+from dropless import config_cli
+from dropless.train import cli as train_cli
+from dropless.train import report
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    train_cli.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_no_arguments_is_the_tiny_default():
+    cfg = train_cli.config_from_args(parse([]))
+    assert cfg.preset == "tiny" and cfg.data == "stdlib" and cfg.run_dir == "runs"
+
+
+def test_preset_flag_and_overrides():
+    cfg = train_cli.config_from_args(parse(["--preset", "deepseek3-test", "--profile-steps", "3",
+                                            "steps=7", "num_experts_per_tok=3"]))
+    assert (cfg.preset, cfg.steps, cfg.model.moe.top_k, cfg.profile_steps) == \
+        ("deepseek3-test", 7, 3, 3)
+
+
+def test_resume_reads_the_saved_config(tmp_path):
+    from dropless.config_file import build_config, to_dict
+    saved = build_config([("preset", "deepseek3-test"), ("steps", 11), ("seq_len", 48)])
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(saved)))
+    cfg = train_cli.config_from_args(parse(["--resume", str(run), "steps=20"]))
+    assert cfg.model == saved.model and cfg.seq_len == 48 and cfg.steps == 20
+    assert (cfg.run_dir, cfg.run_name) == (str(tmp_path), "r1")
+
+
+def test_config_show_prints_yaml_and_counts(capsys):
+    p = argparse.ArgumentParser()
+    config_cli.add_arguments(p)
+    assert config_cli.run(p.parse_args(["show", "--preset", "deepseek3-671b"])) == 0
+    out = capsys.readouterr().out
+    assert "num_experts: 256" in out and "total 671.03B, active 37.55B" in out
+
+
+def test_report_summary(tmp_path):
+    recs = [{"event": "start"}] + [
+        {"event": "step", "step": s, "loss": 5.0 - s, "step_time_s": 1.0 + s % 2,
+         "tokens_per_s": 100.0, "tflops_per_device": 0.5, "mfu": 0.1, "dropped_tokens": 0,
+         "expert_load_max_over_mean": 1.0 + s / 10, "tokens_per_expert": [[1, 3]]}
+        for s in range(1, 6)] + [{"event": "eval", "step": 5, "eval_loss": 0.5}]
+    # a resumed run rewrites step 5; the later record wins
+    recs.append(dict(recs[5], loss=-1.0))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    s = report.summary(report.read_metrics(tmp_path))
+    assert s["steps"] == 5 and s["first_loss"] == 4.0 and s["last_loss"] == -1.0
+    assert s["median_step_time_s"] == 2.0        # steps 3, 4, 5 -> 2, 1, 2
+    assert s["max_expert_load_max_over_mean"] == 1.5 and s["last_eval_loss"] == 0.5
+    with pytest.raises(ValueError, match="has no metrics.jsonl"):
+        report.read_metrics(tmp_path / "nothing")
+    pytest.importorskip("matplotlib")
+    names = sorted(p.name for p in report.draw(tmp_path))
+    assert names == ["expert_load.png", "loss.png", "throughput.png"]

@@ -1,0 +1,53 @@
+"""The trainer on a mesh of 8 host devices gives the same first-step loss as on one device."""
+import functools
+import importlib.util
+
+import jax
+import numpy as np
+import pytest
+
+from dropless.config_file import build_config
+from dropless.train import data, step
+from dropless.train import mesh as mesh_lib
+
+# deepseek3-test without its MTP module: compiling twice for 8 devices is the cost here
+MINI = {"preset": "deepseek3-test", "seq_len": 16, "model.moe.gmm_backend": "ragged_dot",
+        "model.mtp_depth": 0}
+
+
+def first_step(cfg, batch):
+    mesh = mesh_lib.make_mesh(cfg)
+    state, opt = step.init_state(cfg)
+    if mesh is not None:
+        state = jax.device_put(state, mesh_lib.state_shardings(state, mesh))
+        batch = jax.device_put(batch, mesh_lib.batch_sharding(mesh))
+    fn = jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt,
+                                   mesh=mesh_lib.model_mesh(cfg, mesh)))
+    _, m = fn(state, batch)
+    return float(m["loss"]), np.asarray(m["tokens_per_expert_LE"])
+
+
+@pytest.mark.parametrize("axes", [
+    {"data_parallelism": 4, "fsdp_parallelism": 2},
+    pytest.param({"ici_expert_parallelism": 4, "ici_fsdp_parallelism": 2},
+                 marks=pytest.mark.skipif(importlib.util.find_spec("dropless.moe.dispatch") is None,
+                                          reason="expert-parallel dispatcher not merged yet")),
+])
+def test_mesh_first_step_equals_one_device(axes):
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py)")
+    one = build_config(list({**MINI, "per_device_batch_size": 8}.items()))
+    many = build_config(list({**MINI, "per_device_batch_size": 1, **axes}.items()))
+    assert many.num_devices == 8 and many.global_batch_size == one.global_batch_size
+    toks = np.frombuffer(("x = [i * i for i in range(10)]\n" * 40).encode(), np.uint8)
+    batch = data.batch_at(toks, 0, batch_size=8, seq_len=16, seed=0)
+    loss1, load1 = first_step(one, batch)
+    loss8, load8 = first_step(many, batch)
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    np.testing.assert_array_equal(load8, load1)
+
+
+def test_mesh_needs_enough_devices():
+    cfg = build_config([("data_parallelism", 64)])
+    with pytest.raises(ValueError, match="parallelism = 64 but JAX sees"):
+        mesh_lib.make_mesh(cfg)
