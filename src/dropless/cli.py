@@ -15,6 +15,7 @@ COMMANDS = {
                                     "Python stdlib's source, into runs/)"),
     "config": ("dropless.config_cli", "show the effective config, or list the accepted keys"),
     "report": ("dropless.train.report", "draw loss, throughput and expert load of a run to PNG"),
+    "plan": ("dropless.plan.cli", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
 }
 
 

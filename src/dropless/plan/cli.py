@@ -1,0 +1,151 @@
+"""`dropless plan`: memory, FLOPs, bytes and step time for a model on a cluster, a scaling
+sweep, a layout search, and the calibration of the model against this machine."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dropless.plan import report
+from dropless.plan.hardware import PROFILES, get_profile
+from dropless.plan.layout import (ATTENTION_IMPLS, DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS,
+                                  REMAT_POLICIES, PlanConfig)
+from dropless.plan.model import predict
+from dropless.plan.overrides import apply_model_overrides, parse_overrides, split_settings
+from dropless.plan.presets import PRESETS, get_shape
+from dropless.plan.sweep import SWEEP_AXES, suggest, sweep_gpus
+
+# flag dest -> PlanConfig field (flags default to None so a config file can set them).
+_FLAG_FIELDS = {"gpus": "gpus", "fsdp": "fsdp", "ep": "ep", "data": "data",
+                "per_device_batch": "per_device_batch", "seq": "seq_len", "remat": "remat",
+                "gmm_quantization": "gmm_quantization", "dispatcher": "dispatcher",
+                "ragged_buffer_factor": "ragged_buffer_factor", "overlap": "overlap",
+                "weight_dtype": "weight_dtype", "optimizer_dtype": "optimizer_dtype",
+                "devices_per_node": "devices_per_node", "attention_impl": "attention_impl"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="settings by our names or MaxText's (per_device_batch_size=6, "
+                        "ici_expert_parallelism=8, ragged_buffer_factor=1.5, num_experts=64 ...)")
+    p.add_argument("--preset", default=None, help=f"model: {', '.join(PRESETS)} "
+                   "(default deepseek3-671b)")
+    p.add_argument("--hardware", default=None, help=f"profile: {', '.join(PROFILES)} "
+                   "(default h200)")
+    p.add_argument("--config", default=None, help="YAML file of KEY: VALUE settings")
+    p.add_argument("--gpus", type=int, default=None, help="devices (default fsdp x ep x data)")
+    p.add_argument("--fsdp", type=int, default=None)
+    p.add_argument("--ep", type=int, default=None, help="expert parallelism")
+    p.add_argument("--data", type=int, default=None, help="data-parallel replicas "
+                   "(default gpus / (fsdp x ep))")
+    p.add_argument("--per-device-batch", type=int, default=None)
+    p.add_argument("--seq", type=int, default=None, help="sequence length")
+    p.add_argument("--remat", choices=REMAT_POLICIES, default=None)
+    p.add_argument("--offload", default=None, help="activations kept in host memory, comma "
+                   "separated from query,key,value, or 'none' (default query,value with "
+                   "--remat offload)")
+    p.add_argument("--gmm-quantization", choices=GMM_QUANTIZATIONS, default=None)
+    p.add_argument("--dispatcher", choices=DISPATCHERS, default=None)
+    p.add_argument("--no-dedup", action="store_true", help="EP rows per (token, expert)")
+    p.add_argument("--ragged-buffer-factor", type=float, default=None)
+    p.add_argument("--overlap", choices=OVERLAPS, default=None)
+    p.add_argument("--weight-dtype", default=None)
+    p.add_argument("--optimizer-dtype", default=None)
+    p.add_argument("--devices-per-node", type=int, default=None)
+    p.add_argument("--attention-impl", choices=ATTENTION_IMPLS, default=None,
+                   help="flash (default) or naive (S x S scores materialised)")
+    p.add_argument("--sweep-gpus", default=None, help="comma-separated cluster sizes")
+    p.add_argument("--sweep-axis", choices=SWEEP_AXES, default="data",
+                   help="the axis that grows in the sweep")
+    p.add_argument("--suggest", action="store_true",
+                   help="rank the layouts that fit by predicted throughput")
+    p.add_argument("--top", type=int, default=10, help="rows of --suggest")
+    p.add_argument("--min-buffer-factor", type=float, default=1.5,
+                   help="--suggest skips buffer factors below this (expected max/mean load)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this machine's profile, predict a `dropless train` step (or "
+                        "an MoE layer) with it and time the real thing, on 1 and "
+                        "--calibrate-devices host devices")
+    p.add_argument("--calibrate-devices", type=int, default=8)
+    p.add_argument("--calibrate-workload", choices=("train_step", "moe_layer"),
+                   default="train_step", help="what --calibrate times and predicts")
+    p.add_argument("--reference", action="store_true",
+                   help="the planner beside the reference's DeepSeek-V3 671B / GB300 figures")
+    p.add_argument("--out", default=None, help="write the result as JSON here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _load_file(path: str | None) -> dict:
+    if not path:
+        return {}
+    import yaml
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path!r} must hold a mapping of settings")
+    return data
+
+
+def build(args) -> tuple:
+    """(shape, PlanConfig, HardwareProfile) from defaults, file, flags and overrides."""
+    settings = dict(_load_file(args.config))
+    for dest, field in _FLAG_FIELDS.items():
+        if getattr(args, dest) is not None:
+            settings[field] = getattr(args, dest)
+    if args.offload is not None:
+        settings["offload"] = args.offload
+    if args.no_dedup:
+        settings["dedup"] = False
+    for k in ("preset", "hardware"):
+        if getattr(args, k) is not None:
+            settings[k] = getattr(args, k)
+    settings.update(parse_overrides(args.overrides))
+    plan, model, extra = split_settings(settings)
+    shape = apply_model_overrides(get_shape(extra.get("preset", "deepseek3-671b")), model)
+    hw = get_profile(extra.get("hardware", "h200"))
+    if "gpus" not in plan:
+        plan["gpus"] = plan.get("fsdp", 1) * plan.get("ep", 1) * max(plan.get("data", 1), 1)
+    return shape, PlanConfig(**plan), hw
+
+
+def run(args) -> int:
+    try:
+        if args.reference:
+            from dropless.plan.reference import comparison, format_markdown
+            result = comparison()
+            text = format_markdown(result)
+        elif args.calibrate:
+            from dropless.plan.calibrate import run_calibration
+            result = run_calibration(devices=args.calibrate_devices,
+                                     workload=args.calibrate_workload)
+            text = result.pop("text")
+        else:
+            shape, cfg, hw = build(args)
+            result = predict(shape, cfg, hw)
+            text = report.format_plan(result)
+            if args.sweep_gpus:
+                sizes = [int(x) for x in args.sweep_gpus.split(",") if x]
+                result["sweep"] = sweep_gpus(shape, cfg, hw, sizes, axis=args.sweep_axis)
+                text += "\n\nScaling sweep (growing " + args.sweep_axis + "):\n" + \
+                    report.format_sweep(result["sweep"])
+            if args.suggest:
+                result["suggest"] = suggest(shape, cfg, hw, top=args.top,
+                                            min_factor=args.min_buffer_factor)
+                text += f"\n\nLayouts that fit on {cfg.gpus} x {hw.name}, fastest first:\n" + \
+                    report.format_suggest(result["suggest"])
+    except ValueError as e:
+        print(f"dropless plan: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1, default=_jsonable) if args.json else text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=_jsonable)
+    return 0
+
+
+def _jsonable(x):
+    if isinstance(x, (tuple, set)):
+        return list(x)
+    return str(x)

@@ -1,0 +1,147 @@
+"""Bytes moved per device per step, split into NVLink (intra-node) and InfiniBand (inter-node)
+traffic, and the time each collective takes at the profile's link bandwidths.
+
+Legend as in shape.py; T tokens per device, b bytes per activation element, P parameters.
+
+EP dispatch/combine: without deduplication every (token, choice) row travels to its expert's
+device; with it, one row per (token, destination device) travels, carrying the local expert
+ids and weights, and the receiver replicates it. The expected number of distinct devices a
+token reaches is exact for uniform routing and simulated from the routing rule for
+DeepSeek-V3's group-limited routing.
+
+Collectives are modelled as hierarchical rings: for a full buffer of B bytes over a group of n
+devices, `inner` per node and `outer` nodes, an all-gather (or reduce-scatter) moves
+B*(outer-1)/n bytes per device over InfiniBand and B*(inner-1)/inner over NVLink.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from dropless.plan.hardware import HardwareProfile
+from dropless.plan.layout import DTYPE_BYTES, Group, PlanConfig, groups
+from dropless.plan.shape import ModelShape
+
+
+@functools.lru_cache(maxsize=256)
+def expected_devices_per_token(s: ModelShape, ep: int) -> float:
+    """Expected distinct EP devices among a token's top_k experts under balanced routing.
+
+    Device d holds experts [d*E/ep, (d+1)*E/ep). Without expert groups the top_k experts are
+    a uniform random subset and the expectation is exact:
+    ep * (1 - C(E - E/ep, K) / C(E, K)). With group-limited routing (DeepSeek-V3: groups scored
+    by the sum of their two best experts, the `topk_groups` best kept, top_k among those) the
+    chosen groups each tend to hold a winner, so the routing rule itself is simulated on
+    i.i.d. scores (fixed seed, 8,192 tokens).
+    """
+    e, k = s.num_experts, s.top_k
+    if ep == 1:
+        return 1.0
+    per_dev = e // ep
+    if s.n_groups == 1 or s.topk_groups == s.n_groups:
+        return ep * (1.0 - math.comb(e - per_dev, k) / math.comb(e, k))
+    return _simulated_devices(e, k, s.n_groups, s.topk_groups, ep)
+
+
+def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
+                       n: int = 8192) -> float:
+    import numpy as np
+    rng = np.random.default_rng(0)
+    scores = rng.random((n, e))
+    eg = e // n_groups
+    grouped = np.sort(scores.reshape(n, n_groups, eg), axis=-1)[..., -min(2, eg):]
+    best = np.argsort(-grouped.sum(-1), axis=1)[:, :topk_groups]
+    keep = np.zeros((n, n_groups), bool)
+    np.put_along_axis(keep, best, True, axis=1)
+    scores = np.where(np.repeat(keep, eg, axis=1), scores, -1.0)
+    ids = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    hit = np.zeros((n, ep), bool)
+    np.put_along_axis(hit, ids // (e // ep), True, axis=1)
+    return float(hit.sum(1).mean())
+
+
+def ep_rows(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool | None = None
+            ) -> dict[str, float]:
+    """Rows per token leaving a device in one dispatch (combine moves the same rows back):
+    `intra` to other devices of its node, `inter` to other nodes, `local` staying home."""
+    g = groups(cfg, hw)["expert"]
+    dedup = cfg.dedup if dedup is None else dedup
+    if cfg.dispatcher == "allgather":   # every device receives every token of its EP group
+        return {"local": 1.0, "intra": g.inner - 1.0, "inter": cfg.ep - g.inner * 1.0,
+                "per_token": float(cfg.ep)}
+    per_token = expected_devices_per_token(s, cfg.ep) if dedup else float(s.top_k)
+    per_dev = per_token / cfg.ep
+    return {"local": per_dev, "intra": per_dev * (g.inner - 1),
+            "inter": per_dev * (cfg.ep - g.inner),
+            "per_token": per_token}
+
+
+def ep_transfers_per_layer(cfg: PlanConfig) -> int:
+    """Dispatch + combine forward, their transposes backward, again when the layer is
+    recomputed (full / offload remat)."""
+    return 6 if cfg.remat in ("full", "offload") else 4
+
+
+def ep_bytes_per_transfer(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *,
+                          dedup: bool | None = None, padded: bool = True) -> dict[str, float]:
+    """Bytes one device sends in one dispatch or combine of one layer: intra, inter.
+
+    Each row is D activations plus, with dedup, the K local expert ids and weights (8 bytes
+    each pair). `a2a` moves whole static chunks, `ragged_buffer_factor` x the balanced load,
+    when `padded`; `ragged_a2a` and `allgather` move only real rows.
+    """
+    rows = ep_rows(s, cfg, hw, dedup=dedup)
+    dedup = cfg.dedup if dedup is None else dedup
+    row_bytes = s.d_model * DTYPE_BYTES[cfg.activation_dtype]
+    if cfg.dispatcher != "allgather":
+        row_bytes += 8 * (s.top_k if dedup else 1)
+    pad = cfg.ragged_buffer_factor if (padded and cfg.dispatcher == "a2a") else 1.0
+    t = cfg.tokens_per_device
+    return {"intra": rows["intra"] * t * row_bytes * pad,
+            "inter": rows["inter"] * t * row_bytes * pad}
+
+
+def ep_buffer_bytes(s: ModelShape, cfg: PlanConfig) -> float:
+    """One layer's dispatch and combine send + receive buffers on one device."""
+    b = DTYPE_BYTES[cfg.activation_dtype]
+    t = cfg.tokens_per_device
+    if cfg.dispatcher == "allgather":
+        return 2.0 * t * cfg.ep * s.d_model * b
+    per_token = expected_devices_per_token(s, cfg.ep) if cfg.dedup else s.top_k
+    return 4.0 * cfg.ragged_buffer_factor * t * per_token * s.d_model * b
+
+
+def ring_bytes(full_bytes: float, g: Group) -> dict[str, float]:
+    """Per-device bytes of a hierarchical all-gather / reduce-scatter of `full_bytes`."""
+    if g.size == 1:
+        return {"intra": 0.0, "inter": 0.0}
+    return {"intra": full_bytes * (g.inner - 1) / g.inner,
+            "inter": full_bytes * (g.outer - 1) / g.size}
+
+
+def link_time(nbytes: dict[str, float], hw: HardwareProfile, *, steps: dict[str, int],
+              concurrent: bool) -> float:
+    """Seconds to move `nbytes` (intra over NVLink, inter over InfiniBand) at link efficiency,
+    plus per-step latency. `concurrent`: both links at once (all-to-all), else in sequence
+    (the two stages of a hierarchical ring)."""
+    ti = nbytes["intra"] / (hw.nvlink_bw * hw.link_efficiency)
+    to = nbytes["inter"] / (hw.ib_bw * hw.link_efficiency)
+    lat = steps.get("intra", 0) * hw.nvlink_latency_s + steps.get("inter", 0) * hw.ib_latency_s
+    return (max(ti, to) if concurrent else ti + to) + lat
+
+
+def collective_time(full_bytes: float, g: Group, hw: HardwareProfile) -> float:
+    """One hierarchical all-gather or reduce-scatter of `full_bytes` over group `g`."""
+    if g.size == 1:
+        return 0.0
+    return link_time(ring_bytes(full_bytes, g), hw,
+                     steps={"intra": g.inner - 1, "inter": g.outer - 1}, concurrent=False)
+
+
+def a2a_time(nbytes: dict[str, float], cfg: PlanConfig, hw: HardwareProfile) -> float:
+    """One dispatch or combine: every device sends to its EP peers over both links at once."""
+    g = groups(cfg, hw)["expert"]
+    if cfg.ep == 1:
+        return 0.0
+    return link_time(nbytes, hw, steps={"intra": 1, "inter": 1 if g.outer > 1 else 0},
+                     concurrent=True)

@@ -1,0 +1,178 @@
+"""Memory per device: weights, gradients, optimizer state, activations, EP buffers.
+
+Legend as in shape.py; T tokens per device, b bytes per activation element.
+
+Activations are a catalogue of the tensors one layer produces per token (name, elements,
+bytes, kind). A remat policy decides which are kept for the backward pass:
+  none     every tensor;
+  minimal  layer inputs and matmul outputs (elementwise results are recomputed);
+  full     layer inputs only (the whole layer is recomputed in the backward pass);
+  offload  layer inputs on device, the `offload` tensors (query, value) in host memory.
+Tensors on the expert side of a dispatch live in static receive buffers, so they scale with
+`ragged_buffer_factor`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from dropless.plan import comm
+from dropless.plan.layout import DTYPE_BYTES, PlanConfig
+from dropless.plan.hardware import HardwareProfile
+from dropless.plan.shape import ModelShape, layer_params, param_counts
+
+GiB = 2 ** 30
+
+
+class Tensor(NamedTuple):
+    name: str
+    elems: float       # per token
+    nbytes: int        # per element
+    kind: str          # input | dot | elementwise | expert_dot | expert_elementwise
+
+
+def attention_tensors(s: ModelShape, b: int, naive_seq: int = 0) -> list[Tensor]:
+    """One attention block's activations per token (`naive_seq` > 0: the S x S scores and
+    probabilities of unfused attention over sequences of that length are materialised)."""
+    d, h = s.d_model, s.num_heads
+    t = [Tensor("layer_input", d, b, "input"), Tensor("attn_norm", d, b, "elementwise")]
+    if s.attention == "mla":
+        n, r = s.qk_nope_head_dim, s.qk_rope_head_dim
+        if s.q_lora_rank:
+            t += [Tensor("q_down", s.q_lora_rank, b, "dot"),
+                  Tensor("q_norm", s.q_lora_rank, b, "elementwise")]
+        t += [Tensor("query", h * (n + r), b, "dot"),
+              Tensor("kv_down", s.kv_lora_rank + r, b, "dot"),
+              Tensor("kv_norm", s.kv_lora_rank, b, "elementwise"),
+              Tensor("key", h * n, b, "dot"), Tensor("value", h * s.v_head_dim, b, "dot"),
+              Tensor("qk_rope", 2 * h * (n + r), b, "elementwise")]
+    else:
+        kh, g = s.mha_head_dim, s.kv_heads
+        t += [Tensor("query", h * kh, b, "dot"), Tensor("key", g * kh, b, "dot"),
+              Tensor("value", g * kh, b, "dot"), Tensor("qk_rope", (h + g) * kh, b,
+                                                        "elementwise")]
+    if naive_seq:
+        t += [Tensor("attn_scores", h * naive_seq, 4, "elementwise"),
+              Tensor("attn_probs", h * naive_seq, b, "dot")]
+    else:
+        t.append(Tensor("attn_lse", h, 4, "dot"))
+    t += [Tensor("attn_out", h * s.v_dim, b, "dot"), Tensor("out_proj", d, b, "dot")]
+    return t
+
+
+def ffn_tensors(s: ModelShape, b: int, moe: bool) -> list[Tensor]:
+    """One feed-forward block's activations per token (dense SwiGLU or MoE)."""
+    d = s.d_model
+    t = [Tensor("mlp_input", d, b, "elementwise"), Tensor("mlp_norm", d, b, "elementwise")]
+    if not moe:
+        return t + [Tensor("gate", s.d_ff, b, "dot"), Tensor("up", s.d_ff, b, "dot"),
+                    Tensor("hidden", s.d_ff, b, "elementwise"), Tensor("down", d, b, "dot")]
+    k, f = s.top_k, s.moe_d_ff
+    t += [Tensor("router_logits", s.num_experts, 4, "dot"),
+          Tensor("dispatched", k * d, b, "expert_elementwise"),
+          Tensor("expert_gate", k * f, b, "expert_dot"),
+          Tensor("expert_up", k * f, b, "expert_dot"),
+          Tensor("expert_hidden", k * f, b, "expert_elementwise"),
+          Tensor("expert_down", k * d, b, "expert_dot"),
+          Tensor("combined", d, b, "elementwise")]
+    if s.num_shared_experts:
+        fs = s.num_shared_experts * f
+        t += [Tensor("shared_gate", fs, b, "dot"), Tensor("shared_up", fs, b, "dot"),
+              Tensor("shared_hidden", fs, b, "elementwise"), Tensor("shared_down", d, b, "dot")]
+    return t
+
+
+def layer_tensors(s: ModelShape, b: int, moe: bool, naive_seq: int = 0) -> list[Tensor]:
+    return attention_tensors(s, b, naive_seq) + ffn_tensors(s, b, moe)
+
+
+def naive_seq(cfg: PlanConfig) -> int:
+    return cfg.seq_len if cfg.attention_impl == "naive" else 0
+
+
+def _scale(t: Tensor, factor: float) -> float:
+    return t.elems * t.nbytes * (factor if t.kind.startswith("expert") else 1.0)
+
+
+def saved_bytes_per_token(tensors: list[Tensor], remat: str, offloaded: tuple[str, ...],
+                          factor: float) -> tuple[float, float]:
+    """(device bytes, host bytes) per token kept for the backward pass under `remat`."""
+    keep = {"none": lambda t: True,
+            "minimal": lambda t: t.kind in ("input", "dot", "expert_dot"),
+            "full": lambda t: t.kind == "input",
+            "offload": lambda t: t.kind == "input"}[remat]
+    device = host = 0.0
+    for t in tensors:
+        if t.name in offloaded:
+            host += _scale(t, factor)
+        elif keep(t):
+            device += _scale(t, factor)
+    return device, host
+
+
+def all_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
+    return sum(_scale(t, factor) for t in tensors)
+
+
+def weight_split(s: ModelShape) -> tuple[float, float]:
+    """(routed-expert parameters, everything else), MTP modules included."""
+    c = param_counts(s)
+    mtp_experts = s.mtp_depth * (layer_params(s, True)["experts"] if s.is_moe else 0)
+    experts = c["routed_experts"] + mtp_experts
+    return experts, c["total_with_mtp"] - experts
+
+
+def memory_per_device(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+    """Bytes per device by part, the total, the device's usable memory and the verdict.
+
+    Weights, gradients and Adam states (2 moments, plus a float32 master copy when
+    `master_weights`) are sharded: expert weights over ep x fsdp, the rest over fsdp x ep (or
+    fsdp). `gathered_weights` holds two layers' worth of all-gathered weights (the layer being
+    computed and the one prefetched). `activations` are the kept tensors of all layers,
+    `layer_workspace` one layer's full set (recomputed, with its gradients) during backward,
+    `logits` the output head's logits in bf16 plus float32 for the loss, `ep_buffers` the
+    dispatch/combine send and receive buffers of one layer.
+    """
+    wb, ob, ab = (DTYPE_BYTES[cfg.weight_dtype], DTYPE_BYTES[cfg.optimizer_dtype],
+                  DTYPE_BYTES[cfg.activation_dtype])
+    experts, rest = weight_split(s)
+    fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
+    params = experts / (cfg.ep * cfg.fsdp) + rest / fsdp_all
+    t = cfg.tokens_per_device
+    f = cfg.ragged_buffer_factor if s.is_moe and cfg.ep > 1 else 1.0
+    out = {"parameters": params * wb, "gradients": params * wb,
+           "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
+    moe_l, dense_l = layer_params(s, True) if s.is_moe else None, layer_params(s, False)
+    biggest = max(sum(dense_l.values()),
+                  (sum(moe_l.values()) - moe_l["experts"] + moe_l["experts"] / cfg.ep)
+                  if moe_l else 0)
+    out["gathered_weights"] = 2 * biggest * ab
+    ns = naive_seq(cfg)
+    layers = [(s.num_dense_layers, layer_tensors(s, ab, False, ns))]
+    if s.num_moe_layers:
+        layers.append((s.num_moe_layers + s.mtp_depth, layer_tensors(s, ab, True, ns)))
+    dev = host = work = 0.0
+    for count, tensors in layers:
+        d_, h_ = saved_bytes_per_token(tensors, cfg.remat, cfg.offloaded, f)
+        dev += count * d_ * t
+        host += count * h_ * t
+        work = max(work, 2 * all_bytes_per_token(tensors, f) * t)
+    out["activations"] = dev
+    out["layer_workspace"] = work
+    out["logits"] = float(t * s.vocab_size * (ab + 4) * (1 + s.mtp_depth))
+    out["ep_buffers"] = comm.ep_buffer_bytes(s, cfg) if s.is_moe and cfg.ep > 1 else 0.0
+    total = sum(out.values())
+    usable = hw.usable_memory
+    out.update(total=total, host_offloaded=host, device_memory=hw.hbm_bytes, usable=usable,
+               fits=total <= usable, headroom=usable - total)
+    return out
+
+
+def verdict(mem: dict[str, float]) -> str:
+    """'fits, 12.3 GiB to spare' / 'does not fit: 40.1 GiB over (...)'."""
+    gib = abs(mem["headroom"]) / GiB
+    if mem["fits"]:
+        return f"fits: {mem['total'] / GiB:.1f} GiB of {mem['usable'] / GiB:.1f} GiB usable, " \
+               f"{gib:.1f} GiB to spare"
+    return f"does not fit: {mem['total'] / GiB:.1f} GiB needed, {mem['usable'] / GiB:.1f} GiB " \
+           f"usable, {gib:.1f} GiB over"
+

@@ -1,0 +1,235 @@
+"""The step-time model: compute at an achievable fraction of peak, collectives at link
+bandwidths, memory-bound work at HBM bandwidth, combined with the overlap the schedule allows.
+
+Per layer (dense and MoE separately, then times their counts):
+  compute   = sum over kinds (gemm, gmm, attention) of executed FLOPs / (peak x efficiency)
+              + elementwise bytes / HBM bandwidth
+  fsdp      = all-gather forward + all-gather backward + reduce-scatter of the layer's weights
+  ep        = dispatch/combine transfers (4, or 6 when the layer is recomputed)
+  offload   = offloaded activations written to host in forward and read back in backward
+  data      = all-reduce of the layer's gradient shard across replicas
+overlap=none adds every part. overlap=fsdp hides fsdp, data and offload behind the layer's
+compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too.
+`kernel_time` (the sum of all parts, nothing hidden) gives the shares the reference quotes
+("84% of kernel time in communication"); `step_time` is what a user waits for.
+"""
+from __future__ import annotations
+
+from dropless.plan import comm, flops, memory
+from dropless.plan.hardware import HardwareProfile
+from dropless.plan.layout import DTYPE_BYTES, PlanConfig, check_fits_model, groups
+from dropless.plan.shape import ModelShape, layer_params
+
+# Each activation byte is touched ~6 times by memory-bound kernels in a training step: written
+# and read in the forward pass, its gradient written and read, and once more by the
+# recompute / optimizer-free elementwise backward (norms, SwiGLU, rope, permutation).
+ELEMENTWISE_PASSES = 6
+COMM_PARTS = ("fsdp", "ep", "data", "offload")
+
+
+def _rates(hw: HardwareProfile, cfg: PlanConfig) -> dict[str, float]:
+    gmm = (hw.peak_fp8 * hw.fp8_efficiency if cfg.gmm_quantization == "mxfp8"
+           else hw.peak_bf16 * hw.gmm_efficiency)
+    return {"gemm": hw.peak_bf16 * hw.gemm_efficiency, "gmm": gmm,
+            "attention": hw.peak_bf16 * hw.attention_efficiency}
+
+
+def _recompute_flops(s: ModelShape, cfg: PlanConfig, fwd: dict[str, float]) -> dict[str, float]:
+    """Forward FLOPs per token recomputed in the backward pass of one layer."""
+    if cfg.remat in ("none", "minimal"):
+        return {k: 0.0 for k in fwd}
+    out = dict(fwd)
+    skip = {"query": ("query", "q_down"), "key": ("key",), "value": ("value",)}
+    proj = flops.attention_proj_flops(s)
+    for name in cfg.offloaded:
+        for p in skip[name]:
+            out["gemm"] -= proj.get(p, 0.0)
+    return out
+
+
+def _layer_weight_bytes(s: ModelShape, cfg: PlanConfig, moe: bool, attention: bool = True
+                        ) -> tuple[float, float]:
+    """(non-expert bytes, local-expert bytes) one layer all-gathers, in the compute dtype."""
+    b = DTYPE_BYTES[cfg.activation_dtype]
+    p = layer_params(s, moe)
+    experts = p.pop("experts", 0)
+    if not attention:
+        p.pop("attention")
+        p.pop("norms")
+    return sum(p.values()) * b, experts / cfg.ep * b
+
+
+def layer_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
+                attention: bool = True) -> dict[str, float]:
+    """Seconds per step spent by one layer in each part (nothing overlapped yet).
+
+    `attention=False` leaves the attention block out (the feed-forward / MoE block alone, as
+    the CPU calibration times it).
+    """
+    t = cfg.tokens_per_device
+    rates = _rates(hw, cfg)
+    fwd = flops.layer_forward_flops(s, cfg.seq_len, moe)
+    if not attention:
+        fwd["gemm"] -= sum(flops.attention_proj_flops(s).values())
+        fwd["attention"] = 0.0
+    rec = _recompute_flops(s, cfg, fwd)
+    pad = 1.0 + flops.padding_fraction(s, t, cfg.ep, cfg.gmm_tile) if moe else 1.0
+    out = {}
+    waste = {"gmm": pad, "attention": 2.0 if cfg.attention_impl == "naive" else 1.0}
+    for k in flops.KINDS:
+        executed = (3 * fwd[k] + rec[k]) * waste.get(k, 1.0)
+        out[k] = executed * t / rates[k]
+    ab = DTYPE_BYTES[cfg.activation_dtype]
+    tensors = (memory.layer_tensors(s, ab, moe, memory.naive_seq(cfg)) if attention
+               else memory.ffn_tensors(s, ab, moe))
+    out["elementwise"] = (ELEMENTWISE_PASSES * memory.all_bytes_per_token(tensors, 1.0) * t
+                          / (hw.hbm_bw * hw.hbm_efficiency))
+    g = groups(cfg, hw)
+    rest_b, exp_b = _layer_weight_bytes(s, cfg, moe, attention)
+    grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
+    out["fsdp"] = ((2 + grad_scale) * comm.collective_time(rest_b, g["fsdp_all"], hw)
+                   + (2 + grad_scale) * comm.collective_time(exp_b, g["fsdp"], hw))
+    shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
+    out["data"] = 2 * comm.collective_time(shard, g["data"], hw)
+    out["ep"] = 0.0
+    if moe and cfg.ep > 1:
+        n = comm.ep_transfers_per_layer(cfg)
+        if cfg.dispatcher == "allgather":
+            full = t * cfg.ep * s.d_model * ab
+            out["ep"] = n * comm.collective_time(full, g["expert"], hw)
+        else:
+            out["ep"] = n * comm.a2a_time(comm.ep_bytes_per_transfer(s, cfg, hw), cfg, hw)
+    host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
+    out["offload"] = 2 * host * t / hw.host_bw
+    return out
+
+
+def _exposed(parts: dict[str, float], overlap: str, cost: float) -> dict[str, float]:
+    """What each part adds to the step: a hidden part shows where it outlasts the layer's
+    compute, plus `cost` x the overlapped time (the SMs and HBM the collective takes)."""
+    compute = sum(parts[k] for k in (*flops.KINDS, "elementwise"))
+    hidden = {"none": (), "fsdp": ("fsdp", "data", "offload"),
+              "full": ("fsdp", "data", "offload", "ep")}[overlap]
+    out = {}
+    for k, v in parts.items():
+        out[k] = max(0.0, v - compute) + cost * min(v, compute) if k in hidden else v
+    return out
+
+
+def head_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+    """Output head (and MTP heads): logits matmul forward + backward, loss elementwise."""
+    t = cfg.tokens_per_device
+    f = 3 * flops.head_forward_flops(s) * t * (1 + s.mtp_depth)
+    logits = t * s.vocab_size * (DTYPE_BYTES[cfg.activation_dtype] + 4) * (1 + s.mtp_depth)
+    return {"gemm": f / _rates(hw, cfg)["gemm"],
+            "elementwise": 3 * logits / (hw.hbm_bw * hw.hbm_efficiency)}
+
+
+def optimizer_time(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> float:
+    """AdamW update: read weights, gradients and two moments, write weights and moments."""
+    experts, rest = memory.weight_split(s)
+    fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
+    p = experts / (cfg.ep * cfg.fsdp) + rest / fsdp_all
+    wb, ob = DTYPE_BYTES[cfg.weight_dtype], DTYPE_BYTES[cfg.optimizer_dtype]
+    return p * (3 * wb + 4 * ob) / (hw.hbm_bw * hw.hbm_efficiency)
+
+
+def predict(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:
+    """The full plan for one configuration: memory, FLOPs, bytes, step time and shares.
+
+    Raises ValueError when the layout does not suit the model (EP not dividing the experts).
+    """
+    check_fits_model(cfg, s)
+    n_moe = s.num_moe_layers + (s.mtp_depth if s.is_moe else 0)
+    n_dense = s.num_dense_layers + (s.mtp_depth if not s.is_moe else 0)
+    per_type = [(n_dense, layer_times(s, cfg, hw, False))]
+    if n_moe:
+        per_type.append((n_moe, layer_times(s, cfg, hw, True)))
+    kernel: dict[str, float] = {}
+    exposed: dict[str, float] = {}
+    for count, parts in per_type:
+        for k, v in parts.items():
+            kernel[k] = kernel.get(k, 0.0) + count * v
+        for k, v in _exposed(parts, cfg.overlap, hw.overlap_cost).items():
+            exposed[k] = exposed.get(k, 0.0) + count * v
+    for k, v in head_times(s, cfg, hw).items():
+        kernel[k] += v
+        exposed[k] += v
+    kernel["optimizer"] = exposed["optimizer"] = optimizer_time(s, cfg, hw)
+    step = sum(exposed.values())
+    total_kernel = sum(kernel.values())
+    t = cfg.tokens_per_device
+    model_flops = flops.model_flops_per_token(s, cfg.seq_len) * t
+    executed = sum(kernel[k] * _rates(hw, cfg)[k] for k in flops.KINDS)
+    comm_kernel = sum(kernel[k] for k in COMM_PARTS)
+    return {
+        "model": s.name, "hardware": hw.name, "layout": layout_summary(cfg, hw),
+        "memory": memory.memory_per_device(s, cfg, hw),
+        "flops": {"model_per_device": model_flops, "executed_per_device": executed,
+                  "model_per_token": model_flops / t,
+                  "six_n_per_token": flops.six_n_flops_per_token(s),
+                  "by_kind_forward_per_token": flops.model_forward_flops(s, cfg.seq_len)},
+        "bytes": bytes_per_step(s, cfg, hw),
+        "time": {"step_s": step, "kernel_s": kernel, "exposed_s": exposed,
+                 "kernel_total_s": total_kernel},
+        "tflops_per_device": model_flops / step / 1e12,
+        "mfu": model_flops / step / hw.peak_bf16,
+        "tokens_per_s_per_device": t / step,
+        "tokens_per_s": t * cfg.gpus / step,
+        "shares": {"kernel": {k: v / total_kernel for k, v in kernel.items()},
+                   "step": {k: v / step for k, v in exposed.items()},
+                   "communication_of_kernel": comm_kernel / total_kernel,
+                   "communication_exposed_of_step": sum(exposed[k] for k in COMM_PARTS) / step},
+    }
+
+
+def layout_summary(cfg: PlanConfig, hw: HardwareProfile) -> dict:
+    """The layout as the planner understood it (groups, node size, settings)."""
+    from dropless.plan.layout import node_size
+    g = groups(cfg, hw)
+    d = {k: v for k, v in vars(cfg).items()}
+    d["offload"] = list(cfg.offloaded)
+    d["data"] = cfg.replicas
+    d["devices_per_node"] = node_size(cfg, hw)
+    d["groups"] = {k: {"size": v.size, "per_node": v.inner, "nodes": v.outer}
+                   for k, v in g.items()}
+    return d
+
+
+def bytes_per_step(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:
+    """Bytes one device sends per step: FSDP, EP (real, padded, without dedup), data, host."""
+    g = groups(cfg, hw)
+    out: dict = {}
+    fsdp = {"intra": 0.0, "inter": 0.0}
+    data = {"intra": 0.0, "inter": 0.0}
+    grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
+    n_moe = s.num_moe_layers + (s.mtp_depth if s.is_moe else 0)
+    for count, moe in ((s.num_dense_layers, False), (n_moe, True)):
+        if not count:
+            continue
+        rest_b, exp_b = _layer_weight_bytes(s, cfg, moe)
+        for full, grp in ((rest_b, g["fsdp_all"]), (exp_b, g["fsdp"])):
+            rb = comm.ring_bytes(full, grp)
+            for k in fsdp:
+                fsdp[k] += count * (2 + grad_scale) * rb[k]
+        shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
+        rb = comm.ring_bytes(shard, g["data"])
+        for k in data:
+            data[k] += count * 2 * rb[k]
+    out["fsdp"], out["data"] = fsdp, data
+    if s.is_moe and cfg.ep > 1:
+        n = comm.ep_transfers_per_layer(cfg) * n_moe
+        def scaled(d):
+            return {k: n * v for k, v in d.items()}
+        out["ep"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw))
+        out["ep_real_rows"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw, padded=False))
+        out["ep_without_dedup"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw, dedup=False,
+                                                                    padded=False))
+        out["ep_with_dedup"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw, dedup=True,
+                                                                 padded=False))
+        out["ep_rows_per_token"] = {"with_dedup": comm.expected_devices_per_token(s, cfg.ep),
+                                    "without_dedup": float(s.top_k)}
+    tensors = memory.layer_tensors(s, DTYPE_BYTES[cfg.activation_dtype], True)
+    host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
+    out["host_offload"] = 2 * host * cfg.tokens_per_device * s.num_layers
+    return out

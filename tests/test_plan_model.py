@@ -1,0 +1,155 @@
+"""The step-time model, sweeps, --suggest, errors and the CLI."""
+import argparse
+import json
+import time
+
+import pytest
+
+from dropless.plan import cli
+from dropless.plan.hardware import PROFILES, get_profile
+from dropless.plan.layout import PlanConfig
+from dropless.plan.model import predict
+from dropless.plan.presets import PRESETS, get_shape
+from dropless.plan.sweep import suggest, sweep_gpus
+
+DSV3 = get_shape("deepseek3-671b", prefer_trainer=False)
+REF = PlanConfig(gpus=128, fsdp=16, ep=8, per_device_batch=6, seq_len=4096, remat="offload",
+                 gmm_quantization="mxfp8")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_every_preset_on_every_profile_is_fast_and_consistent():
+    t = time.perf_counter()
+    for name in PRESETS:
+        s = get_shape(name)
+        ep = 8 if s.num_experts % 8 == 0 else 1
+        for hw_name in PROFILES:
+            hw = get_profile(hw_name)
+            r = predict(s, PlanConfig(gpus=64, fsdp=8, ep=ep, data=0 if ep == 8 else 8,
+                                      per_device_batch=1, seq_len=1024), hw)
+            assert 0 < r["tflops_per_device"] * 1e12 < hw.peak_fp8
+            assert sum(r["shares"]["kernel"].values()) == pytest.approx(1.0)
+            assert sum(r["shares"]["step"].values()) == pytest.approx(1.0)
+            assert r["flops"]["executed_per_device"] >= r["flops"]["model_per_device"] * 0.99
+    assert time.perf_counter() - t < 10
+
+
+def test_step_is_compute_plus_exposed_parts():
+    hw = get_profile("gb300")
+    r = predict(DSV3, REF.replace(overlap="none"), hw)
+    assert r["time"]["step_s"] == pytest.approx(r["time"]["kernel_total_s"])
+    r2 = predict(DSV3, REF, hw)
+    assert r2["time"]["step_s"] < r["time"]["step_s"]
+    flops_ = r2["flops"]["model_per_device"]
+    assert r2["tflops_per_device"] == pytest.approx(flops_ / r2["time"]["step_s"] / 1e12)
+    assert r2["mfu"] == pytest.approx(flops_ / r2["time"]["step_s"] / hw.peak_bf16)
+
+
+def test_directions_of_the_knobs():
+    hw = get_profile("gb300")
+    base = predict(DSV3, REF, hw)
+    bf16 = predict(DSV3, REF.replace(gmm_quantization="none"), hw)
+    assert bf16["time"]["kernel_s"]["gmm"] > base["time"]["kernel_s"]["gmm"]
+    nodedup = predict(DSV3, REF.replace(dedup=False), hw)
+    assert nodedup["bytes"]["ep"]["intra"] > 1.8 * base["bytes"]["ep"]["intra"]
+    big = predict(DSV3, REF.replace(ragged_buffer_factor=3.0), hw)
+    assert big["memory"]["total"] > base["memory"]["total"]
+    none = predict(DSV3, REF.replace(remat="none"), hw)
+    assert none["memory"]["activations"] > base["memory"]["activations"]
+    assert none["flops"]["executed_per_device"] < base["flops"]["executed_per_device"]
+    ag = predict(DSV3, REF.replace(dispatcher="allgather"), hw)
+    assert ag["time"]["kernel_s"]["ep"] > base["time"]["kernel_s"]["ep"]
+
+
+def test_reference_configuration_fits_and_671b_does_not_fit_on_8_h100():
+    assert predict(DSV3, REF, get_profile("gb300"))["memory"]["fits"]
+    r = predict(DSV3, PlanConfig(gpus=8, fsdp=1, ep=8, per_device_batch=1, seq_len=4096),
+                get_profile("h100"))
+    assert not r["memory"]["fits"] and r["memory"]["headroom"] < 0
+
+
+def test_sweep_efficiency_starts_at_one_and_does_not_exceed_it():
+    rows = sweep_gpus(DSV3, REF, get_profile("gb300"), [128, 256, 1024])
+    assert rows[0]["scaling_efficiency"] == 1.0
+    assert [r["data"] for r in rows] == [1, 2, 8]
+    assert all(0.5 < r["scaling_efficiency"] <= 1.0 for r in rows)
+    with pytest.raises(ValueError, match="sweep gpus=100"):
+        sweep_gpus(DSV3, REF, get_profile("gb300"), [100])
+
+
+def test_suggest_ranks_layouts_that_fit():
+    rows = suggest(DSV3, REF, get_profile("gb300"), top=5)
+    assert 0 < len(rows) <= 5
+    assert all(r["headroom_gib"] >= 0 for r in rows)
+    tps = [r["tokens_per_s"] for r in rows]
+    assert tps == sorted(tps, reverse=True)
+    assert all(r["fsdp"] * r["ep"] * r["data"] == 128 for r in rows)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"ep": 7, "fsdp": 1, "gpus": 7}, "PlanConfig.ep=7 does not divide num_experts=256"),
+    ({"gpus": 100}, "PlanConfig.gpus=100 is not a multiple of fsdp=16 x ep=8"),
+    ({"gpus": 256, "data": 1}, "PlanConfig.gpus=256 differs from the layout"),
+    ({"remat": "some"}, "PlanConfig.remat='some'"),
+    ({"ragged_buffer_factor": 0.5}, "PlanConfig.ragged_buffer_factor=0.5"),
+    ({"offload": ("logits",)}, "PlanConfig.offload"),
+])
+def test_bad_layouts_name_field_and_value(kw, match):
+    with pytest.raises(ValueError, match=match.replace("(", r"\(")):
+        predict(DSV3, REF.replace(**kw), get_profile("gb300"))
+
+
+def test_unknown_hardware():
+    with pytest.raises(ValueError, match="hardware='tpu9' is unknown; known profiles"):
+        get_profile("tpu9")
+
+
+def test_cli_writes_json_with_all_sections(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    argv = ["--preset", "deepseek3-671b", "--hardware", "gb300", "--gpus", "128", "--fsdp",
+            "16", "--ep", "8", "--per-device-batch", "6", "--seq", "4096", "--remat",
+            "offload", "--gmm-quantization", "mxfp8", "--sweep-gpus", "128,1024", "--out",
+            str(out)]
+    assert cli.run(_parse(argv)) == 0
+    text = capsys.readouterr().out
+    assert "verdict: fits" in text and "TFLOPS/device" in text and "Scaling sweep" in text
+    data = json.loads(out.read_text())
+    for key in ("memory", "flops", "bytes", "time", "shares", "sweep", "mfu"):
+        assert key in data
+    assert data["layout"]["offload"] == ["query", "value"]
+
+
+def test_cli_maxtext_overrides_and_config_file(tmp_path, capsys):
+    cfg = tmp_path / "run.yml"
+    cfg.write_text("preset: deepseek3-671b\nhardware: gb300\nici_expert_parallelism: 8\n"
+                   "ici_fsdp_parallelism: 8\ndcn_fsdp_parallelism: 2\n")
+    argv = ["--config", str(cfg), "per_device_batch_size=6", "max_target_length=4096",
+            "remat_policy=custom", "ragged_buffer_factor=1.5", "--json"]
+    assert cli.run(_parse(argv)) == 0
+    lay = json.loads(capsys.readouterr().out)["layout"]
+    assert (lay["gpus"], lay["fsdp"], lay["ep"], lay["per_device_batch"], lay["remat"],
+            lay["ragged_buffer_factor"]) == (128, 16, 8, 6, "offload", 1.5)
+
+
+def test_cli_errors_are_clear(capsys):
+    assert cli.run(_parse(["--hardware", "tpu9"])) == 2
+    assert "hardware='tpu9' is unknown" in capsys.readouterr().err
+    assert cli.run(_parse(["--ep", "7", "--gpus", "7"])) == 2
+    assert "does not divide num_experts=256" in capsys.readouterr().err
+    assert cli.run(_parse(["per_device_bach_size=6"])) == 2
+    assert "did you mean 'per_device_batch_size'" in capsys.readouterr().err
+
+
+def test_reference_comparison_runs_and_stays_near_the_published_figure():
+    from dropless.plan.reference import comparison, format_markdown
+    c = comparison()
+    opt = c["variants"]["optimised (real rows: ragged_a2a)"]["tflops_per_device"]
+    # a regression guard on the model, not a fit: the efficiencies were set a priori
+    assert 0.75 * 1068 < opt < 1.25 * 1068
+    assert c["implied_baseline"]["slowdown_vs_link_rates"] > 1
+    assert "| optimised TFLOPS/GPU | 1068 |" in format_markdown(c)
