@@ -21,6 +21,7 @@ from dropless.bench import harness
 from dropless.ops import grouped_matmul, padding_stats, resolve_backend
 
 ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
+PADDED_MEMORY_LIMIT = 6 * 2**30  # bytes of padded operands we allow the padded baseline
 
 
 def group_sizes_for(routing: str, m: int, g: int, seed: int = 0) -> np.ndarray:
@@ -89,6 +90,9 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
         est_s = {k: skipped.get(k, 1.0) * dense_s for k in fns}
         cheap = {k: v for k, v in fns.items() if est_s[k] * (repeats + 1) <= budget_s}
+        if g * cap * (k + n) * lhs.dtype.itemsize * 3 > PADDED_MEMORY_LIMIT:
+            est_s["padded"] = float("inf")  # [G, C, K] operands would not fit in memory here
+            cheap.pop("padded", None)
         stats = harness.time_interleaved(cheap, repeats=repeats)
         for k, fn in fns.items():  # G-fold baselines: as many runs as the budget allows
             if k not in cheap and 2 * est_s[k] <= budget_s:
@@ -104,7 +108,8 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
             if name in stats:
                 rec.update(stats[name], ratio_to_dense=stats[name]["median_ms"] / base)
             else:
-                rec.update(skipped=f"estimated {est_s[name]:.0f}s/call > budget/2")
+                rec.update(skipped="padded operands exceed memory limit" if est_s[name] ==
+                           float("inf") else f"estimated {est_s[name]:.0f}s/call > budget/2")
             if rec["resolved"] == "padded":
                 rec["padding"] = padding_stats(sizes, cap)
             records.append(rec)
