@@ -88,17 +88,17 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
     for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
-        est_s = {k: skipped.get(k, 1.0) * dense_s for k in fns}
-        cheap = {k: v for k, v in fns.items() if est_s[k] * (repeats + 1) <= budget_s}
+        est_s = {nm: skipped.get(nm, 1.0) * dense_s for nm in fns}
+        cheap = {nm: f for nm, f in fns.items() if est_s[nm] * (repeats + 1) <= budget_s}
         if g * cap * (k + n) * lhs.dtype.itemsize * 3 > PADDED_MEMORY_LIMIT:
             est_s["padded"] = float("inf")  # [G, C, K] operands would not fit in memory here
             cheap.pop("padded", None)
         stats = harness.time_interleaved(cheap, repeats=repeats)
-        for k, fn in fns.items():  # G-fold baselines: as many runs as the budget allows
-            if k not in cheap and 2 * est_s[k] <= budget_s:
-                n_runs = max(1, min(repeats, int(budget_s / est_s[k]) - 1))
-                stats[k] = harness.time_interleaved({k: fn}, repeats=n_runs)[k]
-                stats[k].update(interleaved=False, runs=n_runs)
+        for nm, fn in fns.items():  # G-fold baselines: as many runs as the budget allows
+            if nm not in cheap and 2 * est_s[nm] <= budget_s:
+                n_runs = max(1, min(repeats, int(budget_s / est_s[nm]) - 1))
+                stats[nm] = harness.time_interleaved({nm: fn}, repeats=n_runs)[nm]
+                stats[nm].update(interleaved=False, runs=n_runs)
         base = stats["dense"]["median_ms"]
         for name in fns:
             rec = {"bench": "gmm", "mode": mode, "backend": name,
