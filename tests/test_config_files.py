@@ -98,3 +98,11 @@ def test_dense_model_has_no_moe_keys():
 
 def test_warmup_fraction_uses_steps_in_either_spelling():
     assert build_config([("steps", 1000), ("warmup_steps_fraction", 0.1)]).warmup_steps == 100
+
+
+def test_maxtext_te_gmm_quantization():
+    assert build_config([("te_gmm_quantization", "te_mxfp8")]).model.moe.gmm_quantization == \
+        "mxfp8"
+    assert build_config([("te_gmm_quantization", "")]).model.moe.gmm_quantization == "none"
+    with pytest.raises(ValueError, match="te_gmm_quantization='te_fp8'"):
+        build_config([("te_gmm_quantization", "te_fp8")])

@@ -11,6 +11,7 @@ Semantics worth knowing:
 - `megablox: true` -> gmm_backend "auto" (the fastest grouped matmul on the platform);
   `megablox: false` -> "ragged_dot" (jax.lax.ragged_dot, MaxText's fallback).
 - `n_routing_groups` / `topk_routing_group` of -1 mean "no groups".
+- `te_gmm_quantization: te_mxfp8` -> gmm_quantization "mxfp8" (emulated exactly off Blackwell).
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ NOOP_ONLY = {
 }
 DCN = {"dcn_data_parallelism": "data_parallelism", "dcn_fsdp_parallelism": "fsdp_parallelism",
        "dcn_expert_parallelism": "expert_parallelism"}
-SPECIAL = ("sparse_matmul", "megablox", "capacity_factor", "remat_policy", "n_routing_groups",
+SPECIAL = ("sparse_matmul", "megablox", "te_gmm_quantization", "capacity_factor", "remat_policy", "n_routing_groups",
            "topk_routing_group", "warmup_steps_fraction", "attention_type", "decoder_block",
            "enable_checkpointing") + tuple(DCN)
 
@@ -132,6 +133,12 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
             pass  # resolved with capacity_factor
         elif name == "megablox":
             out.append(("model.moe.gmm_backend", "auto" if _bool(name, v) else "ragged_dot"))
+        elif name == "te_gmm_quantization":
+            known = {"": "none", "none": "none", "te_mxfp8": "mxfp8", "mxfp8": "mxfp8"}
+            if str(v).lower() not in known:
+                raise ValueError(f"MaxText te_gmm_quantization={v!r} is not supported; known: "
+                                 f"{sorted(k for k in known if k)}")
+            out.append(("model.moe.gmm_quantization", known[str(v).lower()]))
         elif name == "capacity_factor":
             drop = (not sparse) and float(v) > 0
             out.append(("model.moe.capacity_factor", float(v) if drop else None))
