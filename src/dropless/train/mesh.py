@@ -49,5 +49,10 @@ def state_shardings(state: Any, mesh: Mesh | None):
 
 
 def model_mesh(cfg: TrainConfig, mesh: Mesh | None) -> Mesh | None:
-    """The mesh the MoE layer sees: only when experts are split (expert axis > 1)."""
-    return mesh if mesh is not None and cfg.expert_parallelism > 1 else None
+    """The mesh the MoE layer sees: any mesh of more than one device.
+
+    With an expert axis of 1 the dispatcher still runs each device's tokens shard-locally (all
+    experts are local); left to GSPMD, the routing and routed rows of every device were
+    gathered and all-reduced (an 8-device step measured 1.7x its shard-local time).
+    """
+    return mesh if mesh is not None and mesh.size > 1 else None

@@ -200,10 +200,12 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
         def full_body(t, acc_KN):
             return acc_KN + tile_dw(starts_G[grp] + t * full, full, None)
         acc_KN = lax.fori_loop(0, nfull_G[grp], full_body, acc_KN)
-        return carry, acc_KN.astype(out_dtype)
+        return carry, _bits(acc_KN.astype(out_dtype))
 
-    # a scan's stacked outputs are written once each: no zero-filled [G, K, N] buffer first
-    return lax.scan(group_body, None, jnp.arange(g, dtype=jnp.int32))[1]
+    # a scan's stacked outputs are written once each: no zero-filled [G, K, N] buffer first;
+    # as bits, since a bf16 stacked output hits the float-normalisation round trip (_slice)
+    ys = lax.scan(group_body, None, jnp.arange(g, dtype=jnp.int32))[1]
+    return _unbits(ys, jnp.dtype(out_dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
