@@ -54,3 +54,43 @@ def param_shardings(params: Any, mesh: Mesh) -> Any:
 def shard_params(params: Any, mesh: Mesh) -> Any:
     """Place `params` on `mesh` according to PARAM_AXES."""
     return jax.device_put(params, param_shardings(params, mesh))
+
+
+def _divisible(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> bool:
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+        size = 1
+        for a in names:
+            size *= mesh.shape[a]
+        if dim % size:
+            return False
+    return True
+
+
+def leaf_spec(name: str, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """Placement of one array of a whole train state (parameters or their optimizer moments).
+
+    MoE weights (named as in PARAM_AXES, whatever group holds them) follow the table; any other
+    array of rank >= 2 is split over `fsdp` along its largest dim that divides evenly (FSDP: XLA
+    gathers it where used); the rest (scalars, vectors, uneven shapes) is replicated.
+    """
+    for path, axes in PARAM_AXES.items():
+        if name == path.split("/")[-1] and len(axes) == len(shape):
+            spec = logical_to_spec(axes, mesh)
+            if _divisible(spec, shape, mesh):
+                return spec
+    fsdp = mesh.shape.get("fsdp", 1)
+    if len(shape) >= 2 and fsdp > 1:
+        dims = [i for i in range(len(shape)) if shape[i] % fsdp == 0]
+        if dims:
+            best = max(dims, key=lambda i: shape[i])
+            return PartitionSpec(*[("fsdp" if i == best else None) for i in range(len(shape))])
+    return PartitionSpec()
+
+
+def state_shardings(state: Any, mesh: Mesh) -> Any:
+    """NamedShardings for a whole train state (params, optimizer state, ...) on `mesh`."""
+    def one(keys, leaf):
+        name = str(getattr(keys[-1], "key", getattr(keys[-1], "name", keys[-1]))) if keys else ""
+        return NamedSharding(mesh, leaf_spec(name, tuple(getattr(leaf, "shape", ())), mesh))
+    return jax.tree_util.tree_map_with_path(one, state)

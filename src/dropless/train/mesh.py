@@ -37,8 +37,8 @@ def batch_sharding(mesh: Mesh | None):
 
 
 def state_shardings(state: Any, mesh: Mesh | None):
-    """Shardings for the train state: from dropless.parallel.sharding when present, else
-    replicated."""
+    """Shardings for the train state: dropless.parallel.sharding.state_shardings (replicated if
+    that module is missing)."""
     if mesh is None:
         return None
     try:
