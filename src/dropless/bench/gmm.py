@@ -4,7 +4,8 @@ Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
 
 The dense equivalent of a grouped matmul over M rows is one [M, K] @ [K, N] matmul: the same
 useful FLOPs. Each case times the dense matmul and every backend alternately in one process,
-forward and forward+backward (gradients of lhs and rhs), and reports median ratios.
+forward and forward+backward (the output and the gradients of lhs and rhs), and reports median
+ratios. The dense matmul's backward is written out on the input dtype (see bench/dense.py).
 Baselines that do G times the work (ragged_dot on CPU, padding to capacity) are skipped when
 their estimated time exceeds `--budget-s`, and the skip is reported, not hidden.
 """
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dropless.bench import harness
+from dropless.bench import dense, harness
 from dropless.ops import grouped_matmul, padding_stats, resolve_backend
 
 ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
@@ -44,14 +45,6 @@ def group_sizes_for(routing: str, m: int, g: int, seed: int = 0) -> np.ndarray:
     return rng.multinomial(m, p).astype(np.int32)
 
 
-def _fwd_and_fb(fn):
-    """(forward, forward+backward) callables for fn(lhs, rhs) -> out."""
-    def fb(lhs, rhs, dy):
-        out, vjp = jax.vjp(fn, lhs, rhs)
-        return vjp(dy)
-    return fn, fb
-
-
 def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     rng = np.random.default_rng(seed)
     dt = jnp.dtype(dtype)
@@ -62,8 +55,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     gs = jnp.asarray(sizes)
     cap = int(sizes.max())
 
-    dense_fwd, dense_fb = _fwd_and_fb(
-        lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dt))
+    dense_fwd, dense_fb = dense.fwd_and_fwd_bwd(dense.matmul)
     dense_fwd, dense_fb = jax.jit(dense_fwd), jax.jit(dense_fb)
     w0 = rhs[0]
     fns_f = {"dense": lambda: dense_fwd(lhs, w0)}
@@ -78,7 +70,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
         opts = {"capacity": cap} if resolved == "padded" else {}
         f = lambda a, b, resolved=resolved, opts=opts: grouped_matmul(
             a, b, gs, backend=resolved, preferred_element_type=dt, **opts)
-        fwd, fb = _fwd_and_fb(f)
+        fwd, fb = dense.fwd_and_fwd_bwd(f)
         if resolved != "loop":
             fwd, fb = jax.jit(fwd), jax.jit(fb)
         fns_f[name] = lambda fwd=fwd: fwd(lhs, rhs)

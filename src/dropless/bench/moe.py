@@ -5,7 +5,9 @@ Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, N = T*K 
 The dense equivalent of an MoE layer is one SwiGLU FFN of width F over all N = T*K routed rows:
 the same useful FLOPs. The layer (router, sort, three grouped matmuls, unsort, combine) is timed
 alternately with it, forward and forward+backward, dropless with each backend and the capacity
-baseline at several capacity factors (reporting how many rows it dropped).
+baseline at several capacity factors (reporting how many rows it dropped). Forward+backward
+returns the output and every gradient; the dense FFN's backward runs on the input dtype
+(bench/dense.py), as the grouped kernels' does.
 """
 from __future__ import annotations
 
@@ -17,16 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dropless import MoEConfig, moe
-from dropless.bench import harness
+from dropless.bench import dense, harness
 from dropless.ops import resolve_backend
-
-
-def _dense_swiglu(x, wg, wu, wd):
-    dt = x.dtype
-    g = jnp.dot(x, wg, preferred_element_type=jnp.float32)
-    u = jnp.dot(x, wu, preferred_element_type=jnp.float32)
-    h = (jax.nn.silu(g) * u).astype(dt)
-    return jnp.dot(h, wd, preferred_element_type=jnp.float32).astype(dt)
 
 
 def _router_bias(routing: str, e: int, seed: int) -> np.ndarray:
@@ -54,10 +48,9 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s):
     ex = params["experts"]
     wd = (ex["w_gate_EDF"][0], ex["w_up_EDF"][0], ex["w_down_EFD"][0])
 
-    dense_f = jax.jit(_dense_swiglu)
-    dense_b = jax.jit(lambda x, *w: jax.vjp(_dense_swiglu, x, *w)[1](dyd))
+    dense_f, dense_b = (jax.jit(f) for f in dense.fwd_and_fwd_bwd(dense.swiglu))
     fns_f = {"dense": lambda: dense_f(xd, *wd)}
-    fns_b = {"dense": lambda: dense_b(xd, *wd)}
+    fns_b = {"dense": lambda: dense_b(xd, *wd, dyd)}
     variants = {}
     for b in backends:
         variants[f"dropless/{b}"] = cfg.replace(gmm_backend=b)
@@ -65,9 +58,9 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s):
         variants[f"capacity/{cf:g}"] = cfg.replace(capacity_factor=cf)
     for name, c in variants.items():
         fwd = jax.jit(lambda p, x, c=c: moe.apply(p, x, c))
-        fb = jax.jit(lambda p, x, c=c: jax.vjp(lambda p, x: moe.apply(p, x, c)[0], p, x)[1](dy))
+        fb = jax.jit(dense.fwd_and_fwd_bwd(lambda p, x, c=c: moe.apply(p, x, c)[0])[1])
         fns_f[name] = lambda fwd=fwd: fwd(params, x)
-        fns_b[name] = lambda fb=fb: fb(params, x)
+        fns_b[name] = lambda fb=fb: fb(params, x, dy)
 
     dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []

@@ -1,0 +1,88 @@
+"""`dropless bench gmm|moe`: the dense baselines' gradients, and that every record is written.
+
+No timing is asserted here (CI machines are noisy); the numbers live in benchmarks/results/.
+"""
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dropless.bench import dense, gmm as bench_gmm, moe as bench_moe
+
+
+def _autodiff_matmul(a, b):
+    return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_dense_matmul_vjp_matches_autodiff(dtype, tol):
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((24, 16)), dtype)
+    b = jnp.asarray(rng.standard_normal((16, 8)), dtype)
+    dy = jnp.asarray(rng.standard_normal((24, 8)), dtype)
+    _, fb = dense.fwd_and_fwd_bwd(dense.matmul)
+    out, (da, db) = jax.jit(fb)(a, b, dy)
+    ref_out, vjp = jax.vjp(_autodiff_matmul, a, b)
+    ref_da, ref_db = vjp(dy)
+    for got, want in ((out, ref_out), (da, ref_da), (db, ref_db)):
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=tol, atol=tol * 8)
+
+
+def test_dense_swiglu_gradients_match_autodiff():
+    rng = np.random.default_rng(1)
+    x, wg, wu, wd = (jnp.asarray(rng.standard_normal(s), jnp.float32) / 4
+                     for s in ((12, 8), (8, 6), (8, 6), (6, 8)))
+    dy = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
+
+    def plain(x, wg, wu, wd):
+        return (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
+    out, grads = dense.fwd_and_fwd_bwd(dense.swiglu)[1](x, wg, wu, wd, dy)
+    ref_out, vjp = jax.vjp(plain, x, wg, wu, wd)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, vjp(dy)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _args(module, **kw):
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    args = p.parse_args([])
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
+    out = tmp_path / "gmm.jsonl"
+    args = _args(bench_gmm, m=256, k=32, n=32, groups="8", routings="uniform,quarter_empty",
+                 dtypes="float32", backends="auto,ragged_dot,padded,loop", repeats=1,
+                 out=str(out))
+    assert bench_gmm.run(args) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    seen = {(r["routing"], r["mode"], r["backend"]) for r in recs}
+    for routing in ("uniform", "quarter_empty"):
+        for mode in ("fwd", "fwd+bwd"):
+            for b in ("dense", "auto", "ragged_dot", "padded", "loop"):
+                assert (routing, mode, b) in seen
+    for r in recs:
+        assert r["median_ms"] > 0 and r["ratio_to_dense"] > 0, r
+        assert r["machine"]["jax"] == jax.__version__
+    assert all(r["padding"]["executed_rows"] >= 256 and r["padding"]["dropped_rows"] == 0
+               for r in recs if r["backend"] == "padded")
+
+
+def test_bench_moe_reports_drops_of_the_capacity_baseline(tmp_path):
+    out = tmp_path / "moe.jsonl"
+    args = _args(bench_moe, rows=256, d_model=32, d_ff=32, experts="8:2", routings="zipf",
+                 capacity_factors="1.0", backends="auto", repeats=1, out=str(out))
+    assert bench_moe.run(args) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    by = {(r["mode"], r["variant"]): r for r in recs}
+    assert by[("fwd", "dropless/auto")]["dropped_rows"] == 0
+    assert by[("fwd", "capacity/1")]["dropped_rows"] > 0  # Zipf overflows a 1.0 capacity
+    assert by[("fwd+bwd", "dense")]["ratio_to_dense"] == 1.0
