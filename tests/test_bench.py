@@ -69,6 +69,7 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
         for mode in ("fwd", "fwd+bwd"):
             for b in ("dense", "auto", "ragged_dot", "padded", "loop"):
                 assert (routing, mode, b) in seen
+    assert {r["mode"] for r in recs if r["backend"] == "split_floor"} == {"fwd", "fwd+bwd"}
     for r in recs:
         assert r["median_ms"] > 0 and r["ratio_to_dense"] > 0, r
         assert r["machine"]["jax"] == jax.__version__
@@ -86,3 +87,18 @@ def test_bench_moe_reports_drops_of_the_capacity_baseline(tmp_path):
     assert by[("fwd", "dropless/auto")]["dropped_rows"] == 0
     assert by[("fwd", "capacity/1")]["dropped_rows"] > 0  # Zipf overflows a 1.0 capacity
     assert by[("fwd+bwd", "dense")]["ratio_to_dense"] == 1.0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_split_floor_computes_the_grouped_problem(dtype):
+    rng = np.random.default_rng(2)
+    a = jnp.asarray(rng.standard_normal((32, 8)), dtype)
+    b = jnp.asarray(rng.standard_normal((8, 4)), dtype)
+    dy = jnp.asarray(rng.standard_normal((32, 4)), dtype)
+    fwd, fb = dense.split_floor(4)
+    out, (da, db) = jax.jit(fb)(a, b, dy)
+    a32, b32, dy32 = (np.asarray(v, np.float32) for v in (a, b, dy))
+    tol = 1e-5 if dtype == jnp.float32 else 3e-2
+    for got, want in ((fwd(a, b), a32 @ b32), (out, a32 @ b32), (da, dy32 @ b32.T),
+                      (db, np.stack([a32[i:i + 8].T @ dy32[i:i + 8] for i in range(0, 32, 8)]))):
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol * 10)

@@ -54,3 +54,44 @@ def fwd_and_fwd_bwd(fn):
         out, vjp = jax.vjp(fn, *primals)
         return out, vjp(dy)
     return fn, fwd_bwd
+
+
+def split_floor(groups: int):
+    """(forward, forward+backward) of the grouped problem's dot shapes with nothing ragged.
+
+    The M rows cut into `groups` equal chunks, one XLA dot per chunk, all against ONE weight
+    (so it stays in cache: no per-group weight is ever fetched or copied); drhs writes one
+    [K, N] result per chunk, as a grouped drhs must. It is what any kernel that issues one
+    XLA:CPU dot per group cannot beat on uniform routing: the cost of the shapes alone.
+    """
+    from dropless.ops.gmm.tiled import _bits, _slice, _unbits  # the kernel's own slicing
+
+    def loop(a_MK, b, dims):
+        m, g = a_MK.shape[0], groups
+        c = m // g
+        n = b.shape[1] if dims == (1, 0) else b.shape[0]
+        a_bits = _bits(a_MK)
+
+        def body(t, out_bits):
+            y = lax.dot_general(_slice(a_bits, t * c, c, a_MK.dtype), b, ((dims[:1], dims[1:]),
+                                ((), ())), preferred_element_type=jnp.float32)
+            return lax.dynamic_update_slice_in_dim(out_bits, _bits(y.astype(a_MK.dtype)),
+                                                   t * c, 0)
+        return _unbits(lax.fori_loop(0, g, body, _bits(jnp.zeros((m, n), a_MK.dtype))),
+                       a_MK.dtype)
+
+    def fwd(a_MK, b_KN):
+        return loop(a_MK, b_KN, (1, 0))
+
+    def fwd_bwd(a_MK, b_KN, dy_MN):
+        c = a_MK.shape[0] // groups
+        a_bits, dy_bits = _bits(a_MK), _bits(dy_MN)
+
+        def drhs(_, t):
+            dw = lax.dot_general(_slice(a_bits, t * c, c, a_MK.dtype),
+                                 _slice(dy_bits, t * c, c, dy_MN.dtype),
+                                 (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+            return None, _bits(dw.astype(b_KN.dtype))
+        db = lax.scan(drhs, None, jnp.arange(groups, dtype=jnp.int32))[1]
+        return fwd(a_MK, b_KN), (loop(dy_MN, b_KN, (1, 1)), _unbits(db, b_KN.dtype))
+    return fwd, fwd_bwd

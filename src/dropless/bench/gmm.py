@@ -6,7 +6,9 @@ The dense equivalent of a grouped matmul over M rows is one [M, K] @ [K, N] matm
 useful FLOPs. Each case times the dense matmul and every backend alternately in one process,
 forward and forward+backward (the output and the gradients of lhs and rhs), and reports median
 ratios. The dense matmul's backward is written out on the input dtype (see bench/dense.py).
-Baselines that do G times the work (ragged_dot on CPU, padding to capacity) are skipped when
+On uniform routing a `split_floor` row times the grouped problem's dot shapes alone (equal
+chunks, one weight in cache, nothing ragged): what a kernel made of one XLA dot per group
+cannot beat. Baselines that do G times the work (ragged_dot on CPU, padding to capacity) are skipped when
 their estimated time exceeds `--budget-s`, and the skip is reported, not hidden.
 """
 from __future__ import annotations
@@ -76,6 +78,10 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
         fns_f[name] = lambda fwd=fwd: fwd(lhs, rhs)
         fns_b[name] = lambda fb=fb: fb(lhs, rhs, dy)
         skipped[name] = work.get(resolved, 1.0)
+    if routing == "uniform" and m % g == 0:  # the shapes' own cost: see dense.split_floor
+        floor_f, floor_fb = (jax.jit(f) for f in dense.split_floor(g))
+        fns_f["split_floor"] = lambda: floor_f(lhs, w0)
+        fns_b["split_floor"] = lambda: floor_fb(lhs, w0, dy)
     # estimate from one dense call: skip baselines whose G-fold work would blow the budget
     dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
@@ -94,7 +100,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
         base = stats["dense"]["median_ms"]
         for name in fns:
             rec = {"bench": "gmm", "mode": mode, "backend": name,
-                   "resolved": "dense" if name == "dense" else resolve_backend(name),
+                   "resolved": name if name in ("dense", "split_floor") else resolve_backend(name),
                    "m": m, "k": k, "n": n, "groups": g, "routing": routing, "dtype": dtype,
                    "max_group": cap, "empty_groups": int((sizes == 0).sum())}
             if name in stats:
