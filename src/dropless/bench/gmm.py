@@ -8,8 +8,8 @@ forward and forward+backward (the output and the gradients of lhs and rhs), and 
 ratios. The dense matmul's backward is written out on the input dtype (see bench/dense.py).
 On uniform routing a `split_floor` row times the grouped problem's dot shapes alone (equal
 chunks, one weight in cache, nothing ragged): what a kernel made of one XLA dot per group
-cannot beat. Baselines that do G times the work (ragged_dot on CPU, padding to capacity) are skipped when
-their estimated time exceeds `--budget-s`, and the skip is reported, not hidden.
+cannot beat. Baselines that do G times the work (ragged_dot on CPU, padding to capacity) are
+skipped when their estimated time exceeds `--budget-s`, and the skip is reported, not hidden.
 """
 from __future__ import annotations
 
