@@ -102,3 +102,12 @@ def test_split_floor_computes_the_grouped_problem(dtype):
     for got, want in ((fwd(a, b), a32 @ b32), (out, a32 @ b32), (da, dy32 @ b32.T),
                       (db, np.stack([a32[i:i + 8].T @ dy32[i:i + 8] for i in range(0, 32, 8)]))):
         np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol * 10)
+
+
+def test_dense_transposed_tiles_drhs_is_exact_on_many_tiles():
+    rng = np.random.default_rng(3)
+    a = jnp.asarray(rng.standard_normal((2048, 16)), jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((2048, 8)), jnp.bfloat16)
+    got = jax.jit(dense._transposed_tiles_drhs)(a, dy)
+    want = np.asarray(a, np.float32).T @ np.asarray(dy, np.float32)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-3)

@@ -155,8 +155,12 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
 
     Per group: its full tiles in an inner loop, then its one masked remainder tile (a `switch`
     over the tile sizes), summed in a [K, N] carry and written once, so the [G, K, N] result is
-    written and never re-read. lhs is transposed once up front: transposing each tile inside
-    the loop cost ~15% more on this CPU.
+    written and never re-read.
+
+    16-bit operands: XLA:CPU runs a bf16 dot that contracts both operands' leading dim at about
+    half the speed of a plain [K, B] @ [B, N] dot, so lhs is transposed once (as bits) and each
+    tile is a column slice of lhs^T. Measured, 8192x1024 bf16, G=8: 99 -> 57 ms (G=64: 214 ->
+    176 ms). In float32 the transposed slices cost more than they save (1.29x -> 1.50x dense).
     """
     m, k = lhs_MK.shape
     g, n = group_sizes_G.shape[0], dy_MN.shape[1]
@@ -171,12 +175,18 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
     branch_G = jnp.sum(rem_G[:, None] <= jnp.asarray(sizes)[None, :], axis=1) - 1
     branch_G = jnp.where(rem_G == 0, len(sizes), branch_G)
     lhs_bits, dy_bits = _bits(lhs_MK), _bits(dy_MN)
+    transposed = lhs_MK.dtype.itemsize == 2
+    lhsT_bits = lhs_bits.T if transposed else None
 
     def tile_dw(start, size, mask_B):
-        x_BK = _slice(lhs_bits, start, size, lhs_MK.dtype)
         dy_BN = _slice(dy_bits, start, size, dy_MN.dtype)
         if mask_B is not None:
             dy_BN = jnp.where(mask_B[:, None], dy_BN, jnp.zeros_like(dy_BN))
+        if transposed:
+            xT_KB = _unbits(lax.dynamic_slice_in_dim(lhsT_bits, start, size, axis=1),
+                            lhs_MK.dtype)
+            return jnp.dot(xT_KB, dy_BN, preferred_element_type=jnp.float32)
+        x_BK = _slice(lhs_bits, start, size, lhs_MK.dtype)
         return lax.dot_general(x_BK, dy_BN, (((0,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
 
