@@ -62,11 +62,13 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     w0 = rhs[0]
     fns_f = {"dense": lambda: dense_fwd(lhs, w0)}
     fns_b = {"dense": lambda: dense_fb(lhs, w0, dy)}
-    # estimated cost relative to dense, to budget the slow baselines ('loop' dispatches G
-    # eager matmuls and differentiates them eagerly: about G/4 dense calls, measured here)
+    # estimated cost relative to dense, to budget the slow baselines. 'loop' dispatches G eager
+    # matmuls (forward: about G/32 dense calls here) and differentiates them eagerly, compiling
+    # per group shape (measured fwd+bwd: 3x dense at G=8, 35-53x at G=64, 470-670x at G=256)
     work = {"ragged_dot": float(g) if jax.default_backend() == "cpu" else 1.0,
-            "padded": g * cap / m, "reference": float(g), "loop": max(1.0, g / 4)}
-    skipped = {}
+            "padded": g * cap / m, "reference": float(g), "loop": max(1.0, g / 32)}
+    work_fb = dict(work, loop=max(1.0, g * g / 100))
+    resolved_of = {}
     for name in backends:
         resolved = resolve_backend(name)
         opts = {"capacity": cap} if resolved == "padded" else {}
@@ -77,7 +79,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
             fwd, fb = jax.jit(fwd), jax.jit(fb)
         fns_f[name] = lambda fwd=fwd: fwd(lhs, rhs)
         fns_b[name] = lambda fb=fb: fb(lhs, rhs, dy)
-        skipped[name] = work.get(resolved, 1.0)
+        resolved_of[name] = resolved
     if routing == "uniform" and m % g == 0:  # the shapes' own cost: see dense.split_floor
         floor_f, floor_fb = (jax.jit(f) for f in dense.split_floor(g))
         fns_f["split_floor"] = lambda: floor_f(lhs, w0)
@@ -86,7 +88,9 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
     for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
-        est_s = {nm: skipped.get(nm, 1.0) * dense_s for nm in fns}
+        est = work_fb if mode == "fwd+bwd" else work
+        est_s = {nm: est.get(resolved_of.get(nm, nm), 1.0) * dense_s
+                 for nm in fns}
         cheap = {nm: f for nm, f in fns.items() if est_s[nm] * (repeats + 1) <= budget_s}
         if g * cap * (k + n) * lhs.dtype.itemsize * 3 > PADDED_MEMORY_LIMIT:
             est_s["padded"] = float("inf")  # [G, C, K] operands would not fit in memory here
