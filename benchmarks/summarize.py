@@ -10,6 +10,13 @@ import sys
 from pathlib import Path
 
 
+ROUTING_ORDER = ("uniform", "zipf", "half", "quarter_empty")
+
+
+def _routing_key(routing: str) -> int:
+    return ROUTING_ORDER.index(routing) if routing in ROUTING_ORDER else len(ROUTING_ORDER)
+
+
 def _load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -31,7 +38,7 @@ def gmm_table(recs: list[dict]) -> str:
             "split_floor fwd+bwd | ragged_dot fwd+bwd | padded fwd+bwd | loop fwd+bwd |")
     lines = [head, "|---" * 10 + "|"]
     cases = sorted({(r["dtype"], r["groups"], r["routing"]) for r in recs},
-                   key=lambda c: (c[0] != "float32", c[1], c[2]))
+                   key=lambda c: (c[0] != "float32", c[1], _routing_key(c[2])))
     for dtype, g, routing in cases:
         sub = [r for r in recs if (r["dtype"], r["groups"], r["routing"]) == (dtype, g, routing)]
         cells = [_ratio(sub, backend=b, mode=m) for b, m in cols]
@@ -45,7 +52,8 @@ def moe_table(recs: list[dict]) -> str:
     lines = ["| dtype | E:K | routing | mode | " + " | ".join(variants) + " |",
              "|---" * (4 + len(variants)) + "|"]
     cases = sorted({(r["dtype"], r["experts"], r["top_k"], r["routing"], r["mode"])
-                    for r in recs}, key=lambda c: (c[0] != "float32", c[1], c[3], c[4]))
+                    for r in recs},
+                   key=lambda c: (c[0] != "float32", c[1], _routing_key(c[3]), c[4]))
     for dtype, e, k, routing, mode in cases:
         sub = [r for r in recs if (r["dtype"], r["experts"], r["top_k"], r["routing"],
                                    r["mode"]) == (dtype, e, k, routing, mode)]
@@ -67,7 +75,8 @@ def main(argv: list[str]) -> int:
         recs = _load(d / name)
         busy = sorted({r.get("busy_before") for r in recs} | {r.get("busy_after") for r in recs},
                       key=lambda v: -1 if v is None else v)
-        print(f"## {name} (commit {recs[0]['machine']['git_commit']}, others' load {busy})\n")
+        commits = sorted({r["machine"]["git_commit"] for r in recs})
+        print(f"## {name} (commits {', '.join(commits)}; others' load {busy})\n")
         print(table(recs) + "\n")
     return 0
 
