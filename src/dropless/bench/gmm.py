@@ -96,16 +96,10 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
             est_s["padded"] = float("inf")  # [G, C, K] operands would not fit in memory here
             cheap.pop("padded", None)
         # the kernel under test (the first backend named) and the floor share a round-robin with
-        # dense; every other baseline gets its own (dense, baseline) round-robin, so a slow
-        # baseline's memory traffic never lands between the kernel's and dense's runs
+        # dense; every other baseline gets its own (dense, baseline) round-robin
         core = [nm for nm in ("dense", backends[0], "split_floor") if nm in cheap]
-        stats = harness.time_interleaved({nm: cheap[nm] for nm in core}, repeats=repeats)
-        base_of = {nm: stats["dense"]["median_ms"] for nm in fns}
-        for nm in cheap:
-            if nm not in core:
-                pair = harness.time_interleaved({"dense": fns["dense"], nm: cheap[nm]},
-                                                repeats=repeats)
-                stats[nm], base_of[nm] = pair[nm], pair["dense"]["median_ms"]
+        stats, base_of = harness.time_against_baseline(cheap, core, repeats=repeats)
+        base_of = {nm: base_of.get(nm, stats["dense"]["median_ms"]) for nm in fns}
         for nm, fn in fns.items():  # G-fold baselines: as many runs as the budget allows
             if nm not in cheap and 2 * est_s[nm] <= budget_s:
                 n_runs = max(1, min(repeats, int(budget_s / est_s[nm]) - 1))

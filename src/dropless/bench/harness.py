@@ -91,6 +91,22 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 5,
     return stats
 
 
+def time_against_baseline(fns: Mapping[str, Callable[[], Any]], core: list[str], *,
+                          baseline: str = "dense", repeats: int = 5
+                          ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Time `core` (which includes `baseline`) in one round-robin, then every other function in
+    its own (baseline, function) round-robin, so a slow function's memory traffic never lands
+    between the core's runs. Returns (stats, baseline median each function is compared with).
+    """
+    stats = time_interleaved({nm: fns[nm] for nm in core}, repeats=repeats)
+    base_of = {nm: stats[baseline]["median_ms"] for nm in fns}
+    for nm in fns:
+        if nm not in core:
+            pair = time_interleaved({baseline: fns[baseline], nm: fns[nm]}, repeats=repeats)
+            stats[nm], base_of[nm] = pair[nm], pair[baseline]["median_ms"]
+    return stats, base_of
+
+
 def write_jsonl(path: str | None, records: list[dict[str, Any]]) -> None:
     """Append records as JSON lines (no-op when path is None)."""
     if not path:

@@ -70,15 +70,9 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s):
         run_now = {nm: fn for nm, fn in fns.items()
                    if work[nm] * dense_s * (repeats + 1) <= budget_s or nm == "dense"}
         # dense and the first variant in one round-robin; every other variant in its own
-        # (dense, variant) round-robin, so no third party's memory traffic sits between them
+        # (dense, variant) round-robin
         core = [nm for nm in ("dense", f"dropless/{backends[0]}") if nm in run_now]
-        stats = harness.time_interleaved({nm: run_now[nm] for nm in core}, repeats=repeats)
-        base_of = {nm: stats["dense"]["median_ms"] for nm in run_now}
-        for nm in run_now:
-            if nm not in core:
-                pair = harness.time_interleaved({"dense": run_now["dense"], nm: run_now[nm]},
-                                                repeats=repeats)
-                stats[nm], base_of[nm] = pair[nm], pair["dense"]["median_ms"]
+        stats, base_of = harness.time_against_baseline(run_now, core, repeats=repeats)
         for nm in fns:
             rec = {"bench": "moe", "mode": mode, "variant": nm, "tokens": t, "d_model": d,
                    "d_ff": f, "experts": e, "top_k": k, "routed_rows": n, "routing": routing,
