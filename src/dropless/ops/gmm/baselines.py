@@ -4,6 +4,8 @@ Legend: M rows (sorted by group), K contraction dim, N output dim, G groups, C c
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,15 +27,84 @@ def reference_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
     out_MN = jnp.zeros((m, rhs_GKN.shape[2]), jnp.float32)
     for g in range(rhs_GKN.shape[0]):
         mine_M = (rows_M >= starts_G[g]) & (rows_M < ends_G[g])
-        y_MN = jnp.dot(lhs_MK, rhs_GKN[g], preferred_element_type=jnp.float32)
+        # select the group's rows on the way in too: autodiff of the output select alone gives
+        # drhs[g] = lhs^T @ (dy with other rows zeroed), and a NaN in another row's lhs survives
+        # its zero (NaN * 0 = NaN) into every group's gradient
+        x_MK = jnp.where(mine_M[:, None], lhs_MK, jnp.zeros_like(lhs_MK))
+        y_MN = jnp.dot(x_MK, rhs_GKN[g], preferred_element_type=jnp.float32)
         out_MN = out_MN + jnp.where(mine_M[:, None], y_MN, 0.0)
     return out_MN.astype(out_dtype)
 
 
+def clipped_group_sizes(group_sizes_G: jax.Array, m: int) -> jax.Array:
+    """Sizes under the traced-size rule every backend follows: negative sizes count as zero and
+    rows past m do not exist (a group is cut at row m). E.g. [2, -1, 5, 4], m=8 -> [2, 0, 5, 1]."""
+    starts_G, ends_G = group_bounds(group_sizes_G, m)
+    return (ends_G - starts_G).astype(group_sizes_G.dtype)
+
+
 def ragged_dot_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
-    """XLA's `jax.lax.ragged_dot`: the right choice on GPU/TPU, a masked dense dot on CPU."""
-    return jax.lax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G,
+    """XLA's `jax.lax.ragged_dot`: the right choice on GPU/TPU, a masked dense dot on CPU.
+
+    Sizes are clipped first (`clipped_group_sizes`): XLA's ragged_dot gives other results for
+    negative sizes or sizes summing past M, and the backends must agree under jit. On CPU the
+    op runs through `_contained_ragged_dot`, which keeps a non-finite weight in its own group's
+    rows (see there); on other platforms it is XLA's kernel as is.
+    """
+    gs_G = clipped_group_sizes(group_sizes_G, lhs_MK.shape[0])
+    return jax.lax.platform_dependent(
+        lhs_MK, rhs_GKN, gs_G,
+        cpu=functools.partial(_contained_ragged_dot, out_dtype=out_dtype),
+        default=functools.partial(jax.lax.ragged_dot, preferred_element_type=out_dtype))
+
+
+# JAX's ragged_dot on CPU multiplies every group's weights with all rows, the other groups' rows
+# zeroed, and sums over groups: a NaN or Inf weight of one group then reaches every row
+# (NaN * 0 = NaN). `_contained_ragged_dot` hands it finite weights (non-finite entries zeroed)
+# and marks NaN exactly the outputs that met one: the rows of that group, in the columns the
+# entry feeds (an Inf weight gives NaN there, where a plain matmul could give +-Inf). The cost,
+# O(G*K*N + M*N), is small against the op's own O(G*M*K*N) on CPU. The weight gradient does
+# not read the weights and is ragged_dot's own.
+
+def _finite_or_zero(x):
+    return jnp.where(jnp.isfinite(x), x, jnp.zeros_like(x))
+
+
+def _mark_nonfinite(y_MX, bad_GX, group_sizes_G):
+    """y with NaN in row r, column x where group(r) has bad_GX[group(r), x]; rows past the sum
+    and rows of healthy groups untouched."""
+    m = y_MX.shape[0]
+    _, ends_G = group_bounds(group_sizes_G, m)
+    rows_M = jnp.arange(m)
+    g_M = jnp.minimum(jnp.searchsorted(ends_G, rows_M, side="right"), ends_G.shape[0] - 1)
+    bad_MX = bad_GX[g_M] & (rows_M < ends_G[-1])[:, None]
+    return jnp.where(bad_MX, jnp.asarray(jnp.nan, y_MX.dtype), y_MX)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _contained_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, out_dtype):
+    y_MN = jax.lax.ragged_dot(lhs_MK, _finite_or_zero(rhs_GKN), group_sizes_G,
                               preferred_element_type=out_dtype)
+    return _mark_nonfinite(y_MN, ~jnp.all(jnp.isfinite(rhs_GKN), axis=1), group_sizes_G)
+
+
+def _contained_fwd(lhs_MK, rhs_GKN, group_sizes_G, out_dtype):
+    return (_contained_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G, out_dtype),
+            (lhs_MK, rhs_GKN, group_sizes_G))
+
+
+def _contained_bwd(out_dtype, res, dy_MN):
+    lhs_MK, rhs_GKN, group_sizes_G = res
+    w_GKN = _finite_or_zero(rhs_GKN)
+    _, pullback = jax.vjp(lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_G,
+                                                          preferred_element_type=out_dtype),
+                          lhs_MK, w_GKN)
+    dlhs_MK, drhs_GKN = pullback(dy_MN.astype(out_dtype))
+    dlhs_MK = _mark_nonfinite(dlhs_MK, ~jnp.all(jnp.isfinite(rhs_GKN), axis=2), group_sizes_G)
+    return dlhs_MK, drhs_GKN, None
+
+
+_contained_ragged_dot.defvjp(_contained_fwd, _contained_bwd)
 
 
 def padding_stats(group_sizes_G, capacity: int) -> dict[str, int]:
@@ -79,7 +150,7 @@ def loop_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
     m, n = lhs_MK.shape[0], rhs_GKN.shape[2]
     pieces, start = [], 0
     for g, size in enumerate(gs.tolist()):
-        size = min(size, m - start)
+        size = max(min(size, m - start), 0)  # same rule as under jit (see clipped_group_sizes)
         if size > 0:
             pieces.append(jnp.dot(lhs_MK[start:start + size], rhs_GKN[g],
                                   preferred_element_type=jnp.float32).astype(out_dtype))

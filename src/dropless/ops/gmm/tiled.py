@@ -17,6 +17,9 @@ The backward pass is written out (a custom VJP) rather than differentiated throu
   dlhs = the same tiled kernel on (dy, rhs^T)   (the transpose is done per tile, not materialised)
   drhs[g] = sum over the tiles of g of lhs_tile^T @ dy_tile, accumulated in f32 one group at a
   time and written once.
+Rows of a masked tile's window that are not its group's are dropped by selection (`jnp.where`) in
+every product, never multiplied by a 0/1 mask: a NaN or Inf in one row then reaches only its own
+output row and its own group's weight gradient (NaN * 0 is NaN).
 """
 from __future__ import annotations
 
@@ -179,14 +182,21 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
     lhsT_bits = lhs_bits.T if transposed else None
 
     def tile_dw(start, size, mask_B):
+        # A masked tile's window holds rows of other groups (or past the sum). Both operands are
+        # zeroed there by selection: zeroing one is not enough, as a NaN or Inf in the other
+        # would still reach this group's sum (NaN * 0 = NaN).
         dy_BN = _slice(dy_bits, start, size, dy_MN.dtype)
         if mask_B is not None:
             dy_BN = jnp.where(mask_B[:, None], dy_BN, jnp.zeros_like(dy_BN))
         if transposed:
             xT_KB = _unbits(lax.dynamic_slice_in_dim(lhsT_bits, start, size, axis=1),
                             lhs_MK.dtype)
+            if mask_B is not None:
+                xT_KB = jnp.where(mask_B[None, :], xT_KB, jnp.zeros_like(xT_KB))
             return jnp.dot(xT_KB, dy_BN, preferred_element_type=jnp.float32)
         x_BK = _slice(lhs_bits, start, size, lhs_MK.dtype)
+        if mask_B is not None:
+            x_BK = jnp.where(mask_B[:, None], x_BK, jnp.zeros_like(x_BK))
         return lax.dot_general(x_BK, dy_BN, (((0,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
 
