@@ -61,6 +61,5 @@ def test_report_summary(tmp_path):
     assert s["max_expert_load_max_over_mean"] == 1.5 and s["last_eval_loss"] == 0.5
     with pytest.raises(ValueError, match="has no metrics.jsonl"):
         report.read_metrics(tmp_path / "nothing")
-    pytest.importorskip("matplotlib")
     names = sorted(p.name for p in report.draw(tmp_path))
     assert names == ["expert_load.png", "loss.png", "throughput.png"]

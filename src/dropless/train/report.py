@@ -1,9 +1,11 @@
 """`dropless report RUN_DIR`: loss (train and eval), throughput (tokens/s, MFU) and an
 expert-load heatmap from RUN_DIR/metrics.jsonl, drawn to PNG files in RUN_DIR (matplotlib, an
-optional dependency: pip install 'dropless[report]')."""
+optional dependency: pip install 'dropless[report]'; `make run` and `make test` install it)."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,14 +74,7 @@ def draw(run_dir: str | Path) -> list[Path]:
     ax.set_xlabel("step"), ax.set_ylabel("nats/token"), ax.legend(), ax.grid(alpha=.3)
     paths.append(_save(fig, run_dir / "loss.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(x, [r["tokens_per_s"] for r in steps], label="tokens/s")
-    ax.set_xlabel("step"), ax.set_ylabel("tokens/s"), ax.grid(alpha=.3)
-    if any(r.get("mfu") for r in steps):
-        ax2 = ax.twinx()
-        ax2.plot(x, [100 * (r.get("mfu") or 0) for r in steps], c="C1", label="MFU %")
-        ax2.set_ylabel("MFU %")
-    paths.append(_save(fig, run_dir / "throughput.png"))
+    paths.append(_save(_throughput_figure(plt, steps), run_dir / "throughput.png"))
 
     loads = [np.asarray(r["tokens_per_expert"], float) for r in steps if "tokens_per_expert" in r]
     if loads:
@@ -97,6 +92,29 @@ def draw(run_dir: str | Path) -> list[Path]:
     return paths
 
 
+def _throughput_figure(plt, steps: list[dict]):
+    """tokens/s and MFU on two stacked axes sharing the step axis (one y scale each, so neither
+    curve is drawn over the other), each with its median and a legend."""
+    x = [r["step"] for r in steps]
+    has_mfu = any(r.get("mfu") is not None for r in steps)
+    fig, axes = plt.subplots(2 if has_mfu else 1, 1, figsize=(7, 6 if has_mfu else 3.4),
+                             sharex=True, squeeze=False)
+    series = [("tokens_per_s", 1.0, "tokens/s", "C0", "{:,.0f}")]
+    if has_mfu:
+        series.append(("mfu", 100.0, "MFU %", "C1", "{:.1f}"))
+    for ax, (key, scale, label, color, fmt) in zip(axes[:, 0], series):
+        pts = [(s, scale * r[key]) for s, r in zip(x, steps) if r.get(key) is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, label=label)
+        if pts:
+            med = float(np.median([p[1] for p in pts]))
+            ax.axhline(med, ls=":", c="gray", label="median " + fmt.format(med))
+        # above the axes, never over the curve
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
+        ax.set_ylabel(label), ax.grid(alpha=.3)
+    axes[-1, 0].set_xlabel("step")
+    return fig
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -110,12 +128,23 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Print the run's summary as JSON, then draw the plots. Without matplotlib the numbers are
+    still printed and the missing plots explained (exit status 0). Output cut short by a closed
+    pipe (`dropless report DIR | head`) ends quietly, as other command-line tools do."""
     s = summary(read_metrics(args.run_dir))
-    print(json.dumps(s, indent=2))
     try:
-        paths = draw(args.run_dir)
-    except ImportError:
-        print("plots need matplotlib: pip install 'dropless[report]'")
-        return 1
-    print("wrote " + ", ".join(str(p) for p in paths))
+        print(json.dumps(s, indent=2), flush=True)
+        try:
+            paths = draw(args.run_dir)
+        except ImportError as e:
+            print(f"no plots: {e.name or 'matplotlib'} is not installed (pip install "
+                  f"'dropless[report]'; `make run` and `make test` install it)", file=sys.stderr)
+            return 0
+        print("wrote " + ", ".join(str(p) for p in paths), flush=True)
+    except BrokenPipeError:
+        # the reader went away: point stdout at /dev/null so the interpreter's final flush
+        # does not raise again (the recipe in Python's `signal` docs), and exit like SIGPIPE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
     return 0
