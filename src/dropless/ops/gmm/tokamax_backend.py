@@ -27,6 +27,12 @@ def import_tokamax():
         raise ImportError("grouped_matmul backend 'tokamax' needs the optional package tokamax: "
                           "pip install 'dropless[gpu]' (or pip install tokamax); "
                           f"import failed: {e}") from e
+    # tokamax reads its settings from absl flags and, if nobody parsed them, parses sys.argv on
+    # first use: under `dropless train --preset ...` or pytest that raises UnrecognizedFlagError.
+    # We run no absl app, so take the flags' defaults (an absl app that parsed them is left alone)
+    from absl import flags  # noqa: PLC0415 (a dependency of tokamax)
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
     return tokamax
 
 
