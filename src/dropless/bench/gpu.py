@@ -191,7 +191,7 @@ def train_child(out_dir: str, steps: int, dry_run: bool) -> None:
         corpus.parent.mkdir(parents=True, exist_ok=True)
         corpus.write_text("def add(a, b):\n    return a + b\n\n" * 200)
         items += [("per_device_batch_size", 1), ("seq_len", 16), ("model.num_layers", 2),
-                  ("data", str(corpus)), ("eval_fraction", 0.1)]
+                  ("model.mtp_depth", 0), ("data", str(corpus)), ("eval_fraction", 0.1)]
     cfg = build_config(items)
     apply_recipe(cfg.xla_recipe)
     from dropless.train.loop import train
