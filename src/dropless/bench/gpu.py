@@ -75,7 +75,9 @@ def info_section() -> list[dict]:
 
 def tests_section(out_dir: Path, timeout_s: int) -> list[dict]:
     """pytest of the GPU-relevant tests on the device (JAX_PLATFORMS=cuda); log to OUT_DIR."""
-    env = dict(os.environ, JAX_PLATFORMS="cuda", PYTHONUNBUFFERED="1")
+    # f32 reference comparisons at 1e-5 need f32 dots, not XLA's TF32 default on NVIDIA GPUs
+    env = dict(os.environ, JAX_PLATFORMS="cuda", PYTHONUNBUFFERED="1",
+               JAX_DEFAULT_MATMUL_PRECISION="highest")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
     # the hypothesis soak and the 1,600-row tiled case test CPU code paths: not the GPU's
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS,
