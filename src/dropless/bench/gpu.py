@@ -87,7 +87,8 @@ def tests_section(out_dir: Path, timeout_s: int) -> list[dict]:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         rc, log = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
-        rc, log = "timeout", (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else ""
+        out = e.stdout or ""
+        rc, log = "timeout", out.decode(errors="replace") if isinstance(out, bytes) else out
     (out_dir / "gpu_tests.log").write_text(log)
     tail = [ln for ln in log.splitlines() if ln.strip()][-3:]
     return [{"section": "tests", "returncode": rc, "seconds": time.perf_counter() - t,
@@ -215,7 +216,7 @@ def train_child(out_dir: str, steps: int, dry_run: bool) -> None:
 
 def train_section(out_dir: Path, steps: int, dry_run: bool, timeout_s: int) -> list[dict]:
     """`train_child` in a fresh process (its peak memory is the training run's alone)."""
-    code = ("import sys; from dropless.bench.gpu import train_child; "
+    code = ("from dropless.bench.gpu import train_child; "
             f"train_child({str(out_dir / 'train_run')!r}, {steps}, {dry_run})")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
