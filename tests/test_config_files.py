@@ -37,7 +37,7 @@ def test_maxtext_reference_recipe():
                         ("te_ep_overflow_check_every_n_steps", 10)])
     moe = cfg.model.moe
     assert moe.capacity_factor is None            # sparse_matmul never drops
-    assert moe.gmm_backend == "ragged_dot" and moe.ragged_buffer_factor == 2.0
+    assert moe.gmm_backend == "auto" and moe.ragged_buffer_factor == 2.0  # never padded on CUDA
     assert moe.n_groups == 1 and moe.overflow_check_every_n_steps == 10
     assert (cfg.per_device_batch_size, cfg.seq_len, cfg.remat) == (6, 4096, "offload")
     assert cfg.model.weight_dtype == moe.weight_dtype == "bfloat16"
@@ -75,6 +75,14 @@ def test_unsupported_maxtext_values():
         build_config([("remat_policy", "save_everything")])
     with pytest.raises(ValueError, match="megablox='maybe' must be true or false"):
         maxtext.translate([("megablox", "maybe")])
+
+
+def test_maxtext_gmm_flags_never_pick_the_padded_path():
+    gmm = lambda items: build_config(items).model.moe.gmm_backend
+    assert gmm([("megablox", True)]) == gmm([("megablox", False)]) == "auto"
+    assert gmm([("use_tokamax_gmm", True), ("megablox", True)]) == "tokamax"
+    assert gmm([("megablox", False), ("use_tokamax_gmm", True)]) == "tokamax"
+    assert gmm([("use_tokamax_gmm", False)]) == "auto"
 
 
 def test_validation_names_field_and_value():

@@ -6,9 +6,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dropless.ops import grouped_matmul, grouped_matmul_backends, padding_stats
+from dropless.ops.gmm.registry import tokamax_available
 from dropless.ops.gmm.tiled import plan_tiles
 
-JITTABLE = ["reference", "ragged_dot", "tiled", "padded"]
+# tokamax runs where it is installed (the `gpu` extra); on CPU through its "xla" implementation,
+# which checks our delegation and its VJP, not its GPU kernels (tests/test_gmm_pallas_gpu.py)
+TOKAMAX = pytest.param("tokamax", marks=pytest.mark.skipif(
+    not tokamax_available(), reason="tokamax not installed (optional: pip install 'dropless[gpu]')"))
+# pallas_gpu runs in Pallas interpret mode on CPU: the same kernels, executed by XLA:CPU
+JITTABLE = ["reference", "ragged_dot", "tiled", "padded", "pallas_gpu", TOKAMAX]
 ALL = JITTABLE + ["loop"]
 
 
@@ -45,6 +51,10 @@ def operands(m, k, n, sizes, dtype=jnp.float32, seed=0):
 def run(backend, lhs, rhs, gs, **opts):
     if backend == "tiled":
         opts.setdefault("tile_sizes", (8, 4, 2))  # small tiles: exercise full and masked classes
+    if backend == "pallas_gpu":
+        opts.setdefault("block_m", 16)  # tiles shared by several groups, and the zero tail
+    if backend == "tokamax" and jax.default_backend() == "cpu":
+        opts.setdefault("implementation", "xla")
     return grouped_matmul(lhs, rhs, gs, backend=backend, **opts)
 
 
@@ -63,7 +73,8 @@ def test_hand_worked_case():
     lhs = jnp.arange(12, dtype=jnp.float32).reshape(6, 2)
     rhs = jnp.stack([jnp.eye(2), 5 * jnp.eye(2), jnp.array([[0.0, 1.0], [1.0, 0.0]])])
     expected = np.array([[0, 1], [2, 3], [5, 4], [7, 6], [9, 8], [0, 0]], np.float32)
-    for backend in ALL:
+    for backend in ["reference", "ragged_dot", "tiled", "padded", "pallas_gpu", "loop"] + (
+            ["tokamax"] if tokamax_available() else []):
         out = run(backend, lhs, rhs, jnp.array([2, 0, 3]))
         np.testing.assert_array_equal(np.asarray(out), expected, err_msg=backend)
 
@@ -99,12 +110,12 @@ def test_bf16_matches_f32_reference(backend):
 
 def test_preferred_element_type_sets_output_dtype():
     lhs, rhs, gs, _ = operands(12, 4, 3, [5, 7], jnp.bfloat16)
-    for backend in JITTABLE:
+    for backend in ["reference", "ragged_dot", "tiled", "padded", "pallas_gpu"]:
         out = run(backend, lhs, rhs, gs, preferred_element_type=jnp.float32)
         assert out.dtype == jnp.float32, backend
 
 
-@pytest.mark.parametrize("backend", ["tiled", "ragged_dot", "padded", "reference"])
+@pytest.mark.parametrize("backend", ["tiled", "ragged_dot", "padded", "reference", "pallas_gpu"])
 def test_jit_once_for_any_routing(backend):
     traces = []
 
@@ -171,7 +182,8 @@ def test_padded_drops_rows_past_capacity_and_reports_padding():
 
 
 def test_backend_list_and_unknown_backend():
-    assert set(ALL) <= set(grouped_matmul_backends())
+    assert {"reference", "ragged_dot", "tiled", "padded", "pallas_gpu", "tokamax", "loop"} <= set(
+        grouped_matmul_backends())
     assert grouped_matmul_backends()[0] == "auto"
     lhs, rhs, gs, _ = operands(4, 2, 2, [2, 2])
     with pytest.raises(ValueError, match=r"backend='nope'.*tiled"):
@@ -204,7 +216,10 @@ def test_loop_backend_refuses_jit_with_a_clear_message():
         jax.jit(lambda g: grouped_matmul(lhs, rhs, g, backend="loop"))(gs)
 
 
-def test_auto_is_tiled_on_cpu():
+def test_auto_per_platform_never_ragged_dot_on_cuda():
     from dropless.ops import resolve_backend
     assert resolve_backend("auto", "cpu") == "tiled"
-    assert resolve_backend("auto", "gpu") == "ragged_dot"
+    gpu_choice = "tokamax" if tokamax_available() else "pallas_gpu"
+    assert resolve_backend("auto", "cuda") == gpu_choice
+    assert resolve_backend("auto", "tpu") == "ragged_dot"
+    assert resolve_backend("ragged_dot", "cuda") == "ragged_dot"  # by name only

@@ -6,6 +6,8 @@ import importlib
 KINDS = {
     "dispatch": ("dropless.bench.dispatch",
                  "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving"),
+    "gpu": ("dropless.bench.gpu", "the prepared device check for one NVIDIA GPU: GPU tests, "
+            "grouped matmul vs cuBLAS and torch, MoE layer, a few training steps (--dry-run: CPU)"),
     "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
     "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
     "quant": ("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation cost, "

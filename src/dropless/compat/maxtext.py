@@ -8,8 +8,10 @@ Semantics worth knowing:
 - `sparse_matmul: true` (MaxText's default) is the grouped-matmul path, which never drops tokens
   whatever `capacity_factor` says; with `sparse_matmul: false`, `capacity_factor > 0` selects the
   token-dropping capacity baseline and `capacity_factor <= 0` is dropless.
-- `megablox: true` -> gmm_backend "auto" (the fastest grouped matmul on the platform);
-  `megablox: false` -> "ragged_dot" (jax.lax.ragged_dot, MaxText's fallback).
+- `megablox: true|false` -> gmm_backend "auto". MaxText's megablox is a TPU kernel and its
+  `false` fallback is jax.lax.ragged_dot, which on CUDA is a zero-padded dense product; "auto"
+  is ragged_dot on TPU (MaxText's behaviour there) and a grouped kernel on CUDA (docs/gpu.md).
+  `use_tokamax_gmm: true` -> "tokamax" and wins over `megablox`, as in MaxText.
 - `n_routing_groups` / `topk_routing_group` of -1 mean "no groups".
 - `te_gmm_quantization: te_mxfp8` -> gmm_quantization "mxfp8" (emulated exactly off Blackwell).
 """
@@ -90,7 +92,7 @@ NOOP_ONLY = {
 }
 DCN = {"dcn_data_parallelism": "data_parallelism", "dcn_fsdp_parallelism": "fsdp_parallelism",
        "dcn_expert_parallelism": "expert_parallelism"}
-SPECIAL = ("sparse_matmul", "megablox", "te_gmm_quantization", "capacity_factor", "remat_policy", "n_routing_groups",
+SPECIAL = ("sparse_matmul", "megablox", "use_tokamax_gmm", "te_gmm_quantization", "capacity_factor", "remat_policy", "n_routing_groups",
            "topk_routing_group", "warmup_steps_fraction", "attention_type", "decoder_block",
            "enable_checkpointing") + tuple(DCN)
 
@@ -132,7 +134,12 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
         elif name == "sparse_matmul":
             pass  # resolved with capacity_factor
         elif name == "megablox":
-            out.append(("model.moe.gmm_backend", "auto" if _bool(name, v) else "ragged_dot"))
+            _bool(name, v)
+            if not _bool("use_tokamax_gmm", seen.get("use_tokamax_gmm", False)):
+                out.append(("model.moe.gmm_backend", "auto"))
+        elif name == "use_tokamax_gmm":
+            if _bool(name, v):
+                out.append(("model.moe.gmm_backend", "tokamax"))
         elif name == "te_gmm_quantization":
             known = {"": "none", "none": "none", "te_mxfp8": "mxfp8", "mxfp8": "mxfp8"}
             if str(v).lower() not in known:

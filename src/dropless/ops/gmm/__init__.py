@@ -3,14 +3,23 @@ from dropless.ops.gmm.baselines import (loop_gmm, padded_gmm, padding_stats, rag
                                         reference_gmm)
 from dropless.ops.gmm.registry import (backend_spec, grouped_matmul, grouped_matmul_backends,
                                        register_backend, resolve_backend)
+from dropless.ops.gmm.pallas_gpu import OPTIONS as PALLAS_GPU_OPTIONS, pallas_gpu_gmm
 from dropless.ops.gmm.tiled import DEFAULT_TILE_SIZES, tiled_gmm
+from dropless.ops.gmm.tokamax_backend import tokamax_gmm
 
 register_backend("reference", reference_gmm,
                  description="per-group masked loop, G x the work; obviously correct (tests)")
 register_backend("ragged_dot", ragged_dot_gmm,
-                 description="jax.lax.ragged_dot (XLA); the choice on GPU/TPU")
+                 description="jax.lax.ragged_dot (XLA): a grouped kernel on TPU; on CUDA a "
+                             "zero-padded dense product (G x the FLOPs), by name only")
 register_backend("tiled", tiled_gmm, options=("tile_sizes",),
                  description="pure-JAX row tiles per group with hand-written VJP; CPU default")
+register_backend("pallas_gpu", pallas_gpu_gmm, options=PALLAS_GPU_OPTIONS,
+                 description="our Pallas kernels via Triton (fwd, dlhs, drhs), sizes on device; "
+                             "CUDA; interpret mode on CPU (slow, for tests)")
+register_backend("tokamax", tokamax_gmm, options=("implementation",),
+                 description="tokamax.ragged_dot (Mosaic GPU SM90/SM100, Triton); optional "
+                             "dependency, the `gpu` extra")
 register_backend("padded", padded_gmm, options=("capacity",),
                  description="pad each group to a capacity, one batched GEMM (naive baseline)")
 register_backend("loop", loop_gmm, jittable=False,

@@ -5,11 +5,21 @@ Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
 `grouped_matmul(lhs_MK, rhs_GKN, group_sizes_G)` has exactly `jax.lax.ragged_dot`'s semantics:
 rows [start_g, start_g + group_sizes[g]) are multiplied by rhs[g]; rows past sum(group_sizes)
 come out as zeros; empty groups are fine. Backends are chosen by name; `auto` picks the fastest
-exact one for the platform.
+exact one for the platform when the function is lowered (`jax.lax.platform_dependent`), so one
+jitted function is right on CPU and on CUDA, and lowers for CUDA on a machine without a GPU:
+
+  platform   auto picks                                   why
+  cpu        tiled                                        ragged_dot is a masked dense dot there
+  cuda       tokamax if importable, else pallas_gpu       XLA runs ragged_dot zero-padded there
+  rocm/tpu   ragged_dot                                   a grouped kernel in XLA (TPU)
+
+`ragged_dot` runs on CUDA only when asked for by name.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 from typing import Any, Callable
 
 import jax
@@ -40,13 +50,22 @@ def register_backend(name: str, fn: Callable[..., jax.Array], *, description: st
 
 
 def grouped_matmul_backends() -> tuple[str, ...]:
-    """Names accepted by `grouped_matmul(backend=...)`, `auto` first."""
+    """Names accepted by `grouped_matmul(backend=...)`, `auto` first.
+
+    What `auto` picks on each platform: `AUTO_CHOICE` and `resolve_backend(\"auto\", platform)`.
+    """
     return ("auto",) + tuple(_REGISTRY)
 
 
 def backend_spec(name: str) -> BackendSpec:
+    """The registered backend `name`; for `auto`, a spec whose fn chooses per platform when
+    lowered. Raises ValueError for an unknown name."""
     check_backend_name(name)
-    return _REGISTRY[resolve_backend(name)]
+    if name == "auto":
+        return BackendSpec("auto", auto_gmm, "the fastest exact backend of the platform, "
+                           "chosen when lowering: " + ", ".join(
+                               f"{p} -> {resolve_backend('auto', p)}" for p in AUTO_PLATFORMS))
+    return _REGISTRY[name]
 
 
 def check_backend_name(name: str, where: str = "backend") -> None:
@@ -56,12 +75,52 @@ def check_backend_name(name: str, where: str = "backend") -> None:
                          f"known: {', '.join(grouped_matmul_backends())}")
 
 
+AUTO_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+@functools.cache
+def tokamax_available() -> bool:
+    """Whether the optional `tokamax` package (the `gpu` extra) can be imported."""
+    return importlib.util.find_spec("tokamax") is not None
+
+
 def resolve_backend(name: str, platform: str | None = None) -> str:
-    """`auto` -> `tiled` on CPU (ragged_dot does G times the work there), else `ragged_dot`."""
+    """The backend `name` runs as on `platform` (default: jax's default backend).
+
+    `auto` -> `tiled` on CPU (ragged_dot does G times the work there); on CUDA (`gpu`/`cuda`)
+    `tokamax` when it is installed, else `pallas_gpu` (never ragged_dot: XLA runs it as a
+    zero-padded dense product on CUDA); `ragged_dot` on TPU and ROCm. Other names: themselves.
+    """
     if name != "auto":
         return name
     platform = platform or jax.default_backend()
-    return "tiled" if platform == "cpu" else "ragged_dot"
+    if platform == "cpu":
+        return "tiled"
+    if platform in ("gpu", "cuda"):
+        if platform == "gpu" and _gpu_is_rocm():
+            return "ragged_dot"
+        return "tokamax" if tokamax_available() and "tokamax" in _REGISTRY else "pallas_gpu"
+    return "ragged_dot"
+
+
+def _gpu_is_rocm() -> bool:
+    try:
+        return jax.devices("gpu")[0].client.platform == "rocm"
+    except RuntimeError:
+        return False
+
+
+def auto_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
+    """`auto`: each platform's backend, picked when the caller is lowered (not traced).
+
+    Every branch is traced (cheap), only the lowering platform's branch is lowered, so a CUDA
+    module holds the GPU kernels and no CPU or ragged_dot code.
+    """
+    def branch(platform):
+        fn = _REGISTRY[resolve_backend("auto", platform)].fn
+        return functools.partial(fn, out_dtype=out_dtype)
+    return jax.lax.platform_dependent(
+        lhs_MK, rhs_GKN, group_sizes_G, **{p: branch(p) for p in AUTO_PLATFORMS})
 
 
 def _is_concrete(x: Any) -> bool:
@@ -104,7 +163,8 @@ def grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Arr
       backend: a name from `grouped_matmul_backends()`.
       preferred_element_type: output dtype (accumulation is float32 for float inputs);
         default: the promoted input dtype.
-      **options: backend options (`tile_sizes` for tiled, `capacity` for padded).
+      **options: backend options (`tile_sizes` for tiled, `capacity` for padded, block sizes
+        for pallas_gpu, `implementation` for tokamax); `auto` takes none.
     Returns: [M, N].
     Raises: ValueError for an unknown backend or option, bad shapes, negative sizes (when
       concrete), or the `loop` backend under jit.
