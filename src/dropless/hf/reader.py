@@ -74,10 +74,13 @@ class CheckpointReader:
         return self._headers[self._where[name]][name]
 
     def _handle(self, file: str):
+        """One open file at a time: an open safetensors handle maps its whole file, and mapped
+        pages that were read count as resident memory until it closes."""
         if file not in self._handles:
             from safetensors import safe_open
-            self._handles[file] = self._stack.enter_context(
-                safe_open(str(self.folder / file), framework="numpy"))
+            self._stack.close()
+            self._handles = {file: self._stack.enter_context(
+                safe_open(str(self.folder / file), framework="numpy"))}
         return self._handles[file]
 
     def read_raw(self, name: str) -> np.ndarray:
