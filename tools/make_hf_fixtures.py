@@ -26,7 +26,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
-TOKENS = np.random.RandomState(0).randint(0, 64, size=(2, 12))
+TOKENS = np.random.RandomState(0).randint(0, 256, size=(2, 12))
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -66,7 +66,7 @@ def write(name: str, model, *, shard: str | None = None, extra: dict | None = No
 
 
 def deepseek_config(**kw) -> transformers.DeepseekV3Config:
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    base = dict(vocab_size=256, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
                 n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5,
                 kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=12,
@@ -167,7 +167,7 @@ def main() -> None:
     write("deepseek_v3_plain", m)
     fp8_fixture(4)
     cfg = transformers.MixtralConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+        vocab_size=256, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
         num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
         attn_implementation="eager", torch_dtype=torch.float32)
@@ -175,7 +175,7 @@ def main() -> None:
     randomize(m, 5)
     write("mixtral", m, shard="40KB")
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=40, moe_intermediate_size=16,
+        vocab_size=256, hidden_size=32, intermediate_size=40, moe_intermediate_size=16,
         num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
         num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=2,
         mlp_only_layers=[3], rms_norm_eps=1e-6, rope_theta=1e6, attn_implementation="eager",

@@ -138,8 +138,11 @@ def model_config(hf: dict, *, dtype: str | None = None, mtp_depth: int = 0
         hf, d, dt, num_experts=num_experts, d_ff=int(hf["moe_intermediate_size"]),
         score_func="softmax", norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
         load_balance_coef=float(hf.get("router_aux_loss_coef", 0.0)))
+    k = len(pattern) - len(pattern.lstrip("D"))
+    prefix = moe is None or pattern == "D" * k + "M" * (n - k)   # say it the simple way
     return ModelConfig(d_ff=int(hf["intermediate_size"]), qk_norm=True, moe=moe,
-                       layer_pattern=pattern if moe else "", **base), Layout(arch)
+                       first_k_dense=k if prefix and moe else 0,
+                       layer_pattern="" if prefix else pattern, **base), Layout(arch)
 
 
 def _deepseek(hf: dict, base: dict, dt: dict, mtp_depth: int) -> ModelConfig:
