@@ -4,7 +4,6 @@ the logits transformers computed; our loader + forward must reproduce them, save
 bitwise, and a deliberately wrong mapping must fail the comparison."""
 import functools
 import json
-import shutil
 from pathlib import Path
 
 import jax

@@ -7,6 +7,7 @@ over every predicted token of the windows evaluated.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -33,31 +34,37 @@ def windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     return np.asarray(tokens[: n * (seq_len + 1)]).reshape(n, seq_len + 1).astype(np.int32)
 
 
-def evaluate(cfg, params, tokens: np.ndarray, *, seq_len: int, batch_size: int,
-             max_batches: int = 0) -> dict:
-    """{"loss", "perplexity", "tokens", "windows"} of `params` on `tokens`."""
+@functools.cache
+def _row_nll():
+    """Summed next-token loss of each row of a [B, S + 1] batch, jitted once per config (built
+    on first use: importing this module must not import JAX, see cli.py)."""
     import jax
     import jax.numpy as jnp
     import optax
     from dropless.models.deepseek import forward
-    win = windows(tokens, seq_len)
-    if max_batches:
-        win = win[: max_batches * batch_size]
 
-    @jax.jit
-    def row_nll(p, b_BS1):
-        logits, _, _ = forward(p, b_BS1[:, :-1], cfg)
+    @functools.partial(jax.jit, static_argnames=("cfg",))
+    def row_nll(params, b_BS1, *, cfg):
+        logits, _, _ = forward(params, b_BS1[:, :-1], cfg)
         nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
                                                               b_BS1[:, 1:])
         return jnp.sum(nll, axis=1)
+    return row_nll
 
+
+def evaluate(cfg, params, tokens: np.ndarray, *, seq_len: int, batch_size: int,
+             max_batches: int = 0) -> dict:
+    """{"loss", "perplexity", "tokens", "windows"} of `params` on `tokens`."""
+    win = windows(tokens, seq_len)
+    if max_batches:
+        win = win[: max_batches * batch_size]
     total, count = 0.0, 0
     for i in range(0, len(win), batch_size):
         b = win[i:i + batch_size]
         real = len(b)
         if real < batch_size:   # one compiled shape: pad the last batch, count only real rows
             b = np.concatenate([b, np.zeros((batch_size - real, b.shape[1]), np.int32)])
-        total += float(np.sum(np.asarray(row_nll(params, b))[:real]))
+        total += float(np.sum(np.asarray(_row_nll()(params, b, cfg=cfg))[:real]))
         count += real * seq_len
     loss = total / count
     return {"loss": loss, "perplexity": math.exp(loss), "tokens": count, "windows": len(win)}

@@ -7,6 +7,7 @@ current position irrelevant.
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -22,13 +23,28 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", help="parameter/activation dtype (default: the model's)")
 
 
+@functools.cache
+def _next_token():
+    """The token after position pos - 1, jitted once per config, temperature and length
+    (built on first use: importing this module must not import JAX, see cli.py)."""
+    import jax
+    import jax.numpy as jnp
+    from dropless.models.deepseek import forward
+
+    @functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
+    def next_token(params, buf_1S, pos, key, *, cfg, temperature: float):
+        logits = jax.lax.dynamic_index_in_dim(forward(params, buf_1S, cfg)[0][0], pos - 1,
+                                              keepdims=False).astype(jnp.float32)
+        if temperature == 0:
+            return jnp.argmax(logits).astype(jnp.int32)
+        return jax.random.categorical(key, logits / temperature).astype(jnp.int32)
+    return next_token
+
+
 def generate(cfg, params, prompt_ids: np.ndarray, *, max_new_tokens: int,
              temperature: float = 0.0, seed: int = 0) -> np.ndarray:
     """prompt [P] -> the P + max_new_tokens ids (greedy when temperature == 0).
     Raises ValueError for an empty prompt or a negative temperature."""
-    import jax
-    import jax.numpy as jnp
-    from dropless.models.deepseek import forward
     if prompt_ids.size == 0:
         raise ValueError("the prompt is empty (it must encode to at least one token)")
     if temperature < 0:
@@ -36,18 +52,12 @@ def generate(cfg, params, prompt_ids: np.ndarray, *, max_new_tokens: int,
     p = int(prompt_ids.size)
     buf = np.zeros((1, p + max_new_tokens), np.int32)
     buf[0, :p] = prompt_ids
-
-    @jax.jit
-    def next_token(params, buf_1S, pos, key):
-        logits = forward(params, buf_1S, cfg)[0][0, pos - 1].astype(jnp.float32)
-        if temperature == 0:
-            return jnp.argmax(logits).astype(jnp.int32)
-        return jax.random.categorical(key, logits / temperature).astype(jnp.int32)
-
+    import jax
     key = jax.random.key(seed)
     for pos in range(p, p + max_new_tokens):
         key, sub = jax.random.split(key)
-        buf[0, pos] = int(next_token(params, buf, pos, sub))
+        buf[0, pos] = int(_next_token()(params, buf, pos, sub, cfg=cfg,
+                                      temperature=float(temperature)))
     return buf[0]
 
 
