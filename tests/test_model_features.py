@@ -89,12 +89,13 @@ def test_layer_pattern_errors(kw, match):
 
 def test_mla_norm_eps_is_used():
     cfg = moe_cfg(q_lora_rank=8).replace(moe=None)
-    p = deepseek.init_params(jax.random.key(0), cfg)["layers"][0]["attn"]
+    p = att.init_mla(jax.random.key(0), cfg)
     x = 1e-3 * jax.random.normal(jax.random.key(1), (1, 3, 16))   # tiny: eps matters
     cos, sin = att.model_rope_tables(cfg, 3)
-    a = att.mla(p, x, cfg, cos, sin)
-    b = att.mla(p, x, cfg.replace(mla_norm_eps=1e-2), cos, sin)
-    c = att.mla(p, x, cfg.replace(norm_eps=1e-2), cos, sin)    # not the latent norms' eps
+    mla = jax.jit(att.mla, static_argnums=2)
+    a = mla(p, x, cfg, cos, sin)
+    b = mla(p, x, cfg.replace(mla_norm_eps=1e-2), cos, sin)
+    c = mla(p, x, cfg.replace(norm_eps=1e-2), cos, sin)    # not the latent norms' eps
     assert not np.allclose(a, b)
     np.testing.assert_array_equal(a, c)
 
