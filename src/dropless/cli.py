@@ -16,6 +16,9 @@ COMMANDS = {
     "config": ("dropless.config_cli", "show the effective config, or list the accepted keys"),
     "report": ("dropless.train.report", "draw loss, throughput and expert load of a run to PNG"),
     "plan": ("dropless.plan.cli", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
+    "convert": ("dropless.hf.cli", "Hugging Face checkpoint -> dropless directory, and back"),
+    "eval": ("dropless.eval_cli", "loss and perplexity of a model on a text or JSONL file"),
+    "generate": ("dropless.generate_cli", "continue a prompt (greedy or temperature sampling)"),
 }
 
 

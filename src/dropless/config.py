@@ -58,7 +58,10 @@ class MoEConfig:
     load_balance_coef: float = 0.0   # Switch/Mixtral loss; Mixtral uses 0.02
     seq_aux_coef: float = 0.0        # DeepSeek-V3 sequence-wise loss; V3 uses 1e-4
     z_loss_coef: float = 0.0         # ST-MoE router z-loss; 1e-3 there
-    bias_update_speed: float = 0.001  # DeepSeek-V3 gamma for the aux-loss-free bias
+    # DeepSeek-V3's gamma for the aux-loss-free bias. None = by score function: 0.001 for sigmoid
+    # (DeepSeek-V3), 0.0 for softmax: Mixtral and Qwen3-MoE have no routing bias, and updating
+    # one would make a fine-tuned model's routing drift from the reference it was loaded from.
+    bias_update_speed: float | None = None
     # expert parallelism (used only when a mesh with an `expert` axis is given)
     dispatcher: str = "auto"
     ragged_buffer_factor: float = 2.0
@@ -103,6 +106,9 @@ class MoEConfig:
             _fail(c, "mx_grad_elem", self.mx_grad_elem, "must be 'e4m3' or 'e5m2'")
         _check_dtype(c, "dtype", self.dtype)
         _check_dtype(c, "weight_dtype", self.weight_dtype)
+        if self.bias_update_speed is None:
+            object.__setattr__(self, "bias_update_speed",
+                               0.001 if self.score_func == "sigmoid" else 0.0)
         for name in ("load_balance_coef", "seq_aux_coef", "z_loss_coef", "bias_update_speed"):
             if getattr(self, name) < 0:
                 _fail(c, name, getattr(self, name), "must be >= 0")
@@ -164,6 +170,8 @@ class MeshConfig:
         return dataclasses.replace(self, **changes)
 
 ATTENTION_KINDS = ("mla", "mha")
+ROPE_TYPES = ("default", "yarn")
+LAYER_KINDS = {"D": "dense", "M": "moe"}
 REMAT_POLICIES = ("none", "full", "minimal", "offload")
 
 
@@ -179,11 +187,21 @@ def _positive_ints(cls: str, obj: Any, names: tuple[str, ...], *, allow_zero: bo
 class ModelConfig:
     """A decoder-only MoE transformer: DeepSeek-V3 (MLA) or Mixtral / Qwen3-MoE (GQA) shape.
 
-    Layers `[0, first_k_dense)` use a dense SwiGLU of width `d_ff`; the rest use the MoE layer
-    described by `moe` (every layer is dense when `moe` is None). `attention="mla"` is
+    Layer kinds: `layer_pattern` (one letter per layer, "D" dense SwiGLU of width `d_ff`, "M"
+    the MoE layer described by `moe`, e.g. "DMDM" for Qwen3-MoE's decoder_sparse_step=2) when
+    set; otherwise layers `[0, first_k_dense)` are dense and the rest MoE. Every layer is dense
+    when `moe` is None. Ask `is_moe_layer(i)`, never the fields. `attention="mla"` is
     Multi-head Latent Attention (q/kv low-rank projections with decoupled rope dims);
     `attention="mha"` is standard attention with `num_kv_heads` key/value heads (GQA).
-    `q_lora_rank=0` means a full-rank query projection (DeepSeek-V2-Lite style).
+    `q_lora_rank=0` means a full-rank query projection (DeepSeek-V2-Lite style); MLA's q/kv
+    latent norms use `mla_norm_eps` (DeepSeek fixes 1e-6 there, whatever `norm_eps` is).
+
+    `rope_type="yarn"` is YaRN (arXiv:2309.00071) as DeepSeek-V3 and `transformers` define it:
+    frequencies blended between theta^(-2i/R) and that / rope_factor over the dims whose
+    wavelength falls between the beta_fast and beta_slow rotation counts of
+    `rope_original_max_position`; cos/sin scaled by mscale(rope_mscale)/mscale(rope_mscale_all_dim)
+    (mscale(m) = 0.1 m ln(factor) + 1); and MLA's softmax scale multiplied by
+    mscale(rope_mscale_all_dim)^2 when rope_mscale_all_dim > 0.
     """
 
     vocab_size: int
@@ -193,6 +211,7 @@ class ModelConfig:
     d_ff: int
     attention: str = "mla"
     first_k_dense: int = 0
+    layer_pattern: str = ""          # "" = from first_k_dense; else one of D/M per layer
     moe: MoEConfig | None = None
     # standard attention (mha): 0 means num_heads / d_model // num_heads
     num_kv_heads: int = 0
@@ -204,7 +223,15 @@ class ModelConfig:
     qk_nope_head_dim: int = 128
     qk_rope_head_dim: int = 64
     v_head_dim: int = 128
+    mla_norm_eps: float = 1e-6       # MLA q/kv latent RMSNorms
     rope_theta: float = 10000.0
+    rope_type: str = "default"       # "default" or "yarn"
+    rope_factor: float = 1.0         # yarn: context extension factor (DeepSeek-V3: 40)
+    rope_original_max_position: int = 4096
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_mscale: float = 1.0
+    rope_mscale_all_dim: float = 0.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     mtp_depth: int = 0               # DeepSeek-V3 multi-token prediction modules (0 = off)
@@ -222,6 +249,8 @@ class ModelConfig:
         if self.first_k_dense > self.num_layers:
             _fail(c, "first_k_dense", self.first_k_dense,
                   f"must be <= num_layers={self.num_layers}")
+        self._check_layer_pattern()
+        self._check_rope()
         if self.attention == "mha":
             if self.num_heads % self.kv_heads:
                 _fail(c, "num_kv_heads", self.num_kv_heads,
@@ -240,12 +269,43 @@ class ModelConfig:
             _fail(c, "moe.d_model", self.moe.d_model, f"must equal d_model={self.d_model}")
         if not self.rope_theta > 0:
             _fail(c, "rope_theta", self.rope_theta, "must be > 0")
-        if not self.norm_eps > 0:
-            _fail(c, "norm_eps", self.norm_eps, "must be > 0")
+        for name in ("norm_eps", "mla_norm_eps"):
+            if not getattr(self, name) > 0:
+                _fail(c, name, getattr(self, name), "must be > 0")
         if self.mtp_loss_coef < 0:
             _fail(c, "mtp_loss_coef", self.mtp_loss_coef, "must be >= 0")
         _check_dtype(c, "dtype", self.dtype)
         _check_dtype(c, "weight_dtype", self.weight_dtype)
+
+    def _check_layer_pattern(self) -> None:
+        c, pat = "ModelConfig", self.layer_pattern
+        if not isinstance(pat, str):
+            _fail(c, "layer_pattern", pat, "must be a string of D (dense) / M (MoE) per layer")
+        if not pat:
+            return
+        if len(pat) != self.num_layers or set(pat) - set(LAYER_KINDS):
+            _fail(c, "layer_pattern", pat, f"must be {self.num_layers} letters (num_layers), "
+                  "each D (dense) or M (MoE)")
+        if self.first_k_dense:
+            _fail(c, "first_k_dense", self.first_k_dense,
+                  "must be 0 when layer_pattern is set (the pattern says which layers are dense)")
+        if self.moe is None and "M" in pat:
+            _fail(c, "layer_pattern", pat, "has MoE layers (M) but moe is None")
+
+    def _check_rope(self) -> None:
+        c = "ModelConfig"
+        if self.rope_type not in ROPE_TYPES:
+            _fail(c, "rope_type", self.rope_type, f"must be one of {ROPE_TYPES}")
+        if self.rope_type == "yarn":
+            if not self.rope_factor >= 1:
+                _fail(c, "rope_factor", self.rope_factor, "must be >= 1 for yarn")
+            _positive_ints(c, self, ("rope_original_max_position",))
+            if not self.rope_beta_fast > self.rope_beta_slow > 0:
+                _fail(c, "rope_beta_slow", self.rope_beta_slow,
+                      f"must be in (0, rope_beta_fast={self.rope_beta_fast})")
+        for name in ("rope_mscale", "rope_mscale_all_dim"):
+            if getattr(self, name) < 0:
+                _fail(c, name, getattr(self, name), "must be >= 0")
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -274,7 +334,16 @@ class ModelConfig:
         return self.mha_head_dim if self.attention == "mha" else self.v_head_dim
 
     def is_moe_layer(self, layer: int) -> bool:
-        return self.moe is not None and layer >= self.first_k_dense
+        """Whether layer `layer` (0-based) is an MoE layer; the one place that says so."""
+        if self.moe is None:
+            return False
+        if self.layer_pattern:
+            return self.layer_pattern[layer] == "M"
+        return layer >= self.first_k_dense
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -299,6 +368,8 @@ class TrainConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0           # global-norm clip; 0 disables
     seed: int = 0
+    init_from: str = ""              # "hf:DIR" (a Hugging Face folder) or a `dropless convert`
+                                     # output / run dir: start from its weights (fine-tuning)
     remat: str = "none"
     xla_recipe: str = "none"
     # data

@@ -95,6 +95,8 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
     resolved: list[tuple[str, Any]] = []
     for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
         resolved += groups[i] if i in groups else [pair]
+    from dropless.train.init_from import config_defaults   # init_from implies model, tokenizer
+    resolved = config_defaults(resolved) + resolved
     preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
     base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
     tree = to_dict(base)

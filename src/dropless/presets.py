@@ -2,7 +2,8 @@
 counts, sharded init on a mesh), not for CPU training.
 
 Sources for the published shapes: DeepSeek-V3 technical report (arXiv:2412.19437) and its
-config.json; Mixtral-8x7B-v0.1 config.json; Qwen3-30B-A3B config.json.
+config.json; Mixtral-8x7B-v0.1 config.json; Qwen3-30B-A3B config.json. `get_preset("hf:DIR")`
+reads the model config of a local Hugging Face folder (see dropless.hf).
 """
 from __future__ import annotations
 
@@ -35,13 +36,16 @@ def deepseek3_test() -> ModelConfig:
 
 
 def deepseek3_671b() -> ModelConfig:
-    """DeepSeek-V3: 61 layers (3 dense), 256 routed + 1 shared expert, top-8 in 4 of 8 groups."""
+    """DeepSeek-V3: 61 layers (3 dense), 256 routed + 1 shared expert, top-8 in 4 of 8 groups,
+    YaRN x40 over a 4096 original context (its config.json)."""
     d = 7168
     return ModelConfig(
         vocab_size=129280, d_model=d, num_layers=61, num_heads=128, d_ff=18432,
         attention="mla", first_k_dense=3, q_lora_rank=1536, kv_lora_rank=512,
         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, mtp_depth=1,
-        rope_theta=10000.0, dtype="bfloat16", weight_dtype="bfloat16",
+        rope_theta=10000.0, rope_type="yarn", rope_factor=40.0, rope_original_max_position=4096,
+        rope_beta_fast=32.0, rope_beta_slow=1.0, rope_mscale=1.0, rope_mscale_all_dim=1.0,
+        dtype="bfloat16", weight_dtype="bfloat16",
         moe=MoEConfig(num_experts=256, top_k=8, d_model=d, d_ff=2048, num_shared_experts=1,
                       score_func="sigmoid", routed_scaling_factor=2.5, n_groups=8,
                       topk_groups=4, seq_aux_coef=1e-4, dtype="bfloat16",
@@ -91,7 +95,11 @@ PUBLISHED_COUNTS = {
 
 
 def get_preset(name: str) -> ModelConfig:
-    """The named preset's ModelConfig; raises ValueError listing the known names."""
+    """The named preset's ModelConfig, or "hf:DIR" for a Hugging Face folder's config; raises
+    ValueError listing the known names."""
+    if name.startswith("hf:"):
+        from dropless.hf import read_config
+        return read_config(name[3:])[0]
     if name not in PRESETS:
         import difflib
         close = difflib.get_close_matches(name, list(PRESETS), n=1)

@@ -38,6 +38,7 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "head_dim": ("model.head_dim",),
     "vocab_size": ("model.vocab_size",),
     "first_num_dense_layers": ("model.first_k_dense",),
+    "load_parameters_path": ("init_from",),   # hf:DIR or a dropless dir (docs/hf.md)
     "shared_experts": ("model.moe.num_shared_experts",),
     "routed_scaling_factor": ("model.moe.routed_scaling_factor",),
     "routed_score_func": ("model.moe.score_func",),

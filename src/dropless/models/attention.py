@@ -10,6 +10,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from dropless.config import ModelConfig
@@ -25,11 +26,59 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return (y * w.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope_tables(seq_len: int, dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos_SR2, sin_SR2 with R2 = dim // 2 frequencies theta^(-2i/dim)."""
-    inv_freq = theta ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_inv_freq(dim: int, cfg: ModelConfig) -> np.ndarray:
+    """YaRN frequencies [dim // 2] (float32): theta^(-2i/dim) for dims that rotate fast enough
+    (more than beta_fast turns over the original context), divided by rope_factor for the slow
+    ones (fewer than beta_slow turns), linearly blended in between; the correction range is
+    rounded outwards (floor/ceil) as DeepSeek-V3 and `transformers` do."""
+    base, factor = cfg.rope_theta, cfg.rope_factor
+    orig = cfg.rope_original_max_position
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low = max(math.floor(correction_dim(cfg.rope_beta_fast)), 0)
+    high = min(math.ceil(correction_dim(cfg.rope_beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001   # avoid a zero-width ramp
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrapolate = (1 - ramp).astype(np.float32)
+    return ((1.0 / (factor * pos_freqs)) * (1 - extrapolate)
+            + (1.0 / pos_freqs) * extrapolate).astype(np.float32)
+
+
+def rope_tables(seq_len: int, dim: int, theta: float, cfg: ModelConfig | None = None
+                ) -> tuple[jax.Array, jax.Array]:
+    """cos_SR2, sin_SR2 with R2 = dim // 2 frequencies theta^(-2i/dim); with a `cfg` whose
+    rope_type is "yarn", YaRN's frequencies and cos/sin scaled by its attention factor
+    mscale(rope_mscale) / mscale(rope_mscale_all_dim) (or mscale(1) when either is 0)."""
+    if cfg is not None and cfg.rope_type == "yarn":
+        inv_freq = jnp.asarray(yarn_inv_freq(dim, cfg))
+        f, m, m_all = cfg.rope_factor, cfg.rope_mscale, cfg.rope_mscale_all_dim
+        attn = yarn_mscale(f, m) / yarn_mscale(f, m_all) if m and m_all else yarn_mscale(f)
+    else:
+        inv_freq = theta ** (-jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+        attn = 1.0
     angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    return jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles) * attn, jnp.sin(angles) * attn
+
+
+def model_rope_tables(cfg: ModelConfig, seq_len: int) -> tuple[jax.Array, jax.Array]:
+    """The rotary tables the model uses at `seq_len` (default or YaRN, per cfg.rope_type)."""
+    return rope_tables(seq_len, cfg.rope_dim, cfg.rope_theta, cfg)
+
+
+def mla_softmax_scale(cfg: ModelConfig) -> float:
+    """1/sqrt(qk head dim), times mscale(rope_mscale_all_dim)^2 under YaRN (DeepSeek-V3)."""
+    scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    if cfg.rope_type == "yarn" and cfg.rope_mscale_all_dim:
+        scale *= yarn_mscale(cfg.rope_factor, cfg.rope_mscale_all_dim) ** 2
+    return scale
 
 
 def apply_rope(x_BSHR: jax.Array, cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
@@ -88,13 +137,14 @@ def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     low-rank latent; a decoupled rotary key of R dims is shared by all heads."""
     n, r, l_kv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
     if "wq_a_DQ" in p:
-        c_q = rms_norm(_dot(x_BSD, p["wq_a_DQ"], "bsd,dq->bsq"), p["q_norm_Q"], cfg.norm_eps)
+        c_q = rms_norm(_dot(x_BSD, p["wq_a_DQ"], "bsd,dq->bsq"), p["q_norm_Q"],
+                       cfg.mla_norm_eps)
         q_BSHK = _dot(c_q, p["wq_b_QHK"], "bsq,qhk->bshk")
     else:
         q_BSHK = _dot(x_BSD, p["wq_DHK"], "bsd,dhk->bshk")
     q_BSHK = checkpoint_name(q_BSHK, "query_proj")
     kv_a = _dot(x_BSD, p["wkv_a_DL"], "bsd,dl->bsl")
-    c_kv_BSL = rms_norm(kv_a[..., :l_kv], p["kv_norm_L"], cfg.norm_eps)
+    c_kv_BSL = rms_norm(kv_a[..., :l_kv], p["kv_norm_L"], cfg.mla_norm_eps)
     k_rope_BS1R = apply_rope(kv_a[..., None, l_kv:], cos_SR2, sin_SR2)
     kv_BSHN = _dot(c_kv_BSL, p["wkv_b_LHN"], "bsl,lhn->bshn")
     k_nope, v_BSHV = kv_BSHN[..., :n], kv_BSHN[..., n:]
@@ -103,7 +153,7 @@ def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     q_BSHK = jnp.concatenate([q_BSHK[..., :n], q_rope], axis=-1)
     k_BSHK = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope_BS1R, k_nope.shape[:-1] + (r,))],
                              axis=-1)
-    out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, 1.0 / math.sqrt(n + r))
+    out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, mla_softmax_scale(cfg))
     return _dot(out_BSHV, p["wo_HVD"], "bshv,hvd->bsd")
 
 

@@ -162,7 +162,7 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any
         raise ValueError(f"tokens must be an int array [batch, seq]; got {tokens_BS.dtype}"
                          f"{tuple(tokens_BS.shape)}")
     dt = jnp.dtype(cfg.dtype)
-    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta)
+    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
     fn = _block_fn(cfg, mesh, remat)
     auxes = []
@@ -183,7 +183,7 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
     masked out of the loss (see `dropless.train.step.mtp_loss`).
     """
     dt = jnp.dtype(cfg.dtype)
-    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta)
+    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
     fn = _block_fn(cfg, mesh, remat)
     out, auxes = [], []
     for k, m in enumerate(params.get("mtp", []), start=1):

@@ -116,6 +116,9 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     counts = param_counts(cfg.model)
 
     state, opt = step_lib.init_state(cfg)
+    if cfg.init_from:   # fine-tuning: start from existing weights (see train/init_from.py)
+        from dropless.train.init_from import initial_params
+        state["params"] = initial_params(cfg)
     mngr = ckpt.manager(out_dir / "checkpoints", keep=cfg.keep_checkpoints,
                         async_save=cfg.async_checkpoints)
     start = 0

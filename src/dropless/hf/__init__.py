@@ -1,0 +1,7 @@
+"""Hugging Face checkpoints: `load(path) -> (ModelConfig, params)` and `save(cfg, params, path)`
+for DeepseekV3ForCausalLM, MixtralForCausalLM and Qwen3MoeForCausalLM (see docs/hf.md)."""
+from dropless.hf.config_map import UnsupportedCheckpoint
+from dropless.hf.convert import load, read_config
+from dropless.hf.save import save
+
+__all__ = ["load", "save", "read_config", "UnsupportedCheckpoint"]

@@ -1,0 +1,146 @@
+"""`load` a Hugging Face checkpoint folder into our parameters and `save` them back.
+
+Streaming: tensors are read, converted and placed one at a time, so host memory holds about one
+tensor (one stacked expert tensor of ours, [E, D, F], is the largest) rather than the model. With
+a `mesh`, each parameter is placed shard by shard with `jax.make_array_from_callback` using the
+training placement (`parallel.sharding.leaf_spec`); stacked expert weights read only the experts
+each shard holds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from dropless.config import ModelConfig
+from dropless.hf import config_map as cm
+from dropless.hf.layout import Layout, Leaf, leaves, mtp_shared_copies
+from dropless.hf.reader import CheckpointReader
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)   # a buffer older exports save; recomputed here
+
+
+def _get(tree: Any, path: tuple) -> Any:
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _set(tree: Any, path: tuple, value: Any) -> None:
+    _get(tree, path[:-1])[path[-1]] = value
+
+
+def _converted(reader: CheckpointReader, name: str, leaf: Leaf, shape: tuple, dtype) -> np.ndarray:
+    y = leaf.conv.fwd(reader.read(name))
+    if tuple(y.shape) != tuple(shape):
+        raise ValueError(f"{reader.folder}: tensor {name!r} {tuple(reader.info(name)['shape'])} "
+                         f"gives {tuple(y.shape)} for {'/'.join(map(str, leaf.path))}, "
+                         f"expected {tuple(shape)} from config.json")
+    return y.astype(dtype, copy=False)
+
+
+def _host(reader: CheckpointReader, leaf: Leaf, shape: tuple, dtype, experts=None) -> np.ndarray:
+    """The whole parameter (or, for stacked ones, the experts in `experts`) on the host."""
+    if not leaf.hf:
+        return np.zeros(shape if experts is None else (len(experts),) + shape[1:], dtype)
+    if not leaf.stacked:
+        return _converted(reader, leaf.hf[0], leaf, shape, dtype)
+    ids = range(shape[0]) if experts is None else experts
+    out = np.empty((len(ids),) + tuple(shape[1:]), dtype)
+    for j, e in enumerate(ids):   # one expert at a time into the preallocated stack
+        out[j] = _converted(reader, leaf.hf[e], leaf, shape[1:], dtype)
+    return out
+
+
+def _place(reader: CheckpointReader, leaf: Leaf, like: jax.ShapeDtypeStruct, mesh) -> jax.Array:
+    shape, dtype = tuple(like.shape), np.dtype(like.dtype)
+    if mesh is None:
+        return jax.device_put(_host(reader, leaf, shape, dtype))
+    from jax.sharding import NamedSharding
+    from dropless.parallel.sharding import leaf_spec
+    sharding = NamedSharding(mesh, leaf_spec(str(leaf.path[-1]), shape, mesh))
+    if not leaf.stacked:
+        host = _host(reader, leaf, shape, dtype)
+        return jax.make_array_from_callback(shape, sharding, lambda idx: host[idx])
+    cache: dict[tuple, np.ndarray] = {}
+
+    def shard(idx):   # read only the experts this shard holds (cached across replicas)
+        e = range(shape[0])[idx[0]]
+        key = (e.start, e.stop, e.step)
+        if key not in cache:
+            cache.clear()
+            cache[key] = _host(reader, leaf, shape, dtype, experts=e)
+        return cache[key][(slice(None),) + tuple(idx[1:])]
+    return jax.make_array_from_callback(shape, sharding, shard)
+
+
+def _mtp_depth(hf: dict, reader: CheckpointReader, requested: int | None) -> int:
+    available = int(hf.get("num_nextn_predict_layers") or 0)
+    n = int(hf.get("num_hidden_layers", 0))
+    present = sum(f"model.layers.{n + k}.eh_proj.weight" in reader for k in range(available))
+    if requested is None:
+        return present
+    if requested > present:
+        raise ValueError(f"mtp_depth={requested} but {reader.folder} holds {present} MTP "
+                         f"modules (num_nextn_predict_layers={available})")
+    return requested
+
+
+def read_config(path: str | Path, *, dtype: str | None = None, mtp_depth: int | None = None
+                ) -> tuple[ModelConfig, Layout]:
+    """The ModelConfig (and layout) of a Hugging Face folder, without reading any weights."""
+    hf = json.loads((Path(path) / "config.json").read_text())
+    with CheckpointReader(path) as reader:
+        depth = _mtp_depth(hf, reader, mtp_depth) if cm.architecture(hf) == cm.DEEPSEEK else 0
+    return cm.model_config(hf, dtype=dtype, mtp_depth=depth)
+
+
+def load(path: str | Path, *, dtype: str | None = None, mesh: Any = None,
+         mtp_depth: int | None = None) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, params) from a local Hugging Face folder (config.json + *.safetensors).
+
+    `dtype` sets the model's dtype/weight_dtype (default: the checkpoint's; bfloat16 for FP8
+    checkpoints, which are dequantized). `mesh` (a jax.sharding.Mesh with data/fsdp/expert
+    axes) places each parameter as training does. `mtp_depth` (DeepSeek-V3): how many MTP
+    modules to load (default: all the folder holds). Raises UnsupportedCheckpoint for
+    architectures or features we do not implement, ValueError for a tensor whose shape does not
+    match config.json or a tensor the mapping does not consume.
+    """
+    from dropless.models.deepseek import init_params
+    path = Path(path)
+    hf = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() \
+        else None
+    with CheckpointReader(path) as reader:
+        if hf is None:
+            raise FileNotFoundError(f"{path}: no config.json")
+        arch = cm.architecture(hf)
+        depth = _mtp_depth(hf, reader, mtp_depth) if arch == cm.DEEPSEEK else 0
+        cfg, lay = cm.model_config(hf, dtype=dtype, mtp_depth=depth)
+        shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+        params = jax.tree.map(lambda _: None, shapes)
+        used: set[str] = set()
+        for leaf in leaves(cfg, lay):
+            _set(params, leaf.path, _place(reader, leaf, _get(shapes, leaf.path), mesh))
+            used.update(leaf.hf)
+        _check_consumed(reader, used, cfg, hf)
+    return cfg, params
+
+
+def _check_consumed(reader: CheckpointReader, used: set[str], cfg: ModelConfig, hf: dict) -> None:
+    skipped = set(mtp_shared_copies(cfg))
+    n = cfg.num_layers
+    extra_mtp = range(n + cfg.mtp_depth, n + int(hf.get("num_nextn_predict_layers") or 0))
+    left = []
+    for name in reader.names():
+        base = name[:-len("_scale_inv")] if name.endswith("_scale_inv") else name
+        if base in used or name in skipped or name.endswith(IGNORED_SUFFIXES):
+            continue
+        if any(name.startswith(f"model.layers.{i}.") for i in extra_mtp):
+            continue   # MTP modules the caller chose not to load (mtp_depth)
+        left.append(name)
+    if left:
+        raise ValueError(f"{reader.folder}: {len(left)} tensors are not mapped to any parameter "
+                         f"(unsupported layout?): {sorted(left)[:8]}")

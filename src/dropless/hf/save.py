@@ -1,0 +1,101 @@
+"""`save`: our parameters -> a Hugging Face folder `transformers` loads (sharded safetensors,
+model.safetensors.index.json, config.json), written one shard at a time."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from dropless.config import ModelConfig
+from dropless.hf import config_map as cm
+from dropless.hf.layout import Layout, leaves, mtp_shared_copies, T, Same
+
+DEFAULT_SHARD_BYTES = 4 * 2**30
+
+
+def _get(tree: Any, path: tuple) -> Any:
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _entries(cfg: ModelConfig, params: dict, lay: Layout
+             ) -> list[tuple[str, int, Callable[[], np.ndarray]]]:
+    """(HF name, bytes, producer) for every tensor to write, in checkpoint order."""
+    out = []
+    for leaf in leaves(cfg, lay):
+        arr = _get(params, leaf.path)
+        where = "/".join(map(str, leaf.path))
+        if not leaf.hf:
+            if np.any(np.asarray(arr) != 0):
+                raise cm.UnsupportedCheckpoint(
+                    f"params {where} is non-zero but {lay.arch} has no routing bias; "
+                    "train softmax models with model.moe.bias_update_speed=0")
+            continue
+        if leaf.stacked:
+            per = arr.size // arr.shape[0] * arr.dtype.itemsize
+            for e, name in enumerate(leaf.hf):
+                out.append((name, per, lambda a=arr, e=e, c=leaf.conv: c.inv(np.asarray(a[e]))))
+        else:
+            out.append((leaf.hf[0], arr.size * arr.dtype.itemsize,
+                        lambda a=arr, c=leaf.conv: c.inv(np.asarray(a))))
+    for name, path in mtp_shared_copies(cfg).items():
+        if path == ("lm_head", "w_DV") and cfg.tie_embeddings:
+            path, conv = ("embed", "w_VD"), Same()
+        else:
+            conv = T() if path == ("lm_head", "w_DV") else Same()
+        arr = _get(params, path)
+        out.append((name, arr.size * arr.dtype.itemsize,
+                    lambda a=arr, c=conv: c.inv(np.asarray(a))))
+    return out
+
+
+def save(cfg: ModelConfig, params: dict, path: str | Path, *,
+         max_shard_bytes: int = DEFAULT_SHARD_BYTES, rope_interleave: bool = True) -> Path:
+    """Write `params` of `cfg` as a Hugging Face folder at `path` (created; existing files of
+    the same names are overwritten). The architecture follows from cfg (MLA -> DeepSeek-V3,
+    GQA + qk-norm -> Qwen3-MoE, GQA -> Mixtral). DeepSeek-V3 rope columns are written
+    interleaved (`rope_interleave`, as the released weights are). Raises UnsupportedCheckpoint
+    naming the field the architecture cannot express. Returns the folder."""
+    from safetensors.numpy import save_file
+    arch = cm.architecture_for(cfg)
+    lay = Layout(arch, rope_interleave=rope_interleave and arch == cm.DEEPSEEK)
+    config = cm.hf_config(cfg, lay)
+    entries = _entries(cfg, params, lay)
+    shards: list[list[int]] = [[]]
+    size = 0
+    for i, (_, nbytes, _) in enumerate(entries):
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(i)
+        size += nbytes
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    weight_map, total = {}, 0
+    for s, idx in enumerate(shards):
+        fname = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for i in idx:   # one shard's tensors in memory at a time
+            name, nbytes, make = entries[i]
+            tensors[name] = make()
+            weight_map[name] = fname
+            total += nbytes
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        del tensors
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def tensor_count(cfg: ModelConfig) -> int:
+    """How many tensors `save` writes for cfg (for tests and progress output)."""
+    arch = cm.architecture_for(cfg)
+    lay = Layout(arch, rope_interleave=arch == cm.DEEPSEEK)
+    return sum(len(l.hf) for l in leaves(cfg, lay)) + len(mtp_shared_copies(cfg))
+
+
+__all__ = ["save", "tensor_count", "DEFAULT_SHARD_BYTES"]
