@@ -114,7 +114,7 @@ OUR_XLA_KEYS = ("xla_recipe", "xla_flags")
 
 KNOWN = tuple(RENAMES) + tuple(NOOP_ONLY) + SPECIAL
 # fused gate/up expert weights: the MoEConfig field that holds them, when this build has one
-PREFUSE_FIELD = "prefuse_weights"
+PREFUSE_FIELD = "prefuse_moe_weights"   # helper branch "moe" adds it
 
 
 def is_xla_flag(name: str) -> bool:
