@@ -75,6 +75,7 @@ def test_mesh_keys_are_order_free():
      "XLA_PYTHON_CLIENT_MEM_FRACTION='1.5' must be a fraction in \\(0, 1\\]"),
     ([("CUDA_DEVICE_MAX_CONNECTIONS", "many")], "CUDA_DEVICE_MAX_CONNECTIONS='many' must be"),
     ([("xla_flags", "xla_gpu_foo=1")], "'xla_gpu_foo=1' is not an XLA flag"),
+    ([("xla_gpu_foo", [1, 2])], "xla_gpu_foo=\\[1, 2\\] must be one number, word"),
     ([("dcn_fsdp_parallelism", -1)], "dcn_fsdp_parallelism=-1 must be >= 1"),
     ([("expert_parallelism", 4), ("dcn_expert", 3)], "TrainConfig.dcn_expert=3 must divide"),
     ([("dcn_expert_parallelism", 2), ("ici_expert_parallelism", 4),

@@ -50,6 +50,22 @@ def test_guard_freezes_state_from_the_first_overflow_until_the_check():
     assert set(guard.strip(state)) == {"params", "step"}
 
 
+def test_per_layer_overflow_reaches_the_step_metrics():
+    """The model keeps each MoE layer's dispatcher stats: rows dropped (overflow='error'),
+    the buffer factor that fits, and rounds beyond the first (counted under 'rounds')."""
+    from dropless.models.deepseek import _merge_aux
+    def aux(dropped, factor, rounds):
+        return {"loss": jnp.zeros(()), "dropped_tokens": jnp.zeros((), jnp.int32),
+                "tokens_per_expert": jnp.ones((4,)), "load_balance_loss": jnp.zeros(()),
+                "seq_aux_loss": jnp.zeros(()), "z_loss": jnp.zeros(()),
+                "dropped_rows": jnp.float32(dropped), "sufficient_buffer_factor":
+                jnp.float32(factor), "rounds": jnp.int32(rounds)}
+    out = _merge_aux([aux(0, 1.2, 1), aux(5, 2.3, 3)])
+    np.testing.assert_array_equal(out["dropped_rows_L"], [0, 5])
+    np.testing.assert_allclose(out["sufficient_buffer_factor_L"], [1.2, 2.3])
+    assert int(out["overflow_rounds"]) == 2
+
+
 def test_guard_is_a_pass_through_under_rounds():
     guard = OverflowGuard(build_config())
     assert not guard.active and guard.wrap(_fake_step) is _fake_step
@@ -95,3 +111,4 @@ def test_overflow_stops_with_a_resumable_checkpoint_then_the_cpu_recipe_resumes(
     steps = [r for r in recs if r["event"] == "step" and r["step"] > good]
     assert steps and all(r["dropped_tokens"] == 0 for r in steps)
     assert all(np.isfinite(r["loss"]) for r in steps)
+    assert all(r["overflow_rounds"] >= 0 for r in steps)   # counted under overflow='rounds'

@@ -100,13 +100,21 @@ def flag_text(name: str, value) -> str:
         value = "true" if value else "false"
     elif value is None:
         value = ""
+    _check_scalar(name, value)
     return f"--{name}={value}"
+
+
+def _check_scalar(name: str, value) -> None:
+    if not isinstance(value, (str, int, float)) or any(c.isspace() for c in str(value)):
+        raise ValueError(f"{name}={value!r} must be one number, word or true/false "
+                         "(no lists, no spaces)")
 
 
 def env_text(name: str, value) -> str:
     """An upper-case environment key and its YAML value -> NAME=value (booleans lower-case)."""
     if isinstance(value, bool):
         value = "true" if value else "false"
+    _check_scalar(name, value)
     return f"{name}={value}"
 
 
