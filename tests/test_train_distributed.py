@@ -21,3 +21,23 @@ def test_cluster_environments_are_detected():
 def test_no_cluster_runs_one_process_and_says_so():
     d = decide(True, {"HOME": "/root"})
     assert not d.initialize and "running as one process, it changes nothing" in d.message
+
+
+def test_start_on_one_cpu_process_notes_it_once(monkeypatch):
+    """`dropless train`'s start-up with the recipe's hardware key on this machine: nothing to
+    set, no cluster, one note each (the run goes on as one process)."""
+    from dropless.config_file import build_config
+    from dropless.train.distributed import start
+    for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_ADDRESS",
+                 "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    notes: list[str] = []
+    cfg = build_config([("hardware", "gpu_multiprocess"), ("capacity_factor", 1.0),
+                        ("te_ep_overflow_check_every_n_steps", 20)], notes=notes)
+    lines: list[str] = []
+    start(cfg, notes + notes, echo=lines.append)
+    assert lines[0].startswith("XLA_FLAGS=")
+    got = [ln for ln in lines if ln.startswith("note: ")]
+    assert len(got) == 3 and len(set(got)) == 3
+    assert any("running as one process" in ln for ln in got)
+    assert any("overflow_check_every_n_steps=20" in ln for ln in got)
