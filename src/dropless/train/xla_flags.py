@@ -229,16 +229,20 @@ def apply_startup(cfg) -> list[str]:
     """Set what `startup_env` computes in os.environ; return the lines to print at start-up
     (XLA_FLAGS, each variable set, each value the environment overrode).
 
-    Raises ValueError naming the flag when the installed XLA does not know a config flag, and
+    Raises ValueError naming the flag when the installed XLA does not know a flag the config or
+    its recipe adds (checked in a subprocess, only when some are added), and
     RuntimeError when a JAX backend already exists and something would change.
     """
     changes, lines = startup_env(cfg)
-    ours = tuple(parse_flags(cfg.xla_flags).values())
+    before = set(parse_flags(os.environ.get("XLA_FLAGS", "")).values())
+    ours = tuple(f for f in parse_flags(changes.get("XLA_FLAGS", "")).values()
+                 if f not in before)   # the config's and the recipe's, not the user's
     bad = unknown_flags(ours) if ours else ()
     if bad:
         import jaxlib
         raise ValueError(f"xla flag {bad[0]!r} is not known to this XLA (jaxlib "
-                         f"{jaxlib.__version__}); remove it from the config")
+                         f"{jaxlib.__version__}); remove it from the config (or choose another "
+                         f"xla_recipe than {cfg.xla_recipe!r} if it comes from there)")
     if changes and backend_started():
         raise RuntimeError("XLA flags and environment must be applied before JAX starts; "
                            "a backend already exists")
