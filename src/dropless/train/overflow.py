@@ -24,7 +24,6 @@ either policy read each other's checkpoints.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
