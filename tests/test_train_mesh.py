@@ -51,3 +51,33 @@ def test_mesh_needs_enough_devices():
     cfg = build_config([("data_parallelism", 64)])
     with pytest.raises(ValueError, match="parallelism = 64 but JAX sees"):
         mesh_lib.make_mesh(cfg)
+
+
+def test_hybrid_mesh_groups_devices_into_nodes():
+    """MaxText ici x dcn: each axis is dcn * ici long, node-major; every ICI block is one node
+    (8 devices as 2 nodes of 4: fsdp 2 inside a node, expert 4 = ici 2 x dcn 2)."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py)")
+    from dropless.parallel.mesh import make_hybrid_mesh, mesh_nodes
+    mesh = make_hybrid_mesh((1, 2, 2), (1, 1, 2), jax.devices()[:8])
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 4}
+    nodes = mesh_nodes(mesh, 4)
+    # expert positions 0-1 are node 0 and 2-3 node 1, whatever the fsdp row
+    np.testing.assert_array_equal(nodes[0], [[0, 0, 1, 1], [0, 0, 1, 1]])
+    ids = np.vectorize(lambda d: d.id)(mesh.devices)[0]
+    np.testing.assert_array_equal(ids, [[0, 1, 4, 5], [2, 3, 6, 7]])
+    with pytest.raises(ValueError, match="needs 16 devices"):
+        make_hybrid_mesh((2, 2, 2), (1, 1, 2), jax.devices()[:8])
+
+
+def test_train_mesh_from_ici_dcn_keys():
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py)")
+    cfg = build_config([("ici_fsdp_parallelism", 2), ("ici_expert_parallelism", 2),
+                        ("dcn_expert_parallelism", 2)])
+    assert (cfg.fsdp_parallelism, cfg.expert_parallelism, cfg.dcn_expert) == (2, 4, 2)
+    assert cfg.devices_per_node == cfg.model.moe.devices_per_node == 4
+    mesh = mesh_lib.make_mesh(cfg)
+    from dropless.parallel.mesh import mesh_nodes
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 4}
+    assert sorted(np.unique(mesh_nodes(mesh, 4)[0, :, :2])) == [0]

@@ -372,6 +372,9 @@ class TrainConfig:
                                      # output / run dir: start from its weights (fine-tuning)
     remat: str = "none"
     xla_recipe: str = "none"
+    xla_flags: str = ""              # extra XLA flags ("--name=value ..."), MaxText's xla_* keys
+    environment: str = ""            # "NAME=value ..." set before JAX starts (MaxText env keys)
+    distributed: bool = False        # jax.distributed.initialize() from the cluster environment
     # data
     data: str = "stdlib"             # "stdlib", or a path: .txt/.py/.md, .jsonl, .npy, .bin, a dir
     tokenizer: str = "byte"          # "byte" or a path to a Hugging Face tokenizer.json
@@ -383,6 +386,10 @@ class TrainConfig:
     data_parallelism: int = 1
     fsdp_parallelism: int = 1
     expert_parallelism: int = 1
+    # of each axis, how many nodes (ICI domains) it spans (MaxText dcn_*); the rest is inside one
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+    dcn_expert: int = 1
     # output
     run_dir: str = "runs"
     run_name: str = ""               # "" = a timestamped name
@@ -399,7 +406,8 @@ class TrainConfig:
             _fail(c, "model", type(self.model).__name__, "must be a ModelConfig")
         _positive_ints(c, self, ("steps", "per_device_batch_size", "seq_len", "eval_every",
                                  "eval_batches", "log_every", "keep_checkpoints",
-                                 "data_parallelism", "fsdp_parallelism", "expert_parallelism"))
+                                 "data_parallelism", "fsdp_parallelism", "expert_parallelism",
+                                 "dcn_data", "dcn_fsdp", "dcn_expert"))
         _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps"),
                        allow_zero=True)
         if not self.learning_rate > 0:
@@ -425,6 +433,19 @@ class TrainConfig:
         if moe is not None and moe.num_experts % self.expert_parallelism:
             _fail(c, "expert_parallelism", self.expert_parallelism,
                   f"must divide model.moe.num_experts={moe.num_experts}")
+        for axis in ("data", "fsdp", "expert"):
+            total, dcn = getattr(self, f"{axis}_parallelism"), getattr(self, f"dcn_{axis}")
+            if total % dcn:
+                _fail(c, f"dcn_{axis}", dcn, f"must divide {axis}_parallelism={total}")
+        if self.num_nodes > 1 and moe is not None and moe.devices_per_node != self.devices_per_node:
+            _fail(c, "model.moe.devices_per_node", moe.devices_per_node,
+                  f"must equal the devices per node of the mesh ({self.devices_per_node} = "
+                  f"data*fsdp*expert / dcn_data*dcn_fsdp*dcn_expert)")
+        if not isinstance(self.distributed, bool):
+            _fail(c, "distributed", self.distributed, "must be true or false")
+        from dropless.train.xla_flags import check_environment, check_flags
+        check_flags(self.xla_flags)
+        check_environment(self.environment)
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -432,6 +453,16 @@ class TrainConfig:
     @property
     def num_devices(self) -> int:
         return self.data_parallelism * self.fsdp_parallelism * self.expert_parallelism
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes (ICI domains) the mesh spans: the product of the dcn_* sizes."""
+        return self.dcn_data * self.dcn_fsdp * self.dcn_expert
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices inside one node: the product of the ICI parts of the axes."""
+        return self.num_devices // self.num_nodes
 
     @property
     def global_batch_size(self) -> int:

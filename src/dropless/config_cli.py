@@ -15,15 +15,22 @@ def run(args) -> int:
     if args.action == "keys":
         from dropless.compat.maxtext import KNOWN
         from dropless.config_file import known_keys
-        print("\n".join(known_keys()))
-        print("# MaxText names:\n" + "\n".join(sorted(KNOWN)))
+        ours = known_keys()
+        print("\n".join(ours))
+        print("# MaxText names (translated; those spelled like ours are listed above):\n"
+              + "\n".join(sorted(set(KNOWN) - set(ours))))
+        print("# and any MaxText xla_* key (an XLA flag) and environment key (XLA_*, CUDA_*, "
+              "NCCL_*, ...)")
         return 0
     from dropless.config_file import show
     from dropless.models.count import format_counts, param_counts
     from dropless.train.cli import config_from_args
     from dropless.train.metrics import flops_per_token
-    cfg = config_from_args(args)
+    notes: list[str] = []
+    cfg = config_from_args(args, notes=notes)
     print(show(cfg), end="")
+    for line in notes:
+        print(f"# note: {line}")
     moe = cfg.model.moe
     fpt = flops_per_token(cfg.model, cfg.seq_len,
                           capacity_factor=moe.capacity_factor if moe else None)

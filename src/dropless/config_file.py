@@ -2,8 +2,11 @@
 
 Keys are dotted paths into TrainConfig (`steps`, `model.d_model`, `model.moe.top_k`), `preset`,
 or MaxText flag names (translated by `dropless.compat.maxtext`). Later items win. Setting
-`model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer dense. An
-unknown key is a ValueError that names it and suggests the closest known key.
+`model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer dense; with
+`dcn_*` > 1, `model.moe.devices_per_node` follows from the mesh unless given. MaxText `xla_*`
+keys and environment keys add to `xla_flags` / `environment` (a later value of the same flag or
+variable wins). An unknown key is a ValueError that names it and suggests the closest known
+key; a YAML syntax error is a one-line ValueError naming the file, line and column.
 """
 from __future__ import annotations
 
@@ -26,9 +29,28 @@ def _fields(cls, prefix: str) -> list[str]:
 
 
 def known_keys() -> list[str]:
-    """Every key `build_config` accepts in our spelling (MaxText names come on top)."""
-    return (["preset", "model.moe"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
+    """Every key `build_config` accepts in our spelling, each once (MaxText names come on top)."""
+    keys = (["preset", "model.moe"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
             + _fields(MoEConfig, "model.moe."))
+    return list(dict.fromkeys(keys))
+
+
+def load_yaml(path: str) -> Any:
+    """The YAML document in `path`. Raises ValueError (one line: file, line, column, problem)
+    for a syntax error and for a missing or unreadable file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        context = getattr(e, "context", None)
+        why = f"{context}, {problem}" if context else problem
+        raise ValueError(f"config file {path}{where}: invalid YAML ({why})") from None
 
 
 def to_dict(cfg: TrainConfig) -> dict:
@@ -55,14 +77,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _unknown(key: str) -> ValueError:
-    candidates = known_keys() + list(maxtext.KNOWN)
+    candidates = known_keys() + list(maxtext.KNOWN) + ["xla_flags", "environment"]
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
     if not close:  # try the last path component ("model.moe.topk" -> "top_k")
         tail = {c.split(".")[-1]: c for c in candidates}
         hits = difflib.get_close_matches(key.split(".")[-1], list(tail), n=1, cutoff=0.5)
         close = [tail[hits[0]]] if hits else []
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ValueError(f"unknown config key {key!r}{hint} (`dropless config show` lists the keys)")
+    return ValueError(f"unknown config key {key!r}{hint} (`dropless config keys` lists the keys)")
 
 
 def _coerce(key: str, value: Any, current: Any) -> Any:
@@ -75,23 +97,28 @@ def _coerce(key: str, value: Any, current: Any) -> Any:
     return value
 
 
-def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None = None
-                 ) -> TrainConfig:
-    """Preset (default 'tiny') <- YAML file <- items, validated once at the end."""
+def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None = None,
+                 notes: list[str] | None = None) -> TrainConfig:
+    """Preset (default 'tiny') <- YAML file <- items, validated once at the end.
+
+    `notes`, when given, receives one line per accepted key that changes nothing (see
+    dropless.compat.maxtext); the caller prints them at start-up. Raises ValueError naming the
+    key and value for anything wrong.
+    """
     pairs: list[tuple[str, Any]] = []
     if yaml_path:
-        loaded = yaml.safe_load(Path(yaml_path).read_text()) or {}
+        loaded = load_yaml(yaml_path) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"config file {yaml_path!r} must hold a mapping")
+            raise ValueError(f"config file {yaml_path!r} must hold a mapping of key: value")
         pairs += _flatten(loaded)
     pairs += list(items)
     ours = set(known_keys())
     for k, _ in pairs:
-        if k not in ours and k not in maxtext.KNOWN:
+        if k not in ours and not maxtext.is_known(k):
             raise _unknown(k)
     mt_idx = [i for i, (k, _) in enumerate(pairs) if k not in ours]
     groups = dict(zip(mt_idx, maxtext.translate_each([pairs[i] for i in mt_idx],
-                                                          context=dict(pairs))))
+                                                          context=dict(pairs), notes=notes)))
     resolved: list[tuple[str, Any]] = []
     for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
         resolved += groups[i] if i in groups else [pair]
@@ -105,10 +132,40 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
             continue
         if key == "model.moe" and value is not None:
             raise ValueError(f"config key 'model.moe' only takes null (a dense model); got {value!r}")
+        if key.endswith("+"):   # one more XLA flag / environment variable
+            tree[key[:-1]] = _add_word(str(tree[key[:-1]] or ""), value)
+            continue
         _set(tree, key, value)
         if key == "model.d_model" and tree["model"]["moe"] is not None:
             _set(tree, "model.moe.d_model", value)
+    _node_size(tree, explicit=any(k == "model.moe.devices_per_node" for k, _ in resolved))
     return from_dict(tree)
+
+
+def _add_word(text: str, word: str) -> str:
+    """Append `--flag=v` / `NAME=v` to a space-separated list, replacing an earlier one of the
+    same name."""
+    name = word.split("=", 1)[0]
+    kept = [w for w in text.split() if w.split("=", 1)[0] != name]
+    return " ".join(kept + [word])
+
+
+def _node_size(tree: dict, *, explicit: bool) -> None:
+    """With dcn_* > 1 the mesh says how many devices share a node; the MoE layer's
+    devices_per_node follows unless the user set it (then TrainConfig checks they agree)."""
+    nodes = 1
+    for axis in ("data", "fsdp", "expert"):
+        v = tree.get(f"dcn_{axis}")
+        nodes *= v if isinstance(v, int) and v > 0 else 1
+    moe = tree["model"].get("moe")
+    if nodes == 1 or moe is None or explicit:
+        return
+    total = 1
+    for axis in ("data", "fsdp", "expert"):
+        v = tree.get(f"{axis}_parallelism")
+        total *= v if isinstance(v, int) and v > 0 else 1
+    if total % nodes == 0:
+        moe["devices_per_node"] = total // nodes
 
 
 def _set(tree: dict, key: str, value: Any) -> None:

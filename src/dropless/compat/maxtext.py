@@ -14,10 +14,26 @@ Semantics worth knowing:
   `use_tokamax_gmm: true` -> "tokamax" and wins over `megablox`, as in MaxText.
 - `n_routing_groups` / `topk_routing_group` of -1 mean "no groups".
 - `te_gmm_quantization: te_mxfp8` -> gmm_quantization "mxfp8" (emulated exactly off Blackwell).
+- `te_moe_block: true` -> our MoE layer with the fused dispatcher chosen per platform
+  (model.moe.dispatcher "auto": deduplicated all-to-all; dropless); false changes nothing (we
+  have one MoE block).
+- `hardware: gpu_multiprocess` -> distributed=true (jax.distributed from the cluster
+  environment); cpu / gpu / tpu -> distributed=false (the platform is whatever JAX finds).
+- `ici_<axis>_parallelism` x `dcn_<axis>_parallelism` -> <axis>_parallelism (the mesh axis
+  size), and the dcn part -> dcn_<axis> (how many nodes the axis spans); the mesh groups
+  devices into nodes of the ICI product and model.moe.devices_per_node follows.
+- `xla_*` keys -> XLA flags (`--name=value`, appended to TrainConfig.xla_flags); upper-case
+  environment keys (XLA_PYTHON_CLIENT_MEM_FRACTION, CUDA_DEVICE_MAX_CONNECTIONS,
+  XLA_PJRT_GPU_HOST_MEMORY_*, NCCL_*...) -> TrainConfig.environment; both applied before JAX
+  starts (dropless.train.xla_flags).
+Keys that are accepted but change nothing add a line to `notes` (printed once at start-up).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable
+
+from dropless.train import xla_flags as xf
 
 # MaxText name -> our key(s); values copied unchanged
 RENAMES: dict[str, tuple[str, ...]] = {
@@ -56,9 +72,6 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "logits_via_embedding": ("model.tie_embeddings",),
     "mtp_num_layers": ("model.mtp_depth",),
     "mtp_loss_scaling_factor": ("model.mtp_loss_coef",),
-    "ici_data_parallelism": ("data_parallelism",),
-    "ici_fsdp_parallelism": ("fsdp_parallelism",),
-    "ici_expert_parallelism": ("expert_parallelism",),
     "learning_rate": ("learning_rate",),
     "adam_b1": ("adam_b1",),
     "adam_b2": ("adam_b2",),
@@ -91,13 +104,35 @@ NOOP_ONLY = {
     "dcn_context_parallelism": 1, "dcn_autoregressive_parallelism": 1,
     "dcn_tensor_sequence_parallelism": 1,
 }
-DCN = {"dcn_data_parallelism": "data_parallelism", "dcn_fsdp_parallelism": "fsdp_parallelism",
-       "dcn_expert_parallelism": "expert_parallelism"}
-SPECIAL = ("sparse_matmul", "megablox", "use_tokamax_gmm", "te_gmm_quantization", "capacity_factor", "remat_policy", "n_routing_groups",
-           "topk_routing_group", "warmup_steps_fraction", "attention_type", "decoder_block",
-           "enable_checkpointing") + tuple(DCN)
+MESH_AXES = ("data", "fsdp", "expert")   # ici_<axis>_parallelism / dcn_<axis>_parallelism
+ICI = {f"ici_{a}_parallelism": a for a in MESH_AXES}
+DCN = {f"dcn_{a}_parallelism": a for a in MESH_AXES}
+HARDWARE = ("cpu", "gpu", "gpu_multiprocess", "tpu")
+SPECIAL = ("sparse_matmul", "megablox", "use_tokamax_gmm", "te_gmm_quantization",
+           "capacity_factor", "remat_policy", "n_routing_groups", "topk_routing_group", "warmup_steps_fraction", "attention_type",
+           "decoder_block", "enable_checkpointing", "te_moe_block", "hardware",
+           "prefuse_moe_weights") + tuple(ICI) + tuple(DCN)
+# our own keys that start like MaxText's xla_* flags
+OUR_XLA_KEYS = ("xla_recipe", "xla_flags")
 
 KNOWN = tuple(RENAMES) + tuple(NOOP_ONLY) + SPECIAL
+# fused gate/up expert weights: the MoEConfig field that holds them, when this build has one
+PREFUSE_FIELD = "prefuse_moe_weights"   # helper branch "moe" adds it
+
+
+def is_xla_flag(name: str) -> bool:
+    """A MaxText `xla_*` key that becomes an XLA flag (not our xla_recipe / xla_flags)."""
+    return name.startswith("xla_") and name not in OUR_XLA_KEYS and name.isidentifier()
+
+
+def is_env_key(name: str) -> bool:
+    """An upper-case environment key a config may set (XLA_..., CUDA_..., NCCL_...)."""
+    return name.isupper() and name.startswith(xf.ENV_PREFIXES) and name != "XLA_FLAGS"
+
+
+def is_known(name: str) -> bool:
+    """Whether `translate_each` accepts `name`."""
+    return name in KNOWN or is_xla_flag(name) or is_env_key(name)
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -113,20 +148,59 @@ def translate(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return [pair for group in translate_each(items) for pair in group]
 
 
-def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] | None = None
-                   ) -> list[list[tuple[str, Any]]]:
+def _int(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
+        raise ValueError(f"MaxText {name}={v!r} must be an int")
+    return int(v)
+
+
+def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] | None = None,
+                   notes: list[str] | None = None) -> list[list[tuple[str, Any]]]:
     """One list of our (key, value) pairs per MaxText pair, aligned with `items`. Flags that need
     context (capacity_factor with sparse_matmul, warmup fraction with steps, dcn_* with ici_*)
-    read it from `context` (default: the items themselves). Raises KeyError for a name not in
-    KNOWN."""
+    read it from `context` (default: the items themselves). Keys that change nothing append a
+    line to `notes`. `xla_*` keys yield ("xla_flags+", "--flag=value") and environment keys
+    ("environment+", "NAME=value"): appended to what is there, not replacing it. Raises KeyError
+    for a name `is_known` refuses, ValueError naming the key and value for a bad value."""
     items = list(items)
     seen = dict(items) if context is None else context
+    notes = [] if notes is None else notes
     groups: list[list[tuple[str, Any]]] = []
     sparse = _bool("sparse_matmul", seen.get("sparse_matmul", True))
     for name, v in items:
         out: list[tuple[str, Any]] = []
         groups.append(out)
-        if name in RENAMES:
+        if is_xla_flag(name):
+            out.append(("xla_flags+", xf.flag_text(name, v)))
+        elif is_env_key(name):
+            out.append(("environment+", xf.env_text(name, v)))
+        elif name in ICI or name in DCN:
+            axis = ICI.get(name) or DCN[name]
+            ici = _int(f"ici_{axis}_parallelism", seen.get(f"ici_{axis}_parallelism", 1))
+            dcn = _int(f"dcn_{axis}_parallelism", seen.get(f"dcn_{axis}_parallelism", 1))
+            if ici < 1 or dcn < 1:
+                bad = name if _int(name, v) < 1 else (f"ici_{axis}_parallelism" if ici < 1
+                                                      else f"dcn_{axis}_parallelism")
+                raise ValueError(f"MaxText {bad}={seen.get(bad, v)!r} must be >= 1 (MaxText's "
+                                 "-1, 'fill the rest', is not supported: give the size)")
+            out += [(f"{axis}_parallelism", ici * dcn), (f"dcn_{axis}", dcn)]
+        elif name == "te_moe_block":
+            if _bool(name, v):
+                out.append(("model.moe.dispatcher", "auto"))
+            else:
+                notes.append("te_moe_block=false changes nothing: dropless has one MoE block")
+        elif name == "hardware":
+            if v not in HARDWARE:
+                raise ValueError(f"MaxText hardware={v!r} is not supported; known: {HARDWARE}")
+            out.append(("distributed", v == "gpu_multiprocess"))
+        elif name == "prefuse_moe_weights":
+            from dropless.config import MoEConfig
+            if PREFUSE_FIELD in {f.name for f in dataclasses.fields(MoEConfig)}:
+                out.append((f"model.moe.{PREFUSE_FIELD}", _bool(name, v)))
+            elif _bool(name, v):
+                notes.append("prefuse_moe_weights=true changes nothing in this build (no fused "
+                             "gate/up expert weights)")
+        elif name in RENAMES:
             out += [(key, v) for key in RENAMES[name]]
         elif name in NOOP_ONLY:
             if v != NOOP_ONLY[name]:
@@ -150,6 +224,9 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
         elif name == "capacity_factor":
             drop = (not sparse) and float(v) > 0
             out.append(("model.moe.capacity_factor", float(v) if drop else None))
+            if sparse and float(v) > 0:
+                notes.append(f"capacity_factor={v} changes nothing with sparse_matmul=true: the "
+                             "grouped-matmul path is dropless")
         elif name == "remat_policy":
             if v not in REMAT:
                 raise ValueError(f"MaxText remat_policy={v!r} is not supported; known: "
@@ -170,14 +247,11 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
                                  "'global'")
             out.append(("model.attention", "mla" if v == "mla" else "mha"))
         elif name == "decoder_block":
-            pass  # the architecture follows from the other keys / the preset
+            notes.append(f"decoder_block={v} changes nothing: the architecture follows from the "
+                         "preset and the model keys")
         elif name == "enable_checkpointing":
             if not _bool(name, v):
                 out.append(("checkpoint_every", 0))
-        elif name in DCN:
-            if int(v) != 1:
-                ici = f"ici_{name[4:]}"
-                out.append((DCN[name], int(v) * int(seen.get(ici, 1))))
         else:
             raise KeyError(name)
     return groups

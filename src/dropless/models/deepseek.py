@@ -137,8 +137,11 @@ def _merge_aux(auxes: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
            "tokens_per_expert_LE": jnp.stack([a["tokens_per_expert"] for a in auxes])}
     for name in ("load_balance_loss", "seq_aux_loss", "z_loss"):
         out[name] = sum(a[name] for a in auxes) / len(auxes)
-    if "overflow_rounds" in auxes[0]:
-        out["overflow_rounds"] = sum(a["overflow_rounds"] for a in auxes)
+    for name in ("dropped_rows", "sufficient_buffer_factor", "rounds"):  # EP dispatcher only
+        if name in auxes[0]:
+            out[f"{name}_L"] = jnp.stack([a[name] for a in auxes])
+    if "rounds" in auxes[0]:   # rounds beyond the first: overflow="rounds" at work
+        out["overflow_rounds"] = sum(a["rounds"] - 1 for a in auxes)
     return out
 
 

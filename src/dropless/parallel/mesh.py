@@ -7,6 +7,7 @@ defaults to Explicit axes, which would make every array's sharding part of its t
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -40,6 +41,43 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
             f"{cfg.num_devices} devices (data*fsdp*expert) but {len(devices)} are available")
     grid = np.asarray(devices, dtype=object).reshape(cfg.shape)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def make_hybrid_mesh(ici_shape: Sequence[int], dcn_shape: Sequence[int],
+                     devices: Sequence[jax.Device] | None = None,
+                     axis_names: Sequence[str] = MESH_AXES) -> Mesh:
+    """A mesh over nodes (MaxText's ICI x DCN): axis i has size ici_shape[i] * dcn_shape[i].
+
+    Devices are grouped into nodes of prod(ici_shape) consecutive device ids (`node_of`), the
+    grouping the dispatcher's node accounting uses. Along each axis the node index varies
+    slowest (position = dcn index * ici size + ici index), so every ICI sub-block of the mesh is
+    one node and only the dcn parts of the axes cross nodes. Raises ValueError when the device
+    count is not prod(ici) * prod(dcn).
+    """
+    ici, dcn = tuple(int(v) for v in ici_shape), tuple(int(v) for v in dcn_shape)
+    if len(ici) != len(axis_names) or len(dcn) != len(axis_names):
+        raise ValueError(f"ici_shape={ici} and dcn_shape={dcn} need one size per axis "
+                         f"{tuple(axis_names)}")
+    devices = sorted(jax.devices() if devices is None else devices, key=lambda d: d.id)
+    per_node, nodes = math.prod(ici), math.prod(dcn)
+    if per_node * nodes != len(devices):
+        raise ValueError(f"ici {ici} x dcn {dcn} needs {per_node * nodes} devices "
+                         f"({nodes} nodes of {per_node}) but {len(devices)} are given")
+    grid = np.asarray(devices, dtype=object).reshape(dcn + ici)   # node-major, then in-node
+    n = len(axis_names)
+    order = [k for i in range(n) for k in (i, n + i)]              # (dcn_0, ici_0, dcn_1, ...)
+    grid = grid.transpose(order).reshape(tuple(a * b for a, b in zip(dcn, ici)))
+    return Mesh(grid, tuple(axis_names), axis_types=(AxisType.Auto,) * n)
+
+
+def node_of(device: jax.Device, devices_per_node: int) -> int:
+    """The node `device` belongs to: blocks of `devices_per_node` consecutive device ids."""
+    return int(device.id) // devices_per_node
+
+
+def mesh_nodes(mesh: Mesh, devices_per_node: int) -> np.ndarray:
+    """Node id of each mesh position (an int array shaped like the mesh)."""
+    return np.vectorize(lambda d: node_of(d, devices_per_node), otypes=[int])(mesh.devices)
 
 
 def mesh_axis_size(mesh: Mesh, axis: str) -> int:

@@ -45,6 +45,9 @@ MAXTEXT_KEYS = {
     "qk_rope_head_dim": ("model", "qk_rope_head_dim"),
     "v_head_dim": ("model", "v_head_dim"),
 }
+# MaxText / trainer keys with no bearing on the plan: accepted (a training recipe loads as is)
+# and listed in the result's "ignored_keys"; see _ignored.
+MAXTEXT_RENAMED = {"model_name": "preset", "te_gmm_quantization": "gmm_quantization"}
 # MaxText values that mean something different from ours.
 MAXTEXT_VALUES = {("remat", "minimal_offloaded"): "offload", ("remat", "qkv_proj_offloaded"):
                   "offload", ("remat", "custom"): "offload", ("remat", "save_dot_except_mlp"):
@@ -103,6 +106,12 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict, dict, dict]:
     model: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in settings.items():
+        key = MAXTEXT_RENAMED.get(key, key)
+        if key == "gmm_quantization" and str(value).lower() in ("te_mxfp8", "mxfp8"):
+            value = "mxfp8"
+        if key == "hardware" and _is_run_mode(value):   # MaxText's hardware: gpu_multiprocess
+            extra.setdefault("ignored_keys", []).append(key)
+            continue
         if key in EXTRA_KEYS:
             extra[key] = value
             continue
@@ -112,6 +121,9 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict, dict, dict]:
             target, name = "plan", key
         elif key in model_f:
             target, name = "model", key
+        elif _ignored(key):
+            extra.setdefault("ignored_keys", []).append(key)
+            continue
         else:
             close = difflib.get_close_matches(key, known_keys(), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -126,7 +138,26 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict, dict, dict]:
             dest[name] = dest[name] * value
         else:
             dest[name] = value
+    if any(k.startswith("dcn_") and str(v) not in ("1", "-1") for k, v in settings.items()
+           if k in MAXTEXT_KEYS) and "devices_per_node" not in plan:
+        per_node = 1   # MaxText: a node (ICI domain) holds the ici_* part of every axis
+        for k, v in settings.items():
+            if k.startswith("ici_") and k in MAXTEXT_KEYS:
+                per_node *= int(v)
+        plan["devices_per_node"] = per_node
     return plan, model, extra
+
+
+def _is_run_mode(value: Any) -> bool:
+    from dropless.compat.maxtext import HARDWARE
+    return value in HARDWARE
+
+
+def _ignored(key: str) -> bool:
+    """A key the trainer accepts (ours or MaxText's) that the planner has no use for."""
+    from dropless.compat.maxtext import is_known
+    from dropless.config_file import known_keys as train_keys
+    return is_known(key) or key in train_keys()
 
 
 def apply_model_overrides(shape: ModelShape, model: dict[str, Any]) -> ModelShape:

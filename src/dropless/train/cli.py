@@ -20,8 +20,9 @@ def add_arguments(parser) -> None:
                         help="continue the run in RUN_DIR (its config.json, then overrides)")
 
 
-def config_from_args(args):
-    """The TrainConfig the arguments describe (library call; no JAX computation)."""
+def config_from_args(args, notes: list[str] | None = None):
+    """The TrainConfig the arguments describe (library call; no JAX computation). `notes`
+    receives a line per accepted key that changes nothing."""
     from dropless.config_file import build_config, parse_override
     items = [parse_override(o) for o in args.overrides]
     if args.preset:
@@ -38,16 +39,14 @@ def config_from_args(args):
         model = saved.pop("model")
         items = [("preset", saved.pop("preset") or "tiny")] + _flatten(saved) + \
             _flatten({"model": model}) + items
-    return build_config(items, yaml_path=args.config)
+    return build_config(items, yaml_path=args.config, notes=notes)
 
 
 def run(args) -> int:
-    cfg = config_from_args(args)
-    from dropless.train.xla_flags import apply_recipe
-    changes = apply_recipe(cfg.xla_recipe)
-    import os
-    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
-          + (f" (recipe {cfg.xla_recipe!r} set {sorted(changes)})" if changes else ""))
+    notes: list[str] = []
+    cfg = config_from_args(args, notes=notes)
+    from dropless.train.distributed import start
+    start(cfg, notes)   # XLA flags, environment, jax.distributed: before JAX starts
     from dropless.train.loop import train
     result = train(cfg)
     first = result.losses[min(result.losses)] if result.losses else None

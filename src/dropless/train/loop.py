@@ -23,6 +23,7 @@ from dropless.train import checkpoint as ckpt
 from dropless.train import data as data_lib
 from dropless.train import mesh as mesh_lib
 from dropless.train import metrics as met
+from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
 
 
@@ -134,7 +135,9 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
         state = jax.device_put(state, shard)
     bshard = mesh_lib.batch_sharding(mesh)
 
-    fn = functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)
+    guard = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
+    state = guard.attach(state)
+    fn = guard.wrap(functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh))
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
     if bshard is not None:
@@ -193,6 +196,8 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
         writer.record(rec, _fmt_step(rec) if show else None)
         tb.scalars(i + 1, {k: v for k, v in rec.items() if isinstance(v, (int, float))
                            and k not in ("step", "event")})
+        saving = (cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0) or i + 1 == end
+        guard.check(state, i + 1, mngr=mngr, meta={"corpus": corpus.fingerprint()}, force=saving)
         if (i + 1) % cfg.eval_every == 0 or i + 1 == end:
             ev = float(np.mean([float(eval_fn(state["params"], b)) for b in evals]))
             result.eval_losses[i + 1] = ev
@@ -201,7 +206,8 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
                           f"  eval loss {ev:.4f} at step {i + 1}")
             last = time.perf_counter()   # eval time is not step time
         if (cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0) or i + 1 == end:
-            ckpt.save(mngr, i + 1, state, {"next_batch": i + 1, "corpus": corpus.fingerprint()})
+            ckpt.save(mngr, i + 1, guard.strip(state),
+                      {"next_batch": i + 1, "corpus": corpus.fingerprint()})
             last = time.perf_counter()
     mngr.wait_until_finished()
     mngr.close()

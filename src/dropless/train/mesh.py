@@ -17,7 +17,8 @@ AXES = ("data", "fsdp", "expert")
 
 
 def make_mesh(cfg: TrainConfig) -> Mesh | None:
-    """None for one device; otherwise a (data, fsdp, expert) mesh. Raises ValueError when the
+    """None for one device; otherwise a (data, fsdp, expert) mesh, built over nodes when a
+    dcn_* size is > 1 (dropless.parallel.mesh.make_hybrid_mesh). Raises ValueError when the
     config asks for more devices than JAX sees."""
     if cfg.num_devices == 1:
         return None
@@ -25,6 +26,13 @@ def make_mesh(cfg: TrainConfig) -> Mesh | None:
     if cfg.num_devices > have:
         raise ValueError(f"data*fsdp*expert parallelism = {cfg.num_devices} but JAX sees {have} "
                          "devices (on a CPU, try xla_recipe=cpu8)")
+    if cfg.num_nodes > 1:   # MaxText ici x dcn: nodes of devices_per_node consecutive ids
+        from dropless.parallel.mesh import make_hybrid_mesh
+        dcn = (cfg.dcn_data, cfg.dcn_fsdp, cfg.dcn_expert)
+        ici = (cfg.data_parallelism // dcn[0], cfg.fsdp_parallelism // dcn[1],
+               cfg.expert_parallelism // dcn[2])
+        devices = sorted(jax.devices(), key=lambda d: d.id)[: cfg.num_devices]
+        return make_hybrid_mesh(ici, dcn, devices, AXES)
     devices = jax.devices()[: cfg.num_devices]
     import numpy as np
     grid = np.asarray(devices).reshape(cfg.data_parallelism, cfg.fsdp_parallelism,

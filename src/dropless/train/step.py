@@ -89,8 +89,9 @@ def loss_fn(params, batch_BS1: jax.Array, cfg: TrainConfig, mesh: Any = None
             losses.append(cross_entropy(lg, jnp.roll(targets, -k, axis=1), mask))
         metrics["mtp_loss"] = sum(losses) / len(losses)
         total = total + m.mtp_loss_coef * metrics["mtp_loss"] + mtp_aux["moe_loss"]
-        if "tokens_per_expert_LE" in mtp_aux:
-            metrics["mtp_tokens_per_expert_LE"] = mtp_aux["tokens_per_expert_LE"]
+        for k in ("tokens_per_expert_LE", "dropped_rows_L", "sufficient_buffer_factor_L"):
+            if k in mtp_aux:   # the MTP blocks' own MoE layers
+                metrics[f"mtp_{k}"] = mtp_aux[k]
     metrics["loss"] = total
     return total, metrics
 

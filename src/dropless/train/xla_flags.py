@@ -1,11 +1,21 @@
-"""XLA flag recipes, applied to the environment before JAX creates its backend.
+"""XLA flags and environment variables, applied before JAX creates its backend.
 
-JAX reads XLA_FLAGS and XLA_PYTHON_CLIENT_MEM_FRACTION when the first backend is created, not at
-import, so `apply_recipe` must run before the first jax.devices() / computation.
+Three sources, in the order they yield to each other: what the process environment already holds
+(always kept), the config's own `xla_flags` / `environment` (MaxText's `xla_*` keys and
+upper-case environment keys land there), then the named recipe (`xla_recipe`). JAX reads
+XLA_FLAGS and XLA_PYTHON_CLIENT_MEM_FRACTION when the first backend is created, not at import, so
+`apply_startup` / `apply_recipe` must run before the first jax.devices() / computation.
+
+An XLA flag the installed XLA does not know aborts the process at backend creation (a fatal
+log line, no exception), so `unknown_flags` asks a throw-away subprocess first.
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
+import sys
 
 # name -> (XLA_FLAGS additions, other environment variables)
 RECIPES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
@@ -64,3 +74,196 @@ def apply_recipe(name: str) -> dict[str, str]:
                            "a backend already exists")
     os.environ.update(changes)
     return changes
+
+
+_FLAG = re.compile(r"^--([A-Za-z0-9_]+)(=.*)?$")
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+# environment variables a config may set: these prefixes (XLA_FLAGS has its own key, xla_flags)
+ENV_PREFIXES = ("XLA_", "CUDA_", "NCCL_", "NVTE_", "JAX_", "TF_", "TPU_")
+# ... and the values some of them must have: name -> (check, what it must be)
+_ENV_RULES = {
+    "XLA_PYTHON_CLIENT_MEM_FRACTION": (lambda v: 0 < float(v) <= 1, "a fraction in (0, 1]"),
+    "CUDA_DEVICE_MAX_CONNECTIONS": (lambda v: int(v) >= 1, "a positive int"),
+    "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": (lambda v: float(v) > 0, "a positive number"),
+    "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE": (lambda v: v in ("true", "false"), "true or false"),
+    "XLA_PYTHON_CLIENT_PREALLOCATE": (lambda v: v in ("true", "false"), "true or false"),
+}
+# variables and flags only a GPU backend reads (on other platforms they change nothing)
+GPU_ONLY_ENV = ("CUDA_", "NCCL_", "NVTE_", "XLA_PJRT_GPU_")
+ACCELERATOR_ENV = ("XLA_PYTHON_CLIENT_",)   # the GPU/TPU memory allocator; not the CPU's
+
+
+def flag_text(name: str, value) -> str:
+    """A MaxText `xla_*` key and its YAML value -> one XLA flag: booleans as true/false, None or
+    '' as an empty value (`--xla_gpu_enable_command_buffer=` turns command buffers off)."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    elif value is None:
+        value = ""
+    _check_scalar(name, value)
+    return f"--{name}={value}"
+
+
+def _check_scalar(name: str, value) -> None:
+    if not isinstance(value, (str, int, float)) or any(c.isspace() for c in str(value)):
+        raise ValueError(f"{name}={value!r} must be one number, word or true/false "
+                         "(no lists, no spaces)")
+
+
+def env_text(name: str, value) -> str:
+    """An upper-case environment key and its YAML value -> NAME=value (booleans lower-case)."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    _check_scalar(name, value)
+    return f"{name}={value}"
+
+
+def parse_flags(text: str) -> dict[str, str]:
+    """'--a=1 --b' -> {'a': '--a=1', 'b': '--b'} (a later flag of the same name wins).
+    Raises ValueError for a word that is not a --flag."""
+    out: dict[str, str] = {}
+    for word in text.split():
+        m = _FLAG.match(word)
+        if not m:
+            raise ValueError(f"xla_flags: {word!r} is not an XLA flag (--name=value)")
+        out[m.group(1)] = word
+    return out
+
+
+def parse_environment(text: str) -> dict[str, str]:
+    """'A=1 B=x' -> {'A': '1', 'B': 'x'}. Raises ValueError naming the entry for a bad name or
+    value (see ENV_PREFIXES and the value rules)."""
+    out: dict[str, str] = {}
+    for word in text.split():
+        name, eq, value = word.partition("=")
+        if not eq or not _ENV_NAME.match(name):
+            raise ValueError(f"environment: {word!r} must look like NAME=value")
+        if name == "XLA_FLAGS":
+            raise ValueError("environment: XLA_FLAGS is set through xla_flags (or MaxText xla_* "
+                             "keys), not environment")
+        if not name.startswith(ENV_PREFIXES):
+            raise ValueError(f"environment variable {name}={value!r} is not one a config sets; "
+                             f"names start with one of {ENV_PREFIXES}")
+        if name in _ENV_RULES:
+            ok, what = _ENV_RULES[name]
+            try:
+                good = ok(value)
+            except ValueError:
+                good = False
+            if not good:
+                raise ValueError(f"environment variable {name}={value!r} must be {what}")
+        out[name] = value
+    return out
+
+
+def check_flags(text: str) -> None:
+    """Validate TrainConfig.xla_flags' syntax (ValueError naming the bad word)."""
+    if not isinstance(text, str):
+        raise ValueError(f"TrainConfig.xla_flags={text!r} must be a string of --flags")
+    parse_flags(text)
+
+
+def check_environment(text: str) -> None:
+    """Validate TrainConfig.environment (ValueError naming the variable and value)."""
+    if not isinstance(text, str):
+        raise ValueError(f"TrainConfig.environment={text!r} must be a string of NAME=value")
+    parse_environment(text)
+
+
+@functools.lru_cache(maxsize=32)
+def unknown_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags (of `flags`, each --name=value) this process's XLA would refuse.
+
+    XLA aborts on the first unknown flag with "Unknown flag in XLA_FLAGS: --name", so a CPU-only
+    subprocess is started with the flags, and again without each refused one, until it starts.
+    Takes ~2 s a try; the answer is cached per process.
+    """
+    left, bad = list(flags), []
+    while left:
+        env = dict(os.environ, XLA_FLAGS=" ".join(left), JAX_PLATFORMS="cpu")
+        proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0:
+            break
+        m = re.search(r"Unknown flags? in XLA_FLAGS: (--[A-Za-z0-9_]+)", proc.stderr)
+        if not m:
+            raise RuntimeError("checking XLA flags failed: " + proc.stderr.strip()[-500:])
+        named = [f for f in left if f.split("=")[0] == m.group(1)]
+        bad += named
+        left = [f for f in left if f not in named]
+    return tuple(bad)
+
+
+def startup_env(cfg, environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """The environment changes `cfg` (a TrainConfig) asks for, and the lines that say so.
+
+    Config flags are appended to XLA_FLAGS unless the environment already sets that flag (the
+    environment's value is kept, and a line says so); then the recipe's, unless set by either.
+    Config variables are set unless the environment holds them. Nothing is checked against XLA.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    lines: list[str] = []
+    current = parse_flags(environ.get("XLA_FLAGS", ""))
+    flags = dict(current)
+    for name, word in parse_flags(cfg.xla_flags).items():
+        if name in current and current[name] != word:
+            lines.append(f"{word[2:]}: XLA_FLAGS in the environment already has "
+                         f"{current[name]}; kept")
+        flags.setdefault(name, word)
+    changes: dict[str, str] = {}
+    for name, value in parse_environment(cfg.environment).items():
+        if name in environ and environ[name] != value:
+            lines.append(f"{name}={value}: the environment already has "
+                         f"{name}={environ[name]}; kept")
+        elif name not in environ:
+            changes[name] = value
+    joined = " ".join(flags.values())
+    recipe = recipe_env(cfg.xla_recipe, {**environ, **changes, "XLA_FLAGS": joined})
+    changes.update(recipe)
+    if recipe.get("XLA_FLAGS", joined) != environ.get("XLA_FLAGS", ""):
+        changes["XLA_FLAGS"] = recipe.get("XLA_FLAGS", joined)
+    return changes, lines
+
+
+def apply_startup(cfg) -> list[str]:
+    """Set what `startup_env` computes in os.environ; return the lines to print at start-up
+    (XLA_FLAGS, each variable set, each value the environment overrode).
+
+    Raises ValueError naming the flag when the installed XLA does not know a flag the config or
+    its recipe adds (checked in a subprocess, only when some are added), and
+    RuntimeError when a JAX backend already exists and something would change.
+    """
+    changes, lines = startup_env(cfg)
+    before = set(parse_flags(os.environ.get("XLA_FLAGS", "")).values())
+    ours = tuple(f for f in parse_flags(changes.get("XLA_FLAGS", "")).values()
+                 if f not in before)   # the config's and the recipe's, not the user's
+    bad = unknown_flags(ours) if ours else ()
+    if bad:
+        import jaxlib
+        raise ValueError(f"xla flag {bad[0]!r} is not known to this XLA (jaxlib "
+                         f"{jaxlib.__version__}); remove it from the config (or choose another "
+                         f"xla_recipe than {cfg.xla_recipe!r} if it comes from there)")
+    if changes and backend_started():
+        raise RuntimeError("XLA flags and environment must be applied before JAX starts; "
+                           "a backend already exists")
+    os.environ.update(changes)
+    out = [f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"]
+    out += [f"{k}={v}" for k, v in sorted(changes.items()) if k != "XLA_FLAGS"]
+    return out + lines
+
+
+def platform_notes(cfg, platform: str) -> list[str]:
+    """One line per flag or variable of `cfg` that changes nothing on `platform` ('cpu', 'gpu',
+    'tpu'): xla_gpu_* flags and GPU-only variables off GPU, xla_cpu_* off CPU, xla_tpu_* off
+    TPU."""
+    out = []
+    for name in parse_flags(cfg.xla_flags):
+        target = name.split("_")[1] if name.count("_") >= 2 else ""
+        if target in ("gpu", "cpu", "tpu") and target != platform:
+            out.append(f"{name}: an XLA:{target.upper()} flag; changes nothing on {platform}")
+    for name in parse_environment(cfg.environment):
+        if name.startswith(GPU_ONLY_ENV) and platform != "gpu":
+            out.append(f"{name}: read by the GPU runtime only; changes nothing on {platform}")
+        elif name.startswith(ACCELERATOR_ENV) and platform == "cpu":
+            out.append(f"{name}: read by the GPU/TPU allocator only; changes nothing on cpu")
+    return out
