@@ -33,6 +33,10 @@ def config_from_args(args):
         from pathlib import Path
         from dropless.config_file import _flatten
         run = Path(args.resume)
+        if not (run / "config.json").is_file():
+            what = "is not a run directory (no config.json)" if run.is_dir() else "does not exist"
+            raise ValueError(f"--resume {run}: {what}; `ls {run.parent}` lists the runs, or "
+                             "drop --resume to start a new run")
         saved = json.loads((run / "config.json").read_text())
         saved.update(run_dir=str(run.parent), run_name=run.name)
         model = saved.pop("model")
@@ -42,6 +46,8 @@ def config_from_args(args):
 
 
 def run(args) -> int:
+    """Train; exit status 0 when done (or nothing to do), signals.EXIT_PREEMPTED (75) when a
+    SIGTERM/SIGINT stopped the run after saving a checkpoint."""
     cfg = config_from_args(args)
     from dropless.train.xla_flags import apply_recipe
     changes = apply_recipe(cfg.xla_recipe)
@@ -50,6 +56,9 @@ def run(args) -> int:
           + (f" (recipe {cfg.xla_recipe!r} set {sorted(changes)})" if changes else ""))
     from dropless.train.loop import train
     result = train(cfg)
+    if result.stopped_by:
+        from dropless.train.signals import EXIT_PREEMPTED
+        return EXIT_PREEMPTED
     first = result.losses[min(result.losses)] if result.losses else None
     last = result.losses[max(result.losses)] if result.losses else None
     if first is not None:
