@@ -96,7 +96,7 @@ def _config_diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
 
 
 def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
-                     saved_model: dict | None, model: dict) -> None:
+                     saved_model: dict | None, model: dict, run_dir: Path) -> None:
     """Raise ValueError if checkpoint `step` cannot be restored into `like` (a state or its
     eval_shape): names the first parameter whose shape or dtype differs (parameters before
     optimizer state) and the `model.*` config keys that differ from the run's config.json."""
@@ -118,7 +118,7 @@ def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
     keys = _config_diff(saved_model or {}, model, "model.")
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     raise ValueError(
-        f"checkpoint {step} in {Path(mngr.directory).parent} does not fit this config: "
+        f"checkpoint {step} in {run_dir} does not fit this config: "
         f"{problems[0]}{more}; config keys that differ: "
         f"{', '.join(keys) if keys else 'none found in model.*'}. Resume without those "
         "overrides, or start a new run (another run_name)")

@@ -162,8 +162,10 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     try:
         if plan.latest is not None:
             ckpt.check_compatible(saver.mngr, plan.latest, state, model=to_dict(cfg)["model"],
-                                  saved_model=(plan.saved or {}).get("model"))
+                                  saved_model=(plan.saved or {}).get("model"), run_dir=out_dir)
             state, _ = ckpt.restore(saver.mngr, plan.latest, state)
+        for note in plan.notes:
+            prog.line(note)
         shard = mesh_lib.state_shardings(state, mesh)
         if shard is not None:
             state = jax.device_put(state, shard)

@@ -27,6 +27,7 @@ class ResumePlan:
     start: int                       # the next batch index
     nothing_to_do: bool
     saved: dict | None               # the run's config.json as saved, None if absent
+    notes: tuple[str, ...] = ()      # to print once every check has passed
 
 
 def _lr(cfg: TrainConfig, step: int) -> float:
@@ -70,10 +71,14 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
         return ResumePlan(cfg, latest, latest, True, saved)
     meta = ckpt.read_meta(run_dir / "checkpoints", latest)
     if meta["corpus"] != corpus_fingerprint:
+        was, now = meta["corpus"], corpus_fingerprint
         raise ValueError(f"data={cfg.data!r}: checkpoint {latest} in {run_dir} was made on "
-                         f"different data ({meta['corpus']} != {corpus_fingerprint}); resume "
-                         "with the run's own data (drop the data= override) or start a new run")
+                         f"different data ({was['train_tokens']:,} train tokens, crc32 "
+                         f"{was['crc32']}; this data: {now['train_tokens']:,}, crc32 "
+                         f"{now['crc32']}); resume with the run's own data (drop the data= "
+                         "override) or start a new run")
     start = int(meta["next_batch"])
+    notes: list[str] = []
     if saved is not None:
-        cfg = _schedule(cfg, saved, start, echo)
-    return ResumePlan(cfg, latest, start, False, saved)
+        cfg = _schedule(cfg, saved, start, notes.append)
+    return ResumePlan(cfg, latest, start, False, saved, tuple(notes))
