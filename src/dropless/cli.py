@@ -49,9 +49,9 @@ def describe(exc: BaseException) -> tuple[int, str]:
     first = lines[0] if len(lines) == 1 else lines[0] + " ..."
     if isinstance(exc, ValueError):
         return EXIT_USAGE, first
-    if isinstance(exc, OSError) and exc.filename is not None:
-        why = exc.strerror or text
-        return EXIT_FAILURE, f"{why}: {exc.filename} (check the path, its permissions and free " \
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename is not None else ""
+        return EXIT_FAILURE, f"{exc.strerror}{where} (check the path, its permissions and free " \
                              f"space)\n{TRACEBACK_HINT}"
     from dropless.train.checkpoint import CheckpointError
     from dropless.train.rundir import RunDirInUse
@@ -82,6 +82,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         status, message = describe(e)
         print(f"dropless: error: {message}", file=sys.stderr)
+        from dropless.train.checkpoint import CheckpointError
+        if isinstance(e, CheckpointError):
+            # After some failed saves (a read-only file system) orbax leaves background
+            # threads waiting for signals that never come, and the interpreter would wait for
+            # them at exit forever; the run's state is settled, so leave without joining them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
         return status
 
 
