@@ -54,12 +54,13 @@ def test_resume_on_other_data_is_refused_and_changes_nothing(tmp_path, base):
 def test_shape_mismatch_names_parameter_and_key_and_changes_nothing(tmp_path, base):
     run = copy_run(base, tmp_path, "shape")
     before = snapshot(run)
-    cfg = mini(tmp_path, steps=8, run_name="shape", **{"model.d_model": 64})
+    cfg = mini(tmp_path, steps=8, run_name="shape", **{"model.moe.d_ff": 32})
     with pytest.raises(ValueError) as e:
         train(cfg, **QUIET)
     msg = str(e.value)
     assert "params/" in msg and "float32 with this config" in msg, msg
-    assert "model.d_model (32 in the run's config.json, 64 now)" in msg, msg
+    assert "params/layers/1/moe/" in msg, msg
+    assert "model.moe.d_ff (16 in the run's config.json, 32 now)" in msg, msg
     assert "\n" not in msg and len(msg) < 1000
     assert snapshot(run) == before
 
@@ -169,6 +170,8 @@ def test_cli_runtime_errors_say_what_to_do(tmp_path):
                        directory=tmp_path / "r" / "checkpoints")
     status, msg = cli.describe(err)
     assert status == 1 and "no space left" in msg and f"--resume {tmp_path / 'r'}" in msg
+    status, msg = cli.describe(OSError(28, "No space left on device"))
+    assert status == 1 and msg.startswith("No space left on device (check the path")
     status, msg = cli.describe(RuntimeError("boom\nmore"))
     assert status == 1 and msg.splitlines()[0] == "RuntimeError: boom ..."
     assert "--traceback" in msg.splitlines()[1]
