@@ -9,42 +9,17 @@ import jax
 import numpy as np
 import pytest
 
-from dropless.config_file import build_config
 from dropless.moe import update_bias
 from dropless.train import data, step
 from dropless.train.loop import train
 
+from _train_mini import TEXT, mini, shared_compilation_cache
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compilation_cache(tmp_path_factory):
-    """Identical steps compile once: train() is called five times on one config."""
-    old = (jax.config.jax_compilation_cache_dir,
-           jax.config.jax_persistent_cache_min_compile_time_secs)
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jaxcache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    yield
-    jax.config.update("jax_compilation_cache_dir", old[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
-
-
-TEXT = "def add(a, b):\n    return a + b\n\n" * 400
-
-
-def mini(tmp_path, **kw):
-    """A two-layer MLA model (one dense, one MoE) small enough to compile in seconds."""
-    corpus = tmp_path / "corpus.txt"
-    if not corpus.exists():
-        corpus.write_text(TEXT)
-    items = {"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
-             "model.d_ff": 64, "model.kv_lora_rank": 16, "model.qk_nope_head_dim": 8,
-             "model.qk_rope_head_dim": 8, "model.v_head_dim": 8, "model.moe.d_ff": 16,
-             "model.moe.num_experts": 4, "model.moe.gmm_backend": "ragged_dot", "per_device_batch_size": 4, "seq_len": 32,
-             "data": str(corpus), "eval_fraction": 0.1, "eval_every": 2, "eval_batches": 1,
-             "checkpoint_every": 2, "keep_checkpoints": 5, "run_dir": str(tmp_path / "runs"),
-             "learning_rate": 1e-2, "warmup_steps": 2}
-    items.update(kw)
-    return build_config(list(items.items()))
+    """Identical steps compile once: train() is called several times on one config."""
+    yield from shared_compilation_cache(tmp_path_factory)
 
 
 def test_loss_decreases(tmp_path):

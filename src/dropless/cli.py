@@ -2,11 +2,17 @@
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 the table below is the only place that lists them.
+
+Errors end here: the library raises precise exceptions (ValueError naming the field and value
+for a config mistake) and `main` prints them as one line, `dropless: error: <message>`, with exit
+status 2 for usage and config errors and 1 for failures at run time. `--traceback` (anywhere on
+the command line) or DROPLESS_TRACEBACK=1 shows the full trace instead.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -20,10 +26,17 @@ COMMANDS = {
     "eval": ("dropless.eval_cli", "loss and perplexity of a model on a text or JSONL file"),
     "generate": ("dropless.generate_cli", "continue a prompt (greedy or temperature sampling)"),
 }
+EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
+EXIT_USAGE = 2           # bad arguments or config (argparse uses 2 too)
+EXIT_INTERRUPTED = 130   # Ctrl-C outside the training loop (128 + SIGINT)
+TRACEBACK_HINT = "run again with --traceback (or DROPLESS_TRACEBACK=1) for the full trace"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dropless", description="Dropless MoE training in JAX.")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the full Python trace of an error (also DROPLESS_TRACEBACK=1;"
+                             " accepted anywhere on the command line)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -32,9 +45,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe(exc: BaseException) -> tuple[int, str]:
+    """(exit status, message) for an exception that reached the command line."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = text.splitlines()
+    first = lines[0] if len(lines) == 1 else lines[0] + " ..."
+    if isinstance(exc, ValueError):
+        return EXIT_USAGE, first
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename is not None else ""
+        return EXIT_FAILURE, f"{exc.strerror}{where} (check the path, its permissions and free " \
+                             f"space)\n{TRACEBACK_HINT}"
+    from dropless.train.checkpoint import CheckpointError
+    from dropless.train.rundir import RunDirInUse
+    if isinstance(exc, (CheckpointError, RunDirInUse)):
+        return EXIT_FAILURE, first
+    if "RESOURCE_EXHAUSTED" in text or isinstance(exc, MemoryError):
+        return EXIT_FAILURE, f"out of memory: {first[:300]}\nlower per_device_batch_size or " \
+                             "seq_len, or set remat=full; " + TRACEBACK_HINT
+    return EXIT_FAILURE, f"{type(exc).__name__}: {first[:500]}\n{TRACEBACK_HINT}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    trace = os.environ.get("DROPLESS_TRACEBACK", "") not in ("", "0")
+    if "--traceback" in argv:
+        argv.remove("--traceback")
+        trace = True
     args = build_parser().parse_args(argv)
-    return int(importlib.import_module(args._module).run(args) or 0)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except KeyboardInterrupt:
+        if trace:
+            raise
+        print("dropless: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - the edge: every error becomes one message
+        if trace:
+            raise
+        status, message = describe(e)
+        print(f"dropless: error: {message}", file=sys.stderr)
+        from dropless.train.checkpoint import CheckpointError
+        if isinstance(e, CheckpointError):
+            # After some failed saves (a read-only file system) orbax leaves background
+            # threads waiting for signals that never come, and the interpreter would wait for
+            # them at exit forever; the run's state is settled, so leave without joining them.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
 
 
 if __name__ == "__main__":

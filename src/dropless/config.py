@@ -362,6 +362,7 @@ class TrainConfig:
     learning_rate: float = 3e-3
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1        # cosine decays to learning_rate * min_lr_ratio
+    lr_decay_steps: int = 0          # step the cosine ends at; 0 = `steps` (pinned on resume)
     weight_decay: float = 0.1
     adam_b1: float = 0.9
     adam_b2: float = 0.95
@@ -408,7 +409,8 @@ class TrainConfig:
                                  "eval_batches", "log_every", "keep_checkpoints",
                                  "data_parallelism", "fsdp_parallelism", "expert_parallelism",
                                  "dcn_data", "dcn_fsdp", "dcn_expert"))
-        _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps"),
+        _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps",
+                                 "lr_decay_steps"),
                        allow_zero=True)
         if not self.learning_rate > 0:
             _fail(c, "learning_rate", self.learning_rate, "must be > 0")

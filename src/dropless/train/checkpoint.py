@@ -1,18 +1,32 @@
-"""Checkpoints with orbax: periodic, asynchronous, keep-N, atomic.
+"""Checkpoints with orbax: periodic, asynchronous, keep-N, atomic, with errors that say what to do.
 
 A checkpoint holds the whole train state (parameters including router biases, optimizer state,
 step, RNG) and a JSON record with the data position (the next batch index) and the corpus
 fingerprint. Orbax writes each step into a temporary directory and renames it when complete, so
 a run killed during a save leaves only an unfinished temporary directory, which restore ignores:
 the run resumes from the last complete step.
+
+An asynchronous save that fails (disk full, permission, read-only file system) is noticed by
+`Saver.poll()` at the first step boundary after it failed, not at the next save, and becomes one
+`CheckpointError` naming the cause, the directory and what to do; orbax's own error logs and
+tracebacks of that failure are filtered out. `check_compatible` compares a checkpoint's stored
+shapes and dtypes with the state the config builds before anything is restored, and names the
+parameter path and the config keys that differ.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the message says why and what to do."""
 
 
 def manager(directory: str | Path, *, keep: int, async_save: bool = True
@@ -20,7 +34,10 @@ def manager(directory: str | Path, *, keep: int, async_save: bool = True
     """A CheckpointManager keeping the newest `keep` complete steps under `directory`."""
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
-    return ocp.CheckpointManager(Path(directory).absolute(), options=options)
+    return ocp.CheckpointManager(
+        Path(directory).absolute(), options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
@@ -29,9 +46,20 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None
                                             meta=ocp.args.JsonSave(meta)), force=True)
 
 
-def latest_step(mngr: ocp.CheckpointManager) -> int | None:
-    """The newest complete step, or None."""
-    return mngr.latest_step()
+def latest_step(directory: str | Path) -> int | None:
+    """The newest complete step under `directory` (None when there is none or no directory);
+    reads names only, creates nothing."""
+    d = Path(directory)
+    if not d.is_dir():
+        return None
+    steps = [int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()]
+    return max(steps) if steps else None
+
+
+def read_meta(directory: str | Path, step: int) -> dict:
+    """The JSON record saved with `step` (data position, corpus fingerprint), read directly."""
+    import json
+    return json.loads((Path(directory) / str(step) / "meta" / "metadata").read_text())
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, like: Any) -> tuple[Any, dict]:
@@ -43,3 +71,135 @@ def restore(mngr: ocp.CheckpointManager, step: int, like: Any) -> tuple[Any, dic
     out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                      meta=ocp.args.JsonRestore()))
     return out["state"], dict(out["meta"])
+
+
+def _path_str(path) -> str:
+    """'params/layers/1/moe/w_up_EDF' (the metadata tree spells optax's namedtuple fields as
+    dict keys, the live state as attributes: both become plain names)."""
+    def name(k):
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                return str(getattr(k, attr))
+        return str(k)
+    return "/".join(name(k) for k in path)
+
+
+def _config_diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        a, b = saved.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k} ({a!r} in the run's config.json, {b!r} now)")
+    return out
+
+
+def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
+                     saved_model: dict | None, model: dict, run_dir: Path) -> None:
+    """Raise ValueError if checkpoint `step` cannot be restored into `like` (a state or its
+    eval_shape): names the first parameter whose shape or dtype differs (parameters before
+    optimizer state) and the `model.*` config keys that differ from the run's config.json."""
+    stored = {_path_str(p): m for p, m in
+              jax.tree_util.tree_leaves_with_path(mngr.item_metadata(step)["state"])}
+    wanted = {_path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(like)}
+    problems = []
+    for name in sorted(wanted, key=lambda n: (not n.startswith("params/"), n)):
+        x, m = wanted[name], stored.get(name)
+        if m is None:
+            problems.append(f"{name} is not in the checkpoint")
+        elif tuple(m.shape) != tuple(x.shape) or jax.numpy.dtype(m.dtype) != x.dtype:
+            problems.append(f"{name} is {tuple(m.shape)} {jax.numpy.dtype(m.dtype)} in the "
+                            f"checkpoint, {tuple(x.shape)} {x.dtype} with this config")
+    problems += [f"{n} is in the checkpoint but not in this model" for n in stored
+                 if n not in wanted]
+    if not problems:
+        return
+    keys = _config_diff(saved_model or {}, model, "model.")
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise ValueError(
+        f"checkpoint {step} in {run_dir} does not fit this config: "
+        f"{problems[0]}{more}; config keys that differ: "
+        f"{', '.join(keys) if keys else 'none found in model.*'}. Resume without those "
+        "overrides, or start a new run (another run_name)")
+
+
+def explain(exc: BaseException, *, step: int, directory: Path) -> CheckpointError:
+    """A one-line CheckpointError for a failed save of `step` into `directory`."""
+    text = f"{type(exc).__name__}: {exc}"
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOSPC or "RESOURCE_EXHAUSTED" in text or "No space left" in text:
+        why, todo = "no space left on the device", "free space (or set run_dir to a larger disk)"
+    elif code == errno.EROFS or "Read-only file system" in text:
+        why, todo = "the file system is read-only", "make it writable (or move the run directory)"
+    elif code == errno.EACCES or "PERMISSION_DENIED" in text or "Permission denied" in text:
+        why, todo = "permission denied", "fix the permissions (or move the run directory)"
+    else:
+        why, todo = text.splitlines()[0][:300], "fix the cause"
+    run = directory.parent
+    return CheckpointError(
+        f"checkpoint of step {step} could not be written to {directory}: {why}. The run "
+        f"stopped; {todo}, then resume with: dropless train --resume {run}")
+
+
+class _DropOrbaxErrors(logging.Filter):
+    """Orbax logs a failed background save with several tracebacks; Saver reports it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
+
+
+@contextlib.contextmanager
+def quiet_orbax_errors() -> Iterator[None]:
+    logger, flt = logging.getLogger("absl"), _DropOrbaxErrors()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
+
+
+class Saver:
+    """Periodic saves through one manager, with failures surfaced at step boundaries."""
+
+    def __init__(self, mngr: ocp.CheckpointManager):
+        self.mngr, self.pending, self.last_saved = mngr, None, None
+        self.directory = Path(mngr.directory)
+
+    def _wait(self) -> None:
+        try:
+            self.mngr.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - anything orbax raises becomes one message
+            step, self.pending = self.pending, None
+            raise explain(e, step=step, directory=self.directory) from e
+        if self.pending is not None:
+            self.last_saved, self.pending = self.pending, None
+
+    def poll(self) -> None:
+        """Raise CheckpointError if a finished asynchronous save failed (never blocks)."""
+        if self.pending is not None and not self.mngr.is_saving_in_progress():
+            self._wait()
+
+    def save(self, step: int, state: Any, meta: dict) -> None:
+        """Start saving `step` (waits for the previous save first); raises CheckpointError."""
+        if self.pending is not None:
+            self._wait()
+        self.pending = step
+        try:
+            save(self.mngr, step, state, meta)
+        except Exception as e:  # noqa: BLE001
+            self.pending = None
+            raise explain(e, step=step, directory=self.directory) from e
+
+    def finish(self) -> None:
+        """Wait for the save in flight (raises CheckpointError) and close the manager."""
+        try:
+            self._wait()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.mngr.close()
+        except Exception:  # noqa: BLE001 - the failure was reported by _wait already
+            pass

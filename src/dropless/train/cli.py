@@ -34,6 +34,10 @@ def config_from_args(args, notes: list[str] | None = None):
         from pathlib import Path
         from dropless.config_file import _flatten
         run = Path(args.resume)
+        if not (run / "config.json").is_file():
+            what = "is not a run directory (no config.json)" if run.is_dir() else "does not exist"
+            raise ValueError(f"--resume {run}: {what}; `ls {run.parent}` lists the runs, or "
+                             "drop --resume to start a new run")
         saved = json.loads((run / "config.json").read_text())
         saved.update(run_dir=str(run.parent), run_name=run.name)
         model = saved.pop("model")
@@ -43,12 +47,17 @@ def config_from_args(args, notes: list[str] | None = None):
 
 
 def run(args) -> int:
+    """Train; exit status 0 when done (or nothing to do), signals.EXIT_PREEMPTED (75) when a
+    SIGTERM/SIGINT stopped the run after saving a checkpoint."""
     notes: list[str] = []
     cfg = config_from_args(args, notes=notes)
     from dropless.train.distributed import start
     start(cfg, notes)   # XLA flags, environment, jax.distributed: before JAX starts
     from dropless.train.loop import train
     result = train(cfg)
+    if result.stopped_by:
+        from dropless.train.signals import EXIT_PREEMPTED
+        return EXIT_PREEMPTED
     first = result.losses[min(result.losses)] if result.losses else None
     last = result.losses[max(result.losses)] if result.losses else None
     if first is not None:

@@ -2,7 +2,15 @@
 
 One function, `train(cfg)`, used by `dropless train`; everything it computes is also written to
 RUN_DIR/metrics.jsonl (one JSON object per line: a "start" record, "step" records, "eval"
-records and an "end" record).
+records and an "end" record, or a "stopped" record when a signal ended the run early).
+
+Order of work, so that a refused run changes nothing: the memory pre-flight (preflight.py), the
+run directory (rundir.py: unique, locked), the resume decision (resume.py: nothing to do, other
+data, LR schedule) and the checkpoint's shapes (checkpoint.check_compatible) all come before the
+first write; a new run that fails before its first step removes its directory; a resumed run
+rewrites config.json only once its first step is done. SIGTERM/SIGINT stop the loop at the next
+step boundary with a checkpoint (signals.py); a failed asynchronous save stops it at the next
+step boundary (checkpoint.Saver).
 """
 from __future__ import annotations
 
@@ -23,8 +31,13 @@ from dropless.train import checkpoint as ckpt
 from dropless.train import data as data_lib
 from dropless.train import mesh as mesh_lib
 from dropless.train import metrics as met
+from dropless.train import preflight
 from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
+from dropless.train.progress import Progress, Timed
+from dropless.train.resume import plan_resume
+from dropless.train.rundir import RunDir, open_run_dir
+from dropless.train.signals import StopRequest, stop_on_signals
 
 
 @dataclasses.dataclass
@@ -33,11 +46,8 @@ class RunResult:
     losses: dict[int, float]          # step number (1-based, after the update) -> loss
     eval_losses: dict[int, float]
     start_step: int
-
-
-def run_path(cfg: TrainConfig) -> Path:
-    name = cfg.run_name or time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.preset or 'custom'}"
-    return Path(cfg.run_dir) / name
+    stopped_by: str = ""              # "SIGTERM"/"SIGINT" when a signal ended the run early
+    nothing_to_do: bool = False       # the checkpoint was already at or past the last step
 
 
 def _peak(cfg: TrainConfig) -> tuple[float | None, str]:
@@ -89,127 +99,242 @@ def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
     return rec
 
 
+
 def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
-          stop_at: int | None = None) -> RunResult:
+          stop_at: int | None = None, progress: Progress | None = None) -> RunResult:
     """Train (or resume, when the run directory holds checkpoints) until cfg.steps.
 
     `stop_at` ends early after that step (tests use it to simulate an interrupted run).
+    `progress` defaults to a progress bar on a terminal (when `echo` is print), plain lines
+    otherwise. A first SIGTERM/SIGINT stops after the step in flight with a checkpoint
+    (`RunResult.stopped_by` names the signal); a second one exits the process at once.
+    Raises ValueError for a config that cannot run (does not fit in memory, other data or other
+    shapes than the checkpoint), checkpoint.CheckpointError when a save fails, and
+    rundir.RunDirInUse when another process holds the run directory.
     """
-    out_dir = run_path(cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    from dropless.config_file import to_dict
-    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    writer = _Writer(out_dir / "metrics.jsonl", echo)
-    from dropless.train.tensorboard import ScalarWriter
-    tb = ScalarWriter(out_dir)
+    preflight.check(cfg)
+    run = open_run_dir(cfg)
+    prog = progress or Progress(echo)
+    try:
+        with stop_on_signals() as stop, ckpt.quiet_orbax_errors():
+            return _run(cfg, run, prog, stop, stop_at)
+    except BaseException:
+        if run.steps_done == 0:
+            run.discard()            # removes only a directory this call created
+        raise
+    finally:
+        prog.close()
+        run.release()
 
+
+def _header(cfg: TrainConfig, out_dir: Path, corpus, counts: dict, fpt: dict, start: int) -> str:
+    return (f"dropless train: {out_dir}\n  model: {format_counts(counts)}; "
+            f"{fpt['model'] / 1e6:.2f} MFLOPs/token (training)\n  data: {corpus.source} "
+            f"({corpus.train_TOK.size:,} train / {corpus.eval_TOK.size:,} eval tokens); "
+            f"batch {cfg.global_batch_size} x {cfg.seq_len}"
+            + (f"; resuming at step {start}" if start else ""))
+
+
+def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
+         stop_at: int | None) -> RunResult:
+    from dropless.config_file import to_dict
+    out_dir = run.path
     corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
                                   eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype)
     if corpus.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
-                         f"tokenizer's vocabulary ({corpus.vocab_size})")
+                         f"tokenizer's vocabulary ({corpus.vocab_size}); raise it or use "
+                         "another tokenizer")
+    plan = plan_resume(cfg, out_dir, corpus.fingerprint(), stop_at=stop_at, echo=prog.line)
+    if plan.nothing_to_do:
+        return RunResult(out_dir, {}, {}, plan.start, nothing_to_do=True)
+    cfg, start = plan.cfg, plan.start
+    if run.created:
+        run.write_json("config.json", to_dict(cfg))
     mesh = mesh_lib.make_mesh(cfg)
     model_mesh = mesh_lib.model_mesh(cfg, mesh)
     moe = cfg.model.moe
     fpt = met.flops_per_token(cfg.model, cfg.seq_len,
                               capacity_factor=moe.capacity_factor if moe else None)
-    peak, peak_src = _peak(cfg)
     counts = param_counts(cfg.model)
-
     state, opt = step_lib.init_state(cfg)
     if cfg.init_from:   # fine-tuning: start from existing weights (see train/init_from.py)
         from dropless.train.init_from import initial_params
         state["params"] = initial_params(cfg)
-    mngr = ckpt.manager(out_dir / "checkpoints", keep=cfg.keep_checkpoints,
-                        async_save=cfg.async_checkpoints)
-    start = 0
-    latest = ckpt.latest_step(mngr)
-    if latest is not None:
-        state, meta = ckpt.restore(mngr, latest, state)
-        if meta["corpus"] != corpus.fingerprint():
-            raise ValueError(f"checkpoint {latest} in {out_dir} was made on different data: "
-                             f"{meta['corpus']} != {corpus.fingerprint()}")
-        start = int(meta["next_batch"])
-    shard = mesh_lib.state_shardings(state, mesh)
-    if shard is not None:
-        state = jax.device_put(state, shard)
-    bshard = mesh_lib.batch_sharding(mesh)
+    saver = ckpt.Saver(ckpt.manager(out_dir / "checkpoints", keep=cfg.keep_checkpoints,
+                                    async_save=cfg.async_checkpoints))
+    try:
+        if plan.latest is not None:
+            ckpt.check_compatible(saver.mngr, plan.latest, state, model=to_dict(cfg)["model"],
+                                  saved_model=(plan.saved or {}).get("model"), run_dir=out_dir)
+            state, _ = ckpt.restore(saver.mngr, plan.latest, state)
+        for note in plan.notes:
+            prog.line(note)
+        shard = mesh_lib.state_shardings(state, mesh)
+        if shard is not None:
+            state = jax.device_put(state, shard)
+        guard = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
+        state = guard.attach(state)
+        prog.line(_header(cfg, out_dir, corpus, counts, fpt, start))
+        step_fn, batch0, compile_s = _compile(cfg, opt, model_mesh, mesh, corpus, state, start,
+                                              prog, guard)
+        ctx = _Ctx(cfg, out_dir, corpus, fpt, model_mesh, mesh, prog, stop, saver, run, to_dict)
+        ctx.guard = guard
+        rec, line = _start_record(cfg, corpus, counts, fpt, compile_s, start)
+        ctx.peak = rec["peak_flops_per_device"]
+        ctx.writer.record(rec, line)
+        return _loop(ctx, state, step_fn, batch0, start, stop_at)
+    except BaseException:
+        saver.close()
+        raise
 
-    guard = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
-    state = guard.attach(state)
+
+def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard):
     fn = guard.wrap(functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh))
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
+    bshard = mesh_lib.batch_sharding(mesh)
     if bshard is not None:
         batch0 = jax.device_put(batch0, bshard)
-    t0 = time.perf_counter()
-    step_fn = jax.jit(fn, donate_argnums=0).lower(state, batch0).compile()
-    compile_s = time.perf_counter() - t0
-    eval_fn = jax.jit(functools.partial(step_lib.eval_loss, cfg=cfg, mesh=model_mesh))
-    evals = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
-                                  batch_size=cfg.global_batch_size, seq_len=cfg.seq_len)
+    with Timed(prog, "compiling (first step)", "compiled") as t:
+        step_fn = jax.jit(fn, donate_argnums=0).lower(state, batch0).compile()
+    return step_fn, batch0, t.seconds
 
+
+def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str]:
     from dropless.bench.harness import busy_fraction, machine_info
+    peak, peak_src = _peak(cfg)
     kernels = {}
-    if cfg.time_kernels and moe is not None:
+    if cfg.time_kernels and cfg.model.moe is not None:
         from dropless.train.kernel_timing import time_moe_kernels
         kernels = time_moe_kernels(cfg)
-    start_rec = {"event": "start", "resumed_from": start, "preset": cfg.preset,
-                 "params": counts, "flops_per_token": fpt, "peak_flops_per_device": peak,
-                 "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
-                 "corpus": corpus.fingerprint(), "busy_fraction": busy_fraction(0.2),
-                 "moe_kernels": kernels, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                 "machine": machine_info()}
-    writer.record(start_rec, f"dropless train: {out_dir}\n  model: {format_counts(counts)}; "
-                  f"{fpt['model'] / 1e6:.2f} MFLOPs/token (training)\n  data: {corpus.source} "
-                  f"({corpus.train_TOK.size:,} train / {corpus.eval_TOK.size:,} eval tokens); "
-                  f"batch {cfg.global_batch_size} x {cfg.seq_len}\n  peak "
-                  f"{(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src}); compile {compile_s:.1f} s"
-                  + (f"; resumed at step {start}" if start else "")
-                  + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "
-                     f"{kernels['gmm_ms']:.2f} ms, dispatch {kernels['dispatch_ms']:.2f} ms, "
-                     f"combine {kernels['combine_ms']:.2f} ms" if kernels else ""))
+    rec = {"event": "start", "resumed_from": start, "preset": cfg.preset,
+           "params": counts, "flops_per_token": fpt, "peak_flops_per_device": peak,
+           "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
+           "corpus": corpus.fingerprint(), "busy_fraction": busy_fraction(0.2),
+           "moe_kernels": kernels, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+           "machine": machine_info()}
+    line = (f"  peak {(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src})"
+            + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "
+               f"{kernels['gmm_ms']:.2f} ms, dispatch {kernels['dispatch_ms']:.2f} ms, "
+               f"combine {kernels['combine_ms']:.2f} ms" if kernels else ""))
+    return rec, line
 
+
+class _Ctx:
+    """What the loop reads besides the state: config, run directory, outputs, stop request."""
+
+    def __init__(self, cfg, out_dir, corpus, fpt, model_mesh, mesh, prog, stop, saver, run,
+                 to_dict):
+        self.cfg, self.out_dir, self.corpus, self.fpt = cfg, out_dir, corpus, fpt
+        self.prog, self.stop, self.saver, self.run = prog, stop, saver, run
+        self.peak = None
+        self.guard = None                # the OverflowGuard of the compiled step
+        self.bshard = mesh_lib.batch_sharding(mesh)
+        self.writer = _Writer(out_dir / "metrics.jsonl", prog.line)
+        self.eval_batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
+                                                  batch_size=cfg.global_batch_size,
+                                                  seq_len=cfg.seq_len)
+        self.eval_jit = jax.jit(functools.partial(step_lib.eval_loss, cfg=cfg, mesh=model_mesh))
+        self.eval_fn = None
+        self.config_json = to_dict(cfg)
+        self.tb = None
+
+    def meta(self, step: int) -> dict:
+        return {"next_batch": step, "corpus": self.corpus.fingerprint()}
+
+    def evaluate(self, params) -> float:
+        if self.eval_fn is None:
+            with Timed(self.prog, "compiling eval", "compiled"):
+                self.eval_fn = self.eval_jit.lower(params, self.eval_batches[0]).compile()
+        return float(np.mean([float(self.eval_fn(params, b)) for b in self.eval_batches]))
+
+    def scalars(self, step: int, values: dict) -> None:
+        if self.tb is None:          # created at the first step: a refused run writes nothing
+            from dropless.train.tensorboard import ScalarWriter
+            self.tb = ScalarWriter(self.out_dir)
+        self.tb.scalars(step, values)
+
+
+def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) -> RunResult:
+    cfg, out_dir, prog, saver = ctx.cfg, ctx.out_dir, ctx.prog, ctx.saver
     result = RunResult(out_dir, {}, {}, start)
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
     profile = range(start + 2, start + 2 + cfg.profile_steps)
+    prog.start(first=start, total=end)
     last = time.perf_counter()
+    done = start                          # the last completed step
     for i in range(start, end):
+        if ctx.stop.requested:            # arrived during compilation or the previous save
+            break
         if cfg.profile_steps and i == profile.start:
             jax.profiler.start_trace(str(out_dir / "profile"))
         batch = batch0 if i == start else data_lib.batch_at(
-            corpus.train_TOK, i, batch_size=cfg.global_batch_size, seq_len=cfg.seq_len,
+            ctx.corpus.train_TOK, i, batch_size=cfg.global_batch_size, seq_len=cfg.seq_len,
             seed=cfg.seed)
-        if bshard is not None:
-            batch = jax.device_put(batch, bshard)
+        if ctx.bshard is not None:
+            batch = jax.device_put(batch, ctx.bshard)
         state, m = step_fn(state, batch)
         m = jax.device_get(m)
         now = time.perf_counter()
-        rec = _step_metrics(m, step=i + 1, dt=now - last, cfg=cfg, fpt=fpt, peak=peak)
-        last = now
+        rec = _step_metrics(m, step=i + 1, dt=now - last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
+        last, done = now, i + 1
+        ctx.run.steps_done += 1
+        if ctx.run.steps_done == 1 and not ctx.run.created:
+            ctx.run.write_json("config.json", ctx.config_json)   # the resume is under way
         if cfg.profile_steps and i + 1 == min(profile.stop, end):
             jax.profiler.stop_trace()
-            echo(f"  profiler trace of steps {profile.start + 1}-{i + 1} in {out_dir}/profile")
+            prog.line(f"  profiler trace of steps {profile.start + 1}-{i + 1} in "
+                      f"{out_dir}/profile")
             last = time.perf_counter()
+        # Per-step checks (overflow, non-finite values, ...) belong here: they read `m` and
+        # `rec` of the finished step and raise to stop the run before it is recorded.
         result.losses[i + 1] = rec["loss"]
         show = (i + 1) % cfg.log_every == 0 or i + 1 == end
-        writer.record(rec, _fmt_step(rec) if show else None)
-        tb.scalars(i + 1, {k: v for k, v in rec.items() if isinstance(v, (int, float))
-                           and k not in ("step", "event")})
+        ctx.writer.record(rec)
+        prog.step(i + 1, loss=rec["loss"], tokens_per_s=rec["tokens_per_s"],
+                  text=_fmt_step(rec) if show else None)
+        ctx.scalars(i + 1, {k: v for k, v in rec.items() if isinstance(v, (int, float))
+                            and k not in ("step", "event")})
         saving = (cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0) or i + 1 == end
-        guard.check(state, i + 1, mngr=mngr, meta={"corpus": corpus.fingerprint()}, force=saving)
+        ctx.guard.check(state, i + 1, mngr=saver.mngr, meta=ctx.meta(i + 1),
+                        force=bool(saving or ctx.stop.requested))
         if (i + 1) % cfg.eval_every == 0 or i + 1 == end:
-            ev = float(np.mean([float(eval_fn(state["params"], b)) for b in evals]))
+            ev = ctx.evaluate(state["params"])
             result.eval_losses[i + 1] = ev
-            tb.scalars(i + 1, {"eval_loss": ev})
-            writer.record({"event": "eval", "step": i + 1, "eval_loss": ev},
-                          f"  eval loss {ev:.4f} at step {i + 1}")
+            ctx.scalars(i + 1, {"eval_loss": ev})
+            ctx.writer.record({"event": "eval", "step": i + 1, "eval_loss": ev},
+                              f"  eval loss {ev:.4f} at step {i + 1}")
             last = time.perf_counter()   # eval time is not step time
         if (cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0) or i + 1 == end:
-            ckpt.save(mngr, i + 1, guard.strip(state),
-                      {"next_batch": i + 1, "corpus": corpus.fingerprint()})
+            saver.save(i + 1, ctx.guard.strip(state), ctx.meta(i + 1))
             last = time.perf_counter()
-    mngr.wait_until_finished()
-    mngr.close()
-    writer.record({"event": "end", "step": end, "final_loss": result.losses.get(end)})
+        else:
+            saver.poll()                 # a failed asynchronous save stops the run here
+        if ctx.stop.requested:
+            break
+    if ctx.stop.requested:
+        return _stopped(ctx, result, state, done)
+    saver.finish()
+    ctx.writer.record({"event": "end", "step": end, "final_loss": result.losses.get(end)})
+    return result
+
+
+def _stopped(ctx: _Ctx, result: RunResult, state, done: int) -> RunResult:
+    """A signal asked to stop: save the last completed step, flush, say how to resume."""
+    saver, name = ctx.saver, ctx.stop.name
+    result.stopped_by = name
+    if ctx.run.steps_done and done not in (saver.last_saved, saver.pending):
+        saver.save(done, ctx.guard.strip(state), ctx.meta(done))
+    saver.finish()
+    ctx.prog.close()
+    if ctx.run.steps_done == 0 and ctx.run.created:
+        ctx.run.discard()
+        ctx.prog.line(f"stopped by {name} before the first step; the new run directory "
+                      f"{ctx.out_dir} was removed (nothing to resume)")
+        return result
+    if ctx.run.steps_done:
+        ctx.writer.record({"event": "stopped", "step": done, "signal": name})
+    ctx.prog.line(f"stopped by {name} at step {done}, checkpoint saved; resume with: "
+                  f"dropless train --resume {ctx.out_dir}")
     return result

@@ -21,10 +21,12 @@ State = dict[str, Any]
 
 
 def lr_schedule(cfg: TrainConfig) -> optax.Schedule:
-    """Linear warmup to learning_rate, cosine decay to learning_rate * min_lr_ratio at `steps`."""
+    """Linear warmup to learning_rate, cosine decay to learning_rate * min_lr_ratio at
+    `lr_decay_steps` (0: at `steps`), constant after that."""
+    horizon = cfg.lr_decay_steps or cfg.steps
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
-        decay_steps=max(cfg.steps, cfg.warmup_steps + 1),
+        decay_steps=max(horizon, cfg.warmup_steps + 1),
         end_value=cfg.learning_rate * cfg.min_lr_ratio)
 
 

@@ -1,0 +1,93 @@
+"""Pre-flight: refuse a training config that cannot fit in device memory, before compiling.
+
+The estimate is the planner's memory model (`dropless.plan.memory.memory_per_device`, the same
+one `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
+in the model's weight dtype (float32 moments), activations in the compute dtype, the trainer's
+plain-XLA attention (the S x S scores are materialised, `attention_impl="naive"`). The device's
+memory is what JAX reports (`bytes_limit`) on an accelerator and, on a CPU, the host's RAM (or
+its cgroup limit) shared by the local host devices. The check refuses only an estimate above
+the whole device: the model is an estimate, and a near miss is better left to the allocator.
+DROPLESS_NO_PREFLIGHT=1 skips it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dropless.config import TrainConfig
+
+GiB = 2 ** 30
+_HINTS = {
+    "parameters": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
+    "gradients": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
+    "optimizer_state": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
+    "gathered_weights": "use a smaller model",
+    "activations": "lower seq_len or per_device_batch_size, or set remat=full",
+    "layer_workspace": "lower seq_len or per_device_batch_size",
+    "logits": "lower seq_len or per_device_batch_size",
+    "ep_buffers": "lower per_device_batch_size",
+}
+PARTS = tuple(_HINTS)
+
+
+class DoesNotFit(ValueError):
+    """The config's estimated memory per device exceeds the device's memory."""
+
+
+def _fmt(b: float) -> str:
+    return f"{b / 2 ** 40:.1f} TiB" if b >= 2 ** 40 else f"{b / GiB:.2f} GiB"
+
+
+def device_memory() -> tuple[float, str]:
+    """(bytes one device may use, where the number came from)."""
+    import jax
+    dev = jax.local_devices()[0]
+    if dev.platform != "cpu":
+        stats = dev.memory_stats() or {}
+        if stats.get("bytes_limit"):
+            return float(stats["bytes_limit"]), f"{dev.device_kind} bytes_limit"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        cg = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if cg.isdigit():
+            ram = min(ram, int(cg))
+    except OSError:
+        pass
+    n = jax.local_device_count()
+    return ram / n, f"host RAM {_fmt(ram)}" + (f" / {n} host devices" if n > 1 else "")
+
+
+def estimate(cfg: TrainConfig) -> dict[str, float]:
+    """Bytes per device by part (the planner's terms) and their `total`."""
+    from dropless.plan.hardware import PROFILES
+    from dropless.plan.layout import DTYPE_BYTES, PlanConfig
+    from dropless.plan.memory import memory_per_device
+    from dropless.plan.presets import shape_of
+    m = cfg.model
+    dt = lambda d: d if d in DTYPE_BYTES else "float32"   # noqa: E731 (float64 -> 4 bytes)
+    plan = PlanConfig(gpus=cfg.num_devices, fsdp=cfg.fsdp_parallelism,
+                      ep=cfg.expert_parallelism, data=cfg.data_parallelism,
+                      per_device_batch=cfg.per_device_batch_size, seq_len=cfg.seq_len,
+                      remat=cfg.remat, weight_dtype=dt(m.weight_dtype),
+                      activation_dtype=dt(m.dtype), optimizer_dtype=dt(m.weight_dtype),
+                      attention_impl="naive")
+    mem = memory_per_device(shape_of(m), plan, PROFILES["h100"])  # hardware: only for `usable`
+    return {k: float(mem[k]) for k in PARTS + ("total",)}
+
+
+def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "") -> dict:
+    """The estimate, or DoesNotFit naming the biggest term and what to change."""
+    est = estimate(cfg)
+    if os.environ.get("DROPLESS_NO_PREFLIGHT") == "1":
+        return est
+    if limit is None:
+        limit, source = device_memory()
+    if est["total"] <= limit:
+        return est
+    big = max(PARTS, key=lambda k: est[k])
+    raise DoesNotFit(
+        f"per_device_batch_size={cfg.per_device_batch_size} x seq_len={cfg.seq_len} "
+        f"(remat={cfg.remat}) does not fit: about {_fmt(est['total'])} per device, "
+        f"{_fmt(limit)} available ({source}); the biggest term is {big} "
+        f"({_fmt(est[big])}). {_HINTS[big][0].upper() + _HINTS[big][1:]} "
+        "(DROPLESS_NO_PREFLIGHT=1 skips this check)")
