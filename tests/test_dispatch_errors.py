@@ -132,7 +132,7 @@ def test_local_dispatcher_with_mesh_runs_unsharded_path():
 def test_ragged_a2a_lowers_forward_and_backward(monkeypatch):
     """XLA:CPU cannot compile ragged-all-to-all, but the path must trace and lower (shapes,
     transposes) so it is ready for GPU/TPU; it compiles only there."""
-    from dropless.moe import dispatch as dsp
+    from dropless.moe.dispatch import expert_parallel as dsp
     monkeypatch.setattr(dsp, "resolve_dispatcher", lambda name, platform=None: "ragged_a2a")
     cfg = _cfg(overflow="rounds")
     mesh = make_mesh(MeshConfig(expert=8))

@@ -34,7 +34,7 @@ def _stage_fn(spec, ctx, mesh, stage: str):
     import jax
     from jax.sharding import PartitionSpec as P
 
-    from dropless.moe.layer import expert_ffn
+    from dropless.moe.experts import expert_ffn
 
     def local(x, w, ids, experts):
         state = spec.prepare(ids, ctx)

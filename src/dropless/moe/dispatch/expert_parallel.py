@@ -1,15 +1,12 @@
-"""Expert parallelism: the dispatcher registry, the one shard_map boundary, rounds and stats.
+"""Expert parallelism: the one shard_map boundary, overflow rounds and traffic stats.
 
 Legend: T tokens (global outside shard_map, local inside), D model dim, K top-k, E experts,
 P peers on the `expert` mesh axis, El = E/P local experts, J = min(K, El), N rows entering the
 grouped matmul. Per-round buffer sizes are in dispatch_plan.Budget.
 
-A dispatcher is a named strategy sharing one contract (see DispatcherSpec):
-  state = prepare(ids_TK)                       routing-only bookkeeping, no gradients
-  rounds(state)                                 rounds all devices agree on (on device)
-  x_ND, group_sizes_El, meta = dispatch(x_TD, w_TK, state, r)   expert-major rows of round r
-  y_TD += combine(expert_ffn(x_ND, group_sizes_El), meta)      back in token order
-The expert math is the layer's own `expert_ffn`, so EP and the single-device layer share it.
+The dispatcher strategies and their contract are in registry.py (one file per strategy).
+The expert math between dispatch and combine is `moe.experts.expert_ffn`, shared with the
+single-device layer.
 
 Overflow never drops a token under `overflow="rounds"`: rows beyond a peer's budget travel in
 further rounds of the same step. The round count is a pmax over all devices, so every rank runs
@@ -21,10 +18,7 @@ in `aux["dropped_rows"]`, and `check_overflow` raises on the host.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -33,120 +27,13 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from dropless.config import MoEConfig
-from dropless.moe import dispatch_a2a as a2a
-from dropless.moe import dispatch_allgather as ag
-from dropless.moe import dispatch_plan as dp
+from dropless.moe.dispatch.context import EXPERT_AXIS, EPContext, make_context
+from dropless.moe.dispatch.registry import DISPATCHERS, DispatcherSpec, resolve_dispatcher
+from dropless.moe.experts import dropless_experts, expert_ffn
 from dropless.moe.router import Routing, expert_counts
-
-EXPERT_AXIS = "expert"
-
-
-@dataclasses.dataclass(frozen=True)
-class DispatcherSpec:
-    """A registered dispatcher (functions take the EPContext last)."""
-
-    name: str
-    prepare: Callable[..., Any]
-    rounds: Callable[..., jax.Array]
-    dispatch: Callable[..., tuple]
-    combine: Callable[..., jax.Array]
-    description: str
-    unsupported_on: tuple[str, ...] = ()   # platforms where it cannot compile
-    buffer_rows: Callable[..., int] = lambda ctx: ctx.budget.row_chunk  # per peer per round
-
-
-DISPATCHERS: dict[str, DispatcherSpec] = {
-    "allgather": DispatcherSpec(
-        "allgather", ag.allgather_prepare, ag.allgather_rounds, ag.allgather_dispatch,
-        ag.allgather_combine, "gather all tokens, run local experts, reduce-scatter back",
-        buffer_rows=lambda ctx: ctx.num_tokens),
-    "a2a": DispatcherSpec(
-        "a2a", a2a.a2a_prepare, a2a.a2a_rounds, a2a.a2a_dispatch, a2a.a2a_combine,
-        "deduplicated rows over all_to_all in static per-peer chunks (every backend)"),
-    "ragged_a2a": DispatcherSpec(
-        "ragged_a2a", a2a.a2a_prepare, a2a.a2a_rounds, a2a.ragged_dispatch, a2a.ragged_combine,
-        "deduplicated rows over ragged_all_to_all (GPU/TPU; padding never travels)",
-        unsupported_on=("cpu",)),
-}
-
-
-def dispatcher_names() -> tuple[str, ...]:
-    """Names accepted by MoEConfig.dispatcher with a mesh: auto, local, then the registry."""
-    return ("auto", "local") + tuple(DISPATCHERS)
-
-
-def resolve_dispatcher(name: str, platform: str | None = None) -> str:
-    """`auto` -> `a2a` (works everywhere; `ragged_a2a` stays opt-in until measured on GPU).
-
-    Raises ValueError for an unknown name or a dispatcher the platform cannot compile.
-    """
-    platform = platform or jax.default_backend()
-    if name == "auto":
-        return "a2a"
-    if name == "local":
-        return name
-    if name not in DISPATCHERS:
-        raise ValueError(f"MoEConfig.dispatcher={name!r} is unknown; known: "
-                         f"{', '.join(dispatcher_names())}")
-    if platform in DISPATCHERS[name].unsupported_on:
-        raise ValueError(f"MoEConfig.dispatcher={name!r} is not supported on {platform}: XLA:"
-                         f"{platform.upper()} cannot compile ragged-all-to-all; use 'a2a'")
-    return name
-
-
-@dataclasses.dataclass(frozen=True)
-class EPContext:
-    """Static facts the per-device code needs (hashable: it is a custom_vjp static argument)."""
-
-    cfg: MoEConfig
-    expert_axis: str
-    all_axes: tuple[str, ...]
-    mesh_shape: tuple[int, ...]
-    node_of_position: tuple[int, ...]   # node id of each mesh position, row-major
-    num_tokens: int                     # local tokens per device
-    num_peers: int
-    experts_per_peer: int
-    row_slots: int
-    budget: dp.Budget
-    overflow: str
-    row_bytes: int                      # one travelling row: D activations
-    entry_bytes: int                    # one travelling entry: (row, expert) code + weight
-
-    @property
-    def max_rounds(self) -> int:
-        """Static bound on the rounds any routing needs."""
-        return self.budget.max_rounds
-
-
-def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContext:
-    """Validate the mesh against the config and the token count; build the EPContext.
-
-    Raises ValueError when the mesh has no `expert` axis, num_experts is not divisible by it,
-    or the tokens do not split evenly over the devices.
-    """
-    if EXPERT_AXIS not in mesh.axis_names:
-        raise ValueError(f"mesh axes {mesh.axis_names} have no {EXPERT_AXIS!r} axis")
-    ep = int(mesh.shape[EXPERT_AXIS])
-    if cfg.num_experts % ep:
-        raise ValueError(f"MoEConfig.num_experts={cfg.num_experts} is not divisible by expert "
-                         f"parallelism {ep} (mesh axis {EXPERT_AXIS!r})")
-    if num_tokens % mesh.size:
-        raise ValueError(f"token count {num_tokens} is not divisible by the {mesh.size} devices "
-                         f"of the mesh {dict(mesh.shape)}; pad the batch")
-    t_local = num_tokens // mesh.size
-    el = cfg.num_experts // ep
-    j = dp.slots_per_row(cfg.top_k, el)
-    nodes = tuple(int(d.id) // cfg.devices_per_node for d in mesh.devices.flat)
-    return EPContext(
-        cfg=cfg, expert_axis=EXPERT_AXIS, all_axes=tuple(mesh.axis_names),
-        mesh_shape=tuple(int(s) for s in mesh.devices.shape), node_of_position=nodes,
-        num_tokens=t_local, num_peers=ep, experts_per_peer=el, row_slots=j,
-        budget=dp.make_budget(t_local, cfg.top_k, cfg.num_experts, ep, cfg.ragged_buffer_factor),
-        overflow=cfg.overflow, row_bytes=cfg.d_model * jnp.dtype(dtype).itemsize, entry_bytes=8)
 
 
 def _one_round(r, x_TD, w_TK, experts, state, spec: DispatcherSpec, ctx: EPContext):
-    from dropless.moe.layer import expert_ffn
     x_ND, sizes_El, meta = spec.dispatch(x_TD, w_TK, state, r, ctx)
     y_ND = expert_ffn(x_ND, sizes_El, experts, ctx.cfg)
     return spec.combine(y_ND, meta, ctx)
@@ -256,7 +143,6 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     name = resolve_dispatcher(cfg.dispatcher)
     sizes_E = expert_counts(routing.ids_TK, cfg.num_experts)
     if name == "local":
-        from dropless.moe.layer import dropless_experts
         y_TD, _ = dropless_experts(x_TD, routing, experts, cfg)
         return y_TD, sizes_E, {}
     spec = DISPATCHERS[name]
@@ -268,27 +154,3 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
                        check_vma=False)
     y_TD, stats = fn(x_TD, routing.weights_TK, routing.ids_TK, experts)
     return y_TD, sizes_E, stats
-
-
-class BufferOverflowError(RuntimeError):
-    """A static receive buffer overflowed under overflow="error"; the step must not apply."""
-
-
-def should_check_overflow(step: int, cfg: MoEConfig) -> bool:
-    """Whether the host reads the overflow flag at `step` (every overflow_check_every_n_steps)."""
-    return cfg.overflow == "error" and step % cfg.overflow_check_every_n_steps == 0
-
-
-def check_overflow(aux: dict[str, Any], *, layer: str, cfg: MoEConfig) -> None:
-    """Raise BufferOverflowError if the layer's buffers dropped rows (host sync: call it every
-    overflow_check_every_n_steps). The message names the layer, the rows that overflowed and
-    the ragged_buffer_factor that would have been enough."""
-    dropped = int(np.asarray(aux.get("dropped_rows", 0)))
-    if dropped <= 0:
-        return
-    need = float(np.asarray(aux["sufficient_buffer_factor"]))
-    enough = math.ceil(need * 10) / 10
-    raise BufferOverflowError(
-        f"{layer}: {dropped} rows overflowed the expert-parallel receive buffers "
-        f"(MoEConfig.ragged_buffer_factor={cfg.ragged_buffer_factor}); "
-        f"ragged_buffer_factor={enough} would have been enough, or use overflow='rounds'")
