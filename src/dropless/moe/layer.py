@@ -5,7 +5,8 @@ C capacity rows per expert (capacity baseline only), Fs shared hidden dim.
 
 Parameter names are a public contract:
   params["router"]["w_DE"], params["router"]["bias_E"],
-  params["experts"]["w_gate_EDF"], ["w_up_EDF"], ["w_down_EFD"],
+  params["experts"]["w_gate_EDF"], ["w_up_EDF"], ["w_down_EFD"]
+    (or, with prefuse_moe_weights, ["w_gate_up_ED2F"] = concat([gate, up], -1), ["w_down_EFD"]),
   params["shared"]["w_gate_DF"], ["w_up_DF"], ["w_down_FD"]   (when num_shared_experts > 0).
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ from dropless.moe import permute as perm
 from dropless.moe import router as rt
 from dropless.moe.dispatch import expert_parallel_experts
 # expert_ffn, gmm_for and dropless_experts stay importable from here (their old home)
-from dropless.moe.experts import dropless_experts, expert_ffn, gmm_for  # noqa: F401
+from dropless.moe.experts import (check_layout, dropless_experts, expert_ffn,  # noqa: F401
+                                  fuse_expert_weights, gmm_for)
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -29,7 +31,8 @@ Params = dict[str, dict[str, jax.Array]]
 def init_params(key: jax.Array, cfg: MoEConfig) -> Params:
     """Random parameters with the contract's names; weights in `cfg.weight_dtype`, router f32.
 
-    Inputs are scaled by 1/sqrt(fan_in); the router bias starts at zero.
+    Inputs are scaled by 1/sqrt(fan_in); the router bias starts at zero. With
+    `cfg.prefuse_moe_weights` the experts are exactly fuse_expert_weights of the unfused ones.
     """
     d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
     wdt = jnp.dtype(cfg.weight_dtype)
@@ -45,6 +48,8 @@ def init_params(key: jax.Array, cfg: MoEConfig) -> Params:
                     "w_up_EDF": normal(k_u, (e, d, f), d, wdt),
                     "w_down_EFD": normal(k_d, (e, f, d), f, wdt)},
     }
+    if cfg.prefuse_moe_weights:
+        params = fuse_expert_weights(params)
     if cfg.num_shared_experts > 0:
         fs = cfg.num_shared_experts * f
         ks = jax.random.split(k_s, 3)
@@ -73,10 +78,16 @@ def capacity_experts(x_TD, routing: rt.Routing, experts, cfg: MoEConfig):
     n = routing.ids_TK.size
     tok_EC = p.order_N[jnp.minimum(slot_EC, n - 1)] // cfg.top_k
     x_ECD = jnp.where(valid_EC[..., None], x_TD[tok_EC].astype(dt), 0)
-    g = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_gate_EDF"].astype(dt),
-                   preferred_element_type=jnp.float32)
-    u = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_up_EDF"].astype(dt),
-                   preferred_element_type=jnp.float32)
+    check_layout(experts, cfg)
+    if cfg.prefuse_moe_weights:
+        gu = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_gate_up_ED2F"].astype(dt),
+                        preferred_element_type=jnp.float32)
+        g, u = jnp.split(gu, 2, axis=-1)
+    else:
+        g = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_gate_EDF"].astype(dt),
+                       preferred_element_type=jnp.float32)
+        u = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_up_EDF"].astype(dt),
+                       preferred_element_type=jnp.float32)
     h_ECF = (jax.nn.silu(g) * u).astype(dt)
     y_ECD = jnp.einsum("ecf,efd->ecd", h_ECF, experts["w_down_EFD"].astype(dt),
                        preferred_element_type=jnp.float32)
