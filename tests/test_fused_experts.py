@@ -73,7 +73,7 @@ def test_fused_equals_unfused_single_device(variant):
     _assert_fused_matches(_cfg(**kw))
 
 
-@pytest.mark.parametrize("dispatcher", ["allgather", "a2a"])
+@pytest.mark.parametrize("dispatcher", ["allgather", "a2a", "node_a2a"])
 def test_fused_equals_unfused_expert_parallel(dispatcher):
     _assert_fused_matches(_cfg(dispatcher=dispatcher, devices_per_node=2,
                                ragged_buffer_factor=1.0), "ep4")

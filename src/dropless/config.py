@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
-DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a")
+DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a", "node_a2a")
 OVERFLOW_POLICIES = ("rounds", "error")
 
 

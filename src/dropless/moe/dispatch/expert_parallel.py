@@ -27,7 +27,8 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from dropless.config import MoEConfig
-from dropless.moe.dispatch.context import EXPERT_AXIS, EPContext, make_context
+from dropless.moe.dispatch.context import (EPContext, make_context, multi_node_groups,
+                                            split_expert_axis)
 from dropless.moe.dispatch.registry import DISPATCHERS, DispatcherSpec, resolve_dispatcher
 from dropless.moe.experts import dropless_experts, expert_ffn
 from dropless.moe.router import Routing, expert_counts
@@ -68,51 +69,63 @@ _rounds.defvjp(_rounds_fwd, _rounds_bwd)
 
 
 def _peer_nodes(ctx: EPContext) -> tuple[jax.Array, jax.Array]:
-    """(node id of each peer on my expert axis [P], my index on that axis)."""
+    """(node id of each peer of my EP group [P], my index in the group)."""
     table = jnp.asarray(np.asarray(ctx.node_of_position, np.int32).reshape(ctx.mesh_shape))
-    idx = [lax.axis_index(a) for a in ctx.all_axes]
-    e = ctx.all_axes.index(ctx.expert_axis)
-    me = idx[e]
-    idx[e] = slice(None)
-    return table[tuple(idx)], me
+    peer_axes = (ctx.expert_axis,) if isinstance(ctx.expert_axis, str) else ctx.expert_axis
+    idx = tuple(slice(None) if a in peer_axes else lax.axis_index(a) for a in ctx.all_axes)
+    return table[idx].reshape(-1), lax.axis_index(ctx.expert_axis)
+
+
+def _traffic(state, spec: DispatcherSpec, ctx: EPContext, device_plan, intra_P, inter_P):
+    """This device's rows (sent, inter-node, intra-node, late) and busiest-peer cost."""
+    if spec.traffic is not None:
+        return spec.traffic(state, ctx)
+    plan = device_plan
+    late_P = jnp.sum(plan.hit_TP & (plan.round_TP > 0), axis=0)   # rows beyond round 0
+    if spec.name == "allgather":
+        sent_P = jnp.full_like(plan.counts_P, ctx.num_tokens)
+    elif ctx.overflow == "error":
+        sent_P = plan.counts_P - late_P
+    else:
+        sent_P = plan.counts_P
+    return {"sent": jnp.sum(sent_P), "inter": jnp.sum(jnp.where(inter_P, sent_P, 0)),
+            "intra": jnp.sum(jnp.where(intra_P, sent_P, 0)), "late": jnp.sum(late_P),
+            "cost": jnp.max(plan.cost_P), "units": ctx.budget.units[2]}
 
 
 def _stats(state, rounds, spec: DispatcherSpec, ctx: EPContext) -> dict[str, jax.Array]:
     """Per-layer traffic and buffer statistics, summed (or maxed) over all devices.
 
     Rows are counted once per direction (combine moves the same rows back). `*_no_dedup` is what
-    a dispatcher sending one row per (token, choice) would move. Load and headroom refer to the
-    a2a budget (rows and entries per peer per round) whatever the dispatcher.
+    a dispatcher sending one row per (token, choice) would move, `*_device_dedup` what one row
+    per (token, device) moves (a2a). Load and headroom refer to the dispatcher's own budget
+    (node_a2a: hop-1 rows per node per round; a2a: rows and entries per peer per round).
     """
-    plan = state.plan if spec.name == "allgather" else state
-    counts_P, routed_P = plan.counts_P, plan.routed_P
-    late_P = jnp.sum(plan.hit_TP & (plan.round_TP > 0), axis=0)   # rows beyond round 0
-    if spec.name == "allgather":
-        sent_P = jnp.full_like(counts_P, ctx.num_tokens)
-    elif ctx.overflow == "error":
-        sent_P = counts_P - late_P
-    else:
-        sent_P = counts_P
+    device_plan = getattr(state, "devices", None) or getattr(state, "plan", None) or state
     nodes_P, me = _peer_nodes(ctx)
     remote_P = jnp.arange(ctx.num_peers) != me
     intra_P = remote_P & (nodes_P == nodes_P[me])
     inter_P = nodes_P != nodes_P[me]
+    t = _traffic(state, spec, ctx, device_plan, intra_P, inter_P)
     s = lambda v: lax.psum(jnp.sum(v).astype(jnp.float32), ctx.all_axes)
-    over = s(late_P)
-    load = lax.pmax(jnp.max(plan.cost_P), ctx.all_axes) / ctx.budget.units[2]
+    over = s(t["late"])
+    load = lax.pmax(t["cost"], ctx.all_axes) / t["units"]
+    hits_P, routed_P = device_plan.counts_P, device_plan.routed_P
     stats = {
-        "rows_sent": s(sent_P), "rows_routed": s(routed_P),
-        "padding_rows": s(rounds * spec.buffer_rows(ctx) * ctx.num_peers) - s(sent_P),
+        "rows_sent": s(t["sent"]), "rows_routed": s(routed_P),
+        "padding_rows": s(rounds * spec.buffer_rows(ctx) * ctx.num_peers) - s(t["sent"]),
         "rounds": rounds.astype(jnp.int32),
         "buffer_headroom": 1.0 - load.astype(jnp.float32),
         "overflow_rows": over,
         "dropped_rows": over if ctx.overflow == "error" and spec.name != "allgather"
         else jnp.zeros((), jnp.float32),
         "sufficient_buffer_factor": (load * ctx.cfg.ragged_buffer_factor).astype(jnp.float32),
-        "rows_intra_node": s(jnp.where(intra_P, sent_P, 0)),
-        "rows_inter_node": s(jnp.where(inter_P, sent_P, 0)),
+        "rows_intra_node": s(t["intra"]),
+        "rows_inter_node": s(t["inter"]),
         "rows_intra_node_no_dedup": s(jnp.where(intra_P, routed_P, 0)),
         "rows_inter_node_no_dedup": s(jnp.where(inter_P, routed_P, 0)),
+        "rows_intra_node_device_dedup": s(jnp.where(intra_P, hits_P, 0)),
+        "rows_inter_node_device_dedup": s(jnp.where(inter_P, hits_P, 0)),
     }
     for where in ("intra", "inter"):
         stats[f"bytes_{where}_node"] = stats[f"rows_{where}_node"] * ctx.row_bytes
@@ -140,15 +153,17 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     sufficient_buffer_factor, rows/bytes intra- and inter-node, with and without dedup).
     Raises ValueError for a bad mesh, token count or dispatcher (see make_context).
     """
-    name = resolve_dispatcher(cfg.dispatcher)
+    name = resolve_dispatcher(cfg.dispatcher, num_nodes=multi_node_groups(mesh, cfg))
     sizes_E = expert_counts(routing.ids_TK, cfg.num_experts)
     if name == "local":
         y_TD, _ = dropless_experts(x_TD, routing, experts, cfg)
         return y_TD, sizes_E, {}
     spec = DISPATCHERS[name]
+    if spec.split_nodes:
+        mesh = split_expert_axis(mesh, cfg.devices_per_node)
     ctx = make_context(cfg, mesh, x_TD.shape[0], x_TD.dtype)
     tok = PartitionSpec(ctx.all_axes)
-    exp_specs = {k: PartitionSpec(EXPERT_AXIS) for k in experts}
+    exp_specs = {k: PartitionSpec(ctx.expert_axis) for k in experts}
     fn = jax.shard_map(functools.partial(_per_device, spec=spec, ctx=ctx), mesh=mesh,
                        in_specs=(tok, tok, tok, exp_specs), out_specs=(tok, PartitionSpec()),
                        check_vma=False)
