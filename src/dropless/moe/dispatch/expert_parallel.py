@@ -29,7 +29,8 @@ from jax.sharding import Mesh, PartitionSpec
 from dropless.config import MoEConfig
 from dropless.moe.dispatch.context import (EPContext, make_context, multi_node_groups,
                                             split_expert_axis)
-from dropless.moe.dispatch.registry import DISPATCHERS, DispatcherSpec, resolve_dispatcher
+from dropless.moe.dispatch.registry import (DISPATCHERS, DispatcherSpec, platform_choices,
+                                             resolve_dispatcher)
 from dropless.moe.experts import dropless_experts, expert_ffn
 from dropless.moe.router import Routing, expert_counts
 
@@ -143,6 +144,10 @@ def _per_device(x_TD, w_TK, ids_TK, experts, *, spec: DispatcherSpec, ctx: EPCon
     return y_TD, _stats(state, rounds, spec, ctx)
 
 
+def _platform_dependent(*args, default, per_platform):
+    return lax.platform_dependent(*args, default=default, **per_platform)
+
+
 def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str, jax.Array],
                             cfg: MoEConfig, mesh: Mesh):
     """The routed experts of the MoE layer, expert-parallel over `mesh`'s `expert` axis.
@@ -153,7 +158,8 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     sufficient_buffer_factor, rows/bytes intra- and inter-node, with and without dedup).
     Raises ValueError for a bad mesh, token count or dispatcher (see make_context).
     """
-    name = resolve_dispatcher(cfg.dispatcher, num_nodes=multi_node_groups(mesh, cfg))
+    num_nodes = multi_node_groups(mesh, cfg)
+    name = resolve_dispatcher(cfg.dispatcher, num_nodes=num_nodes)   # this host's backend
     sizes_E = expert_counts(routing.ids_TK, cfg.num_experts)
     if name == "local":
         y_TD, _ = dropless_experts(x_TD, routing, experts, cfg)
@@ -164,8 +170,18 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     ctx = make_context(cfg, mesh, x_TD.shape[0], x_TD.dtype)
     tok = PartitionSpec(ctx.all_axes)
     exp_specs = {k: PartitionSpec(ctx.expert_axis) for k in experts}
-    fn = jax.shard_map(functools.partial(_per_device, spec=spec, ctx=ctx), mesh=mesh,
-                       in_specs=(tok, tok, tok, exp_specs), out_specs=(tok, PartitionSpec()),
-                       check_vma=False)
+    body = functools.partial(_per_device, spec=spec, ctx=ctx)
+    choices = platform_choices(cfg.dispatcher, num_nodes=num_nodes)
+    if cfg.dispatcher == "auto" and len(set(choices.values())) > 1:
+        # `auto` differs by platform (ragged_a2a on GPU when it lowers): pick at lowering time
+        assert all(DISPATCHERS[n].split_nodes == spec.split_nodes for n in choices.values())
+        # one traced body per distinct strategy: platform_dependent joins identical branches
+        bodies = {n: functools.partial(_per_device, spec=DISPATCHERS[n], ctx=ctx)
+                  for n in set(choices.values())}
+        per_platform = {p: bodies[n] for p, n in choices.items() if n != choices["cpu"]}
+        body = functools.partial(_platform_dependent, default=bodies[choices["cpu"]],
+                                 per_platform=per_platform)
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(tok, tok, tok, exp_specs),
+                       out_specs=(tok, PartitionSpec()), check_vma=False)
     y_TD, stats = fn(x_TD, routing.weights_TK, routing.ids_TK, experts)
     return y_TD, sizes_E, stats

@@ -65,9 +65,10 @@ def dispatcher_names() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=None)
 def ragged_lowers(platform: str) -> bool:
     """Whether this JAX can lower ragged_all_to_all inside shard_map for `platform` (probed
-    once, on a 2-device abstract mesh; nothing is compiled or run)."""
+    once, on a 2-device abstract mesh; nothing is compiled or run). Lowering is not compiling:
+    XLA:CPU lowers it but cannot compile it, which `unsupported_on` records."""
     from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
-    mesh = AbstractMesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+    mesh = AbstractMesh((2,), ("x",), axis_types=(AxisType.Auto,))
 
     def body(v):
         n = jnp.ones((2,), jnp.int32)
@@ -76,12 +77,20 @@ def ragged_lowers(platform: str) -> bool:
 
     f = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
     try:
-        with jax.sharding.use_abstract_mesh(mesh):
-            jax.jit(f).trace(jax.ShapeDtypeStruct((4,), jnp.float32)).lower(
-                lowering_platforms=(platform,))
+        jax.jit(f).trace(jax.ShapeDtypeStruct((4,), jnp.float32)).lower(
+            lowering_platforms=(platform,))
     except Exception:   # any failure means "not on this platform"  # noqa: BLE001
         return False
     return True
+
+
+def platform_choices(name: str, *, num_nodes: int = 1) -> dict[str, str]:
+    """What `name` resolves to on each platform a function may be lowered for. The dispatcher
+    picks among these with lax.platform_dependent, at lowering time (so a function lowered for
+    CUDA on a CPU host gets the CUDA choice)."""
+    return {p: resolve_dispatcher(name, p, num_nodes=num_nodes)
+            for p in ("cpu",) + GPU_PLATFORMS
+            if name == "auto" or p not in DISPATCHERS.get(name, DISPATCHERS["a2a"]).unsupported_on}
 
 
 def resolve_dispatcher(name: str, platform: str | None = None, *, num_nodes: int = 1) -> str:
