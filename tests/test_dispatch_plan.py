@@ -16,8 +16,8 @@ from jax.sharding import PartitionSpec as P
 
 from dropless import MoEConfig
 from dropless.config import MeshConfig
-from dropless.moe import dispatch_a2a as fused
-from dropless.moe import dispatch_plan as dp
+from dropless.moe.dispatch import rows as fused
+from dropless.moe.dispatch import plan as dp
 from dropless.moe.dispatch import expert_parallel_experts
 from dropless.moe.layer import dropless_experts, init_params
 from dropless.moe.router import Routing
@@ -120,22 +120,22 @@ def test_fused_exchange_vjp_equals_autodiff(which):
     src = jnp.asarray(rng.integers(0, t + 1, size=(8 * 8 * c,)), jnp.int32)  # T = empty slot
     if which == "send":
         fast = lambda x, s: fused.send_rows(x, s, "expert")
-        slow = lambda x, s: fused._a2a(fused._pack(x, s), "expert")
+        slow = lambda x, s: fused.exchange(fused.pack(x, s), "expert")
         x = jnp.asarray(rng.normal(size=(8 * t, d)), jnp.float32)
         out_rows = 8 * c
     elif which == "gather":
         fast = lambda x, s: fused.gather_rows(x, s)
-        slow = lambda x, s: fused._pack(x, s)
+        slow = lambda x, s: fused.pack(x, s)
         x = jnp.asarray(rng.normal(size=(8 * t, d)), jnp.float32)
         out_rows = 8 * c
     elif which == "sum":
         fast = lambda y, s: fused.sum_rows(y, s, t)
-        slow = lambda y, s: fused._unpack(y, s, t)
+        slow = lambda y, s: fused.unpack(y, s, t)
         x = jnp.asarray(rng.normal(size=(8 * 8 * c, d)), jnp.float32)
         out_rows = t
     else:
         fast = lambda y, s: fused.return_rows(y, s, t, "expert")
-        slow = lambda y, s: fused._unpack(fused._a2a(y, "expert"), s, t)
+        slow = lambda y, s: fused.unpack(fused.exchange(y, "expert"), s, t)
         x = jnp.asarray(rng.normal(size=(8 * 8 * c, d)), jnp.float32)
         out_rows = t
     ct = jnp.asarray(rng.normal(size=(8 * out_rows, d)), jnp.float32)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
-DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a")
+DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a", "node_a2a")
 OVERFLOW_POLICIES = ("rounds", "error")
 
 
@@ -55,6 +55,7 @@ class MoEConfig:
     mx_grad_elem: str = "e4m3"        # MXFP8 element format of gradients: "e4m3" or "e5m2"
     dtype: str = "float32"           # activations and expert matmul inputs
     weight_dtype: str = "float32"    # stored expert / shared weights (router stays float32)
+    prefuse_moe_weights: bool = False  # experts hold one [E, D, 2F] gate+up weight (MaxText key)
     load_balance_coef: float = 0.0   # Switch/Mixtral loss; Mixtral uses 0.02
     seq_aux_coef: float = 0.0        # DeepSeek-V3 sequence-wise loss; V3 uses 1e-4
     z_loss_coef: float = 0.0         # ST-MoE router z-loss; 1e-3 there
@@ -104,6 +105,8 @@ class MoEConfig:
             _fail(c, "mx_scale_rounding", self.mx_scale_rounding, "must be 'floor' or 'up'")
         if self.mx_grad_elem not in ("e4m3", "e5m2"):
             _fail(c, "mx_grad_elem", self.mx_grad_elem, "must be 'e4m3' or 'e5m2'")
+        if not isinstance(self.prefuse_moe_weights, bool):
+            _fail(c, "prefuse_moe_weights", self.prefuse_moe_weights, "must be a bool")
         _check_dtype(c, "dtype", self.dtype)
         _check_dtype(c, "weight_dtype", self.weight_dtype)
         if self.bias_update_speed is None:

@@ -34,7 +34,7 @@ def _stage_fn(spec, ctx, mesh, stage: str):
     import jax
     from jax.sharding import PartitionSpec as P
 
-    from dropless.moe.layer import expert_ffn
+    from dropless.moe.experts import expert_ffn
 
     def local(x, w, ids, experts):
         state = spec.prepare(ids, ctx)
@@ -45,7 +45,7 @@ def _stage_fn(spec, ctx, mesh, stage: str):
         return y_ND if stage == "gmm" else spec.combine(y_ND, meta, ctx)
 
     tok = P(ctx.all_axes)
-    ex = {k: P("expert") for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD")}
+    ex = {k: P(ctx.expert_axis) for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD")}
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, ex), out_specs=tok,
                                  check_vma=False))
 
@@ -58,6 +58,7 @@ def _case(args, dispatchers, mesh):
     from dropless.bench import harness
     from dropless.moe import dispatch as dsp
     from dropless.moe import layer, router
+    from dropless.moe.dispatch.context import split_expert_axis
     from dropless.parallel import shard_params
 
     cfg = MoEConfig(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model,
@@ -73,9 +74,10 @@ def _case(args, dispatchers, mesh):
     for name in dispatchers:
         c = cfgs[name] = cfg.replace(dispatcher=name)
         spec = dsp.DISPATCHERS[dsp.resolve_dispatcher(name)]
-        ctx = dsp.make_context(c, mesh, args.tokens, x.dtype)
+        m = split_expert_axis(mesh, c.devices_per_node) if spec.split_nodes else mesh
+        ctx = dsp.make_context(c, m, args.tokens, x.dtype)
         for stage in ("dispatch", "gmm", "round"):
-            f = _stage_fn(spec, ctx, mesh, stage)
+            f = _stage_fn(spec, ctx, m, stage)
             fns[f"{name}/{stage}"] = functools.partial(f, x, w, ids, ex)
 
         def path(x, w, ex, c=c):
@@ -93,7 +95,9 @@ def _case(args, dispatchers, mesh):
         aux = jax.jit(lambda x, c=cfgs[name]: dsp.expert_parallel_experts(
             x, routing, ex, c, mesh)[2])(x)
         aux = {k: float(v) for k, v in aux.items()}
-        ctx = dsp.make_context(cfgs[name], mesh, args.tokens, x.dtype)
+        spec = dsp.DISPATCHERS[dsp.resolve_dispatcher(name)]
+        m = split_expert_axis(mesh, args.devices_per_node) if spec.split_nodes else mesh
+        ctx = dsp.make_context(cfgs[name], m, args.tokens, x.dtype)
         rec = {"bench": "dispatch", "dispatcher": name, "tokens": args.tokens,
                "d_model": args.d_model, "d_ff": args.d_ff, "experts": args.experts,
                "top_k": args.top_k, "ep": int(mesh.shape["expert"]),
@@ -114,15 +118,8 @@ def _case(args, dispatchers, mesh):
     return records
 
 
-def deepseek_v3_projection(tokens: int, seed: int = 0) -> dict:
-    """Bytes per token leaving each device with and without dedup, from a routing sample.
-
-    The sample is DeepSeek-V3's router rule (sigmoid scores, 8 groups, best 4 groups, top-8 of
-    256) on random activations and router weights. Experts go to EP=64 ranks in order (4 per
-    rank), ranks to nodes of 8 (32 experts = one routing group per node); token t lives on rank
-    t % 64. Counts (token, destination) rows: no dedup (one per choice), per-device dedup (our
-    a2a), and per-node dedup (what node-level forwarding such as DeepEP's achieves).
-    """
+def _v3_routing_sample(tokens: int, seed: int = 0) -> np.ndarray:
+    """[T, K] expert ids from DeepSeek-V3's router rule on random activations and weights."""
     import jax
     import jax.numpy as jnp
 
@@ -136,8 +133,113 @@ def deepseek_v3_projection(tokens: int, seed: int = 0) -> dict:
     kx, kw = jax.random.split(jax.random.key(seed))
     x = jax.random.normal(kx, (tokens, p["d_model"]), jnp.float32)
     w = jax.random.normal(kw, (p["d_model"], p["num_experts"])) / math.sqrt(p["d_model"])
-    ids = np.asarray(router.route(router.router_logits(x, w), jnp.zeros(p["num_experts"]),
-                                  cfg).ids_TK)
+    return np.asarray(router.route(router.router_logits(x, w), jnp.zeros(p["num_experts"]),
+                                   cfg).ids_TK)
+
+
+def measured_v3_rows(tokens: int, seed: int = 0) -> dict:
+    """The projection's routing sample through the real dispatchers on EP=64 host devices.
+
+    Runs `node_a2a` (forward) on a 64-device mesh, 8 devices a node, with the sample's tokens
+    placed as the projection places them (token t on rank t % 64), and reads the rows the
+    implementation counts: inter- and intra-node rows of node dedup, and the device-dedup and
+    no-dedup rows of the same routing. D is tiny (row counts do not depend on it); bytes use
+    V3's 7168 bf16 values. Needs 64 devices (`--host-devices 64` in a fresh process).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from dropless import MoEConfig
+    from dropless.config import MeshConfig
+    from dropless.moe import layer
+    from dropless.moe.dispatch import expert_parallel_experts
+    from dropless.moe.router import Routing
+    from dropless.parallel import make_mesh, shard_params
+
+    p = PROJECTION
+    ep, t_local = p["ep"], tokens // p["ep"]
+    if jax.device_count() < ep or tokens % ep:
+        raise ValueError(f"measured_v3_rows needs {ep} devices (have {jax.device_count()}) and "
+                         f"tokens divisible by {ep} (got {tokens})")
+    ids = _v3_routing_sample(tokens, seed)
+    # implementation: position i lives on rank i // t_local; the projection: token t on t % 64
+    order = np.arange(tokens).reshape(t_local, ep).T.reshape(-1)
+    ids_TK = jnp.asarray(ids[order], jnp.int32)
+    cfg = MoEConfig(num_experts=p["num_experts"], top_k=p["top_k"], d_model=8, d_ff=8,
+                    dispatcher="node_a2a", devices_per_node=p["devices_per_node"],
+                    ragged_buffer_factor=2.0, gmm_backend="ragged_dot")
+    mesh = make_mesh(MeshConfig(data=jax.device_count() // ep, expert=ep))
+    if mesh.size != ep:
+        raise ValueError(f"measured_v3_rows wants exactly {ep} devices; got {mesh.size}")
+    experts = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)["experts"]
+    w_TK = jnp.full(ids_TK.shape, 1.0 / p["top_k"], jnp.float32)
+    routing = Routing(w_TK, ids_TK, None, None)
+    x = jnp.ones((tokens, cfg.d_model), jnp.float32)
+    aux = jax.jit(lambda x, w: expert_parallel_experts(
+        x, routing._replace(weights_TK=w), experts, cfg, mesh)[2])(x, w_TK)
+    aux = {k: float(v) for k, v in aux.items()}
+    row = p["d_model"] * p["bytes_per_value"]
+    out = {"bench": "dispatch_projection_measured", "model": "deepseek-v3",
+           "tokens_sampled": tokens, "dispatcher": "node_a2a", **p, "bytes_per_row": row,
+           "rounds": aux["rounds"], "dropped_rows": aux["dropped_rows"]}
+    for name, suffix in (("node_dedup", ""), ("device_dedup", "_device_dedup"),
+                         ("no_dedup", "_no_dedup")):
+        for where in ("inter", "intra"):
+            out[f"{name}_{where}_node_rows_per_token"] = aux[f"rows_{where}_node{suffix}"] / tokens
+        out[f"{name}_inter_node_bytes_per_token"] = (
+            out[f"{name}_inter_node_rows_per_token"] * row)
+    nd = out["no_dedup_inter_node_rows_per_token"]
+    for name in ("node_dedup", "device_dedup"):
+        out[f"{name}_inter_node_saving"] = 1 - out[f"{name}_inter_node_rows_per_token"] / nd
+    return out
+
+
+def rows_by_routing(args, dispatchers, mesh) -> list[dict]:
+    """Deterministic rows per dispatcher and routing (no timing): the dispatchers' aux."""
+    import jax
+    import jax.numpy as jnp
+
+    from dropless import MoEConfig
+    from dropless.bench.moe import _router_bias
+    from dropless.moe import dispatch as dsp
+    from dropless.moe import layer, router
+    from dropless.parallel import shard_params
+
+    cfg = MoEConfig(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model,
+                    d_ff=args.d_ff, ragged_buffer_factor=args.buffer_factor,
+                    devices_per_node=args.devices_per_node, gmm_backend="ragged_dot")
+    params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
+    x = jax.random.normal(jax.random.key(1), (args.tokens, args.d_model), jnp.float32)
+    records = []
+    for routing_name in args.routings.split(","):
+        bias = jnp.asarray(_router_bias(routing_name, args.experts, args.experts))
+        routing = router.route(router.router_logits(x, params["router"]["w_DE"]), bias, cfg)
+        load = np.bincount(np.asarray(routing.ids_TK).ravel(), minlength=args.experts)
+        for name in dispatchers:
+            c = cfg.replace(dispatcher=name)
+            aux = jax.jit(lambda x, c=c: dsp.expert_parallel_experts(
+                x, routing, params["experts"], c, mesh)[2])(x)
+            rec = {"bench": "dispatch_rows", "dispatcher": name, "routing": routing_name,
+                   "tokens": args.tokens, "experts": args.experts, "top_k": args.top_k,
+                   "ep": int(mesh.shape["expert"]), "devices_per_node": args.devices_per_node,
+                   "buffer_factor": args.buffer_factor,
+                   "max_over_mean_load": float(load.max() / load.mean()),
+                   **{k: float(v) for k, v in aux.items()}}
+            records.append(rec)
+    return records
+
+
+def deepseek_v3_projection(tokens: int, seed: int = 0) -> dict:
+    """Bytes per token leaving each device with and without dedup, from a routing sample.
+
+    The sample is DeepSeek-V3's router rule (sigmoid scores, 8 groups, best 4 groups, top-8 of
+    256) on random activations and router weights. Experts go to EP=64 ranks in order (4 per
+    rank), ranks to nodes of 8 (32 experts = one routing group per node); token t lives on rank
+    t % 64. Counts (token, destination) rows: no dedup (one per choice), per-device dedup (our
+    a2a), and per-node dedup (what node-level forwarding such as DeepEP's achieves).
+    """
+    p = PROJECTION
+    ids = _v3_routing_sample(tokens, seed)
     per_rank = p["num_experts"] // p["ep"]
     dev = ids // per_rank                                 # [T, K] destination rank
     node = dev // p["devices_per_node"]
@@ -187,8 +289,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="for intra/inter-node byte accounting (default 4)")
     p.add_argument("--buffer-factor", type=float, default=2.0,
                    help="ragged_buffer_factor (default 2.0)")
-    p.add_argument("--dispatchers", default="allgather,a2a",
-                   help="comma list (default allgather,a2a; ragged_a2a on GPU/TPU)")
+    p.add_argument("--dispatchers", default="allgather,a2a,node_a2a",
+                   help="comma list (default allgather,a2a,node_a2a; ragged_a2a on GPU/TPU)")
+    p.add_argument("--rows-only", action="store_true",
+                   help="no timing: deterministic rows per dispatcher for each of --routings")
+    p.add_argument("--routings", default="uniform,zipf",
+                   help="with --rows-only: router bias, uniform and/or zipf (default both)")
+    p.add_argument("--projection-only", action="store_true",
+                   help="only the DeepSeek-V3 projection; with 64 devices (--host-devices 64) "
+                        "also measured through node_a2a")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--projection-tokens", type=int, default=4096,
                    help="tokens in the DeepSeek-V3 routing sample (0 to skip; default 4096)")
@@ -212,11 +321,23 @@ def run(args: argparse.Namespace) -> int:
     if n % args.ep:
         raise SystemExit(f"--ep={args.ep} does not divide the {n} devices (on CPU, start a "
                          f"fresh process with --host-devices or XLA_FLAGS)")
-    mesh = make_mesh(MeshConfig(data=n // args.ep, expert=args.ep))
     info = harness.machine_info()
     busy = harness.busy_fraction()
     print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {n} {info['platform']} "
           f"devices; others' load before start: {busy}", flush=True)
+    if args.projection_only:
+        return _projection_only(args, info)
+    mesh = make_mesh(MeshConfig(data=n // args.ep, expert=args.ep))
+    if args.rows_only:
+        records = rows_by_routing(args, args.dispatchers.split(","), mesh)
+        for r in records:
+            r.update(machine=info)
+        print(harness.format_table(records, [
+            "routing", "dispatcher", "devices_per_node", "rows_routed", "rows_sent",
+            "rows_inter_node", "rows_intra_node", "rows_inter_node_device_dedup",
+            "rows_inter_node_no_dedup", "padding_rows", "rounds", "dropped_rows"]))
+        harness.write_jsonl(args.out, records)
+        return 0
     records = _case(args, args.dispatchers.split(","), mesh)
     after = harness.busy_fraction(0.2)
     for r in records:
@@ -224,7 +345,8 @@ def run(args: argparse.Namespace) -> int:
     print(harness.format_table(records, [
         "dispatcher", "dispatch_ms", "gmm_ms", "combine_ms", "forward_ms", "fwd_bwd_ms",
         "fwd_bwd_vs_allgather", "rows_sent", "padding_rows", "rows_routed",
-        "dedup_saving_rows", "rounds"]), flush=True)
+        "dedup_saving_rows", "rounds", "rows_inter_node", "rows_intra_node",
+        "rows_inter_node_device_dedup"]), flush=True)
     if args.projection_tokens > 0:
         proj = deepseek_v3_projection(args.projection_tokens)
         proj.update(machine=info)
@@ -234,5 +356,27 @@ def run(args: argparse.Namespace) -> int:
             "no_dedup_inter_node_rows_per_token", "device_dedup_inter_node_rows_per_token",
             "node_dedup_inter_node_rows_per_token", "device_dedup_inter_node_saving",
             "node_dedup_inter_node_saving"]))
+    harness.write_jsonl(args.out, records)
+    return 0
+
+
+def _projection_only(args, info) -> int:
+    import jax
+
+    from dropless.bench import harness
+
+    proj = deepseek_v3_projection(args.projection_tokens)
+    records = [proj]
+    cols = ["tokens_sampled", "no_dedup_inter_node_rows_per_token",
+            "device_dedup_inter_node_rows_per_token", "node_dedup_inter_node_rows_per_token",
+            "device_dedup_inter_node_saving", "node_dedup_inter_node_saving"]
+    if jax.device_count() >= PROJECTION["ep"]:
+        records.append(measured_v3_rows(args.projection_tokens))
+    else:
+        print(f"# measured rows need {PROJECTION['ep']} devices (--host-devices "
+              f"{PROJECTION['ep']} in a fresh process); projection only")
+    for r in records:
+        r.update(machine=info)
+    print(harness.format_table(records, ["bench"] + cols))
     harness.write_jsonl(args.out, records)
     return 0

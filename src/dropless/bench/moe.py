@@ -33,7 +33,7 @@ def _router_bias(routing: str, e: int, seed: int) -> np.ndarray:
     raise ValueError(f"routing={routing!r} is not one of ('uniform', 'zipf')")
 
 
-def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s):
+def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s, fused=True):
     cfg = MoEConfig(num_experts=e, top_k=k, d_model=d, d_ff=f, dtype=dtype, weight_dtype=dtype,
                     score_func="softmax")
     params = moe.init_params(jax.random.key(e), cfg)
@@ -54,13 +54,18 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s):
     variants = {}
     for b in backends:
         variants[f"dropless/{b}"] = cfg.replace(gmm_backend=b)
+        if fused:   # prefuse_moe_weights: one [E, D, 2F] gate+up grouped matmul
+            variants[f"fused/{b}"] = cfg.replace(gmm_backend=b, prefuse_moe_weights=True)
     for cf in cfs:
         variants[f"capacity/{cf:g}"] = cfg.replace(capacity_factor=cf)
+    fused_params = moe.fuse_expert_weights(params)
+    params_of = {nm: fused_params if c.prefuse_moe_weights else params
+                 for nm, c in variants.items()}
     for name, c in variants.items():
         fwd = jax.jit(lambda p, x, c=c: moe.apply(p, x, c))
         fb = jax.jit(dense.fwd_and_fwd_bwd(lambda p, x, c=c: moe.apply(p, x, c)[0])[1])
-        fns_f[name] = lambda fwd=fwd: fwd(params, x)
-        fns_b[name] = lambda fb=fb: fb(params, x, dy)
+        fns_f[name] = lambda fwd=fwd, p=params_of[name]: fwd(p, x)
+        fns_b[name] = lambda fb=fb, p=params_of[name]: fb(p, x, dy)
 
     dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
@@ -83,12 +88,12 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s):
             else:
                 rec["skipped"] = f"estimated {work[nm] * dense_s:.1f}s/call > budget"
             if nm in variants and mode == "fwd":
-                _, aux = moe.apply(params, x, variants[nm])
+                _, aux = moe.apply(params_of[nm], x, variants[nm])
                 rec["dropped_rows"] = int(aux["dropped_tokens"])
                 rec["drop_rate"] = int(aux["dropped_tokens"]) / n
                 load = np.asarray(aux["tokens_per_expert"])
                 rec["max_over_mean_load"] = float(load.max() / load.mean())
-            if nm.startswith("dropless/"):
+            if nm.startswith(("dropless/", "fused/")):
                 rec["resolved"] = resolve_backend(nm.split("/", 1)[1])
             records.append(rec)
     return records
@@ -106,6 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="grouped-matmul backends for the dropless layer (default auto,ragged_dot)")
     p.add_argument("--capacity-factors", default="1.0,1.25,2.0",
                    help="capacity baseline factors (default 1.0,1.25,2.0; empty for none)")
+    p.add_argument("--no-fused", action="store_true",
+                   help="skip the prefuse_moe_weights rows (fused/<backend>)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=60.0,
                    help="skip a variant whose estimated total time exceeds this (default 60)")
@@ -129,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
             for routing in args.routings.split(","):
                 t = math.ceil(args.rows / k)
                 recs = _case(t, args.d_model, args.d_ff, e, k, routing, dtype,
-                             args.backends.split(","), cfs, args.repeats, args.budget_s)
+                             args.backends.split(","), cfs, args.repeats, args.budget_s,
+                             fused=not args.no_fused)
                 after = harness.busy_fraction(0.2)
                 for r in recs:
                     r.update(machine=info, busy_before=busy, busy_after=after)

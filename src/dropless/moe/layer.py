@@ -5,7 +5,8 @@ C capacity rows per expert (capacity baseline only), Fs shared hidden dim.
 
 Parameter names are a public contract:
   params["router"]["w_DE"], params["router"]["bias_E"],
-  params["experts"]["w_gate_EDF"], ["w_up_EDF"], ["w_down_EFD"],
+  params["experts"]["w_gate_EDF"], ["w_up_EDF"], ["w_down_EFD"]
+    (or, with prefuse_moe_weights, ["w_gate_up_ED2F"] = concat([gate, up], -1), ["w_down_EFD"]),
   params["shared"]["w_gate_DF"], ["w_up_DF"], ["w_down_FD"]   (when num_shared_experts > 0).
 """
 from __future__ import annotations
@@ -19,7 +20,10 @@ import jax.numpy as jnp
 from dropless.config import MoEConfig
 from dropless.moe import permute as perm
 from dropless.moe import router as rt
-from dropless.ops.gmm import grouped_matmul
+from dropless.moe.dispatch import expert_parallel_experts
+# expert_ffn, gmm_for and dropless_experts stay importable from here (their old home)
+from dropless.moe.experts import (check_layout, dropless_experts, expert_ffn,  # noqa: F401
+                                  fuse_expert_weights, gmm_for)
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -27,7 +31,8 @@ Params = dict[str, dict[str, jax.Array]]
 def init_params(key: jax.Array, cfg: MoEConfig) -> Params:
     """Random parameters with the contract's names; weights in `cfg.weight_dtype`, router f32.
 
-    Inputs are scaled by 1/sqrt(fan_in); the router bias starts at zero.
+    Inputs are scaled by 1/sqrt(fan_in); the router bias starts at zero. With
+    `cfg.prefuse_moe_weights` the experts are exactly fuse_expert_weights of the unfused ones.
     """
     d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
     wdt = jnp.dtype(cfg.weight_dtype)
@@ -43,6 +48,8 @@ def init_params(key: jax.Array, cfg: MoEConfig) -> Params:
                     "w_up_EDF": normal(k_u, (e, d, f), d, wdt),
                     "w_down_EFD": normal(k_d, (e, f, d), f, wdt)},
     }
+    if cfg.prefuse_moe_weights:
+        params = fuse_expert_weights(params)
     if cfg.num_shared_experts > 0:
         fs = cfg.num_shared_experts * f
         ks = jax.random.split(k_s, 3)
@@ -50,41 +57,6 @@ def init_params(key: jax.Array, cfg: MoEConfig) -> Params:
                             "w_up_DF": normal(ks[1], (d, fs), d, wdt),
                             "w_down_FD": normal(ks[2], (fs, d), fs, wdt)}
     return params
-
-
-def gmm_for(cfg: MoEConfig):
-    """The grouped matmul the layer uses: the configured backend, wrapped by its quantization."""
-    if cfg.gmm_quantization == "none":
-        return lambda x, w, gs: grouped_matmul(x, w, gs, backend=cfg.gmm_backend,
-                                               preferred_element_type=x.dtype)
-    from dropless.quant import quantized_gmm  # the one seam for low precision
-    return quantized_gmm(cfg)
-
-
-def expert_ffn(x_ND: jax.Array, group_sizes_E: jax.Array, experts: dict[str, jax.Array],
-               cfg: MoEConfig) -> jax.Array:
-    """SwiGLU per expert over expert-major rows: down(silu(x @ gate) * (x @ up))."""
-    dt = jnp.dtype(cfg.dtype)
-    gmm = gmm_for(cfg)
-    x_ND = x_ND.astype(dt)
-    gate_NF = gmm(x_ND, experts["w_gate_EDF"].astype(dt), group_sizes_E)
-    up_NF = gmm(x_ND, experts["w_up_EDF"].astype(dt), group_sizes_E)
-    h_NF = (jax.nn.silu(gate_NF.astype(jnp.float32)) * up_NF.astype(jnp.float32)).astype(dt)
-    return gmm(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E)
-
-
-def dropless_experts(x_TD, routing: rt.Routing, experts, cfg: MoEConfig):
-    """Every (token, choice) row goes to its expert: sort, grouped matmuls, unsort, weight, sum.
-
-    Returns (y_TD, group_sizes_E).
-    """
-    p = perm.sort_by_expert(routing.ids_TK, cfg.num_experts)
-    x_ND = perm.permute(x_TD, p.order_N, p.inv_N, cfg.top_k)
-    y_ND = expert_ffn(x_ND, p.group_sizes_E, experts, cfg)
-    y_TKD = perm.unpermute(y_ND, p.order_N, p.inv_N, cfg.top_k)
-    y_TD = jnp.einsum("tkd,tk->td", y_TKD, routing.weights_TK.astype(y_TKD.dtype),
-                      preferred_element_type=jnp.float32)
-    return y_TD, p.group_sizes_E
 
 
 def capacity(cfg: MoEConfig, num_tokens: int) -> int:
@@ -106,10 +78,16 @@ def capacity_experts(x_TD, routing: rt.Routing, experts, cfg: MoEConfig):
     n = routing.ids_TK.size
     tok_EC = p.order_N[jnp.minimum(slot_EC, n - 1)] // cfg.top_k
     x_ECD = jnp.where(valid_EC[..., None], x_TD[tok_EC].astype(dt), 0)
-    g = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_gate_EDF"].astype(dt),
-                   preferred_element_type=jnp.float32)
-    u = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_up_EDF"].astype(dt),
-                   preferred_element_type=jnp.float32)
+    check_layout(experts, cfg)
+    if cfg.prefuse_moe_weights:
+        gu = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_gate_up_ED2F"].astype(dt),
+                        preferred_element_type=jnp.float32)
+        g, u = jnp.split(gu, 2, axis=-1)
+    else:
+        g = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_gate_EDF"].astype(dt),
+                       preferred_element_type=jnp.float32)
+        u = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_up_EDF"].astype(dt),
+                       preferred_element_type=jnp.float32)
     h_ECF = (jax.nn.silu(g) * u).astype(dt)
     y_ECD = jnp.einsum("ecf,efd->ecd", h_ECF, experts["w_down_EFD"].astype(dt),
                        preferred_element_type=jnp.float32)
@@ -154,7 +132,6 @@ def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: Any = None
     routing = rt.route(logits_TE, params["router"]["bias_E"], cfg)
     extra: dict[str, jax.Array] = {}
     if mesh is not None:
-        from dropless.moe.dispatch import expert_parallel_experts
         y_TD, sizes_E, extra = expert_parallel_experts(x_TD, routing, params["experts"], cfg,
                                                        mesh)
         dropped = jnp.zeros((), jnp.int32)

@@ -1,6 +1,6 @@
 """A Flax NNX module around the functional MoE layer, for models written with Flax.
 
-Legend: D model dim, E experts, F expert hidden dim.
+Legend: D model dim, E experts, F expert hidden dim, 2F gate and up side by side.
 
 The router bias is an `RouterBias` variable, not an `nnx.Param`: DeepSeek-V3 updates it outside
 the optimizer (`MoE.update_bias`), so optimizers built on `nnx.Param` leave it alone.
@@ -29,8 +29,11 @@ class MoE(nnx.Module):
         p = layer.init_params(rngs.params(), cfg)
         self.w_DE = nnx.Param(p["router"]["w_DE"])
         self.bias_E = RouterBias(p["router"]["bias_E"])
-        self.w_gate_EDF = nnx.Param(p["experts"]["w_gate_EDF"])
-        self.w_up_EDF = nnx.Param(p["experts"]["w_up_EDF"])
+        if cfg.prefuse_moe_weights:
+            self.w_gate_up_ED2F = nnx.Param(p["experts"]["w_gate_up_ED2F"])
+        else:
+            self.w_gate_EDF = nnx.Param(p["experts"]["w_gate_EDF"])
+            self.w_up_EDF = nnx.Param(p["experts"]["w_up_EDF"])
         self.w_down_EFD = nnx.Param(p["experts"]["w_down_EFD"])
         if cfg.num_shared_experts > 0:
             self.w_shared_gate_DF = nnx.Param(p["shared"]["w_gate_DF"])
@@ -40,9 +43,11 @@ class MoE(nnx.Module):
     def params_dict(self) -> layer.Params:
         """The functional layer's parameter tree (same names as `dropless.moe.init_params`)."""
         params = {"router": {"w_DE": self.w_DE[...], "bias_E": self.bias_E[...]},
-                  "experts": {"w_gate_EDF": self.w_gate_EDF[...],
-                              "w_up_EDF": self.w_up_EDF[...],
-                              "w_down_EFD": self.w_down_EFD[...]}}
+                  "experts": {"w_down_EFD": self.w_down_EFD[...]}}
+        if self.cfg.prefuse_moe_weights:
+            params["experts"]["w_gate_up_ED2F"] = self.w_gate_up_ED2F[...]
+        else:
+            params["experts"].update(w_gate_EDF=self.w_gate_EDF[...], w_up_EDF=self.w_up_EDF[...])
         if self.cfg.num_shared_experts > 0:
             params["shared"] = {"w_gate_DF": self.w_shared_gate_DF[...],
                                 "w_up_DF": self.w_shared_up_DF[...],

@@ -18,6 +18,7 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "router/bias_E": ("router",),
     "experts/w_gate_EDF": ("expert", "embed", "mlp"),
     "experts/w_up_EDF": ("expert", "embed", "mlp"),
+    "experts/w_gate_up_ED2F": ("expert", "embed", "mlp"),   # prefuse_moe_weights
     "experts/w_down_EFD": ("expert", "mlp", "embed"),
     "shared/w_gate_DF": ("embed", "mlp"),
     "shared/w_up_DF": ("embed", "mlp"),

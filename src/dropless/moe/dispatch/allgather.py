@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dropless.moe import dispatch_a2a as fused
-from dropless.moe.dispatch_plan import SendPlan, make_plan
+from dropless.moe.dispatch import rows as fused
+from dropless.moe.dispatch.plan import SendPlan, make_plan
 
 
 class Gathered(NamedTuple):

@@ -116,7 +116,11 @@ def make_budget(num_tokens: int, top_k: int, num_experts: int, num_peers: int,
 
 def make_plan(ids_TK: jax.Array, num_peers: int, experts_per_peer: int,
               budget: Budget) -> SendPlan:
-    """Deduplicate (token, choice) rows into (token, peer) rows and assign them to rounds."""
+    """Deduplicate (token, choice) rows into (token, peer) rows and assign them to rounds.
+
+    An id >= num_peers * experts_per_peer is an empty choice: it goes nowhere (node_a2a's
+    second hop plans rows that carry fewer than K choices).
+    """
     ids_TK = ids_TK.astype(jnp.int32)
     dest_TK = ids_TK // experts_per_peer
     lid_TK = ids_TK % experts_per_peer
@@ -158,9 +162,11 @@ def round_slots(plan: SendPlan, r: jax.Array, budget: Budget, experts_per_peer: 
     same_TKK = plan.dest_TK[:, :, None] == plan.dest_TK[:, None, :]
     j_TK = jnp.sum(jnp.tril(same_TKK, -1), axis=2, dtype=jnp.int32)  # earlier choices, same peer
     dest_TK = plan.dest_TK
-    mine_TK = jnp.take_along_axis(in_round_TP, dest_TK, axis=1)
-    pos_TK = jnp.where(mine_TK, jnp.take_along_axis(start_TP, dest_TK, axis=1) + j_TK, ce)
-    row_TK = jnp.take_along_axis(slot_TP, dest_TK, axis=1)
+    valid_TK = dest_TK < p             # ids past the last peer are empty choices (node_a2a)
+    d_TK = jnp.where(valid_TK, dest_TK, 0)
+    mine_TK = jnp.take_along_axis(in_round_TP, d_TK, axis=1) & valid_TK
+    pos_TK = jnp.where(mine_TK, jnp.take_along_axis(start_TP, d_TK, axis=1) + j_TK, ce)
+    row_TK = jnp.take_along_axis(slot_TP, d_TK, axis=1)
     tok_TK = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[:, None], (t, k))
     k_TK = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :], (t, k))
 

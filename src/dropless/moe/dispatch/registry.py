@@ -1,0 +1,118 @@
+"""The dispatcher registry: named strategies sharing one contract, and how a name resolves.
+
+A dispatcher is a DispatcherSpec (functions take the EPContext last):
+  state = prepare(ids_TK)                       routing-only bookkeeping, no gradients
+  rounds(state)                                 rounds all devices agree on (on device)
+  x_ND, group_sizes_El, meta = dispatch(x_TD, w_TK, state, r)   expert-major rows of round r
+  y_TD += combine(expert_ffn(x_ND, group_sizes_El), meta)      back in token order
+Legend: T local tokens, D model dim, K top-k, El local experts, N rows entering the grouped
+matmul. One file per strategy in this package; `expert_parallel.py` is the shard_map boundary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dropless.moe.dispatch import a2a, allgather as ag, node_a2a as na, ragged_a2a as ra
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherSpec:
+    """A registered dispatcher (functions take the EPContext last)."""
+
+    name: str
+    prepare: Callable[..., Any]
+    rounds: Callable[..., jax.Array]
+    dispatch: Callable[..., tuple]
+    combine: Callable[..., jax.Array]
+    description: str
+    unsupported_on: tuple[str, ...] = ()   # platforms where it cannot compile
+    buffer_rows: Callable[..., int] = lambda ctx: ctx.budget.row_chunk  # per peer per round
+    split_nodes: bool = False          # runs on the mesh with `expert` split at node boundaries
+    traffic: Callable[..., dict] | None = None   # its own row accounting (else one hop's)
+
+
+DISPATCHERS: dict[str, DispatcherSpec] = {
+    "allgather": DispatcherSpec(
+        "allgather", ag.allgather_prepare, ag.allgather_rounds, ag.allgather_dispatch,
+        ag.allgather_combine, "gather all tokens, run local experts, reduce-scatter back",
+        buffer_rows=lambda ctx: ctx.num_tokens),
+    "a2a": DispatcherSpec(
+        "a2a", a2a.a2a_prepare, a2a.a2a_rounds, a2a.a2a_dispatch, a2a.a2a_combine,
+        "deduplicated rows over all_to_all in static per-peer chunks (every backend)"),
+    "ragged_a2a": DispatcherSpec(
+        "ragged_a2a", a2a.a2a_prepare, a2a.a2a_rounds, ra.ragged_dispatch, ra.ragged_combine,
+        "deduplicated rows over ragged_all_to_all (GPU/TPU; padding never travels)",
+        unsupported_on=("cpu",)),
+    "node_a2a": DispatcherSpec(
+        "node_a2a", na.node_prepare, na.node_rounds, na.node_dispatch, na.node_combine,
+        "node-level dedup: one row per (token, node) across nodes, fanned out inside the node",
+        buffer_rows=na.node_buffer_rows, split_nodes=True, traffic=na.node_traffic),
+}
+GPU_PLATFORMS = ("cuda", "rocm", "tpu")
+
+
+def dispatcher_names() -> tuple[str, ...]:
+    """Names accepted by MoEConfig.dispatcher with a mesh: auto, local, then the registry."""
+    return ("auto", "local") + tuple(DISPATCHERS)
+
+
+@functools.lru_cache(maxsize=None)
+def ragged_lowers(platform: str) -> bool:
+    """Whether this JAX can lower ragged_all_to_all inside shard_map for `platform` (probed
+    once, on a 2-device abstract mesh; nothing is compiled or run). Lowering is not compiling:
+    XLA:CPU lowers it but cannot compile it, which `unsupported_on` records."""
+    from jax.sharding import AbstractMesh, AxisType, PartitionSpec as P
+    mesh = AbstractMesh((2,), ("x",), axis_types=(AxisType.Auto,))
+
+    def body(v):
+        n = jnp.ones((2,), jnp.int32)
+        off = jnp.arange(2, dtype=jnp.int32)
+        return lax.ragged_all_to_all(v, jnp.zeros_like(v), off, n, off, n, axis_name="x")
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    try:
+        jax.jit(f).trace(jax.ShapeDtypeStruct((4,), jnp.float32)).lower(
+            lowering_platforms=(platform,))
+    except Exception:   # any failure means "not on this platform"  # noqa: BLE001
+        return False
+    return True
+
+
+def platform_choices(name: str, *, num_nodes: int = 1) -> dict[str, str]:
+    """What `name` resolves to on each platform a function may be lowered for. The dispatcher
+    picks among these with lax.platform_dependent, at lowering time (so a function lowered for
+    CUDA on a CPU host gets the CUDA choice)."""
+    return {p: resolve_dispatcher(name, p, num_nodes=num_nodes)
+            for p in ("cpu",) + GPU_PLATFORMS
+            if name == "auto" or p not in DISPATCHERS.get(name, DISPATCHERS["a2a"]).unsupported_on}
+
+
+def resolve_dispatcher(name: str, platform: str | None = None, *, num_nodes: int = 1) -> str:
+    """The strategy a name means on `platform` (default: JAX's default backend).
+
+    `auto`: `node_a2a` when the EP group spans several nodes of several devices (num_nodes > 1);
+    otherwise `ragged_a2a` on GPU/TPU when ragged_all_to_all lowers there (ragged_lowers), else
+    `a2a`. Raises ValueError for an unknown name or a dispatcher the platform cannot compile.
+    """
+    platform = platform or jax.default_backend()
+    if name == "auto":
+        if num_nodes > 1:
+            return "node_a2a"
+        if platform in GPU_PLATFORMS and ragged_lowers(platform):
+            return "ragged_a2a"
+        return "a2a"
+    if name == "local":
+        return name
+    if name not in DISPATCHERS:
+        raise ValueError(f"MoEConfig.dispatcher={name!r} is unknown; known: "
+                         f"{', '.join(dispatcher_names())}")
+    if platform in DISPATCHERS[name].unsupported_on:
+        raise ValueError(f"MoEConfig.dispatcher={name!r} is not supported on {platform}: XLA:"
+                         f"{platform.upper()} cannot compile ragged-all-to-all; use 'a2a'")
+    return name

@@ -1,0 +1,172 @@
+"""The per-expert compute shared by the single-device layer and every dispatcher.
+
+Legend: N rows entering the grouped matmul (expert-major), D model dim, F expert hidden dim,
+2F the gate and up halves side by side, E experts (the local experts inside a dispatcher),
+T tokens, K top-k.
+
+This module sits below both `layer.py` and `dispatch/`: the layer sorts rows and calls
+`expert_ffn`; a dispatcher moves rows to their device and calls the same `expert_ffn`, so the
+grouped-matmul backend and the precision seam (`gmm_for`) are one thing for both.
+
+Two parameter layouts (`MoEConfig.prefuse_moe_weights`, MaxText's key of the same name):
+  unfused: experts["w_gate_EDF"], ["w_up_EDF"], ["w_down_EFD"]    three grouped matmuls
+  fused:   experts["w_gate_up_ED2F"] = concat([gate, up], -1), ["w_down_EFD"]
+           one grouped matmul for gate and up (one pass over the routed rows), then down.
+`fuse_expert_weights` / `unfuse_expert_weights` convert any tree holding either layout (model
+parameters, optimizer moments, checkpoints' abstract trees) and are exact inverses.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dropless.config import MoEConfig
+from dropless.moe import permute as perm
+from dropless.moe.router import Routing
+from dropless.ops.gmm import grouped_matmul
+
+
+def gmm_for(cfg: MoEConfig):
+    """The grouped matmul the layer uses: the configured backend, wrapped by its quantization."""
+    if cfg.gmm_quantization == "none":
+        return lambda x, w, gs: grouped_matmul(x, w, gs, backend=cfg.gmm_backend,
+                                               preferred_element_type=x.dtype)
+    from dropless.quant import quantized_gmm  # the one seam for low precision
+    return quantized_gmm(cfg)
+
+
+UNFUSED_KEYS = ("w_gate_EDF", "w_up_EDF")
+FUSED_KEY = "w_gate_up_ED2F"
+
+
+def check_layout(experts: dict[str, Any], cfg: MoEConfig) -> None:
+    """Raise ValueError when the expert parameters' layout disagrees with the config."""
+    fused = FUSED_KEY in experts
+    if fused != cfg.prefuse_moe_weights or not (fused or all(k in experts for k in UNFUSED_KEYS)):
+        have = sorted(experts)
+        raise ValueError(f"MoEConfig.prefuse_moe_weights={cfg.prefuse_moe_weights} but the expert "
+                         f"parameters are {have}; convert them with dropless.moe."
+                         f"{'fuse' if cfg.prefuse_moe_weights else 'unfuse'}_expert_weights")
+
+
+def gate_up(x_ND: jax.Array, group_sizes_E: jax.Array, experts: dict[str, jax.Array],
+            cfg: MoEConfig) -> tuple[jax.Array, jax.Array]:
+    """(gate_NF, up_NF) projections: one grouped matmul on the fused weight, else two."""
+    dt = jnp.dtype(cfg.dtype)
+    gmm = gmm_for(cfg)
+    if FUSED_KEY in experts:
+        h_N2F = gmm(x_ND, experts[FUSED_KEY].astype(dt), group_sizes_E)
+        f = h_N2F.shape[-1] // 2
+        return h_N2F[:, :f], h_N2F[:, f:]
+    return (gmm(x_ND, experts["w_gate_EDF"].astype(dt), group_sizes_E),
+            gmm(x_ND, experts["w_up_EDF"].astype(dt), group_sizes_E))
+
+
+def expert_ffn(x_ND: jax.Array, group_sizes_E: jax.Array, experts: dict[str, jax.Array],
+               cfg: MoEConfig) -> jax.Array:
+    """SwiGLU per expert over expert-major rows: down(silu(x @ gate) * (x @ up)) -> [N, D].
+
+    `group_sizes_E[e]` consecutive rows belong to expert e; rows past their sum are ignored.
+    Either parameter layout (see the module docstring); raises ValueError when it disagrees
+    with `cfg.prefuse_moe_weights`.
+    """
+    check_layout(experts, cfg)
+    dt = jnp.dtype(cfg.dtype)
+    x_ND = x_ND.astype(dt)
+    gate_NF, up_NF = gate_up(x_ND, group_sizes_E, experts, cfg)
+    h_NF = (jax.nn.silu(gate_NF.astype(jnp.float32)) * up_NF.astype(jnp.float32)).astype(dt)
+    return gmm_for(cfg)(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E)
+
+
+def _concat(a, b):
+    if isinstance(a, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(a.shape[:-1] + (2 * a.shape[-1],), a.dtype,
+                                    sharding=getattr(a, "sharding", None))
+    return (np if isinstance(a, np.ndarray) else jnp).concatenate([a, b], axis=-1)
+
+
+def _halves(a):
+    f = a.shape[-1] // 2
+    if isinstance(a, jax.ShapeDtypeStruct):
+        half = jax.ShapeDtypeStruct(a.shape[:-1] + (f,), a.dtype,
+                                    sharding=getattr(a, "sharding", None))
+        return half, half
+    return a[..., :f], a[..., f:]
+
+
+def _has_experts(x) -> bool:
+    return isinstance(x, dict) and (FUSED_KEY in x or all(k in x for k in UNFUSED_KEYS))
+
+
+def _convert(tree: Any, node_fn) -> Any:
+    """Apply node_fn to every dict holding expert weights, anywhere in any pytree."""
+    return jax.tree_util.tree_map(lambda x: node_fn(x) if _has_experts(x) else x, tree,
+                                  is_leaf=_has_experts)
+
+
+def fuse_expert_weights(tree: Any) -> Any:
+    """Every dict holding w_gate_EDF and w_up_EDF gets w_gate_up_ED2F (their concatenation on
+    the last axis) instead; everything else is unchanged. Pure; arrays, numpy arrays and
+    jax.ShapeDtypeStruct leaves (abstract trees for checkpoint restore) alike."""
+    def node(d):
+        if not all(k in d for k in UNFUSED_KEYS):
+            return d
+        out = {k: v for k, v in d.items() if k not in UNFUSED_KEYS}
+        out[FUSED_KEY] = _concat(d["w_gate_EDF"], d["w_up_EDF"])
+        return out
+    return _convert(tree, node)
+
+
+def unfuse_expert_weights(tree: Any) -> Any:
+    """The inverse of fuse_expert_weights: w_gate_up_ED2F -> w_gate_EDF, w_up_EDF (halves)."""
+    def node(d):
+        if FUSED_KEY not in d:
+            return d
+        out = {k: v for k, v in d.items() if k != FUSED_KEY}
+        out["w_gate_EDF"], out["w_up_EDF"] = _halves(d[FUSED_KEY])
+        return out
+    return _convert(tree, node)
+
+
+def convert_expert_weights(tree: Any, *, prefuse: bool) -> Any:
+    """`tree` in the layout `prefuse` asks for, whichever layout it is in now."""
+    return fuse_expert_weights(tree) if prefuse else unfuse_expert_weights(tree)
+
+
+def expert_layout(tree: Any) -> bool | None:
+    """True if the dicts in `tree` hold the fused weight, False if the unfused pair, None if
+    neither (a tree without MoE layers). Dict keys are enough: works on checkpoint metadata."""
+    found = [FUSED_KEY in x for x in jax.tree_util.tree_leaves(tree, is_leaf=_has_experts)
+             if _has_experts(x)]
+    return found[0] if found else None
+
+
+def restore_in_any_layout(restore, like: Any, saved_tree: Any) -> Any:
+    """Restore a checkpoint written with either expert layout into `like`'s layout.
+
+    restore(abstract) -> tree reads the checkpoint given an abstract tree; saved_tree is the
+    checkpoint's tree metadata (e.g. orbax `mngr.item_metadata(step)["state"].tree`), whose keys
+    tell the layout it was written in. Both conversions are exact (concatenate / split).
+    """
+    saved, wanted = expert_layout(saved_tree), expert_layout(like)
+    if saved is None or wanted is None or saved == wanted:
+        return restore(like)
+    return convert_expert_weights(restore(convert_expert_weights(like, prefuse=saved)),
+                                  prefuse=wanted)
+
+
+def dropless_experts(x_TD, routing: Routing, experts, cfg: MoEConfig):
+    """Every (token, choice) row goes to its expert: sort, grouped matmuls, unsort, weight, sum.
+
+    Returns (y_TD, group_sizes_E).
+    """
+    p = perm.sort_by_expert(routing.ids_TK, cfg.num_experts)
+    x_ND = perm.permute(x_TD, p.order_N, p.inv_N, cfg.top_k)
+    y_ND = expert_ffn(x_ND, p.group_sizes_E, experts, cfg)
+    y_TKD = perm.unpermute(y_ND, p.order_N, p.inv_N, cfg.top_k)
+    y_TD = jnp.einsum("tkd,tk->td", y_TKD, routing.weights_TK.astype(y_TKD.dtype),
+                      preferred_element_type=jnp.float32)
+    return y_TD, p.group_sizes_E
