@@ -62,15 +62,30 @@ def read_meta(directory: str | Path, step: int) -> dict:
     return json.loads((Path(directory) / str(step) / "meta" / "metadata").read_text())
 
 
+def _saved_tree(mngr: ocp.CheckpointManager, step: int) -> Any:
+    """The stored state's tree metadata (its dict keys tell the expert layout)."""
+    md = mngr.item_metadata(step)["state"]
+    return getattr(md, "tree", md)
+
+
 def restore(mngr: ocp.CheckpointManager, step: int, like: Any) -> tuple[Any, dict]:
     """(state, meta) of `step`; `like` is a state (or its jax.eval_shape) giving structure,
-    dtypes and shardings."""
-    abstract = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        like)
-    out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                     meta=ocp.args.JsonRestore()))
-    return out["state"], dict(out["meta"])
+    dtypes and shardings. Expert weights written fused ([E, D, 2F], prefuse_moe_weights) or
+    unfused load into either layout (moe.experts.restore_in_any_layout: exact)."""
+    from dropless.moe.experts import restore_in_any_layout
+    meta = {}
+
+    def read(tree):
+        abstract = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                           sharding=getattr(x, "sharding", None)), tree)
+        out = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        meta.update(out["meta"])
+        return out["state"]
+
+    state = restore_in_any_layout(read, like, _saved_tree(mngr, step))
+    return state, dict(meta)
 
 
 def _path_str(path) -> str:
@@ -100,6 +115,10 @@ def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
     """Raise ValueError if checkpoint `step` cannot be restored into `like` (a state or its
     eval_shape): names the first parameter whose shape or dtype differs (parameters before
     optimizer state) and the `model.*` config keys that differ from the run's config.json."""
+    from dropless.moe import convert_expert_weights, expert_layout
+    layout = expert_layout(_saved_tree(mngr, step))
+    if layout is not None and expert_layout(like) is not None:   # either layout restores
+        like = convert_expert_weights(jax.eval_shape(lambda t: t, like), prefuse=layout)
     stored = {_path_str(p): m for p, m in
               jax.tree_util.tree_leaves_with_path(mngr.item_metadata(step)["state"])}
     wanted = {_path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(like)}
