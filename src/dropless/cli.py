@@ -74,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         trace = True
     args = build_parser().parse_args(argv)
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
+        status = int(importlib.import_module(args._module).run(args) or 0)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # the reader went away (`dropless report | head`): stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         if trace:
             raise
