@@ -53,6 +53,7 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "logits_via_embedding": ("model.tie_embeddings",),
     "mtp_num_layers": ("model.mtp_depth",),
     "mtp_loss_scaling_factor": ("model.mtp_loss_coef",),
+    "scan_layers": ("model.scan_layers",),
     "ici_data_parallelism": ("data_parallelism",),
     "ici_fsdp_parallelism": ("fsdp_parallelism",),
     "ici_expert_parallelism": ("expert_parallelism",),

@@ -36,7 +36,16 @@ def latest_step(mngr: ocp.CheckpointManager) -> int | None:
 
 def restore(mngr: ocp.CheckpointManager, step: int, like: Any) -> tuple[Any, dict]:
     """(state, meta) of `step`; `like` is a state (or its jax.eval_shape) giving structure,
-    dtypes and shardings."""
+    dtypes and shardings. A state stored with the other decoder-layer layout (scan_layers on vs
+    off) is restored as stored and converted to `like`'s (dropless.models.scan)."""
+    from dropless.models import scan
+    stored = scan.is_scanned(getattr(mngr.item_metadata(step)["state"], "tree", None))
+    mine = scan.is_scanned(like)
+    if None not in (stored, mine) and stored != mine:
+        state, meta = restore(mngr, step, jax.eval_shape(lambda t: scan.to_layout(t, stored), like))
+        state = jax.tree.map(lambda x, ref: jax.device_put(x, getattr(ref, "sharding", None)),
+                             scan.to_layout(state, mine), like)
+        return state, meta
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
         like)
