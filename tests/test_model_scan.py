@@ -153,3 +153,31 @@ def test_stacked_params_shard_with_an_unsharded_layer_axis():
     for run, layer in ((stacked[0], flat[0]), (stacked[1], flat[2])):
         jax.tree.map(lambda s, f: s.spec == P(None, *f.spec) or pytest.fail(f"{s} vs {f}"),
                      run, layer)
+
+
+def test_scan_equals_unrolled_expert_parallel():
+    """On the 8-host-device mesh (expert 4 x fsdp 2), stacked weights placed by state_shardings,
+    the MoE layers expert-parallel inside the scan: loss and gradients as unrolled."""
+    from dropless.config_file import build_config
+    from dropless.train import mesh as mesh_lib
+    from dropless.train import step
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py)")
+    settings = {"preset": "deepseek3-test", "seq_len": 8, "per_device_batch_size": 1,
+                "model.mtp_depth": 0, "model.moe.gmm_backend": "ragged_dot",
+                "ici_expert_parallelism": 4, "ici_fsdp_parallelism": 2}
+    batch = np.asarray(jax.random.randint(jax.random.key(2), (8, 9), 0, 256), np.int32)
+    out = []
+    for scanned in (False, True):
+        cfg = build_config(list({**settings, "model.scan_layers": scanned}.items()))
+        mesh = mesh_lib.make_mesh(cfg)
+        params = deepseek.init_params(jax.random.key(0), cfg.model)
+        params = jax.device_put(params, mesh_lib.state_shardings(params, mesh))
+        fn = jax.jit(jax.value_and_grad(functools.partial(
+            step.loss_fn, cfg=cfg, mesh=mesh_lib.model_mesh(cfg, mesh)), has_aux=True))
+        (loss, aux), grads = fn(params, jax.device_put(batch, mesh_lib.batch_sharding(mesh)))
+        out.append((float(loss), aux, scan.to_layout(grads, False)))
+    (l1, a1, g1), (l2, a2, g2) = out
+    assert l1 == pytest.approx(l2, rel=1e-6) and sorted(a1) == sorted(a2)
+    np.testing.assert_array_equal(a1["tokens_per_expert_LE"], a2["tokens_per_expert_LE"])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g2, g1)

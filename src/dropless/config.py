@@ -212,7 +212,7 @@ class ModelConfig:
     dtype: str = "float32"           # activations
     weight_dtype: str = "float32"    # stored weights
     # run consecutive same-kind layers under one jax.lax.scan over stacked weights (MaxText's
-    # flag); parameters then hold "layer_runs" instead of "layers" (docs/training.md)
+    # flag); parameters then hold "layer_runs" instead of "layers" (docs/scan_layers.md)
     scan_layers: bool = False
 
     def __post_init__(self) -> None:

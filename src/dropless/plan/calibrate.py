@@ -59,7 +59,8 @@ def kernel_shapes(s: ModelConfig, cfg: PlanConfig) -> tuple[tuple, tuple]:
     the dense feed-forward (T, D, Fd) and the routed experts' up projection (T*K, D, F, E/ep)
     (the down projection is timed transposed: (T*K, F, D, E/ep))."""
     t = cfg.tokens_per_device
-    gmm = (t * s.moe.top_k, s.d_model, s.moe.d_ff, s.moe.num_experts // cfg.ep) if (s.moe is not None) else None
+    m = s.moe
+    gmm = (t * m.top_k, s.d_model, m.d_ff, m.num_experts // cfg.ep) if m is not None else None
     return (t, s.d_model, s.d_ff), gmm
 
 

@@ -1,6 +1,7 @@
 """FLOPs per token and per step, by kind of kernel. Pure arithmetic.
 
-Legend as in shape.py (the model is a dropless.config.ModelConfig); T tokens per device, S sequence length.
+Legend as in shape.py (the model is a dropless.config.ModelConfig); T tokens per device, S
+sequence length.
 
 Model FLOPs (what TFLOPS/device and MFU report, MaxText-style) count a multiply-add as 2 FLOPs
 over the *active* weights (top_k routed experts, shared experts, router, attention projections,
@@ -58,7 +59,7 @@ def head_forward_flops(s: ModelConfig) -> float:
 
 def mtp_forward_flops(s: ModelConfig, seq_len: int) -> dict[str, float]:
     """One DeepSeek-V3 MTP module per token: 2D -> D projection, one layer, the shared head."""
-    f = layer_forward_flops(s, seq_len, (s.moe is not None))
+    f = layer_forward_flops(s, seq_len, s.moe is not None)
     f["gemm"] += 2.0 * 2 * s.d_model * s.d_model + head_forward_flops(s)
     return f
 
@@ -95,7 +96,7 @@ def six_n_flops_per_token(s: ModelConfig) -> float:
 def padding_fraction(s: ModelConfig, tokens_per_device: int, ep: int, tile: int) -> float:
     """Expected grouped-GEMM rows added by padding each local expert's group to a tile, as a
     fraction of real rows: half a tile per local expert that receives rows."""
-    if not (s.moe is not None):
+    if s.moe is None:
         return 0.0
     local_experts = s.moe.num_experts // ep
     rows = tokens_per_device * s.moe.top_k   # balanced: each device's experts get T*K rows

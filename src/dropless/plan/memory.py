@@ -117,7 +117,7 @@ def all_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
 def weight_split(s: ModelConfig) -> tuple[float, float]:
     """(routed-expert parameters, everything else), MTP modules included."""
     c = param_counts(s)
-    mtp_experts = s.mtp_depth * (layer_params(s, True)["experts"] if (s.moe is not None) else 0)
+    mtp_experts = s.mtp_depth * (layer_params(s, True)["experts"] if s.moe is not None else 0)
     experts = c["routed_experts"] + mtp_experts
     return experts, c["total_with_mtp"] - experts
 
@@ -139,10 +139,10 @@ def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> d
     fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
     params = experts / (cfg.ep * cfg.fsdp) + rest / fsdp_all
     t = cfg.tokens_per_device
-    f = cfg.ragged_buffer_factor if (s.moe is not None) and cfg.ep > 1 else 1.0
+    f = cfg.ragged_buffer_factor if s.moe is not None and cfg.ep > 1 else 1.0
     out = {"parameters": params * wb, "gradients": params * wb,
            "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
-    moe_l, dense_l = layer_params(s, True) if (s.moe is not None) else None, layer_params(s, False)
+    moe_l, dense_l = layer_params(s, True) if s.moe is not None else None, layer_params(s, False)
     biggest = max(sum(dense_l.values()),
                   (sum(moe_l.values()) - moe_l["experts"] + moe_l["experts"] / cfg.ep)
                   if moe_l else 0)
@@ -160,7 +160,7 @@ def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> d
     out["activations"] = dev
     out["layer_workspace"] = work
     out["logits"] = float(t * s.vocab_size * (ab + 4) * (1 + s.mtp_depth))
-    out["ep_buffers"] = comm.ep_buffer_bytes(s, cfg) if (s.moe is not None) and cfg.ep > 1 else 0.0
+    out["ep_buffers"] = comm.ep_buffer_bytes(s, cfg) if s.moe is not None and cfg.ep > 1 else 0.0
     total = sum(out.values())
     usable = hw.usable_memory
     out.update(total=total, host_offloaded=host, device_memory=hw.hbm_bytes, usable=usable,

@@ -143,8 +143,8 @@ def predict(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, name: str =
     Raises ValueError when the layout does not suit the model (EP not dividing the experts).
     """
     check_fits_model(cfg, s, name)
-    n_moe = num_moe_layers(s) + (s.mtp_depth if (s.moe is not None) else 0)
-    n_dense = num_dense_layers(s) + (s.mtp_depth if not (s.moe is not None) else 0)
+    n_moe = num_moe_layers(s) + (s.mtp_depth if s.moe is not None else 0)
+    n_dense = num_dense_layers(s) + (s.mtp_depth if s.moe is None else 0)
     per_type = [(n_dense, layer_times(s, cfg, hw, False))]
     if n_moe:
         per_type.append((n_moe, layer_times(s, cfg, hw, True)))
@@ -206,7 +206,7 @@ def bytes_per_step(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict
     fsdp = {"intra": 0.0, "inter": 0.0}
     data = {"intra": 0.0, "inter": 0.0}
     grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
-    n_moe = num_moe_layers(s) + (s.mtp_depth if (s.moe is not None) else 0)
+    n_moe = num_moe_layers(s) + (s.mtp_depth if s.moe is not None else 0)
     for count, moe in ((num_dense_layers(s), False), (n_moe, True)):
         if not count:
             continue
@@ -220,7 +220,7 @@ def bytes_per_step(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict
         for k in data:
             data[k] += count * 2 * rb[k]
     out["fsdp"], out["data"] = fsdp, data
-    if (s.moe is not None) and cfg.ep > 1:
+    if s.moe is not None and cfg.ep > 1:
         n = comm.ep_transfers_per_layer(cfg) * n_moe
         def scaled(d):
             return {k: n * v for k, v in d.items()}

@@ -53,8 +53,8 @@ def candidate_layouts(s: ModelConfig, cfg: PlanConfig, *, min_factor: float = 1.
     would overflow into extra rounds every step.
     """
     out = []
-    eps = [e for e in _divisors(cfg.gpus) if not (s.moe is not None) or s.moe.num_experts % e == 0]
-    if not (s.moe is not None):
+    eps = [e for e in _divisors(cfg.gpus) if s.moe is None or s.moe.num_experts % e == 0]
+    if s.moe is None:
         eps = [1]
     factors = [f for f in SUGGEST_FACTORS if f >= min_factor] or [max(SUGGEST_FACTORS)]
     for ep in eps:

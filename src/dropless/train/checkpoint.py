@@ -39,7 +39,10 @@ def restore(mngr: ocp.CheckpointManager, step: int, like: Any) -> tuple[Any, dic
     dtypes and shardings. A state stored with the other decoder-layer layout (scan_layers on vs
     off) is restored as stored and converted to `like`'s (dropless.models.scan)."""
     from dropless.models import scan
-    stored = scan.is_scanned(getattr(mngr.item_metadata(step)["state"], "tree", None))
+    try:
+        stored = scan.is_scanned(getattr(mngr.item_metadata(step)["state"], "tree", None))
+    except (KeyError, TypeError, ValueError, FileNotFoundError):   # no readable tree metadata
+        stored = None
     mine = scan.is_scanned(like)
     if None not in (stored, mine) and stored != mine:
         state, meta = restore(mngr, step, jax.eval_shape(lambda t: scan.to_layout(t, stored), like))
