@@ -148,8 +148,9 @@ def test_stacked_params_shard_with_an_unsharded_layer_axis():
     cfg = get_preset("deepseek3-test").replace(scan_layers=True)
     shapes = jax.eval_shape(lambda k: deepseek.init_params(k, cfg), jax.random.key(0))
     stacked = state_shardings({"params": shapes}, mesh)["params"]["layer_runs"]
-    flat = state_shardings({"params": scan.to_layout(shapes, False)}, mesh)["params"]["layers"]
-    assert stacked[1]["moe"]["experts"]["w_gate_EDF"].spec[:2] == P(None, "expert")
+    flat_shapes = jax.eval_shape(lambda t: scan.to_layout(t, False), shapes)
+    flat = state_shardings({"params": flat_shapes}, mesh)["params"]["layers"]
+    assert tuple(stacked[1]["moe"]["experts"]["w_gate_EDF"].spec)[:2] == (None, "expert")
     for run, layer in ((stacked[0], flat[0]), (stacked[1], flat[2])):
         jax.tree.map(lambda s, f: s.spec == P(None, *f.spec) or pytest.fail(f"{s} vs {f}"),
                      run, layer)
