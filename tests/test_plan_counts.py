@@ -10,9 +10,10 @@ import pytest
 from dropless.plan import comm, flops, memory
 from dropless.plan.hardware import get_profile
 from dropless.plan.layout import PlanConfig, group, groups, node_size
-from dropless.plan.shape import ModelShape
+from dropless.config import ModelConfig
+from dropless.plan.shape import model_config
 
-TINY = ModelShape(vocab_size=10, d_model=8, num_layers=2, num_heads=2, num_kv_heads=1,
+TINY = model_config(vocab_size=10, d_model=8, num_layers=2, num_heads=2, num_kv_heads=1,
                   head_dim=4, d_ff=16, attention="mha", first_k_dense=1, num_experts=4,
                   top_k=2, moe_d_ff=6, num_shared_experts=1)
 
@@ -38,9 +39,9 @@ def test_ffn_flops_match_xla_cost_analysis():
     x = jnp.ones((128, 64), jnp.float32)
     cost = jax.jit(lambda x: shared_ffn(x, p, cfg)).lower(x).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    s = ModelShape(vocab_size=2, d_model=64, num_layers=1, num_heads=1, d_ff=8,
+    s = model_config(vocab_size=2, d_model=64, num_layers=1, num_heads=1, d_ff=8,
                    num_experts=4, top_k=2, moe_d_ff=96, num_shared_experts=2)
-    planned = 2 * 3 * s.d_model * s.moe_d_ff * s.num_shared_experts * 128
+    planned = 2 * 3 * s.d_model * s.moe.d_ff * s.moe.num_shared_experts * 128
     # XLA counts the matmuls plus a few elementwise flops of silu*up
     assert planned <= cost["flops"] < planned * 1.05
 
@@ -83,29 +84,29 @@ def test_parameter_memory_hand_count():
 
 def test_expected_devices_hand_case():
     # E=4 on 2 devices, K=2: P(device hit) = 1 - C(2,2)/C(4,2) = 5/6; two devices -> 5/3
-    s = ModelShape(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
+    s = model_config(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
                    num_experts=4, top_k=2, moe_d_ff=2)
     assert comm.expected_devices_per_token(s, 2) == pytest.approx(5 / 3)
     assert comm.expected_devices_per_token(s, 1) == 1.0
     assert comm.expected_devices_per_token(s, 4) == pytest.approx(2.0)  # one expert a device
 
 
-def _routed_devices(s: ModelShape, ep: int, n: int = 4096) -> float:
+def _routed_devices(s: ModelConfig, ep: int, n: int = 4096) -> float:
     """Distinct devices per token from the real router (sigmoid scores, group limiting) on
     random logits: an independent reference for the planner's expectation."""
     from dropless.config import MoEConfig
     from dropless.moe.router import route
-    cfg = MoEConfig(num_experts=s.num_experts, top_k=s.top_k, d_model=8, d_ff=8,
-                    score_func="sigmoid", n_groups=s.n_groups, topk_groups=s.topk_groups)
-    logits = jax.random.normal(jax.random.key(1), (n, s.num_experts))
-    ids = np.asarray(route(logits, jnp.zeros((s.num_experts,)), cfg).ids_TK)
-    dev = ids // (s.num_experts // ep)
+    cfg = MoEConfig(num_experts=s.moe.num_experts, top_k=s.moe.top_k, d_model=8, d_ff=8,
+                    score_func="sigmoid", n_groups=s.moe.n_groups, topk_groups=s.moe.topk_groups)
+    logits = jax.random.normal(jax.random.key(1), (n, s.moe.num_experts))
+    ids = np.asarray(route(logits, jnp.zeros((s.moe.num_experts,)), cfg).ids_TK)
+    dev = ids // (s.moe.num_experts // ep)
     return float(np.mean([len(set(r)) for r in dev]))
 
 
 @pytest.mark.parametrize("groups_, topk_groups, ep", [(1, 1, 8), (8, 4, 8), (8, 4, 64)])
 def test_expected_devices_match_real_routing(groups_, topk_groups, ep):
-    s = ModelShape(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
+    s = model_config(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
                    num_experts=256, top_k=8, moe_d_ff=2, n_groups=groups_,
                    topk_groups=topk_groups)
     assert comm.expected_devices_per_token(s, ep) == pytest.approx(_routed_devices(s, ep),
@@ -114,10 +115,10 @@ def test_expected_devices_match_real_routing(groups_, topk_groups, ep):
 
 def test_group_limited_routing_caps_devices():
     # DeepSeek-V3 at EP=8: one group per device, 4 groups chosen -> at most 4 devices
-    s = ModelShape(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
+    s = model_config(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
                    num_experts=256, top_k=8, moe_d_ff=2, n_groups=8, topk_groups=4)
     assert 3.5 < comm.expected_devices_per_token(s, 8) <= 4.0
-    s1 = s.__class__(**{**s.__dict__, "n_groups": 1, "topk_groups": 1})
+    s1 = model_config(s, n_groups=1, topk_groups=1)
     assert comm.expected_devices_per_token(s1, 8) > 4.5   # unrestricted: ~5.3
 
 
@@ -137,7 +138,7 @@ def test_ring_bytes_and_groups():
 
 def test_ep_bytes_dedup_and_padding():
     hw = get_profile("h100")
-    s = ModelShape(vocab_size=2, d_model=4, num_layers=2, num_heads=1, d_ff=2,
+    s = model_config(vocab_size=2, d_model=4, num_layers=2, num_heads=1, d_ff=2,
                    num_experts=4, top_k=2, moe_d_ff=2)
     cfg = PlanConfig(gpus=2, ep=2, per_device_batch=1, seq_len=6, ragged_buffer_factor=2.0,
                      dispatcher="a2a")
@@ -154,7 +155,7 @@ def test_ep_bytes_dedup_and_padding():
 
 
 def test_padding_fraction():
-    s = ModelShape(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
+    s = model_config(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
                    num_experts=8, top_k=2, moe_d_ff=2)
     # 4 local experts x 64 rows of padding over 1000*2 rows
     assert flops.padding_fraction(s, 1000, 2, 128) == pytest.approx(4 * 64 / 2000)
@@ -166,16 +167,15 @@ def test_parameter_memory_matches_the_trainers_arrays(name):
     """Weight bytes on one device = the bytes of the trainer's real parameter tree (f32)."""
     presets = pytest.importorskip("dropless.presets")
     from dropless.models.deepseek import init_params
-    from dropless.plan.presets import shape_of
     cfg = presets.get_preset(name)
     shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
     real = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
     plan = PlanConfig(gpus=1, per_device_batch=1, seq_len=16,
                       weight_dtype=np.dtype(cfg.weight_dtype).name)
-    m = memory.memory_per_device(shape_of(cfg, name), plan, get_profile("h100"))
+    m = memory.memory_per_device(cfg, plan, get_profile("h100"))
     assert m["parameters"] == real
     # sharded 4 ways (fsdp 2 x ep 2): a quarter each
-    m4 = memory.memory_per_device(shape_of(cfg, name), plan.replace(gpus=4, fsdp=2, ep=2),
+    m4 = memory.memory_per_device(cfg, plan.replace(gpus=4, fsdp=2, ep=2),
                                   get_profile("h100"))
     assert m4["parameters"] == pytest.approx(real / 4)
 
@@ -185,7 +185,7 @@ def test_ep_rows_match_the_measured_a2a_dispatcher():
     dispatch_cpu8.jsonl) ran the a2a dispatcher with dedup on 8 host devices, 2 nodes of 4,
     4096 tokens, 64 experts, top-8 under uniform-ish routing and counted 22,195 rows sent,
     8,261 to other devices of the node and 11,166 to the other node."""
-    s = ModelShape(vocab_size=2, d_model=256, num_layers=1, num_heads=1, d_ff=2,
+    s = model_config(vocab_size=2, d_model=256, num_layers=1, num_heads=1, d_ff=2,
                    num_experts=64, top_k=8, moe_d_ff=256)
     cfg = PlanConfig(gpus=8, ep=8, per_device_batch=1, seq_len=512, devices_per_node=4)
     rows = comm.ep_rows(s, cfg, get_profile("h100"))
@@ -194,5 +194,5 @@ def test_ep_rows_match_the_measured_a2a_dispatcher():
     assert rows["inter"] * 4096 == pytest.approx(11166, rel=0.03)
     # and its DeepSeek-V3 projection from a routing sample: 7.47 devices per token at EP 64
     from dropless.plan.presets import get_shape
-    ds = get_shape("deepseek3-671b", prefer_trainer=False)
+    ds = get_shape("deepseek3-671b")
     assert comm.expected_devices_per_token(ds, 64) == pytest.approx(7.473, rel=0.02)

@@ -12,7 +12,7 @@ from dropless.plan.model import predict
 from dropless.plan.presets import PRESETS, get_shape
 from dropless.plan.sweep import suggest, sweep_gpus
 
-DSV3 = get_shape("deepseek3-671b", prefer_trainer=False)
+DSV3 = get_shape("deepseek3-671b")
 REF = PlanConfig(gpus=128, fsdp=16, ep=8, per_device_batch=6, seq_len=4096, remat="offload",
                  gmm_quantization="mxfp8")
 
@@ -27,7 +27,7 @@ def test_every_preset_on_every_profile_is_fast_and_consistent():
     t = time.perf_counter()
     for name in PRESETS:
         s = get_shape(name)
-        ep = 8 if s.num_experts % 8 == 0 else 1
+        ep = 8 if s.moe.num_experts % 8 == 0 else 1
         for hw_name in PROFILES:
             hw = get_profile(hw_name)
             r = predict(s, PlanConfig(gpus=64, fsdp=8, ep=ep, data=0 if ep == 8 else 8,

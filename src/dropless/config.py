@@ -241,6 +241,9 @@ class ModelConfig:
     mtp_loss_coef: float = 0.3
     dtype: str = "float32"           # activations
     weight_dtype: str = "float32"    # stored weights
+    # run consecutive same-kind layers under one jax.lax.scan over stacked weights (MaxText's
+    # flag); parameters then hold "layer_runs" instead of "layers" (docs/scan_layers.md)
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         c = "ModelConfig"
@@ -279,6 +282,8 @@ class ModelConfig:
             _fail(c, "mtp_loss_coef", self.mtp_loss_coef, "must be >= 0")
         _check_dtype(c, "dtype", self.dtype)
         _check_dtype(c, "weight_dtype", self.weight_dtype)
+        if not isinstance(self.scan_layers, bool):
+            _fail(c, "scan_layers", self.scan_layers, "must be true or false")
 
     def _check_layer_pattern(self) -> None:
         c, pat = "ModelConfig", self.layer_pattern

@@ -72,6 +72,7 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "logits_via_embedding": ("model.tie_embeddings",),
     "mtp_num_layers": ("model.mtp_depth",),
     "mtp_loss_scaling_factor": ("model.mtp_loss_coef",),
+    "scan_layers": ("model.scan_layers",),
     "learning_rate": ("learning_rate",),
     "adam_b1": ("adam_b1",),
     "adam_b2": ("adam_b2",),

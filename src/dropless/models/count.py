@@ -23,7 +23,8 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     "shared_experts", "router", "norms", "mtp", "router_bias", "mtp_matmul_active"}: parameter
     counts (not bytes). Attention counts include its q/kv norms (MLA, qk-norm)."""
     from dropless.models.deepseek import init_params
-    shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+    from dropless.models.scan import unstack_layers
+    shapes = jax.eval_shape(lambda k: unstack_layers(init_params(k, cfg)), jax.random.key(0))
     counts = {"embedding": _size(shapes["embed"]), "lm_head": _size(shapes.get("lm_head", {})),
               "attention": 0, "dense_ffn": 0, "routed_experts": 0, "shared_experts": 0,
               "router": 0, "norms": _size(shapes["final_norm"]),

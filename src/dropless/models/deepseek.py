@@ -7,6 +7,8 @@ Legend: B batch, S sequence, D model dim, F dense hidden, V vocabulary, E expert
 Parameters: {"embed": {"w_VD"}, "layers": [block, ...], "final_norm": {"w_D"},
 "lm_head": {"w_DV"} (untied only), "mtp": [module, ...] (mtp_depth > 0 only)}; a block is
 {"attn_norm_D", "attn": {...}, "ffn_norm_D", "ffn": {...dense...} | "moe": {...moe layer...}}.
+With `scan_layers=True`, "layer_runs" (stacked runs of same-kind layers, see models/scan.py)
+replaces "layers"; `models.scan.to_layout` converts either way.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 from dropless import moe as moe_lib
 from dropless.config import ModelConfig
 from dropless.models.attention import ATTENTION, OFFLOADED_NAMES, rms_norm, rope_tables
+from dropless.models.scan import run_layers, stack_layers
 
 Params = dict[str, Any]
 
@@ -57,7 +60,8 @@ def init_block(key: jax.Array, cfg: ModelConfig, is_moe: bool) -> Params:
 
 
 def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
-    """Random parameters for `cfg` (use jax.eval_shape(init_params, key, cfg) to plan big ones)."""
+    """Random parameters for `cfg` (use jax.eval_shape(init_params, key, cfg) to plan big ones),
+    in the scanned layout when `cfg.scan_layers`."""
     wdt = jnp.dtype(cfg.weight_dtype)
     k_e, k_h, k_l, k_m = jax.random.split(key, 4)
     layer_keys = jax.random.split(k_l, cfg.num_layers)
@@ -75,7 +79,8 @@ def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
     if cfg.mtp_depth:
         mtp_keys = jax.random.split(k_m, cfg.mtp_depth)
         params["mtp"] = [init_mtp_module(mtp_keys[i], cfg) for i in range(cfg.mtp_depth)]
-    return params
+    # the same values in either layout (one key per layer), so the layouts are interchangeable
+    return stack_layers(params) if cfg.scan_layers else params
 
 
 def init_mtp_module(key: jax.Array, cfg: ModelConfig) -> Params:
@@ -128,18 +133,38 @@ def _block_fn(cfg: ModelConfig, mesh: Any, remat: str):
     return jax.checkpoint(fn, policy=REMAT_POLICIES[remat]())
 
 
+_SUMMED_AUX = {"loss": "moe_loss", "dropped_tokens": "dropped_tokens",
+               "overflow_rounds": "overflow_rounds"}
+_MEAN_AUX = ("load_balance_loss", "seq_aux_loss", "z_loss")
+
+
+def stacked_aux_name(key: str) -> str:
+    """Name of a per-layer aux value stacked over MoE layers: a leading L joins its shape
+    suffix (`rows_E` -> `rows_LE`, `tokens_per_expert` [E] -> `tokens_per_expert_LE`), a
+    suffix-less per-layer value gets `_L` (`dropped_rows` -> `dropped_rows_L`)."""
+    if key == "tokens_per_expert":
+        return "tokens_per_expert_LE"
+    head, _, tail = key.rpartition("_")
+    if head and tail.isalpha() and tail.isupper():
+        return f"{head}_L{tail}"
+    return f"{key}_L"
+
+
 def _merge_aux(auxes: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
-    """Sum the MoE losses over layers; stack per-layer expert loads into [Lm, E]."""
+    """Merge the MoE layers' aux dicts (in layer order): the losses and counters summed over
+    layers (`loss` as `moe_loss`), the balance losses averaged, and every other per-layer value
+    stacked along a leading layer axis (see `stacked_aux_name`), so no key is dropped."""
     if not auxes:
         return {"moe_loss": jnp.zeros((), jnp.float32), "dropped_tokens": jnp.zeros((), jnp.int32)}
-    out = {"moe_loss": sum(a["loss"] for a in auxes),
-           "dropped_tokens": sum(a["dropped_tokens"] for a in auxes),
-           "tokens_per_expert_LE": jnp.stack([a["tokens_per_expert"] for a in auxes])}
-    for name in ("load_balance_loss", "seq_aux_loss", "z_loss"):
-        out[name] = sum(a[name] for a in auxes) / len(auxes)
-    for name in ("dropped_rows", "sufficient_buffer_factor", "rounds"):  # EP dispatcher only
-        if name in auxes[0]:
-            out[f"{name}_L"] = jnp.stack([a[name] for a in auxes])
+    out = {}
+    for key in auxes[0]:
+        values = [a[key] for a in auxes]
+        if key in _SUMMED_AUX:
+            out[_SUMMED_AUX[key]] = sum(values)
+        elif key in _MEAN_AUX:
+            out[key] = sum(values) / len(values)
+        else:
+            out[stacked_aux_name(key)] = jnp.stack(values)
     if "rounds" in auxes[0]:   # rounds beyond the first: overflow="rounds" at work
         out["overflow_rounds"] = sum(a["rounds"] - 1 for a in auxes)
     return out
@@ -158,7 +183,10 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any
     """Token ids [B, S] -> (logits_BSV float32, last hidden h_BSD, aux).
 
     aux: `moe_loss` (the summed weighted balance losses to add to the objective),
-    `dropped_tokens`, `tokens_per_expert_LE` (one row per MoE layer), mean balance losses.
+    `dropped_tokens`, `tokens_per_expert_LE` (one row per MoE layer), mean balance losses, and
+    every other per-layer MoE aux value stacked over MoE layers (`_merge_aux`). The layers run
+    unrolled or, for parameters in the scanned layout, under one lax.scan per run of same-kind
+    layers; both give the same numbers.
     Raises ValueError for token ids that are not a 2-D integer array.
     """
     if tokens_BS.ndim != 2 or not jnp.issubdtype(tokens_BS.dtype, jnp.integer):
@@ -167,12 +195,7 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
-    fn = _block_fn(cfg, mesh, remat)
-    auxes = []
-    for p in params["layers"]:
-        x, aux = fn(p, x, cos, sin)
-        if aux:
-            auxes.append(aux)
+    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat), cos, sin)
     logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
     return logits, x, _merge_aux(auxes)
 

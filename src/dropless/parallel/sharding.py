@@ -11,6 +11,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dropless.parallel.mesh import logical_to_spec
 
+# The parameter group whose arrays are stacked over layers (scanned layers, models/scan.py).
+STACKED_GROUP = "layer_runs"
+
 # "group/name" -> logical axis per dim. Expert weights split over `expert` (dim E) and FSDP
 # over `embed` (dim D); the router and shared experts are small and stay replicated.
 PARAM_AXES: dict[str, tuple[str | None, ...]] = {
@@ -90,8 +93,17 @@ def leaf_spec(name: str, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
 
 
 def state_shardings(state: Any, mesh: Mesh) -> Any:
-    """NamedShardings for a whole train state (params, optimizer state, ...) on `mesh`."""
+    """NamedShardings for a whole train state (params, optimizer state, ...) on `mesh`.
+
+    Arrays under "layer_runs" (scanned layers, models/scan.py) carry a leading layer axis: it
+    stays unsharded (each scan step takes one layer) and the rest is placed as that layer's
+    array would be."""
     def one(keys, leaf):
         name = str(getattr(keys[-1], "key", getattr(keys[-1], "name", keys[-1]))) if keys else ""
-        return NamedSharding(mesh, leaf_spec(name, tuple(getattr(leaf, "shape", ())), mesh))
+        shape = tuple(getattr(leaf, "shape", ()))
+        if any(getattr(k, "key", None) == STACKED_GROUP for k in keys) and shape:
+            spec = PartitionSpec(None, *leaf_spec(name, shape[1:], mesh))
+        else:
+            spec = leaf_spec(name, shape, mesh)
+        return NamedSharding(mesh, spec)
     return jax.tree_util.tree_map_with_path(one, state)

@@ -30,7 +30,8 @@ from dropless.bench.harness import busy_fraction, format_table, machine_info, ti
 from dropless.plan.hardware import HardwareProfile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import layer_times
-from dropless.plan.shape import ModelShape
+from dropless.config import ModelConfig
+from dropless.plan.shape import model_config
 
 # The calibration workload: big enough that matmuls, not dispatch overheads, dominate.
 WORKLOAD = dict(d_model=256, moe_d_ff=512, num_experts=8, top_k=2, num_shared_experts=1)
@@ -53,12 +54,13 @@ def _per_device(mesh: Mesh, fn, in_specs, out_specs):
                                  check_vma=False))
 
 
-def kernel_shapes(s: ModelShape, cfg: PlanConfig) -> tuple[tuple, tuple]:
+def kernel_shapes(s: ModelConfig, cfg: PlanConfig) -> tuple[tuple, tuple]:
     """The matmul shapes a run is made of, timed in isolation as the trainer does at start-up:
     the dense feed-forward (T, D, Fd) and the routed experts' up projection (T*K, D, F, E/ep)
     (the down projection is timed transposed: (T*K, F, D, E/ep))."""
     t = cfg.tokens_per_device
-    gmm = (t * s.top_k, s.d_model, s.moe_d_ff, s.num_experts // cfg.ep) if s.is_moe else None
+    m = s.moe
+    gmm = (t * m.top_k, s.d_model, m.d_ff, m.num_experts // cfg.ep) if m is not None else None
     return (t, s.d_model, s.d_ff), gmm
 
 
@@ -111,11 +113,9 @@ def micro_benchmarks(mesh: Mesh, mm_shape: tuple, gmm_shape: tuple | None
 
 def moe_workload(mesh: Mesh):
     """The timed workload: MoE layer forward + backward, data-parallel over the mesh."""
-    from dropless.config import MoEConfig
     from dropless.moe import apply, init_params
     w = WORKLOAD
-    cfg = MoEConfig(num_experts=w["num_experts"], top_k=w["top_k"], d_model=w["d_model"],
-                    d_ff=w["moe_d_ff"], num_shared_experts=w["num_shared_experts"])
+    cfg = _workload_plan(1)[0].moe   # the layer the planner predicts, timed as it is
     params = jax.device_put(init_params(jax.random.key(0), cfg), NamedSharding(mesh, P()))
     n = mesh.size
     x = jax.device_put(jax.random.normal(jax.random.key(1), (n * TOKENS_PER_DEVICE,
@@ -168,11 +168,10 @@ def train_workload(mesh: Mesh):
     return lambda: fn(state, batch)
 
 
-def _train_plan(n: int) -> tuple[ModelShape, PlanConfig]:
-    from dropless.plan.presets import shape_of
+def _train_plan(n: int) -> tuple[ModelConfig, PlanConfig]:
     cfg = _train_config(n)
     m = cfg.model
-    return shape_of(m, TRAIN_PRESET), PlanConfig(
+    return m, PlanConfig(
         gpus=n, data=n, per_device_batch=TRAIN_BATCH, seq_len=cfg.seq_len, remat=cfg.remat,
         activation_dtype=m.dtype, weight_dtype=m.weight_dtype, optimizer_dtype="float32",
         overlap="none", gmm_tile=1, attention_impl="naive")
@@ -203,10 +202,10 @@ def _ram_bytes() -> float:
         return 8e9
 
 
-def _workload_plan(n: int) -> tuple[ModelShape, PlanConfig]:
+def _workload_plan(n: int) -> tuple[ModelConfig, PlanConfig]:
     w = WORKLOAD
-    s = ModelShape(name="calibration-moe", vocab_size=2, num_layers=1, num_heads=1,
-                   d_ff=w["moe_d_ff"], attention="mha", **w)
+    s = model_config(vocab_size=2, num_layers=1, num_heads=1, d_ff=w["moe_d_ff"],
+                     attention="mha", **w)
     cfg = PlanConfig(gpus=n, data=n, per_device_batch=TOKENS_PER_DEVICE // SEQ, seq_len=SEQ,
                      remat="none", activation_dtype="float32", weight_dtype="float32",
                      overlap="none", gmm_tile=1)
@@ -224,7 +223,8 @@ def train_parts(hw: HardwareProfile, n: int) -> dict[str, float]:
     """The planner's seconds per part (exposed) for one `train_workload` step on n devices."""
     from dropless.plan.model import predict
     s, cfg = _train_plan(n)
-    return {k: v for k, v in predict(s, cfg, hw)["time"]["exposed_s"].items() if v}
+    return {k: v for k, v in predict(s, cfg, hw, name=TRAIN_PRESET)["time"]["exposed_s"].items()
+            if v}
 
 
 WORKLOADS = {"moe_layer": (moe_workload, layer_parts,

@@ -88,7 +88,8 @@ def _load_file(path: str | None) -> dict:
 
 
 def build(args) -> tuple:
-    """(shape, PlanConfig, HardwareProfile) from defaults, file, flags and overrides."""
+    """(ModelConfig, PlanConfig, HardwareProfile, model name) from defaults, file, flags and
+    overrides."""
     settings = dict(_load_file(args.config))
     for dest, field in _FLAG_FIELDS.items():
         if getattr(args, dest) is not None:
@@ -102,11 +103,12 @@ def build(args) -> tuple:
             settings[k] = getattr(args, k)
     settings.update(parse_overrides(args.overrides))
     plan, model, extra = split_settings(settings)
-    shape = apply_model_overrides(get_shape(extra.get("preset", "deepseek3-671b")), model)
+    name = extra.get("preset", "deepseek3-671b")
+    shape = apply_model_overrides(get_shape(name), model)
     hw = get_profile(extra.get("hardware", "h200"))
     if "gpus" not in plan:
         plan["gpus"] = plan.get("fsdp", 1) * plan.get("ep", 1) * max(plan.get("data", 1), 1)
-    return shape, PlanConfig(**plan), hw
+    return shape, PlanConfig(**plan), hw, (name if not model else f"{name} (modified)")
 
 
 def run(args) -> int:
@@ -121,8 +123,8 @@ def run(args) -> int:
                                      workload=args.calibrate_workload)
             text = result.pop("text")
         else:
-            shape, cfg, hw = build(args)
-            result = predict(shape, cfg, hw)
+            shape, cfg, hw, name = build(args)
+            result = predict(shape, cfg, hw, name=name)
             text = report.format_plan(result)
             if args.sweep_gpus:
                 sizes = [int(x) for x in args.sweep_gpus.split(",") if x]

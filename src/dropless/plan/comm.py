@@ -20,11 +20,11 @@ import math
 
 from dropless.plan.hardware import HardwareProfile
 from dropless.plan.layout import DTYPE_BYTES, Group, PlanConfig, groups
-from dropless.plan.shape import ModelShape
+from dropless.config import ModelConfig
 
 
 @functools.lru_cache(maxsize=256)
-def expected_devices_per_token(s: ModelShape, ep: int) -> float:
+def expected_devices_per_token(s: ModelConfig, ep: int) -> float:
     """Expected distinct EP devices among a token's top_k experts under balanced routing.
 
     Device d holds experts [d*E/ep, (d+1)*E/ep). Without expert groups the top_k experts are
@@ -34,13 +34,13 @@ def expected_devices_per_token(s: ModelShape, ep: int) -> float:
     chosen groups each tend to hold a winner, so the routing rule itself is simulated on
     i.i.d. scores (fixed seed, 8,192 tokens).
     """
-    e, k = s.num_experts, s.top_k
+    e, k = s.moe.num_experts, s.moe.top_k
     if ep == 1:
         return 1.0
     per_dev = e // ep
-    if s.n_groups == 1 or s.topk_groups == s.n_groups:
+    if s.moe.n_groups == 1 or s.moe.topk_groups == s.moe.n_groups:
         return ep * (1.0 - math.comb(e - per_dev, k) / math.comb(e, k))
-    return _simulated_devices(e, k, s.n_groups, s.topk_groups, ep)
+    return _simulated_devices(e, k, s.moe.n_groups, s.moe.topk_groups, ep)
 
 
 def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
@@ -60,7 +60,7 @@ def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
     return float(hit.sum(1).mean())
 
 
-def ep_rows(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool | None = None
+def ep_rows(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool | None = None
             ) -> dict[str, float]:
     """Rows per token leaving a device in one dispatch (combine moves the same rows back):
     `intra` to other devices of its node, `inter` to other nodes, `local` staying home."""
@@ -69,7 +69,7 @@ def ep_rows(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool 
     if cfg.dispatcher == "allgather":   # every device receives every token of its EP group
         return {"local": 1.0, "intra": g.inner - 1.0, "inter": cfg.ep - g.inner * 1.0,
                 "per_token": float(cfg.ep)}
-    per_token = expected_devices_per_token(s, cfg.ep) if dedup else float(s.top_k)
+    per_token = expected_devices_per_token(s, cfg.ep) if dedup else float(s.moe.top_k)
     per_dev = per_token / cfg.ep
     return {"local": per_dev, "intra": per_dev * (g.inner - 1),
             "inter": per_dev * (cfg.ep - g.inner),
@@ -82,7 +82,7 @@ def ep_transfers_per_layer(cfg: PlanConfig) -> int:
     return 6 if cfg.remat in ("full", "offload") else 4
 
 
-def ep_bytes_per_transfer(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *,
+def ep_bytes_per_transfer(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *,
                           dedup: bool | None = None, padded: bool = True) -> dict[str, float]:
     """Bytes one device sends in one dispatch or combine of one layer: intra, inter.
 
@@ -94,20 +94,20 @@ def ep_bytes_per_transfer(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *
     dedup = cfg.dedup if dedup is None else dedup
     row_bytes = s.d_model * DTYPE_BYTES[cfg.activation_dtype]
     if cfg.dispatcher != "allgather":
-        row_bytes += 8 * (s.top_k if dedup else 1)
+        row_bytes += 8 * (s.moe.top_k if dedup else 1)
     pad = cfg.ragged_buffer_factor if (padded and cfg.dispatcher == "a2a") else 1.0
     t = cfg.tokens_per_device
     return {"intra": rows["intra"] * t * row_bytes * pad,
             "inter": rows["inter"] * t * row_bytes * pad}
 
 
-def ep_buffer_bytes(s: ModelShape, cfg: PlanConfig) -> float:
+def ep_buffer_bytes(s: ModelConfig, cfg: PlanConfig) -> float:
     """One layer's dispatch and combine send + receive buffers on one device."""
     b = DTYPE_BYTES[cfg.activation_dtype]
     t = cfg.tokens_per_device
     if cfg.dispatcher == "allgather":
         return 2.0 * t * cfg.ep * s.d_model * b
-    per_token = expected_devices_per_token(s, cfg.ep) if cfg.dedup else s.top_k
+    per_token = expected_devices_per_token(s, cfg.ep) if cfg.dedup else s.moe.top_k
     return 4.0 * cfg.ragged_buffer_factor * t * per_token * s.d_model * b
 
 

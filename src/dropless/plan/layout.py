@@ -12,7 +12,7 @@ import dataclasses
 import math
 
 from dropless.plan.hardware import HardwareProfile
-from dropless.plan.shape import ModelShape
+from dropless.config import ModelConfig
 
 REMAT_POLICIES = ("none", "minimal", "full", "offload")
 DISPATCHERS = ("a2a", "ragged_a2a", "allgather")
@@ -112,13 +112,13 @@ class PlanConfig:
         return ("query", "value") if self.remat == "offload" else ()
 
 
-def check_fits_model(cfg: PlanConfig, shape: ModelShape) -> None:
+def check_fits_model(cfg: PlanConfig, shape: ModelConfig, name: str = "the model") -> None:
     """Errors for layouts the model cannot take (EP must divide the experts)."""
-    if shape.is_moe and shape.num_experts % cfg.ep:
+    if shape.moe is not None and shape.moe.num_experts % cfg.ep:
         raise ValueError(f"PlanConfig.ep={cfg.ep} does not divide num_experts="
-                         f"{shape.num_experts} of {shape.name}")
-    if not shape.is_moe and cfg.ep > 1:
-        raise ValueError(f"PlanConfig.ep={cfg.ep} needs an MoE model; {shape.name} is dense")
+                         f"{shape.moe.num_experts} of {name}")
+    if shape.moe is None and cfg.ep > 1:
+        raise ValueError(f"PlanConfig.ep={cfg.ep} needs an MoE model; {name} is dense")
 
 
 def node_size(cfg: PlanConfig, hw: HardwareProfile) -> int:

@@ -18,7 +18,8 @@ from typing import NamedTuple
 from dropless.plan import comm
 from dropless.plan.layout import DTYPE_BYTES, PlanConfig
 from dropless.plan.hardware import HardwareProfile
-from dropless.plan.shape import ModelShape, layer_params, param_counts
+from dropless.config import ModelConfig
+from dropless.plan.shape import layer_params, num_dense_layers, num_moe_layers, param_counts
 
 GiB = 2 ** 30
 
@@ -30,7 +31,7 @@ class Tensor(NamedTuple):
     kind: str          # input | dot | elementwise | expert_dot | expert_elementwise
 
 
-def attention_tensors(s: ModelShape, b: int, naive_seq: int = 0) -> list[Tensor]:
+def attention_tensors(s: ModelConfig, b: int, naive_seq: int = 0) -> list[Tensor]:
     """One attention block's activations per token (`naive_seq` > 0: the S x S scores and
     probabilities of unfused attention over sequences of that length are materialised)."""
     d, h = s.d_model, s.num_heads
@@ -59,29 +60,29 @@ def attention_tensors(s: ModelShape, b: int, naive_seq: int = 0) -> list[Tensor]
     return t
 
 
-def ffn_tensors(s: ModelShape, b: int, moe: bool) -> list[Tensor]:
+def ffn_tensors(s: ModelConfig, b: int, moe: bool) -> list[Tensor]:
     """One feed-forward block's activations per token (dense SwiGLU or MoE)."""
     d = s.d_model
     t = [Tensor("mlp_input", d, b, "elementwise"), Tensor("mlp_norm", d, b, "elementwise")]
     if not moe:
         return t + [Tensor("gate", s.d_ff, b, "dot"), Tensor("up", s.d_ff, b, "dot"),
                     Tensor("hidden", s.d_ff, b, "elementwise"), Tensor("down", d, b, "dot")]
-    k, f = s.top_k, s.moe_d_ff
-    t += [Tensor("router_logits", s.num_experts, 4, "dot"),
+    k, f = s.moe.top_k, s.moe.d_ff
+    t += [Tensor("router_logits", s.moe.num_experts, 4, "dot"),
           Tensor("dispatched", k * d, b, "expert_elementwise"),
           Tensor("expert_gate", k * f, b, "expert_dot"),
           Tensor("expert_up", k * f, b, "expert_dot"),
           Tensor("expert_hidden", k * f, b, "expert_elementwise"),
           Tensor("expert_down", k * d, b, "expert_dot"),
           Tensor("combined", d, b, "elementwise")]
-    if s.num_shared_experts:
-        fs = s.num_shared_experts * f
+    if s.moe.num_shared_experts:
+        fs = s.moe.num_shared_experts * f
         t += [Tensor("shared_gate", fs, b, "dot"), Tensor("shared_up", fs, b, "dot"),
               Tensor("shared_hidden", fs, b, "elementwise"), Tensor("shared_down", d, b, "dot")]
     return t
 
 
-def layer_tensors(s: ModelShape, b: int, moe: bool, naive_seq: int = 0) -> list[Tensor]:
+def layer_tensors(s: ModelConfig, b: int, moe: bool, naive_seq: int = 0) -> list[Tensor]:
     return attention_tensors(s, b, naive_seq) + ffn_tensors(s, b, moe)
 
 
@@ -113,15 +114,15 @@ def all_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
     return sum(_scale(t, factor) for t in tensors)
 
 
-def weight_split(s: ModelShape) -> tuple[float, float]:
+def weight_split(s: ModelConfig) -> tuple[float, float]:
     """(routed-expert parameters, everything else), MTP modules included."""
     c = param_counts(s)
-    mtp_experts = s.mtp_depth * (layer_params(s, True)["experts"] if s.is_moe else 0)
+    mtp_experts = s.mtp_depth * (layer_params(s, True)["experts"] if s.moe is not None else 0)
     experts = c["routed_experts"] + mtp_experts
     return experts, c["total_with_mtp"] - experts
 
 
-def memory_per_device(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     """Bytes per device by part, the total, the device's usable memory and the verdict.
 
     Weights, gradients and Adam states (2 moments, plus a float32 master copy when
@@ -138,18 +139,18 @@ def memory_per_device(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> di
     fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
     params = experts / (cfg.ep * cfg.fsdp) + rest / fsdp_all
     t = cfg.tokens_per_device
-    f = cfg.ragged_buffer_factor if s.is_moe and cfg.ep > 1 else 1.0
+    f = cfg.ragged_buffer_factor if s.moe is not None and cfg.ep > 1 else 1.0
     out = {"parameters": params * wb, "gradients": params * wb,
            "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
-    moe_l, dense_l = layer_params(s, True) if s.is_moe else None, layer_params(s, False)
+    moe_l, dense_l = layer_params(s, True) if s.moe is not None else None, layer_params(s, False)
     biggest = max(sum(dense_l.values()),
                   (sum(moe_l.values()) - moe_l["experts"] + moe_l["experts"] / cfg.ep)
                   if moe_l else 0)
     out["gathered_weights"] = 2 * biggest * ab
     ns = naive_seq(cfg)
-    layers = [(s.num_dense_layers, layer_tensors(s, ab, False, ns))]
-    if s.num_moe_layers:
-        layers.append((s.num_moe_layers + s.mtp_depth, layer_tensors(s, ab, True, ns)))
+    layers = [(num_dense_layers(s), layer_tensors(s, ab, False, ns))]
+    if num_moe_layers(s):
+        layers.append((num_moe_layers(s) + s.mtp_depth, layer_tensors(s, ab, True, ns)))
     dev = host = work = 0.0
     for count, tensors in layers:
         d_, h_ = saved_bytes_per_token(tensors, cfg.remat, cfg.offloaded, f)
@@ -159,7 +160,7 @@ def memory_per_device(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> di
     out["activations"] = dev
     out["layer_workspace"] = work
     out["logits"] = float(t * s.vocab_size * (ab + 4) * (1 + s.mtp_depth))
-    out["ep_buffers"] = comm.ep_buffer_bytes(s, cfg) if s.is_moe and cfg.ep > 1 else 0.0
+    out["ep_buffers"] = comm.ep_buffer_bytes(s, cfg) if s.moe is not None and cfg.ep > 1 else 0.0
     total = sum(out.values())
     usable = hw.usable_memory
     out.update(total=total, host_offloaded=host, device_memory=hw.hbm_bytes, usable=usable,

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dropless.plan import comm, flops, memory
 from dropless.plan.hardware import HardwareProfile
 from dropless.plan.layout import DTYPE_BYTES, PlanConfig, check_fits_model, groups
-from dropless.plan.shape import ModelShape, layer_params
+from dropless.config import ModelConfig
+from dropless.plan.shape import layer_params, num_dense_layers, num_moe_layers
 
 # Each activation byte is touched ~6 times by memory-bound kernels in a training step: written
 # and read in the forward pass, its gradient written and read, and once more by the
@@ -34,7 +35,7 @@ def _rates(hw: HardwareProfile, cfg: PlanConfig) -> dict[str, float]:
             "attention": hw.peak_bf16 * hw.attention_efficiency}
 
 
-def _recompute_flops(s: ModelShape, cfg: PlanConfig, fwd: dict[str, float]) -> dict[str, float]:
+def _recompute_flops(s: ModelConfig, cfg: PlanConfig, fwd: dict[str, float]) -> dict[str, float]:
     """Forward FLOPs per token recomputed in the backward pass of one layer."""
     if cfg.remat in ("none", "minimal"):
         return {k: 0.0 for k in fwd}
@@ -47,7 +48,7 @@ def _recompute_flops(s: ModelShape, cfg: PlanConfig, fwd: dict[str, float]) -> d
     return out
 
 
-def _layer_weight_bytes(s: ModelShape, cfg: PlanConfig, moe: bool, attention: bool = True
+def _layer_weight_bytes(s: ModelConfig, cfg: PlanConfig, moe: bool, attention: bool = True
                         ) -> tuple[float, float]:
     """(non-expert bytes, local-expert bytes) one layer all-gathers, in the compute dtype."""
     b = DTYPE_BYTES[cfg.activation_dtype]
@@ -59,7 +60,7 @@ def _layer_weight_bytes(s: ModelShape, cfg: PlanConfig, moe: bool, attention: bo
     return sum(p.values()) * b, experts / cfg.ep * b
 
 
-def layer_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
+def layer_times(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
                 attention: bool = True) -> dict[str, float]:
     """Seconds per step spent by one layer in each part (nothing overlapped yet).
 
@@ -116,7 +117,7 @@ def _exposed(parts: dict[str, float], overlap: str, cost: float) -> dict[str, fl
     return out
 
 
-def head_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+def head_times(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     """Output head (and MTP heads): logits matmul forward + backward, loss elementwise."""
     t = cfg.tokens_per_device
     f = 3 * flops.head_forward_flops(s) * t * (1 + s.mtp_depth)
@@ -125,7 +126,7 @@ def head_times(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict[str,
             "elementwise": 3 * logits / (hw.hbm_bw * hw.hbm_efficiency)}
 
 
-def optimizer_time(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> float:
+def optimizer_time(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> float:
     """AdamW update: read weights, gradients and two moments, write weights and moments."""
     experts, rest = memory.weight_split(s)
     fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
@@ -134,14 +135,16 @@ def optimizer_time(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> float
     return p * (3 * wb + 4 * ob) / (hw.hbm_bw * hw.hbm_efficiency)
 
 
-def predict(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:
-    """The full plan for one configuration: memory, FLOPs, bytes, step time and shares.
+def predict(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom"
+            ) -> dict:
+    """The full plan for model `s` (named `name` in the result) in one configuration: memory,
+    FLOPs, bytes, step time and shares.
 
     Raises ValueError when the layout does not suit the model (EP not dividing the experts).
     """
-    check_fits_model(cfg, s)
-    n_moe = s.num_moe_layers + (s.mtp_depth if s.is_moe else 0)
-    n_dense = s.num_dense_layers + (s.mtp_depth if not s.is_moe else 0)
+    check_fits_model(cfg, s, name)
+    n_moe = num_moe_layers(s) + (s.mtp_depth if s.moe is not None else 0)
+    n_dense = num_dense_layers(s) + (s.mtp_depth if s.moe is None else 0)
     per_type = [(n_dense, layer_times(s, cfg, hw, False))]
     if n_moe:
         per_type.append((n_moe, layer_times(s, cfg, hw, True)))
@@ -163,7 +166,7 @@ def predict(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:
     executed = sum(kernel[k] * _rates(hw, cfg)[k] for k in flops.KINDS)
     comm_kernel = sum(kernel[k] for k in COMM_PARTS)
     return {
-        "model": s.name, "hardware": hw.name, "layout": layout_summary(cfg, hw),
+        "model": name, "hardware": hw.name, "layout": layout_summary(cfg, hw),
         "memory": memory.memory_per_device(s, cfg, hw),
         "flops": {"model_per_device": model_flops, "executed_per_device": executed,
                   "model_per_token": model_flops / t,
@@ -196,15 +199,15 @@ def layout_summary(cfg: PlanConfig, hw: HardwareProfile) -> dict:
     return d
 
 
-def bytes_per_step(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:
+def bytes_per_step(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict:
     """Bytes one device sends per step: FSDP, EP (real, padded, without dedup), data, host."""
     g = groups(cfg, hw)
     out: dict = {}
     fsdp = {"intra": 0.0, "inter": 0.0}
     data = {"intra": 0.0, "inter": 0.0}
     grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
-    n_moe = s.num_moe_layers + (s.mtp_depth if s.is_moe else 0)
-    for count, moe in ((s.num_dense_layers, False), (n_moe, True)):
+    n_moe = num_moe_layers(s) + (s.mtp_depth if s.moe is not None else 0)
+    for count, moe in ((num_dense_layers(s), False), (n_moe, True)):
         if not count:
             continue
         rest_b, exp_b = _layer_weight_bytes(s, cfg, moe)
@@ -217,7 +220,7 @@ def bytes_per_step(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:
         for k in data:
             data[k] += count * 2 * rb[k]
     out["fsdp"], out["data"] = fsdp, data
-    if s.is_moe and cfg.ep > 1:
+    if s.moe is not None and cfg.ep > 1:
         n = comm.ep_transfers_per_layer(cfg) * n_moe
         def scaled(d):
             return {k: n * v for k, v in d.items()}
@@ -228,7 +231,7 @@ def bytes_per_step(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile) -> dict:
         out["ep_with_dedup"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw, dedup=True,
                                                                  padded=False))
         out["ep_rows_per_token"] = {"with_dedup": comm.expected_devices_per_token(s, cfg.ep),
-                                    "without_dedup": float(s.top_k)}
+                                    "without_dedup": float(s.moe.top_k)}
     tensors = memory.layer_tensors(s, DTYPE_BYTES[cfg.activation_dtype], True)
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
     out["host_offload"] = 2 * host * cfg.tokens_per_device * s.num_layers

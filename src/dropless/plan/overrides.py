@@ -9,10 +9,12 @@ import dataclasses
 import difflib
 from typing import Any
 
+from dropless.config import ModelConfig, MoEConfig
 from dropless.plan.layout import PlanConfig
-from dropless.plan.shape import ModelShape
+from dropless.plan.shape import MOE_KEYS, model_config
 
-# MaxText flag -> (target, our field). "plan" = PlanConfig, "model" = ModelShape.
+# MaxText flag -> (target, our field). "plan" = PlanConfig, "model" = a ModelConfig field or a
+# flat MoE name of shape.MOE_KEYS.
 MAXTEXT_KEYS = {
     "per_device_batch_size": ("plan", "per_device_batch"),
     "max_target_length": ("plan", "seq_len"),
@@ -83,8 +85,24 @@ def _convert(value: Any, like: Any, key: str) -> Any:
     return value
 
 
+def _model_fields() -> dict[str, dataclasses.Field]:
+    """Model settings by flat name: ModelConfig's fields and MoEConfig's under MOE_KEYS."""
+    out = {k: f for k, f in _fields(ModelConfig).items() if k != "moe"}
+    moe = _fields(MoEConfig)
+    out.update({flat: moe[name] for flat, name in MOE_KEYS.items()})
+    return out
+
+
+def _undot(key: str) -> str:
+    """The trainer's dotted spelling (model.d_model, model.moe.top_k) -> the flat name."""
+    if key.startswith("model.moe."):
+        name = key[len("model.moe."):]
+        return {v: k for k, v in MOE_KEYS.items()}.get(name, key)
+    return key[len("model."):] if key.startswith("model.") else key
+
+
 def known_keys() -> list[str]:
-    return sorted({*_fields(PlanConfig), *_fields(ModelShape), *MAXTEXT_KEYS, *EXTRA_KEYS})
+    return sorted({*_fields(PlanConfig), *_model_fields(), *MAXTEXT_KEYS, *EXTRA_KEYS})
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -99,9 +117,10 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict, dict, dict]:
-    """Route each setting to PlanConfig fields, ModelShape fields or extras (preset, hardware),
-    translating MaxText names; ici_*/dcn_* parallelism of one axis multiply."""
-    plan_f, model_f = _fields(PlanConfig), _fields(ModelShape)
+    """Route each setting to PlanConfig fields, model settings (ModelConfig fields, flat MoE
+    names, or the trainer's dotted `model.*` keys) or extras (preset, hardware), translating
+    MaxText names; ici_*/dcn_* parallelism of one axis multiply."""
+    plan_f, model_f = _fields(PlanConfig), _model_fields()
     plan: dict[str, Any] = {}
     model: dict[str, Any] = {}
     extra: dict[str, Any] = {}
@@ -112,6 +131,7 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict, dict, dict]:
         if key == "hardware" and _is_run_mode(value):   # MaxText's hardware: gpu_multiprocess
             extra.setdefault("ignored_keys", []).append(key)
             continue
+        key = _undot(key)
         if key in EXTRA_KEYS:
             extra[key] = value
             continue
@@ -160,5 +180,6 @@ def _ignored(key: str) -> bool:
     return is_known(key) or key in train_keys()
 
 
-def apply_model_overrides(shape: ModelShape, model: dict[str, Any]) -> ModelShape:
-    return dataclasses.replace(shape, **model) if model else shape
+def apply_model_overrides(model_cfg: ModelConfig, model: dict[str, Any]) -> ModelConfig:
+    """`model_cfg` with the routed model settings applied (see shape.model_config)."""
+    return model_config(model_cfg, **model) if model else model_cfg

@@ -49,7 +49,7 @@ VARIANTS = {
 def comparison() -> dict:
     """Predictions for the reference configuration and its variants, the sweep to 1,024 GPUs,
     and what the reported baseline implies about its collectives."""
-    s, hw = get_shape("deepseek3-671b", prefer_trainer=False), get_profile("gb300")
+    s, hw = get_shape("deepseek3-671b"), get_profile("gb300")
     rows = {}
     for name, (what, change) in VARIANTS.items():
         r = predict(s, REFERENCE.replace(**change), hw)

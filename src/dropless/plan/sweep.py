@@ -6,14 +6,14 @@ import itertools
 from dropless.plan.hardware import HardwareProfile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import predict
-from dropless.plan.shape import ModelShape
+from dropless.config import ModelConfig
 
 SWEEP_AXES = ("data", "fsdp")
 SUGGEST_REMATS = ("none", "minimal", "offload", "full")
 SUGGEST_FACTORS = (1.25, 1.5, 2.0, 3.0)
 
 
-def sweep_gpus(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, gpus: list[int], *,
+def sweep_gpus(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, gpus: list[int], *,
                axis: str = "data") -> list[dict]:
     """Predicted throughput at each cluster size, growing `axis` (data replicas or FSDP) with the
     other axes fixed. Scaling efficiency = TFLOPS/device relative to the first size."""
@@ -45,7 +45,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_layouts(s: ModelShape, cfg: PlanConfig, *, min_factor: float = 1.5
+def candidate_layouts(s: ModelConfig, cfg: PlanConfig, *, min_factor: float = 1.5
                       ) -> list[PlanConfig]:
     """Every (FSDP x EP, remat, buffer factor) the model and cluster allow; data fills the rest.
 
@@ -53,8 +53,8 @@ def candidate_layouts(s: ModelShape, cfg: PlanConfig, *, min_factor: float = 1.5
     would overflow into extra rounds every step.
     """
     out = []
-    eps = [e for e in _divisors(cfg.gpus) if not s.is_moe or s.num_experts % e == 0]
-    if not s.is_moe:
+    eps = [e for e in _divisors(cfg.gpus) if s.moe is None or s.moe.num_experts % e == 0]
+    if s.moe is None:
         eps = [1]
     factors = [f for f in SUGGEST_FACTORS if f >= min_factor] or [max(SUGGEST_FACTORS)]
     for ep in eps:
@@ -65,7 +65,7 @@ def candidate_layouts(s: ModelShape, cfg: PlanConfig, *, min_factor: float = 1.5
     return out
 
 
-def suggest(s: ModelShape, cfg: PlanConfig, hw: HardwareProfile, *, top: int = 10,
+def suggest(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, top: int = 10,
             min_factor: float = 1.5) -> list[dict]:
     """The layouts that fit, best predicted throughput first (at most `top`)."""
     rows = []

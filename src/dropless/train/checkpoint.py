@@ -70,22 +70,53 @@ def _saved_tree(mngr: ocp.CheckpointManager, step: int) -> Any:
 
 def restore(mngr: ocp.CheckpointManager, step: int, like: Any) -> tuple[Any, dict]:
     """(state, meta) of `step`; `like` is a state (or its jax.eval_shape) giving structure,
-    dtypes and shardings. Expert weights written fused ([E, D, 2F], prefuse_moe_weights) or
-    unfused load into either layout (moe.experts.restore_in_any_layout: exact)."""
-    from dropless.moe.experts import restore_in_any_layout
-    meta = {}
+    dtypes and shardings. A checkpoint written in another parameter layout (decoder layers
+    scanned or not, `scan_layers`; expert gate/up fused or not, `prefuse_moe_weights`) is read
+    as stored and converted to `like`'s layout (both conversions are exact)."""
+    to_stored, to_mine = _layout_conversions(mngr, step, like)
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        jax.eval_shape(to_stored, like) if to_stored else like)
+    out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                     meta=ocp.args.JsonRestore()))
+    state = out["state"]
+    if to_mine:
+        state = jax.tree.map(lambda x, ref: jax.device_put(x, getattr(ref, "sharding", None)),
+                             to_mine(state), like)
+    return state, dict(out["meta"])
 
-    def read(tree):
-        abstract = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                           sharding=getattr(x, "sharding", None)), tree)
-        out = mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        meta.update(out["meta"])
-        return out["state"]
 
-    state = restore_in_any_layout(read, like, _saved_tree(mngr, step))
-    return state, dict(meta)
+def _layout_conversions(mngr: ocp.CheckpointManager, step: int, like: Any):
+    """(to_stored, to_mine): functions converting a state between `like`'s parameter layout
+    and the one checkpoint `step` was written in; (None, None) when they agree."""
+    from dropless.models import scan
+    from dropless.moe import convert_expert_weights, expert_layout
+    try:
+        tree = _saved_tree(mngr, step)
+    except (KeyError, TypeError, ValueError, FileNotFoundError):   # no readable tree metadata
+        return None, None
+    steps = []
+    stored, mine = scan.is_scanned(tree), scan.is_scanned(like)
+    if None not in (stored, mine) and stored != mine:
+        steps.append((lambda t, v=stored: scan.to_layout(t, v),
+                      lambda t, v=mine: scan.to_layout(t, v)))
+    stored, mine = expert_layout(tree), expert_layout(like)
+    if None not in (stored, mine) and stored != mine:
+        steps.append((lambda t, v=stored: convert_expert_weights(t, prefuse=v),
+                      lambda t, v=mine: convert_expert_weights(t, prefuse=v)))
+    if not steps:
+        return None, None
+
+    def to_stored(t):
+        for f, _ in steps:
+            t = f(t)
+        return t
+
+    def to_mine(t):
+        for _, g in reversed(steps):
+            t = g(t)
+        return t
+    return to_stored, to_mine
 
 
 def _path_str(path) -> str:
@@ -115,10 +146,9 @@ def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
     """Raise ValueError if checkpoint `step` cannot be restored into `like` (a state or its
     eval_shape): names the first parameter whose shape or dtype differs (parameters before
     optimizer state) and the `model.*` config keys that differ from the run's config.json."""
-    from dropless.moe import convert_expert_weights, expert_layout
-    layout = expert_layout(_saved_tree(mngr, step))
-    if layout is not None and expert_layout(like) is not None:   # either layout restores
-        like = convert_expert_weights(jax.eval_shape(lambda t: t, like), prefuse=layout)
+    to_stored, _ = _layout_conversions(mngr, step, like)
+    if to_stored:                    # another layout of the same parameters restores exactly
+        like = jax.eval_shape(to_stored, like)
     stored = {_path_str(p): m for p, m in
               jax.tree_util.tree_leaves_with_path(mngr.item_metadata(step)["state"])}
     wanted = {_path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(like)}

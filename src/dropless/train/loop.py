@@ -51,11 +51,7 @@ class RunResult:
 
 
 def _peak(cfg: TrainConfig) -> tuple[float | None, str]:
-    dev = jax.devices()[0]
-    if dev.platform == "cpu":
-        peak = met.measure_cpu_peak(cfg.model.dtype) / max(1, jax.device_count())
-        return peak, "measured at start-up (CPU matmul, best of 5)"
-    return met.device_peak_flops(dev.device_kind, cfg.model.dtype), f"table: {dev.device_kind}"
+    return met.peak_flops_per_device(cfg.model.dtype)
 
 
 def _fmt_step(r: dict) -> str:

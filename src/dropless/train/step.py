@@ -105,10 +105,19 @@ def _update_biases(params, metrics, cfg: TrainConfig):
         return params
     params = jax.tree_util.tree_map(lambda x: x, params)  # shallow structural copy
     rows = iter(metrics["tokens_per_expert_LE"])
-    for blk in params["layers"]:
+    for blk in params.get("layers", []):
         if "moe" in blk:
             r = blk["moe"]["router"]
             r["bias_E"] = update_bias(r["bias_E"], next(rows), moe.bias_update_speed)
+    done = 0   # scanned layout (models/scan.py): one [L, E] bias per MoE run, rows in order
+    for run in params.get("layer_runs", []):
+        if "moe" in run:
+            r = run["moe"]["router"]
+            n = r["bias_E"].shape[0]
+            r["bias_E"] = jax.vmap(update_bias, (0, 0, None))(
+                r["bias_E"], metrics["tokens_per_expert_LE"][done:done + n],
+                moe.bias_update_speed)
+            done += n
     mtp_rows = iter(metrics.get("mtp_tokens_per_expert_LE", []))
     for mod in params.get("mtp", []):
         if "moe" in mod["block"]:
