@@ -63,7 +63,8 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
     arch = cm.architecture_for(cfg)
     lay = Layout(arch, rope_interleave=rope_interleave and arch == cm.DEEPSEEK)
     config = cm.hf_config(cfg, lay)
-    entries = _entries(cfg, params, lay)
+    from dropless.models.scan import to_canonical_layout
+    entries = _entries(cfg, to_canonical_layout(params), lay)
     shards: list[list[int]] = [[]]
     size = 0
     for i, (_, nbytes, _) in enumerate(entries):

@@ -147,3 +147,24 @@ def run_layers(params: dict, x: jax.Array, layer_fn: Callable, *extra: Any
             n = jax.tree.leaves(run)[0].shape[0]
             auxes += [{k: v[i] for k, v in aux_L.items()} for i in range(n)]
     return x, auxes
+
+
+def to_config_layout(tree: Any, cfg: ModelConfig) -> Any:
+    """`tree` (parameters, optimizer moments or a train state) in the layout `cfg` asks for:
+    decoder layers scanned per `cfg.scan_layers`, expert gate/up fused per
+    `cfg.moe.prefuse_moe_weights`. Exact (stack/split, concatenate/split)."""
+    from dropless.moe import convert_expert_weights, expert_layout
+    tree = to_layout(tree, cfg.scan_layers)
+    if cfg.moe is not None and expert_layout(tree) is not None:
+        tree = convert_expert_weights(tree, prefuse=cfg.moe.prefuse_moe_weights)
+    return tree
+
+
+def to_canonical_layout(tree: Any) -> Any:
+    """`tree` with decoder layers as a per-layer list and expert gate/up unfused: the layout
+    converters (dropless.hf) and the parameter counter read."""
+    from dropless.moe import convert_expert_weights, expert_layout
+    tree = to_layout(tree, False)
+    if expert_layout(tree) is not None:
+        tree = convert_expert_weights(tree, prefuse=False)
+    return tree

@@ -103,7 +103,7 @@ def _same_model(a, b) -> list[str]:
     """Fields that differ between two ModelConfigs in ways that change the parameter tree."""
     out = []
     for f in dataclasses.fields(a):
-        if f.name in ("dtype", "weight_dtype", "mtp_loss_coef", "moe"):
+        if f.name in ("dtype", "weight_dtype", "mtp_loss_coef", "moe", "scan_layers"):
             continue
         if getattr(a, f.name) != getattr(b, f.name):
             out.append(f"model.{f.name}: {getattr(a, f.name)!r} != {getattr(b, f.name)!r}")
@@ -136,5 +136,7 @@ def initial_params(cfg) -> Any:
         raise ValueError(f"init_from={spec!r}: the configured model differs from the folder's: "
                          + "; ".join(diff))
     from dropless.models.deepseek import init_params
+    from dropless.models.scan import to_canonical_layout, to_config_layout
+    params = to_config_layout(to_canonical_layout(params), cfg.model)
     like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
     return jax.tree.map(lambda x, l: jnp.asarray(x, l.dtype), params, like)
