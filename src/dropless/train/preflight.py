@@ -62,7 +62,6 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
     from dropless.plan.hardware import PROFILES
     from dropless.plan.layout import DTYPE_BYTES, PlanConfig
     from dropless.plan.memory import memory_per_device
-    from dropless.plan.presets import shape_of
     m = cfg.model
     dt = lambda d: d if d in DTYPE_BYTES else "float32"   # noqa: E731 (float64 -> 4 bytes)
     plan = PlanConfig(gpus=cfg.num_devices, fsdp=cfg.fsdp_parallelism,
@@ -71,7 +70,7 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
                       remat=cfg.remat, weight_dtype=dt(m.weight_dtype),
                       activation_dtype=dt(m.dtype), optimizer_dtype=dt(m.weight_dtype),
                       attention_impl="naive")
-    mem = memory_per_device(shape_of(m), plan, PROFILES["h100"])  # hardware: only for `usable`
+    mem = memory_per_device(m, plan, PROFILES["h100"])  # hardware: only for `usable`
     return {k: float(mem[k]) for k in PARTS + ("total",)}
 
 
