@@ -80,7 +80,7 @@ def load_dropless(folder: str | Path):
         return cfg, ocp.StandardCheckpointer().restore(folder / "params", like)
     from dropless.train import checkpoint as ckpt
     mngr = ckpt.manager(folder / "checkpoints", keep=1, async_save=False)
-    step = ckpt.latest_step(mngr)
+    step = ckpt.latest_step(folder / "checkpoints")
     if step is None:
         raise ValueError(f"{folder}: neither params/ nor a checkpoint under checkpoints/")
     like = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
