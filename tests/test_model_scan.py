@@ -86,7 +86,9 @@ def loss_and_grads(both):
                           run(scanned, cfg.replace(scan_layers=True), remat))
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "minimal", "offload"])
+# "none" and "offload" (named, offloaded residuals: the policy most likely to differ under a
+# scan); "full" and "minimal" go through the same jax.checkpoint wrapper per layer.
+@pytest.mark.parametrize("remat", ["none", "offload"])
 def test_scan_equals_unrolled(remat, loss_and_grads):
     ((l1, aux1), g1), ((l2, aux2), g2) = loss_and_grads(remat)
     assert float(l1) == float(l2)
