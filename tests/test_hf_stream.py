@@ -29,7 +29,8 @@ if sys.argv[2] == "load":
 else:   # the floor: the same parameters placed from memory, no checkpoint at all
     cfg = hf.read_config(sys.argv[1])[0]
     shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
-    params = jax.tree.map(lambda s: jax.device_put(np.ones(s.shape, s.dtype)), shapes)
+    params = jax.tree.map(lambda s: jax.device_put(np.ones(s.shape, s.dtype)).block_until_ready(),
+                          shapes)
 jax.block_until_ready(params)
 cur, peak = tracemalloc.get_traced_memory()
 leaves = jax.tree.leaves(params)
@@ -63,8 +64,9 @@ def test_peak_host_memory_is_one_tensor_not_the_model(tmp_path):
     load, floor = _probe(tmp_path, "load"), _probe(tmp_path, "floor")
     assert load["count"] == floor["count"] and load["total"] > 40e6
     largest = load["largest"]
-    # numpy buffers alive at the peak beyond the parameters themselves
-    assert load["transient"] <= 3 * largest, load
+    # numpy buffers alive at the peak beyond the parameters themselves, against what placing
+    # the same arrays from memory leaves (device_put's own host copy: ~2 tensors)
+    assert load["transient"] <= floor["transient"] + 2 * largest, (load, floor)
     # resident memory: what placing the same parameters from memory costs, plus a few tensors
     assert load["rss"] <= floor["rss"] + 4 * largest, (load, floor)
 

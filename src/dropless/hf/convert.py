@@ -56,6 +56,13 @@ def _host(reader: CheckpointReader, leaf: Leaf, shape: tuple, dtype, experts=Non
 
 
 def _place(reader: CheckpointReader, leaf: Leaf, like: jax.ShapeDtypeStruct, mesh) -> jax.Array:
+    """The parameter on its device(s), transferred before returning: an asynchronous
+    device_put keeps its host buffer alive, and a reader faster than the transfers would pile
+    up host copies of many tensors."""
+    return _transfer(reader, leaf, like, mesh).block_until_ready()
+
+
+def _transfer(reader: CheckpointReader, leaf: Leaf, like: jax.ShapeDtypeStruct, mesh) -> jax.Array:
     shape, dtype = tuple(like.shape), np.dtype(like.dtype)
     if mesh is None:
         return jax.device_put(_host(reader, leaf, shape, dtype))
