@@ -32,8 +32,11 @@ setup: $(VENV)/.installed
 run: setup
 	$(VENV)/bin/dropless train
 
+# one pytest worker a core (2 on CI); a file's tests stay on one worker, so module fixtures
+# (compiled steps, end-to-end runs shared by several tests) are built once
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
