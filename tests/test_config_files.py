@@ -114,3 +114,15 @@ def test_maxtext_te_gmm_quantization():
     assert build_config([("te_gmm_quantization", "")]).model.moe.gmm_quantization == "none"
     with pytest.raises(ValueError, match="te_gmm_quantization='te_fp8'"):
         build_config([("te_gmm_quantization", "te_fp8")])
+
+
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+    """YAML 1.1 reads `3e-4` as a string; float fields take it as the number it spells."""
+    (tmp_path / "r.yml").write_text("learning_rate: 3e-4\nmodel.moe.z_loss_coef: 1E-3\n")
+    cfg = build_config([("adam_eps", parse_override("adam_eps=1e-9")[1]),
+                        parse_override("model.moe.routed_scaling_factor=2.5e0")],
+                       yaml_path=str(tmp_path / "r.yml"))
+    assert (cfg.learning_rate, cfg.adam_eps) == (3e-4, 1e-9)
+    assert (cfg.model.moe.z_loss_coef, cfg.model.moe.routed_scaling_factor) == (1e-3, 2.5)
+    with pytest.raises(ValueError, match=r"config key 'learning_rate': 'fast' is not a number"):
+        build_config([parse_override("learning_rate=fast")])

@@ -94,6 +94,12 @@ def _coerce(key: str, value: Any, current: Any) -> Any:
         return value.lower() == "true"
     if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if isinstance(current, float) and isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads 3e-4 and 1e18, without a dot, as strings
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"config key {key!r}: {value!r} is not a number") from None
     return value
 
 
