@@ -57,8 +57,9 @@ def describe(exc: BaseException) -> tuple[int, str]:
         return EXIT_FAILURE, f"{exc.strerror}{where} (check the path, its permissions and free " \
                              f"space)\n{TRACEBACK_HINT}"
     from dropless.train.checkpoint import CheckpointError
+    from dropless.train.nonfinite import NonFiniteError
     from dropless.train.rundir import RunDirInUse
-    if isinstance(exc, (CheckpointError, RunDirInUse)):
+    if isinstance(exc, (CheckpointError, RunDirInUse, NonFiniteError)):
         return EXIT_FAILURE, first
     if "RESOURCE_EXHAUSTED" in text or isinstance(exc, MemoryError):
         return EXIT_FAILURE, f"out of memory: {first[:300]}\nlower per_device_batch_size or " \

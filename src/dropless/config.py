@@ -408,6 +408,8 @@ class TrainConfig:
     async_checkpoints: bool = True
     time_kernels: bool = True        # time grouped matmul / dispatch / combine at start-up
     profile_steps: int = 0           # >0: JAX profiler trace of that many steps (from step 3)
+    check_nan: bool = False          # stop at the first non-finite loss/gradient/parameter,
+                                     # naming the step, layer and parameter (train/nonfinite.py)
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -451,8 +453,9 @@ class TrainConfig:
             _fail(c, "model.moe.devices_per_node", moe.devices_per_node,
                   f"must equal the devices per node of the mesh ({self.devices_per_node} = "
                   f"data*fsdp*expert / dcn_data*dcn_fsdp*dcn_expert)")
-        if not isinstance(self.distributed, bool):
-            _fail(c, "distributed", self.distributed, "must be true or false")
+        for name in ("distributed", "check_nan"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(c, name, getattr(self, name), "must be true or false")
         from dropless.train.xla_flags import check_environment, check_flags
         check_flags(self.xla_flags)
         check_environment(self.environment)

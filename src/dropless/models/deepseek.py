@@ -111,10 +111,22 @@ def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig, me
 
     Returns (y_BSD, aux); aux is empty for dense blocks and the MoE layer's aux otherwise.
     """
+    h = attention_residual(p, x_BSD, cos_SR2, sin_SR2, cfg=cfg)
+    return ffn_residual(p, h, cfg=cfg, mesh=mesh)
+
+
+def attention_residual(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig
+                       ) -> jax.Array:
+    """The block's first half: x + attn(norm(x))."""
     attn_fn = ATTENTION[cfg.attention][1]
     with jax.named_scope("attention"):
-        h = x_BSD + attn_fn(p["attn"], rms_norm(x_BSD, p["attn_norm_D"], cfg.norm_eps), cfg,
-                            cos_SR2, sin_SR2)
+        return x_BSD + attn_fn(p["attn"], rms_norm(x_BSD, p["attn_norm_D"], cfg.norm_eps), cfg,
+                               cos_SR2, sin_SR2)
+
+
+def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: Any = None
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The block's second half: h + ffn(norm(h)), and the MoE layer's aux (empty if dense)."""
     z = rms_norm(h, p["ffn_norm_D"], cfg.norm_eps)
     if "moe" in p:
         with jax.named_scope("moe"):

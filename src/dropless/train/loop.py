@@ -32,6 +32,7 @@ from dropless.train import data as data_lib
 from dropless.train import mesh as mesh_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
+from dropless.train.nonfinite import NonFiniteGuard
 from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
@@ -172,10 +173,11 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         guard = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
         state = guard.attach(state)
         prog.line(_header(cfg, out_dir, corpus, counts, fpt, start))
+        nan_guard = NonFiniteGuard(cfg)   # check_nan: never apply a non-finite step
         step_fn, batch0, compile_s = _compile(cfg, opt, model_mesh, mesh, corpus, state, start,
-                                              prog, guard)
+                                              prog, guard, nan_guard)
         ctx = _Ctx(cfg, out_dir, corpus, fpt, model_mesh, mesh, prog, stop, saver, run, to_dict)
-        ctx.guard = guard
+        ctx.guard, ctx.nan_guard, ctx.opt = guard, nan_guard, opt
         rec, line = _start_record(cfg, corpus, counts, fpt, compile_s, start)
         ctx.peak = rec["peak_flops_per_device"]
         ctx.writer.record(rec, line)
@@ -185,8 +187,9 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         raise
 
 
-def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard):
-    fn = guard.wrap(functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh))
+def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard, nan_guard):
+    fn = guard.wrap(nan_guard.wrap(
+        functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)))
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
     bshard = mesh_lib.batch_sharding(mesh)
@@ -226,6 +229,8 @@ class _Ctx:
         self.prog, self.stop, self.saver, self.run = prog, stop, saver, run
         self.peak = None
         self.guard = None                # the OverflowGuard of the compiled step
+        self.nan_guard = self.opt = None     # its NonFiniteGuard, and the optimizer
+        self.model_mesh = model_mesh
         self.bshard = mesh_lib.batch_sharding(mesh)
         self.writer = _Writer(out_dir / "metrics.jsonl", prog.line)
         self.eval_batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
@@ -285,6 +290,8 @@ def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) ->
             last = time.perf_counter()
         # Per-step checks (overflow, non-finite values, ...) belong here: they read `m` and
         # `rec` of the finished step and raise to stop the run before it is recorded.
+        ctx.nan_guard.check(m, state, batch, i + 1, opt=ctx.opt, mesh=ctx.model_mesh,
+                            save=lambda good: _save_last_good(ctx, state, good, start))
         result.losses[i + 1] = rec["loss"]
         show = (i + 1) % cfg.log_every == 0 or i + 1 == end
         ctx.writer.record(rec)
@@ -314,6 +321,18 @@ def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) ->
     saver.finish()
     ctx.writer.record({"event": "end", "step": end, "final_loss": result.losses.get(end)})
     return result
+
+
+def _save_last_good(ctx: _Ctx, state, good: int, start: int) -> str:
+    """Checkpoint `state` as step `good` unless it is already saved; words for the message."""
+    saver = ctx.saver
+    if good == 0:
+        return "; no step had completed, nothing is checkpointed"
+    if good > start and good not in (saver.last_saved, saver.pending):
+        saver.save(good, ctx.guard.strip(state), ctx.meta(good))
+    saver.finish()
+    return (f"; step {good}, the last with finite values, is checkpointed in {ctx.out_dir} "
+            "(its parameters may already be on the way to diverging)")
 
 
 def _stopped(ctx: _Ctx, result: RunResult, state, done: int) -> RunResult:

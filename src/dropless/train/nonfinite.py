@@ -1,0 +1,185 @@
+"""`check_nan`: stop at the first step whose loss, gradients or new parameters are not finite,
+naming the step, the layer and the parameter where the non-finite value first appeared.
+
+Legend: B batch, S sequence (+1 for the batch's next-token column), D model dim.
+
+Detection costs the host nothing: the loop already reads every step's loss and grad_norm, and
+grad_norm is finite only when every gradient is. On device `NonFiniteGuard.wrap` adds one
+all-finite reduction over the updated parameters and, when anything is not finite, returns the
+state it was given (a select, as the overflow guard does). So the state the loop holds after a
+bad step is the last good step's: it is checkpointed, and `locate` runs the failing step again,
+piece by piece outside the compiled step, to say where the first non-finite value came from:
+  1. parameters that are already non-finite (e.g. loaded that way);
+  2. else the forward pass: the embedding, then each layer's attention half and FFN/MoE half in
+     order, then the output head, then the MTP modules: the first output that is not finite;
+  3. else the backward pass: the parameters whose gradients are not finite, the one nearest the
+     loss first (the backward pass reaches it first);
+  4. else the optimizer update: gradients finite, the new parameters not.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dropless.config import TrainConfig
+
+FLAG = "nonfinite"
+
+
+class NonFiniteError(RuntimeError):
+    """A step produced a non-finite loss, gradient or parameter under check_nan=true; the run
+    stopped at the last good step, which was checkpointed."""
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def _name(path) -> str:
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+def nonfinite_leaves(tree: Any) -> list[tuple[str, int]]:
+    """[(path, number of non-finite values)] of the floating leaves of `tree`, in tree order.
+    Counted on device in one jitted call: only the counts come to the host."""
+    flat = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+    counts = jax.device_get(_count_nonfinite([x for _, x in flat]))
+    return [(_name(path), int(n)) for (path, _), n in zip(flat, counts) if n]
+
+
+@jax.jit
+def _count_nonfinite(xs: list[jax.Array]) -> list[jax.Array]:
+    return [jnp.sum(~jnp.isfinite(x)) for x in xs]
+
+
+class NonFiniteGuard:
+    """The loop's side of check_nan (inactive, every method a pass-through, otherwise)."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.active = cfg.check_nan
+
+    def wrap(self, step_fn):
+        """step_fn(state, batch) -> (state, metrics), made to return its input state when the
+        loss, a gradient (via grad_norm) or a new parameter is not finite; metrics gain
+        `nonfinite` (1: the step was not applied)."""
+        if not self.active:
+            return step_fn
+
+        def guarded(state, batch):
+            new, metrics = step_fn(state, batch)
+            ok = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+                  & _all_finite(new["params"]))
+            new = jax.tree.map(lambda old, upd: jnp.where(ok, upd, old), state, new)
+            metrics[FLAG] = (~ok).astype(jnp.int32)
+            return new, metrics
+
+        return guarded
+
+    def check(self, m: dict, state: dict, batch_BS1: jax.Array, step: int, *, opt, mesh=None,
+              save=None) -> None:
+        """After `step` (1-based): when its metrics say it was not applied, call `save(good)`
+        for the last good step (when it ran in this process), find where the first non-finite
+        value came from and raise NonFiniteError with both."""
+        if not self.active or not int(m.get(FLAG, 0)):
+            return
+        good = step - 1
+        saved = save(good) if save is not None else ""
+        where = locate(state["params"], state["opt_state"], batch_BS1, cfg=self.cfg, opt=opt,
+                       mesh=mesh)
+        raise NonFiniteError(f"step {step}: loss {float(m['loss']):.4g}, grad_norm "
+                             f"{float(m['grad_norm']):.4g}; {where}; the step was not applied"
+                             + saved)
+
+
+def _bad(x) -> bool:
+    return not bool(jnp.all(jnp.isfinite(x)))
+
+
+def _first(names: list[tuple[str, int]], more: str = "") -> str:
+    head = ", ".join(f"{p} ({n} values)" for p, n in names[:3])
+    rest = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return head + rest + more
+
+
+def _backward_order(name: str) -> tuple:
+    """Sort key: the backward pass meets MTP modules, then the output head, then the layers
+    from the last to the first, then the embedding."""
+    parts = name.split("/")
+    if parts[0] == "mtp":
+        return (0, -int(parts[1]))
+    if parts[0] in ("final_norm", "lm_head"):
+        return (1, 0)
+    if parts[0] == "layers":
+        return (2, -int(parts[1]))
+    return (3, 0)
+
+
+def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfig, opt,
+           mesh: Any = None) -> str:
+    """Where a step from `params` on `batch_BS1` first produces a non-finite value, as words
+    (see the module docstring for the order of the checks). `params` in any layout."""
+    from dropless.models.scan import to_canonical_layout
+    from dropless.train import step as step_lib
+    canon = to_canonical_layout(params)
+    bad = nonfinite_leaves(canon)
+    if bad:
+        return f"parameters were already non-finite before the step: {_first(bad)}"
+    forward = _locate_forward(canon, batch_BS1[:, :-1], cfg.model, mesh)
+    if forward:
+        return f"first non-finite value in the forward pass: {forward}"
+    loss = functools.partial(step_lib.loss_fn, cfg=cfg, mesh=mesh)
+    (value, _), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, batch_BS1)
+    if _bad(value):
+        return "the forward pass is finite but the loss is not (the balance losses?)"
+    bad = sorted(nonfinite_leaves(to_canonical_layout(grads)),
+                 key=lambda pn: _backward_order(pn[0]))
+    if bad:
+        return ("forward pass finite; first non-finite value in the backward pass: the "
+                f"gradient of {_first(bad)}")
+    new = jax.jit(lambda g, s, p: jax.tree.map(
+        lambda a, u: a + u, p, opt.update(g, s, p)[0]))(grads, opt_state, params)
+    bad = nonfinite_leaves(to_canonical_layout(new))
+    if bad:
+        return (f"loss and gradients finite; the optimizer update made {_first(bad)} "
+                f"non-finite (learning_rate={cfg.learning_rate})")
+    return "not reproduced when the step was run again piece by piece"
+
+
+def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh) -> str:
+    """The first non-finite output of the forward pass, in words ("" when all are finite).
+    Each piece is jitted on its own; same-kind layers share one compiled function."""
+    from dropless.models import deepseek
+    from dropless.models.attention import rope_tables
+    dt = jnp.dtype(m.dtype)
+    cos, sin = rope_tables(tokens_BS.shape[1], m.rope_dim, m.rope_theta, m)
+    x = params["embed"]["w_VD"][tokens_BS].astype(dt)
+    if _bad(x):
+        return "the embedding of the batch's tokens"
+    attn = jax.jit(functools.partial(deepseek.attention_residual, cfg=m))
+    ffn = jax.jit(functools.partial(deepseek.ffn_residual, cfg=m, mesh=mesh))
+    for i, p in enumerate(params["layers"]):
+        x = attn(p, x, cos, sin)
+        if _bad(x):
+            return f"layer {i}, attention (layers/{i}/attn)"
+        x, _ = ffn(p, x)
+        if _bad(x):
+            part = "MoE" if "moe" in p else "dense FFN"
+            return f"layer {i}, {part} (layers/{i}/{'moe' if 'moe' in p else 'ffn'})"
+    logits = jax.jit(functools.partial(deepseek.logits_from_hidden, cfg=m))(
+        params, x, params["final_norm"]["w_D"])
+    if _bad(logits):
+        return "the output head (final_norm, lm_head)"
+    if params.get("mtp"):
+        outs, _ = jax.jit(functools.partial(deepseek.mtp_logits, cfg=m, mesh=mesh))(
+            params, x, tokens_BS)
+        for k, lg in enumerate(outs, start=1):
+            if _bad(lg):
+                return f"MTP module {k} (mtp/{k - 1})"
+    return ""
