@@ -57,18 +57,29 @@ def _args(module, **kw):
     return args
 
 
+def test_group_sizes_for_every_routing():
+    for routing in bench_gmm.ROUTINGS:
+        sizes = bench_gmm.group_sizes_for(routing, 256, 8, seed=8)
+        assert sizes.shape == (8,) and sizes.sum() == 256 and (sizes >= 0).all(), routing
+    assert (bench_gmm.group_sizes_for("quarter_empty", 256, 8) == 0).sum() == 2
+    assert bench_gmm.group_sizes_for("half", 256, 8)[0] > 96   # about 128 of 256 rows
+    with pytest.raises(ValueError, match="routing='zip'"):
+        bench_gmm.group_sizes_for("zip", 256, 8)
+
+
 def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
+    # one routing: a routing changes only the group sizes (test_group_sizes_for_every_routing)
+    # and whether split_floor runs (uniform only); the records are the same
     out = tmp_path / "gmm.jsonl"
-    args = _args(bench_gmm, m=256, k=32, n=32, groups="8", routings="uniform,quarter_empty",
+    args = _args(bench_gmm, m=256, k=32, n=32, groups="8", routings="uniform",
                  dtypes="float32", backends="auto,ragged_dot,padded,loop", repeats=1,
                  out=str(out))
     assert bench_gmm.run(args) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     seen = {(r["routing"], r["mode"], r["backend"]) for r in recs}
-    for routing in ("uniform", "quarter_empty"):
-        for mode in ("fwd", "fwd+bwd"):
-            for b in ("dense", "auto", "ragged_dot", "padded", "loop"):
-                assert (routing, mode, b) in seen
+    for mode in ("fwd", "fwd+bwd"):
+        for b in ("dense", "auto", "ragged_dot", "padded", "loop"):
+            assert ("uniform", mode, b) in seen
     assert {r["mode"] for r in recs if r["backend"] == "split_floor"} == {"fwd", "fwd+bwd"}
     for r in recs:
         assert r["median_ms"] > 0 and r["ratio_to_dense"] > 0, r
@@ -79,8 +90,10 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
 
 def test_bench_moe_reports_drops_of_the_capacity_baseline(tmp_path):
     out = tmp_path / "moe.jsonl"
+    # no fused/* rows: the GPU dry run below writes and checks them
     args = _args(bench_moe, rows=256, d_model=32, d_ff=32, experts="8:2", routings="zipf",
-                 capacity_factors="1.0", backends="auto", repeats=1, out=str(out))
+                 capacity_factors="1.0", backends="auto", repeats=1, no_fused=True,
+                 out=str(out))
     assert bench_moe.run(args) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     by = {(r["mode"], r["variant"]): r for r in recs}
@@ -130,7 +143,9 @@ def test_bench_gpu_dry_run_end_to_end(tmp_path):
         assert {(mode, "dense_xla"), (mode, "pallas_gpu"), (mode, "ragged_dot")} <= timed
     assert all("skipped" in r or "error" in r for r in by["gmm"] if "torch" in r["backend"]
                and "median_ms" not in r)
-    assert {r["variant"] for r in by["moe"] if "variant" in r} >= {"dense", "dropless/auto"}
+    assert {r["variant"] for r in by["moe"] if "variant" in r} >= {"dense", "dropless/auto",
+                                                                  "fused/auto"}
+    assert all(r["dropped_rows"] == 0 for r in by["moe"] if "dropped_rows" in r)
     train = by["train"][0]
     assert "error" not in train, train
     assert train["steps"] == 2 and train["median_step_time_s"] > 0 and train["resolved"] == "tiled"

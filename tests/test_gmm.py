@@ -1,9 +1,11 @@
 """Grouped matmul: every backend against a plain NumPy loop, forward and gradients."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from dropless.ops import grouped_matmul, grouped_matmul_backends, padding_stats
 from dropless.ops.gmm.registry import tokamax_available
@@ -58,14 +60,33 @@ def run(backend, lhs, rhs, gs, **opts):
     return grouped_matmul(lhs, rhs, gs, backend=backend, **opts)
 
 
+# One shape (M=30, G=5) for every routing: a jitted backend compiles its forward+backward once
+# and runs all six (group sizes are a traced argument, as in a training step). M=30 is not a
+# multiple of any tile (8, 4, 2) or of pallas_gpu's block_m=16, so windows clamp at the end.
+M = 30
 CASES = {
-    "uniform": (24, [6, 6, 6, 6]),
-    "empty_groups": (24, [0, 10, 0, 14]),
-    "one_group_takes_all": (21, [0, 0, 21, 0]),
-    "sum_below_m": (20, [3, 0, 5, 2]),      # rows 10..19 must come out zero
-    "odd_sizes": (37, [1, 7, 13, 9, 0, 7]),
-    "all_empty": (5, [0, 0, 0]),
+    "uniform": [6, 6, 6, 6, 6],
+    "empty_groups": [0, 12, 0, 18, 0],      # empty first, middle and last groups
+    "one_group_takes_all": [0, 0, 30, 0, 0],
+    "sum_below_m": [3, 0, 5, 2, 4],         # rows 14..29 must come out zero
+    "odd_sizes": [1, 7, 13, 9, 0],          # a one-row group; a masked tile at the end
+    "all_empty": [0, 0, 0, 0, 0],
 }
+
+
+def fwd_and_vjp(gmm):
+    """(out, dlhs, drhs) of `gmm(lhs, rhs, sizes)` for the output gradient dy."""
+    def f(lhs, rhs, sizes, dy):
+        out, pullback = jax.vjp(lambda a, b: gmm(a, b, sizes), lhs, rhs)
+        return (out, *pullback(dy))
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_fwd_bwd(backend):
+    """fwd_and_vjp of a backend, jitted once for any routing (eager for `loop`)."""
+    f = fwd_and_vjp(lambda a, b, gs: run(backend, a, b, gs))
+    return f if backend == "loop" else jax.jit(f)
 
 
 def test_hand_worked_case():
@@ -82,11 +103,10 @@ def test_hand_worked_case():
 @pytest.mark.parametrize("backend", ALL)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_forward_and_grads_f32(backend, case):
-    m, sizes = CASES[case]
-    lhs, rhs, gs, dy = operands(m, 5, 3, sizes)
-    out = run(backend, lhs, rhs, gs)
+    sizes = CASES[case]
+    lhs, rhs, gs, dy = operands(M, 5, 3, sizes)
+    out, dl, dr = compiled_fwd_bwd(backend)(lhs, rhs, gs, dy)
     np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-5)
-    dl, dr = jax.grad(lambda a, b: jnp.vdot(run(backend, a, b, gs), dy), (0, 1))(lhs, rhs)
     edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
     np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(dr, edr, rtol=1e-5, atol=1e-4)
@@ -94,24 +114,23 @@ def test_forward_and_grads_f32(backend, case):
 
 @pytest.mark.parametrize("backend", JITTABLE)
 def test_bf16_matches_f32_reference(backend):
-    m, sizes = CASES["odd_sizes"]
-    lhs, rhs, gs, dy = operands(m, 16, 8, sizes, jnp.bfloat16)
-    out = jax.jit(lambda a, b, g: run(backend, a, b, g))(lhs, rhs, gs)
-    assert out.dtype == jnp.bfloat16
+    sizes = CASES["odd_sizes"]
+    lhs, rhs, gs, dy = operands(M, 16, 8, sizes, jnp.bfloat16)
+    out, dl, dr = compiled_fwd_bwd(backend)(lhs, rhs, gs, dy)
+    assert out.dtype == dl.dtype == dr.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), np_gmm(lhs, rhs, sizes),
                                rtol=2e-2, atol=5e-2)
-    dl, dr = jax.jit(jax.grad(lambda a, b: jnp.vdot(run(backend, a, b, gs).astype(
-        jnp.float32), dy.astype(jnp.float32)), (0, 1)))(lhs, rhs)
-    assert dl.dtype == dr.dtype == jnp.bfloat16
     edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
     np.testing.assert_allclose(np.asarray(dl, np.float32), edl, rtol=2e-2, atol=1e-1)
     np.testing.assert_allclose(np.asarray(dr, np.float32), edr, rtol=2e-2, atol=1e-1)
 
 
 def test_preferred_element_type_sets_output_dtype():
+    # the output dtype is fixed when the function is traced: no need to compile and run it
     lhs, rhs, gs, _ = operands(12, 4, 3, [5, 7], jnp.bfloat16)
     for backend in ["reference", "ragged_dot", "tiled", "padded", "pallas_gpu"]:
-        out = run(backend, lhs, rhs, gs, preferred_element_type=jnp.float32)
+        out = jax.eval_shape(lambda a, b: run(backend, a, b, gs,
+                                              preferred_element_type=jnp.float32), lhs, rhs)
         assert out.dtype == jnp.float32, backend
 
 
@@ -135,10 +154,9 @@ def test_tiled_default_tiles_large_groups():
     # default tile sizes (1024, 896, ...): one group spans full and masked tiles, one is tiny
     sizes = [1300, 3, 0, 290]
     lhs, rhs, gs, dy = operands(1600, 8, 4, sizes)
-    out = grouped_matmul(lhs, rhs, gs, backend="tiled")
+    gmm = lambda a, b, g: grouped_matmul(a, b, g, backend="tiled")
+    out, dl, dr = jax.jit(fwd_and_vjp(gmm))(lhs, rhs, gs, dy)
     np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-4)
-    dl, dr = jax.grad(lambda a, b: jnp.vdot(grouped_matmul(a, b, gs, backend="tiled"), dy),
-                      (0, 1))(lhs, rhs)
     edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
     np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-3)
     np.testing.assert_allclose(dr, edr, rtol=1e-5, atol=1e-3)
@@ -156,14 +174,24 @@ def test_tile_plan_hand_worked():
     assert int(masked2.row_P[0]) == 4
 
 
-@settings(max_examples=20, deadline=None)
+@functools.partial(jax.jit, static_argnums=4)
+def tiled_fwd_bwd(lhs, rhs, gs, dy, tile_sizes):
+    return fwd_and_vjp(lambda a, b, g: grouped_matmul(a, b, g, backend="tiled",
+                                                      tile_sizes=tile_sizes))(lhs, rhs, gs, dy)
+
+
+# each example compiles (the shape and the tiles change), so few random ones, plus the edges
+@settings(max_examples=8, deadline=None)
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=6), st.integers(0, 5),
        st.sampled_from([(8, 4, 2), (5, 3), (16,), (7, 6, 1)]))
+@example([0], 0, (8, 4, 2))                # one empty group, M=1
+@example([1, 1, 1, 1, 1, 1], 0, (5, 3))    # one-row groups, no rows past the sum
+@example([20, 0, 17, 3], 5, (7, 6, 1))     # full and masked tiles, rows past the sum
+@example([0, 0, 0], 5, (16,))              # all empty; the tile is larger than M
 def test_tiled_property_any_sizes(sizes, extra_rows, tile_sizes):
     m = max(sum(sizes) + extra_rows, 1)
     lhs, rhs, gs, dy = operands(m, 3, 2, sizes, seed=len(sizes))
-    f = lambda a, b: grouped_matmul(a, b, gs, backend="tiled", tile_sizes=tile_sizes)
-    out, (dl, dr) = jax.jit(lambda a, b: (f(a, b), jax.vjp(f, a, b)[1](dy)))(lhs, rhs)
+    out, dl, dr = tiled_fwd_bwd(lhs, rhs, gs, dy, tile_sizes)
     np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-5)
     edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
     np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-4)
