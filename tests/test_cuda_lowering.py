@@ -83,8 +83,9 @@ def test_pallas_gpu_by_name_lowers_for_cuda_in_f32_and_f16():
 def test_moe_layer_auto_lowers_for_cuda():
     cfg = MoEConfig(num_experts=G, top_k=2, d_model=16, d_ff=24, dtype="bfloat16",
                     weight_dtype="bfloat16")
-    params = init_params(jax.random.PRNGKey(0), cfg)
-    x_TD = jnp.ones((20, 16), jnp.bfloat16)  # T=20 tokens -> M = 40 routed rows
+    # lowering needs shapes only: abstract parameters, no random initialisation to compile
+    params = jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))
+    x_TD = jax.ShapeDtypeStruct((20, 16), jnp.bfloat16)  # T=20 tokens -> M = 40 routed rows
 
     def loss(p, x):
         y, aux = apply(p, x, cfg)
@@ -108,7 +109,10 @@ def train_cfg():
 
 def test_train_step_auto_lowers_for_cuda(train_cfg):
     cfg = train_cfg
-    state, opt = step.init_state(cfg)
+    # shapes only (as the batch): eager initialisation compiled one random-normal program per
+    # parameter shape, most of this test's time
+    state = jax.eval_shape(lambda: step.init_state(cfg)[0])
+    opt = step.make_optimizer(cfg, state["params"])
     batch = jax.ShapeDtypeStruct((2, 25), jnp.int32)
     text = cuda_text(functools.partial(step.train_step, cfg=cfg, opt=opt), state, batch)
     m = 2 * 24 * cfg.model.moe.top_k

@@ -44,7 +44,7 @@ def test_error_policy_raises_with_layer_rows_and_factor():
     big = cfg.replace(ragged_buffer_factor=8.0)
     y, aux = jax.jit(lambda p, x: layer.apply(p, x, big, mesh=mesh))(_one_device_params(big), x)
     check_overflow(aux, layer="layers/3/moe", cfg=big)
-    y_ref, _ = layer.apply(_one_device_params(big), x, big)
+    y_ref, _ = jax.jit(lambda p, x: layer.apply(p, x, big))(_one_device_params(big), x)
     np.testing.assert_allclose(y, y_ref, rtol=2e-5, atol=2e-5)
 
 
@@ -60,24 +60,31 @@ def test_check_overflow_quiet_without_drops():
 
 def _apply(cfg, mesh, tokens=64):
     params = layer.init_params(jax.random.key(0), cfg)
-    return layer.apply(params, jnp.ones((tokens, cfg.d_model)), cfg, mesh=mesh)
+    return jax.jit(lambda p, x: layer.apply(p, x, cfg, mesh=mesh))(
+        params, jnp.ones((tokens, cfg.d_model)))
+
+
+def _trace(cfg, mesh, tokens=64):
+    """`_apply` traced on shapes only: the checks below raise while tracing, as under jit, and
+    nothing is initialised or compiled first."""
+    return jax.eval_shape(lambda: _apply(cfg, mesh, tokens))
 
 
 def test_mesh_without_expert_axis():
     mesh = Mesh(np.asarray(jax.devices()), ("data",))
     with pytest.raises(ValueError, match="no 'expert' axis"):
-        _apply(_cfg(), mesh)
+        _trace(_cfg(), mesh)
 
 
 def test_experts_not_divisible_by_ep():
     with pytest.raises(ValueError, match="num_experts=12 is not divisible by expert "
                                          "parallelism 8"):
-        _apply(_cfg(num_experts=12), make_mesh(MeshConfig(expert=8)))
+        _trace(_cfg(num_experts=12), make_mesh(MeshConfig(expert=8)))
 
 
 def test_tokens_not_divisible_by_devices():
     with pytest.raises(ValueError, match="token count 60 is not divisible by the 8 devices"):
-        _apply(_cfg(), make_mesh(MeshConfig(expert=8)), tokens=60)
+        _trace(_cfg(), make_mesh(MeshConfig(expert=8)), tokens=60)
 
 
 def test_ragged_a2a_refused_on_cpu():
@@ -110,7 +117,7 @@ def test_make_mesh_layout():
 def test_param_specs_table():
     cfg = _cfg(num_shared_experts=1)
     mesh = make_mesh(MeshConfig(fsdp=2, expert=4))
-    specs = param_specs(layer.init_params(jax.random.key(0), cfg), mesh)
+    specs = param_specs(jax.eval_shape(lambda: layer.init_params(jax.random.key(0), cfg)), mesh)
     assert specs["experts"]["w_gate_EDF"] == PartitionSpec("expert", "fsdp", None)
     assert specs["experts"]["w_down_EFD"] == PartitionSpec("expert", None, "fsdp")
     assert specs["router"]["w_DE"] == PartitionSpec(None, None)

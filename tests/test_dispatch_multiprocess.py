@@ -54,17 +54,18 @@ def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("dispatcher", ["a2a"])
 def test_two_processes_match_single_process(tmp_path, dispatcher):
     out = str(tmp_path / "result.npz")
-    results = _wait(_launch(dispatcher, out))
+    procs = _launch(dispatcher, out)
+    # the single-process reference, computed while the two processes start and compile
+    cfg, params, x = worker.case(dispatcher)
+    step = jax.jit(jax.value_and_grad(lambda p, x: worker.loss_fn(p, x, cfg, None),
+                                      argnums=(0, 1), has_aux=True))
+    (loss, (y, _)), (g_params, g_x) = jax.block_until_ready(step(params, x))
+    results = _wait(procs)
     if any(rc != 0 and "address already in use" in log.lower() for rc, log in results):
         results = _wait(_launch(dispatcher, out))  # the free port was taken meanwhile: once more
     for pid, (rc, log) in enumerate(results):
         assert rc == 0, f"process {pid} exited {rc}:\n{log[-4000:]}"
     got = np.load(out)
-
-    cfg, params, x = worker.case(dispatcher)
-    step = jax.jit(jax.value_and_grad(lambda p, x: worker.loss_fn(p, x, cfg, None),
-                                      argnums=(0, 1), has_aux=True))
-    (loss, (y, _)), (g_params, g_x) = step(params, x)
     assert int(got["rounds"]) > 1  # the skewed routing really needed extra rounds
     np.testing.assert_allclose(got["loss"], loss, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["y"], y, rtol=1e-5, atol=1e-5)

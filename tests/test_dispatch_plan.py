@@ -169,7 +169,7 @@ def test_two_devices_two_experts_token_travels_once(devices_per_node):
     experts = init_params(jax.random.key(0), cfg)["experts"]
     x = jax.random.normal(jax.random.key(1), (4, 4), jnp.float32)
     y, sizes, aux = jax.jit(lambda x: expert_parallel_experts(x, routing, experts, cfg, mesh))(x)
-    y_ref, sizes_ref = dropless_experts(x, routing, experts, cfg)
+    y_ref, sizes_ref = jax.jit(lambda x: dropless_experts(x, routing, experts, cfg))(x)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(sizes, sizes_ref)
     assert float(aux["rows_sent"]) == 6 and float(aux["rows_routed"]) == 8

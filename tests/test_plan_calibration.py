@@ -35,7 +35,10 @@ def _check(r: dict) -> None:
 
 def _run(n: int, workload: str) -> dict:
     busy = busy_fraction(0.3)
-    r = cal.calibrate(n, workload=workload, repeats=5)
+    # 3 timed runs after calibrate's 2 warm-ups: enough for a 2x bound (the 30% target's
+    # `dropless plan --calibrate` takes 7); on eight host devices a run of the MoE layer and
+    # its micro-benchmarks takes ~1.5 s on two cores
+    r = cal.calibrate(n, workload=workload, repeats=3)
     r["busy_fraction_before"] = busy
     return r
 
@@ -44,10 +47,10 @@ def test_predicts_train_step_on_one_device():
     _check(_run(1, "train_step"))
 
 
-def test_predicts_moe_layer_on_one_device():
-    _check(_run(1, "moe_layer"))
-
-
+# Each workload once and each device count once: one device (no link micro-benchmarks, no
+# all-reduce in the plan) with the train step, eight with the MoE layer. Nearly all of a
+# calibration's time is compiling the workload and the grouped-matmul micro-benchmark, so the
+# MoE layer on one device, which would rerun both of these paths, is not calibrated here.
 def test_predicts_moe_layer_on_eight_devices():
     _check(_run(8, "moe_layer"))
 

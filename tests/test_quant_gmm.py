@@ -47,13 +47,14 @@ def ref_gmm_and_grads(x_MK, w_GKN, dy_MN, sizes, fwd="e4m3", grad="e4m3", roundi
     return out, dx, dw
 
 
-def run(x, w, dy, sizes, config, jit=True):
-    f = lambda x, w: mxfp8_grouped_matmul(x, w, jnp.asarray(sizes, jnp.int32), config=config)
-    if jit:
-        f = jax.jit(f)
-    out, pullback = jax.vjp(f, jnp.asarray(x), jnp.asarray(w))
-    dx, dw = pullback(jnp.asarray(dy, out.dtype))
-    return np.asarray(out, np.float64), np.asarray(dx, np.float64), np.asarray(dw, np.float64)
+def run(x, w, dy, sizes, config):
+    """(out, dx, dw) as float64, forward and VJP compiled as one function."""
+    @jax.jit
+    def f(x, w, gs, dy):
+        out, pullback = jax.vjp(lambda x, w: mxfp8_grouped_matmul(x, w, gs, config=config), x, w)
+        return (out, *pullback(dy.astype(out.dtype)))
+    got = f(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sizes, jnp.int32), jnp.asarray(dy))
+    return tuple(np.asarray(a, np.float64) for a in got)
 
 
 def assert_close(got, want, what):
@@ -115,8 +116,12 @@ def test_bfloat16_operands_keep_their_dtypes():
     xb, wb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
     gs = jnp.asarray(SIZES)
     f = lambda x, w: mxfp8_grouped_matmul(x, w, gs, config=MXFP8Config(backend="ragged_dot"))
-    out, pullback = jax.vjp(jax.jit(f), xb, wb)
-    dx, dw = pullback(jnp.asarray(dy, jnp.bfloat16))
+
+    @jax.jit
+    def fwd_bwd(x, w, d):
+        out, pullback = jax.vjp(f, x, w)
+        return (out, *pullback(d))
+    out, dx, dw = fwd_bwd(xb, wb, jnp.asarray(dy, jnp.bfloat16))
     assert (out.dtype, dx.dtype, dw.dtype) == (jnp.bfloat16,) * 3
     want = ref_gmm_and_grads(np.asarray(xb, np.float32), np.asarray(wb, np.float32),
                              np.asarray(jnp.asarray(dy, jnp.bfloat16), np.float32), SIZES)
@@ -139,14 +144,15 @@ def test_moe_layer_with_mxfp8_is_close_to_unquantized_and_trains():
     qcfg = cfg.replace(gmm_quantization="mxfp8")
     params = layer.init_params(jax.random.key(0), cfg)
     x = jax.random.normal(jax.random.key(1), (2, 24, 32))
-    y, _ = jax.jit(lambda p, x: layer.apply(p, x, cfg))(params, x)
-    yq, _ = jax.jit(lambda p, x: layer.apply(p, x, qcfg))(params, x)
-    assert float(jnp.linalg.norm(yq - y) / jnp.linalg.norm(y)) < 0.1
 
     def loss(p, c):
-        return jnp.mean(layer.apply(p, x, c)[0] ** 2)
-    grad = jax.jit(jax.grad(loss), static_argnums=1)
-    g, gq = grad(params, cfg)["experts"], grad(params, qcfg)["experts"]
+        y = layer.apply(p, x, c)[0]
+        return jnp.mean(y ** 2), y
+    # the output and the gradients from one compiled function per config
+    grad = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)
+    (g, y), (gq, yq) = grad(params, cfg), grad(params, qcfg)
+    assert float(jnp.linalg.norm(yq - y) / jnp.linalg.norm(y)) < 0.1
+    g, gq = g["experts"], gq["experts"]
     for name in g:
         rel = float(jnp.linalg.norm(gq[name] - g[name]) / jnp.linalg.norm(g[name]))
         assert rel < 0.2, (name, rel)
