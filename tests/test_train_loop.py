@@ -76,13 +76,17 @@ def test_run_writes_metrics_and_checkpoints(full_run):
     assert set(res.eval_losses) == {2, 4, 6}
 
 
-def test_resume_gives_bitwise_equal_losses(tmp_path, full_run):
+def test_resume_gives_bitwise_equal_losses(tmp_path, full_run, compilation_cache):
     cfg_full, full = full_run
     cfg = mini(tmp_path, steps=6, run_name="split")
+    compiled = {p.name for p in compilation_cache.iterdir()}
     first = train(cfg, echo=lambda s: None, stop_at=3)
     assert sorted(first.losses) == [1, 2, 3]
     second = train(cfg, echo=lambda s: None)
     assert second.start_step == 3 and sorted(second.losses) == [4, 5, 6]
+    # the restored state is placed like a fresh one: the resume runs the same compiled step
+    new = {p.name for p in compilation_cache.iterdir()} - compiled
+    assert not [n for n in new if n.startswith(("jit_train_step", "jit_eval_loss"))], new
     for s in range(1, 4):
         assert first.losses[s] == full.losses[s]
     for s in range(4, 7):

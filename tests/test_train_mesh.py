@@ -27,21 +27,28 @@ def first_step(cfg, batch):
     return float(m["loss"]), np.asarray(m["tokens_per_expert_LE"])
 
 
+@pytest.fixture(scope="module")
+def one_device():
+    """The batch and the reference first step on one device, shared by every mesh below (the
+    one-device step is the same program for each: compile it once)."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py)")
+    toks = np.frombuffer(("x = [i * i for i in range(10)]\n" * 40).encode(), np.uint8)
+    batch = data.batch_at(toks, 0, batch_size=8, seq_len=16, seed=0)
+    one = build_config(list({**MINI, "per_device_batch_size": 8}.items()))
+    return one, batch, first_step(one, batch)
+
+
 @pytest.mark.parametrize("axes", [
     {"data_parallelism": 4, "fsdp_parallelism": 2},
     pytest.param({"ici_expert_parallelism": 4, "ici_fsdp_parallelism": 2},
                  marks=pytest.mark.skipif(importlib.util.find_spec("dropless.moe.dispatch") is None,
                                           reason="expert-parallel dispatcher not merged yet")),
 ])
-def test_mesh_first_step_equals_one_device(axes):
-    if jax.device_count() < 8:
-        pytest.skip("needs 8 host devices (tests/conftest.py)")
-    one = build_config(list({**MINI, "per_device_batch_size": 8}.items()))
+def test_mesh_first_step_equals_one_device(one_device, axes):
+    one, batch, (loss1, load1) = one_device
     many = build_config(list({**MINI, "per_device_batch_size": 1, **axes}.items()))
     assert many.num_devices == 8 and many.global_batch_size == one.global_batch_size
-    toks = np.frombuffer(("x = [i * i for i in range(10)]\n" * 40).encode(), np.uint8)
-    batch = data.batch_at(toks, 0, batch_size=8, seq_len=16, seed=0)
-    loss1, load1 = first_step(one, batch)
     loss8, load8 = first_step(many, batch)
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
     np.testing.assert_array_equal(load8, load1)

@@ -9,7 +9,8 @@ the run resumes from the last complete step.
 An asynchronous save that fails (disk full, permission, read-only file system) is noticed by
 `Saver.poll()` at the first step boundary after it failed, not at the next save, and becomes one
 `CheckpointError` naming the cause, the directory and what to do; orbax's own error logs and
-tracebacks of that failure are filtered out. `check_compatible` compares a checkpoint's stored
+the tracebacks tensorstore prints for that failure's late writes are filtered out (only those:
+see `_LateWriteCallbacks`). `check_compatible` compares a checkpoint's stored
 shapes and dtypes with the state the config builds before anything is restored, and names the
 parameter path and the config keys that differ.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -198,14 +200,66 @@ class _DropOrbaxErrors(logging.Filter):
         return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
 
 
+def _is_late_write_callback(u) -> bool:
+    """True for tensorstore's wake-up call to the closed event loop of a failed save: a bare
+    RuntimeError('Event loop is closed') raised by `loop.call_soon_threadsafe` called from C
+    (no Python caller frame), with no object or message attached."""
+    tb = u.exc_traceback
+    return (u.object is None and u.err_msg is None and type(u.exc_value) is RuntimeError
+            and str(u.exc_value) == "Event loop is closed" and tb is not None
+            and tb.tb_frame.f_code.co_name == "call_soon_threadsafe"
+            and Path(tb.tb_frame.f_code.co_filename).parent.name == "asyncio")
+
+
+class _LateWriteCallbacks:
+    """A sys.unraisablehook that holds back the late callbacks of a failed save.
+
+    When one tensorstore write of a save fails (ENOSPC), orbax (asyncio_utils.run_sync) closes
+    that save's event loop at once while the save's other writes are still running. Each of
+    them, when it ends, asks the closed loop to wake its awaiting task; the RuntimeError goes to
+    sys.unraisablehook (tensorstore's PyErr_WriteUnraisable), whose default prints a bare
+    traceback: none or dozens, depending on how many writes were late (more on a busy machine).
+    Those events are held, dropped once the failure is reported as a CheckpointError (and from
+    then on, as the remaining writes end), and passed on at the end when none was reported.
+    Every other unraisable exception goes straight to the previous hook.
+    """
+
+    def __init__(self, previous):
+        self.previous, self.held, self.reported = previous, [], False
+
+    def __call__(self, u) -> None:
+        if not _is_late_write_callback(u):
+            self.previous(u)
+        elif not self.reported:
+            self.held.append(u)
+
+    def release(self) -> None:
+        """Give the hook back and pass on what it held (no failure explains them)."""
+        if sys.unraisablehook is self:
+            sys.unraisablehook = self.previous
+        held, self.held = self.held, []
+        for u in held:
+            self.previous(u)
+
+
 @contextlib.contextmanager
 def quiet_orbax_errors() -> Iterator[None]:
+    """Within: orbax's error logs of a failed save are dropped (Saver reports the failure once)
+    and tensorstore's late callbacks to the save's closed event loop are held back; a
+    CheckpointError leaving the block drops them for the rest of the process."""
     logger, flt = logging.getLogger("absl"), _DropOrbaxErrors()
+    hook = _LateWriteCallbacks(sys.unraisablehook)
     logger.addFilter(flt)
+    sys.unraisablehook = hook
     try:
         yield
+    except CheckpointError:
+        hook.reported, hook.held = True, []
+        raise
     finally:
         logger.removeFilter(flt)
+        if not hook.reported:
+            hook.release()
 
 
 class Saver:

@@ -167,9 +167,10 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
             state, _ = ckpt.restore(saver.mngr, plan.latest, state)
         for note in plan.notes:
             prog.line(note)
+        # committed on one device too, as a restored state is: a fresh run and its resume then
+        # lower to the same step (the persistent compilation cache serves the resume)
         shard = mesh_lib.state_shardings(state, mesh)
-        if shard is not None:
-            state = jax.device_put(state, shard)
+        state = jax.device_put(state, jax.devices()[0] if shard is None else shard)
         guard = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
         state = guard.attach(state)
         prog.line(_header(cfg, out_dir, corpus, counts, fpt, start))
