@@ -32,8 +32,16 @@ EXIT_INTERRUPTED = 130   # Ctrl-C outside the training loop (128 + SIGINT)
 TRACEBACK_HINT = "run again with --traceback (or DROPLESS_TRACEBACK=1) for the full trace"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error edge: a usage error is one line naming the argument and
+    where to read more, exit 2 (argparse's own prints the usage block first)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"dropless: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dropless", description="Dropless MoE training in JAX.")
+    parser = Parser(prog="dropless", description="Dropless MoE training in JAX.")
     parser.add_argument("--traceback", action="store_true",
                         help="show the full Python trace of an error (also DROPLESS_TRACEBACK=1;"
                              " accepted anywhere on the command line)")
