@@ -20,14 +20,15 @@ from test_gmm import np_gmm, np_gmm_grads, operands
 
 
 def test_work_items_hand_worked():
-    # sizes [5, 0, 3], m=10, bm=4: g0 rows 0-4 touch tiles 0 and 1, g1 is empty, g2 rows 5-7
-    # share tile 1 with g0, the zero tail (pseudo-group 3) rows 8-9 is tile 2; W = 3 + 3 = 6,
-    # the last two items are surplus and point at the empty pseudo-group 4
+    # sizes [5, 0, 3], m=10, bm=4: tiles start at each group's first row: g0 rows 0-4 -> tiles
+    # at rows 0 and 4, g1 is empty, g2 rows 5-7 -> one tile at row 5, the zero tail
+    # (pseudo-group 3) rows 8-9 -> row 8; W = (10 + 4 * 3) // 4 = 5, the last item is surplus
+    # and points at the empty pseudo-group 4
     offsets = group_offsets(jnp.array([5, 0, 3]), 10)
     assert offsets.tolist() == [0, 5, 5, 8, 10, 10]
-    group_W, tile_W = work_items(offsets, 10, 4)
-    assert group_W.tolist() == [0, 0, 2, 3, 4, 4]
-    assert tile_W.tolist() == [0, 1, 1, 2, 0, 0]
+    group_W, row0_W = work_items(offsets, 10, 4)
+    assert group_W.tolist() == [0, 0, 2, 3, 4]
+    assert row0_W.tolist() == [0, 4, 5, 8, 0]
 
 
 @jax.jit
@@ -41,10 +42,10 @@ def test_work_items_cover_every_row_once():
     m, bm = 100, 16
     for _ in range(30):
         sizes = rng.multinomial(int(rng.integers(0, m + 1)), rng.dirichlet(np.ones(7) * 0.3))
-        off, group_W, tile_W = (np.asarray(a) for a in _items(jnp.asarray(sizes, jnp.int32)))
+        off, group_W, row0_W = (np.asarray(a) for a in _items(jnp.asarray(sizes, jnp.int32)))
         hits = np.zeros(m, int)
-        for grp, tile in zip(group_W, tile_W):
-            rows = np.arange(tile * bm, tile * bm + bm)
+        for grp, row0 in zip(group_W, row0_W):
+            rows = np.arange(row0, row0 + bm)
             hits[rows[(rows >= off[grp]) & (rows < off[grp + 1])]] += 1
         assert (hits == 1).all(), sizes.tolist()
 
@@ -82,6 +83,19 @@ def test_forward_and_grads_against_numpy(blocks, dtype):
     np.testing.assert_allclose(np.asarray(dr, np.float32), edr, **tol)
     assert not np.asarray(dl[sum(sizes):]).any()
     assert not np.asarray(dr[np.asarray(sizes) == 0]).any()  # empty groups: zero gradient
+
+
+def test_tiles_running_past_the_last_row():
+    # sizes sum to M and each group's tiles start at its first row: g2 (rows 23-39) has tiles
+    # at rows 23 and 39, the second reaching 15 rows past M=40 (masked loads and stores)
+    m, sizes, k, n = 40, [3, 20, 17], 20, 36
+    lhs, rhs, gs, dy = operands(m, k, n, sizes, jnp.float32, seed=5)
+    out, dl, dr = jax.jit(lambda *a: fwd_bwd(*a, **SMALL))(lhs, rhs, gs, dy)
+    tol = dict(rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out, np_gmm(lhs, rhs, sizes), **tol)
+    edl, edr = np_gmm_grads(lhs, rhs, sizes, dy)
+    np.testing.assert_allclose(dl, edl, **tol)
+    np.testing.assert_allclose(dr, edr, **tol)
 
 
 def test_f16_inputs_and_f32_output():

@@ -1,22 +1,30 @@
 """`pallas_gpu`: a grouped matmul written as Pallas kernels lowered through Triton (NVIDIA GPUs).
 
 Legend: M rows (sorted by group), K contraction dim, N output dim, G groups, W work items
-(one [row tile, group] pair each), C the contraction dim of a kernel call and O its output dim
-(C=K, O=N forward; C=N, O=K for dlhs), bm/bc/bo the block sizes along M/C/O.
+(one [group, row tile] pair each), C the contraction dim of a kernel call and O its output dim
+(C=K, O=N forward; C=N, O=K for dlhs), bm/bc/bo the block sizes along M/C/O, P programs.
 
 Three kernels under one custom VJP, all with the group sizes on device (no host sync, one
 compile for every routing):
-  forward  out[rows of g] = lhs[rows of g] @ rhs[g]          grid (W, O/bo)
-  dlhs     dlhs[rows of g] = dy[rows of g] @ rhs[g]^T        the same kernel, rhs read transposed
-  drhs     drhs[g] = lhs[rows of g]^T @ dy[rows of g]        grid (G, K/bc, N/bo), rows looped
+  forward  out[rows of g] = lhs[rows of g] @ rhs[g]     P = W * O/bo, an item's O-blocks adjacent
+  dlhs     dlhs[rows of g] = dy[rows of g] @ rhs[g]^T   the same kernel, rhs read transposed
+  drhs     drhs[g] = lhs[rows of g]^T @ dy[rows of g]   P = G * K/bk * N/bn, group-major,
+                                                        largest group first; rows looped
 
-Why a work list (the megablox idea, our code): the row tiles are aligned to `bm` in the global
-M axis; a tile whose rows belong to several groups is visited once per group, and each visit
-stores only its own group's rows (a masked store), so visits of one tile never write the same
-element and need no atomics. The visits are listed on device: W = cdiv(M, bm) + G bounds their
-number (each group boundary adds at most one visit), so the grid is static and surplus items
-do nothing. Rows past sum(group_sizes) form one more pseudo-group whose visits store zeros,
-so every output row is written exactly once, and `ragged_dot`'s "zeros past the sum" holds.
+Why a work list (the megablox idea, our code): each group's rows are cut into tiles of bm rows
+that start at the group's first row, so a group of s rows costs cdiv(s, bm) tiles (tiles
+aligned to bm in the global M axis cost one more visit at every boundary inside a tile: at
+G=64 on 8192 rows that was about 2x the useful rows). A tile stores only its group's rows (a
+masked store), so no two programs write one element and no atomics are needed. The tiles are
+listed on device; W = (M + (G+1)(bm-1)) // bm bounds their number, so the grid is static and
+surplus items do nothing. Rows past sum(group_sizes) form one more pseudo-group whose tiles
+store zeros, so every output row is written exactly once (`ragged_dot`'s "zeros past the sum").
+
+Program order (see pallas_plan.py for the model and the figures the bench prints): the forward
+grid runs an item's O-blocks back to back, so its lhs tile is read from HBM once and then hit
+in L2 (the former order ran them W programs apart: lhs re-read O/bo times). drhs runs all
+(K, N) blocks of one group together (its rows stay in L2) and the largest group first, so
+under skew the long programs start early instead of forming the tail.
 
 On CPU the same kernels run in Pallas interpret mode (slow, exact): that is how the numerics
 are tested without a GPU. The platform is chosen at lowering time (`lax.platform_dependent`),
@@ -33,34 +41,42 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from dropless.ops.gmm import pallas_plan
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PallasGpuConfig:
-    """Block sizes and launch settings; one set for all three kernels.
+    """Block sizes and launch settings; None means the per-dtype default (`pallas_plan`).
 
-    The defaults suit Hopper (H100/H200) bf16: 128x128 output tiles with a 64-deep contraction
-    step keep a 4-stage software pipeline in shared memory (4 * (128*64 + 64*128) * 2 bytes =
-    128 KiB of the 228 KiB per SM). Every block size must be a power of two >= 16 (Triton's
-    `tl.dot` needs that); blocks larger than a (small) operand are shrunk to fit it.
+    Defaults: 16-bit 64-deep steps, 128-wide outputs, 4 warps, 4 stages (wgmma on Hopper);
+    float32 32x64 blocks, 3 stages (it runs without tensor cores and spilled at 128x128).
+    block_m by default comes from the static shape: the largest of (128, 64) (f32: 64, 32) whose
+    modeled rows computed per useful row stays <= 1.10, so with many small groups the tiles
+    shrink (`pallas_plan.choose_block_m`). Every block size must be a power of two >= 16
+    (Triton's `tl.dot`); blocks larger than a (small) operand are shrunk to fit it. A
+    configuration whose pipeline needs more than an H100/H200 block's 227 KiB of shared memory
+    is refused when traced (ValueError naming the options and the budget).
     `interpret`: None runs Triton on GPU and Pallas interpret mode on CPU, chosen per platform
     when lowering; True forces interpret mode everywhere (debugging).
     """
 
-    block_m: int = 128
-    block_k: int = 64
-    block_n: int = 128
-    num_warps: int = 4
-    num_stages: int = 4
+    block_m: int | None = None
+    block_k: int | None = None
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
     interpret: bool | None = None
 
     def __post_init__(self):
         for name in ("block_m", "block_k", "block_n"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 16 or v & (v - 1):
+            if v is not None and (not isinstance(v, int) or v < 16 or v & (v - 1)):
                 raise ValueError(f"pallas_gpu {name}={v!r} must be a power of two >= 16")
-        if not isinstance(self.num_warps, int) or self.num_warps not in (1, 2, 4, 8, 16):
+        if self.num_warps is not None and (not isinstance(self.num_warps, int)
+                                           or self.num_warps not in (1, 2, 4, 8, 16)):
             raise ValueError(f"pallas_gpu num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
-        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+        if self.num_stages is not None and (not isinstance(self.num_stages, int)
+                                            or self.num_stages < 1):
             raise ValueError(f"pallas_gpu num_stages={self.num_stages!r} must be an int >= 1")
         if self.interpret not in (None, True, False):
             raise ValueError(f"pallas_gpu interpret={self.interpret!r} must be None, True or "
@@ -75,6 +91,22 @@ def _fit(block: int, dim: int) -> int:
     return min(block, max(16, pl.next_power_of_2(max(dim, 1))))
 
 
+def kernel_blocks(cfg: PallasGpuConfig, kernel: str, dtype, m: int, c: int, o: int,
+                  g: int) -> pallas_plan.Blocks:
+    """The concrete blocks of one kernel call: cfg's values or the dtype's defaults, shrunk to
+    the operands. (c, o) are the kernel's contraction and output dims: fwd (K, N), dlhs (N, K),
+    drhs (K, N) as its [bk, bn] output tile. Raises ValueError if shared memory cannot fit."""
+    d = pallas_plan.DEFAULTS[pallas_plan.dtype_class(dtype)]
+    bm = cfg.block_m if cfg.block_m is not None else pallas_plan.choose_block_m(m, g, dtype)
+    blocks = pallas_plan.Blocks(
+        bm=_fit(bm, m), bk=_fit(cfg.block_k or d["block_k"], c),
+        bn=_fit(cfg.block_n or d["block_n"], o), num_warps=cfg.num_warps or d["num_warps"],
+        num_stages=cfg.num_stages or d["num_stages"])
+    explicit = {f: getattr(cfg, f) for f in OPTIONS[:5] if getattr(cfg, f) is not None}
+    pallas_plan.check_smem(kernel, blocks, dtype, explicit)
+    return blocks
+
+
 def group_offsets(group_sizes_G: jax.Array, m: int) -> jax.Array:
     """[G+3] row offsets: groups 0..G-1, then the pseudo-group of rows past the sum (its rows
     must come out zero), then an empty pseudo-group that surplus work items point at.
@@ -85,29 +117,32 @@ def group_offsets(group_sizes_G: jax.Array, m: int) -> jax.Array:
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends_G, jnp.full((2,), m, jnp.int32)])
 
 
+def num_work_items(m: int, num_groups: int, bm: int) -> int:
+    """W: an upper bound on sum_g cdiv(s_g, bm) over the G groups and the zero tail."""
+    return max(1, (m + (num_groups + 1) * (bm - 1)) // bm)
+
+
 def work_items(offsets: jax.Array, m: int, bm: int):
-    """(group_W, tile_W): the (group, row tile) visits of the forward grid, all on device.
+    """(group_W, row0_W): each work item's group and first row, all on device.
 
-    Pseudo-groups 0..G (G = the zero tail) each visit the bm-aligned tiles their rows touch;
-    W = cdiv(m, bm) + G is an upper bound on the visits, and surplus items get group G+1 (empty).
+    Pseudo-groups 0..G (G = the zero tail) are cut into bm-row tiles from their first row;
+    W = num_work_items(m, G, bm) bounds the count, surplus items get group G+1 (empty).
 
-    Hand-worked: sizes [5, 0, 3], m=10, bm=4 -> offsets [0, 5, 5, 8, 10, 10]; tiles touched:
-    g0 rows 0-4 -> tiles 0, 1; g1 none; g2 rows 5-7 -> tile 1; tail rows 8-9 -> tile 2.
-    W = 3 + 3 = 6: group_W = [0, 0, 2, 3, 4, 4], tile_W = [0, 1, 1, 2, 0, 0].
+    Hand-worked: sizes [5, 0, 3], m=10, bm=4 -> offsets [0, 5, 5, 8, 10, 10]; g0 rows 0-4 ->
+    tiles at rows 0, 4; g1 none; g2 rows 5-7 -> row 5; tail rows 8-9 -> row 8.
+    W = (10 + 4 * 3) // 4 = 5: group_W = [0, 0, 2, 3, 4], row0_W = [0, 4, 5, 8, 0].
     """
     num = offsets.shape[0] - 2          # real groups + the zero tail
     starts, ends = offsets[:num], offsets[1:num + 1]
-    first = starts // bm
-    n_tiles = jnp.where(ends > starts, (ends - 1) // bm - first + 1, 0)
+    n_tiles = (ends - starts + bm - 1) // bm
     cum = jnp.cumsum(n_tiles)
-    w = pl.cdiv(m, bm) + num - 1
-    item_W = jnp.arange(w, dtype=jnp.int32)
+    item_W = jnp.arange(num_work_items(m, num - 1, bm), dtype=jnp.int32)
     group_W = jnp.searchsorted(cum, item_W, side="right").astype(jnp.int32)
     valid_W = item_W < cum[-1]
     safe_W = jnp.minimum(group_W, num - 1)
-    tile_W = first[safe_W] + item_W - (cum - n_tiles)[safe_W]
+    row0_W = starts[safe_W] + (item_W - (cum - n_tiles)[safe_W]) * bm
     return (jnp.where(valid_W, group_W, num).astype(jnp.int32),
-            jnp.where(valid_W, tile_W, 0).astype(jnp.int32))
+            jnp.where(valid_W, row0_W, 0).astype(jnp.int32))
 
 
 def _dot(a, b, *, trans_a=False, trans_b=False):
@@ -116,21 +151,23 @@ def _dot(a, b, *, trans_a=False, trans_b=False):
     return plgpu.dot(a, b, trans_a=trans_a, trans_b=trans_b, precision=precision)
 
 
-def _gmm_kernel(group_ref, tile_ref, offsets_ref, lhs_ref, rhs_ref, out_ref, *, bm, bc, bo,
+def _gmm_kernel(group_ref, row0_ref, offsets_ref, lhs_ref, rhs_ref, out_ref, *, bm, bc, bo,
                 c, o, num_groups, transpose_rhs, compute_dtype):
-    """One (work item, output block): rows of one group in one row tile times rhs[group]."""
-    item, j = pl.program_id(0), pl.program_id(1)
-    g, tile = group_ref[item], tile_ref[item]
+    """One (work item, output block): the bm rows of one group's tile times rhs[group]."""
+    pid = pl.program_id(0)
+    n_o = pl.cdiv(o, bo)
+    item, j = pid // n_o, pid % n_o   # an item's output blocks run back to back (L2 reuse)
+    g, row0 = group_ref[item], row0_ref[item]
     start, end = offsets_ref[g], offsets_ref[g + 1]
-    rows_B = tile * bm + jnp.arange(bm)
+    rows_B = row0 + jnp.arange(bm)
     cols_O = j * bo + jnp.arange(bo)
-    mine_B = (rows_B >= start) & (rows_B < end)
-    real = g < num_groups  # the zero tail and surplus items do no arithmetic
+    mine_B = (rows_B >= start) & (rows_B < end)   # surplus items: start = end = M, no rows
+    real = g < num_groups     # the zero tail and surplus items do no arithmetic
     g_safe = jnp.minimum(g, num_groups - 1)
 
     def body(kk, acc):
         ks_C = kk * bc + jnp.arange(bc)
-        x = plgpu.load(lhs_ref.at[pl.ds(tile * bm, bm), pl.ds(kk * bc, bc)],
+        x = plgpu.load(lhs_ref.at[pl.ds(row0, bm), pl.ds(kk * bc, bc)],
                        mask=mine_B[:, None] & (ks_C < c)[None, :], other=0)
         if transpose_rhs:   # rhs is [G, O, C]
             w = plgpu.load(rhs_ref.at[g_safe, pl.ds(j * bo, bo), pl.ds(kk * bc, bc)],
@@ -141,9 +178,11 @@ def _gmm_kernel(group_ref, tile_ref, offsets_ref, lhs_ref, rhs_ref, out_ref, *, 
         return acc + _dot(x.astype(compute_dtype), w.astype(compute_dtype),
                           trans_b=transpose_rhs)
 
-    trips = jnp.where(real & (end > start), pl.cdiv(c, bc), 0)
-    acc = lax.fori_loop(0, trips, body, jnp.zeros((bm, bo), jnp.float32))
-    plgpu.store(out_ref.at[pl.ds(tile * bm, bm), pl.ds(j * bo, bo)], acc.astype(out_ref.dtype),
+    # int32 on both sides: weak-typed literals lower as an i1 select, and scf.for needs its
+    # bounds to share one type (XLA's Triton parser rejects the module otherwise)
+    trips = jnp.where(real, jnp.int32(pl.cdiv(c, bc)), jnp.int32(0))
+    acc = lax.fori_loop(jnp.int32(0), trips, body, jnp.zeros((bm, bo), jnp.float32))
+    plgpu.store(out_ref.at[pl.ds(row0, bm), pl.ds(j * bo, bo)], acc.astype(out_ref.dtype),
                 mask=mine_B[:, None] & (cols_O < o)[None, :])
 
 
@@ -151,24 +190,29 @@ def _gmm_call(lhs_MC, rhs, group_sizes_G, out_dtype, cfg, transpose_rhs, interpr
     m, c = lhs_MC.shape
     num_groups = rhs.shape[0]
     o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    bm, bc, bo = _fit(cfg.block_m, m), _fit(cfg.block_k, c), _fit(cfg.block_n, o)
+    compute_dtype = jnp.promote_types(lhs_MC.dtype, rhs.dtype)
+    b = kernel_blocks(cfg, "dlhs" if transpose_rhs else "fwd", compute_dtype, m, c, o,
+                      num_groups)
     offsets = group_offsets(group_sizes_G, m)
-    group_W, tile_W = work_items(offsets, m, bm)
+    group_W, row0_W = work_items(offsets, m, b.bm)
     kernel = functools.partial(
-        _gmm_kernel, bm=bm, bc=bc, bo=bo, c=c, o=o, num_groups=num_groups,
-        transpose_rhs=transpose_rhs, compute_dtype=jnp.promote_types(lhs_MC.dtype, rhs.dtype))
+        _gmm_kernel, bm=b.bm, bc=b.bk, bo=b.bn, c=c, o=o, num_groups=num_groups,
+        transpose_rhs=transpose_rhs, compute_dtype=compute_dtype)
     return pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((m, o), out_dtype),
-        grid=(group_W.shape[0], pl.cdiv(o, bo)), interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
-                                             num_stages=cfg.num_stages),
+        grid=(group_W.shape[0] * pl.cdiv(o, b.bn),), interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=b.num_warps, num_stages=b.num_stages),
         name="dropless_gmm_dlhs" if transpose_rhs else "dropless_gmm",
-    )(group_W, tile_W, offsets, lhs_MC, rhs)
+    )(group_W, row0_W, offsets, lhs_MC, rhs)
 
 
-def _drhs_kernel(offsets_ref, lhs_ref, dy_ref, out_ref, *, bm, bk, bn, k, n, compute_dtype):
+def _drhs_kernel(order_ref, offsets_ref, lhs_ref, dy_ref, out_ref, *, bm, bk, bn, k, n,
+                 compute_dtype):
     """One (group, K block, N block) of drhs: loop over the group's rows in bm steps."""
-    g, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    pid = pl.program_id(0)
+    n_k, n_n = pl.cdiv(k, bk), pl.cdiv(n, bn)
+    rank, rest = pid // (n_k * n_n), pid % (n_k * n_n)
+    g, i, j = order_ref[rank], rest // n_n, rest % n_n   # one group's blocks together
     start, end = offsets_ref[g], offsets_ref[g + 1]
     ks_K = i * bk + jnp.arange(bk)
     cols_N = j * bn + jnp.arange(bn)
@@ -182,25 +226,31 @@ def _drhs_kernel(offsets_ref, lhs_ref, dy_ref, out_ref, *, bm, bk, bn, k, n, com
                         mask=mine_B[:, None] & (cols_N < n)[None, :], other=0)
         return acc + _dot(x.astype(compute_dtype), dy.astype(compute_dtype), trans_a=True)
 
-    acc = lax.fori_loop(0, pl.cdiv(end - start, bm), body, jnp.zeros((bk, bn), jnp.float32))
+    acc = lax.fori_loop(jnp.int32(0), pl.cdiv(end - start, bm), body,
+                        jnp.zeros((bk, bn), jnp.float32))
     plgpu.store(out_ref.at[g, pl.ds(i * bk, bk), pl.ds(j * bn, bn)], acc.astype(out_ref.dtype),
                 mask=(ks_K < k)[:, None] & (cols_N < n)[None, :])
+
+
+def group_order(group_sizes_G: jax.Array) -> jax.Array:
+    """[G] groups by decreasing size (stable): drhs launches the longest row loops first."""
+    return jnp.argsort(-jnp.maximum(group_sizes_G, 0), stable=True).astype(jnp.int32)
 
 
 def _drhs_call(lhs_MK, dy_MN, group_sizes_G, out_dtype, cfg, interpret):
     m, k = lhs_MK.shape
     n, g = dy_MN.shape[1], group_sizes_G.shape[0]
-    bm, bk, bn = _fit(cfg.block_m, m), _fit(cfg.block_k, k), _fit(cfg.block_n, n)
+    compute_dtype = jnp.promote_types(lhs_MK.dtype, dy_MN.dtype)
+    b = kernel_blocks(cfg, "drhs", compute_dtype, m, k, n, g)
     offsets = group_offsets(group_sizes_G, m)
-    kernel = functools.partial(_drhs_kernel, bm=bm, bk=bk, bn=bn, k=k, n=n,
-                               compute_dtype=jnp.promote_types(lhs_MK.dtype, dy_MN.dtype))
+    kernel = functools.partial(_drhs_kernel, bm=b.bm, bk=b.bk, bn=b.bn, k=k, n=n,
+                               compute_dtype=compute_dtype)
     return pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((g, k, n), out_dtype),
-        grid=(g, pl.cdiv(k, bk), pl.cdiv(n, bn)), interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps,
-                                             num_stages=cfg.num_stages),
+        grid=(g * pl.cdiv(k, b.bk) * pl.cdiv(n, b.bn),), interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=b.num_warps, num_stages=b.num_stages),
         name="dropless_gmm_drhs",
-    )(offsets, lhs_MK, dy_MN)
+    )(group_order(group_sizes_G), offsets, lhs_MK, dy_MN)
 
 
 def _per_platform(call, cfg, *args):
