@@ -4,8 +4,11 @@ Legend: G groups (experts), M routed rows, K contraction dim, N output dim, T to
 
 A CUDA module is right when its grouped matmuls are Pallas/Triton kernels
 (`__gpu$xla.gpu.triton` custom calls), it holds no `ragged_dot` (XLA runs that zero-padded on
-CUDA) and no [G, M, ...] intermediate (the padded product's shape). Each check is also shown to
-fail on a module that has the problem (the ragged_dot and padded backends), so it can fail.
+CUDA) and no [G, M, ...] intermediate (the padded product's shape), and every Triton module in
+it parses and verifies as XLA parses it (tests/test_gpu_triton_verify.py shows that check
+failing on invalid IR). Each structural check is also shown to fail on a module that has the
+problem (the ragged_dot and padded backends), so it can fail. Lowering targets an abstract
+H200 (`triton_check.cuda_lowered`): jax >= 0.11 asks for the target GPU.
 """
 import functools
 import re
@@ -18,14 +21,19 @@ from dropless.config import MoEConfig
 from dropless.config_file import build_config
 from dropless.moe import apply, init_params
 from dropless.ops import grouped_matmul
+from dropless.ops.gmm import triton_check
 from dropless.ops.gmm.registry import tokamax_available
 from dropless.train import step
 
-TRITON = "__gpu$xla.gpu.triton"
+TRITON = triton_check.TRITON_TARGET
 
 
 def cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    """The CUDA module's text, after verifying every Triton kernel in it as XLA would."""
+    lowered = triton_check.cuda_lowered(fn, *args)
+    for kernel in triton_check.triton_kernels(lowered):
+        triton_check.verify(kernel)
+    return lowered.as_text()
 
 
 def problems(text: str, g: int, m: int) -> list[str]:

@@ -73,9 +73,11 @@ def choose_block_m(m: int, g: int, dtype) -> int:
     return cands[-1]
 
 
-def uses_wgmma(dtype, bm: int, num_warps: int) -> bool:
-    """Whether Triton emits Hopper wgmma: 16-bit operands and >= 64 rows per warpgroup."""
-    return dtype_class(dtype) == "16bit" and bm >= 64 * max(1, num_warps // 4)
+def uses_wgmma(kernel: str, blocks: Blocks, dtype) -> bool:
+    """Whether Triton emits Hopper wgmma: 16-bit operands and >= 64 rows of the MMA's M side
+    per warpgroup (fwd/dlhs: bm; drhs, whose output tile is [bk, bn]: bk)."""
+    rows = blocks.bk if kernel == "drhs" else blocks.bm
+    return dtype_class(dtype) == "16bit" and rows >= 64 * max(1, blocks.num_warps // 4)
 
 
 def smem_bytes(kernel: str, blocks: Blocks, dtype) -> int:
@@ -89,7 +91,7 @@ def smem_bytes(kernel: str, blocks: Blocks, dtype) -> int:
     a_tile = b.bm * b.bk
     b_tile = b.bm * b.bn if kernel == "drhs" else b.bk * b.bn
     item = np.dtype(dtype).itemsize
-    buffers = b.num_stages if uses_wgmma(dtype, b.bm, b.num_warps) else max(1, b.num_stages - 1)
+    buffers = b.num_stages if uses_wgmma(kernel, b, dtype) else max(1, b.num_stages - 1)
     return buffers * (a_tile + b_tile) * item
 
 
