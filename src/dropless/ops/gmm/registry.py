@@ -10,7 +10,7 @@ jitted function is right on CPU and on CUDA, and lowers for CUDA on a machine wi
 
   platform   auto picks                                   why
   cpu        tiled                                        ragged_dot is a masked dense dot there
-  cuda       tokamax if importable, else pallas_gpu       XLA runs ragged_dot zero-padded there
+  cuda       tokamax if usable, else pallas_gpu           XLA runs ragged_dot zero-padded there
   rocm/tpu   ragged_dot                                   a grouped kernel in XLA (TPU)
 
 `ragged_dot` runs on CUDA only when asked for by name.
@@ -78,17 +78,20 @@ def check_backend_name(name: str, where: str = "backend") -> None:
 AUTO_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
-@functools.cache
 def tokamax_available() -> bool:
-    """Whether the optional `tokamax` package (the `gpu` extra) can be imported."""
-    return importlib.util.find_spec("tokamax") is not None
+    """Whether the optional `tokamax` package (the `gpu` extra) is installed, imports, and
+    suits this jax (`tokamax_backend.tokamax_problem`; cached there)."""
+    if importlib.util.find_spec("tokamax") is None:
+        return False
+    from dropless.ops.gmm.tokamax_backend import tokamax_problem  # noqa: PLC0415
+    return tokamax_problem() is None
 
 
 def resolve_backend(name: str, platform: str | None = None) -> str:
     """The backend `name` runs as on `platform` (default: jax's default backend).
 
     `auto` -> `tiled` on CPU (ragged_dot does G times the work there); on CUDA (`gpu`/`cuda`)
-    `tokamax` when it is installed, else `pallas_gpu` (never ragged_dot: XLA runs it as a
+    `tokamax` when it is installed and suits this jax, else `pallas_gpu` (never ragged_dot: XLA runs it as a
     zero-padded dense product on CUDA); `ragged_dot` on TPU and ROCm. Other names: themselves.
     """
     if name != "auto":
