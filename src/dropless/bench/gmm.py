@@ -10,6 +10,13 @@ On uniform routing a `split_floor` row times the grouped problem's dot shapes al
 chunks, one weight in cache, nothing ragged): what a kernel made of one XLA dot per group
 cannot beat. Baselines that do G times the work (ragged_dot on CPU, padding to capacity) are
 skipped when their estimated time exceeds `--budget-s`, and the skip is reported, not hidden.
+
+Each case also prints (and writes, as a `mode: "model"` record) `pallas_gpu`'s cost model from
+`ops/gmm/pallas_plan.py`, computed from the case's own group sizes: rows computed per useful
+row, modeled HBM bytes per useful FLOP and lhs reads of the forward, drhs bytes per FLOP and
+its makespan against a perfect split, before (bm-aligned tiles, bm=128, work items fastest,
+drhs groups fastest) and after (this kernel). A model, not a measurement; `--model-only`
+prints it without timing anything.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import numpy as np
 
 from dropless.bench import dense, harness
 from dropless.ops import grouped_matmul, padding_stats, resolve_backend
+from dropless.ops.gmm import pallas_plan
 
 ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
 PADDED_MEMORY_LIMIT = 6 * 2**30  # bytes of padded operands we allow the padded baseline
@@ -122,6 +130,25 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     return records
 
 
+MODEL_COLUMNS = ["dtype", "groups", "routing", "block_m", "rows_before", "rows_after",
+                 "fwd_B_per_flop_before", "fwd_B_per_flop_after", "lhs_reads_before",
+                 "lhs_reads_after", "drhs_B_per_flop_before", "drhs_B_per_flop_after",
+                 "drhs_makespan_before", "drhs_makespan_after"]
+
+
+def model_record(m: int, k: int, n: int, g: int, routing: str, dtype: str, seed: int) -> dict:
+    """pallas_gpu's modeled figures for one case (host-side, from the case's group sizes)."""
+    sizes = group_sizes_for(routing, m, g, seed)
+    fig = pallas_plan.model_figures(sizes, m, k, n, dtype)
+    rec = {"bench": "gmm", "mode": "model", "backend": "pallas_gpu", "m": m, "k": k, "n": n,
+           "groups": g, "routing": routing, "dtype": dtype, "block_m": fig["block_m"]}
+    for key, short in (("rows_per_useful_row", "rows"), ("fwd_bytes_per_flop", "fwd_B_per_flop"),
+                       ("fwd_lhs_reads", "lhs_reads"), ("drhs_bytes_per_flop", "drhs_B_per_flop"),
+                       ("drhs_makespan_vs_ideal", "drhs_makespan")):
+        rec[f"{short}_before"], rec[f"{short}_after"] = fig[key]["before"], fig[key]["after"]
+    return rec
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--m", type=int, default=8192, help="routed rows M (default 8192)")
     p.add_argument("--k", type=int, default=1024, help="contraction dim K (default 1024)")
@@ -138,6 +165,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and are skipped if two calls would not fit (default 40)")
     p.add_argument("--quick", action="store_true",
                    help="small smoke run: M=2048, K=N=256, G=8,64, uniform+half, 3 repeats")
+    p.add_argument("--model-only", action="store_true",
+                   help="print pallas_gpu's cost model for each case and time nothing")
     p.add_argument("--out", default=None, help="append JSON lines here")
 
 
@@ -153,7 +182,14 @@ def run(args: argparse.Namespace) -> int:
     for dtype in args.dtypes.split(","):
         for g in (int(v) for v in args.groups.split(",")):
             for routing in args.routings.split(","):
-                recs = _case(args.m, args.k, args.n, g, routing, dtype,
+                model = model_record(args.m, args.k, args.n, g, routing, dtype, seed=g)
+                if args.model_only:   # one table at the end
+                    model.update(machine=info)
+                    harness.write_jsonl(args.out, [model])
+                    rows.append(model)
+                    continue
+                print(harness.format_table([model], MODEL_COLUMNS), flush=True)
+                recs = [model] + _case(args.m, args.k, args.n, g, routing, dtype,
                              args.backends.split(","), args.repeats, args.budget_s, seed=g)
                 after = harness.busy_fraction(0.2)
                 for r in recs:
@@ -162,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
                 rows += recs
                 busy = after
                 print(harness.format_table(
-                    [r for r in recs if r["backend"] != "dense"],
+                    [r for r in recs if r["backend"] != "dense" and r["mode"] != "model"],
                     ["dtype", "groups", "routing", "mode", "backend", "resolved",
                      "median_ms", "ratio_to_dense", "skipped"]), flush=True)
+    if args.model_only:
+        print(harness.format_table(rows, MODEL_COLUMNS))
     return 0
