@@ -7,6 +7,7 @@ hand, several block sizes (so tiles straddle groups and K/N are not multiples of
 one-row and empty groups, rows past sum(group_sizes), bf16/f16/f32, and the option errors.
 Shapes are tiny: interpret mode runs every grid step as a loop iteration on the CPU.
 """
+import json
 import sys
 
 import jax
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from dropless.ops import grouped_matmul
+from dropless.ops.gmm import pallas_plan
 from dropless.ops.gmm.pallas_gpu import group_offsets, work_items
 from test_gmm import np_gmm, np_gmm_grads, operands
 
@@ -139,3 +141,48 @@ def test_tokamax_bad_implementation_is_named():
     lhs, rhs, gs, _ = operands(8, 4, 3, [4, 4])
     with pytest.raises(ValueError, match=r"implementation='cutlass' must be one of"):
         grouped_matmul(lhs, rhs, gs, backend="tokamax", implementation="cutlass")
+
+
+# ---- pallas_plan: the sizing rules and the cost model the bench prints ----
+
+def test_rows_computed_hand_worked():
+    # sizes [3, 3], bm=4: tiles from each group's first row: one tile each -> 8 rows for 6;
+    # bm-aligned tiles: g0 rows 0-2 -> tile 0, g1 rows 3-5 -> tiles 0 and 1 -> 12 rows for 6
+    assert pallas_plan.rows_computed_ratio([3, 3], 4) == pytest.approx(8 / 6)
+    assert pallas_plan.rows_computed_ratio([3, 3], 4, "aligned") == 2.0
+    # empty groups cost nothing either way
+    assert pallas_plan.rows_computed_ratio([0, 4, 0], 4) == 1.0
+
+
+def test_block_m_follows_the_static_shape():
+    # 8192 rows: 8 groups -> 128 (modeled 1.06), 64 groups -> 64 (128 would be 1.50, 64 1.25)
+    assert [pallas_plan.choose_block_m(8192, g, "bfloat16") for g in (8, 64, 256)] == [128, 64, 64]
+    assert pallas_plan.modeled_rows_ratio(8192, 64, 128) == pytest.approx(1 + 64 * 127 / 16384)
+    assert [pallas_plan.choose_block_m(8192, g, "float32") for g in (8, 64)] == [64, 32]
+
+
+def test_program_order_model():
+    b = pallas_plan.Blocks(128, 64, 128, 4, 4)
+    sizes = np.full(8, 2048)
+    # the former grid ran an lhs tile's 8 N-blocks one wave apart: lhs read ~8 times
+    old = pallas_plan.gmm_traffic(sizes, 1024, 1024, b, "bfloat16", order="old")
+    new = pallas_plan.gmm_traffic(sizes, 1024, 1024, b, "bfloat16")
+    assert old["lhs_reads"] > 7 and new["lhs_reads"] < 1.1
+    assert new["bytes_per_flop"] < old["bytes_per_flop"] / 1.5
+    # drhs under skew: largest group first never schedules worse than groups fastest
+    skew = np.array([4000] + [20] * 255)
+    assert pallas_plan.drhs_schedule(skew, 128, 128, b, "bfloat16")["makespan_vs_ideal"] <= \
+        pallas_plan.drhs_schedule(skew, 128, 128, b, "bfloat16", order="old")["makespan_vs_ideal"]
+
+
+def test_bench_gmm_model_only_prints_the_figures(capsys, tmp_path):
+    from dropless import cli
+    out = tmp_path / "m.jsonl"
+    assert cli.main(["bench", "gmm", "--model-only", "--m", "512", "--k", "64", "--n", "64",
+                     "--groups", "8,64", "--routings", "zipf", "--dtypes", "bfloat16",
+                     "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "rows_before" in text and "drhs_makespan_after" in text
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["groups"] for r in recs] == [8, 64] and all(r["mode"] == "model" for r in recs)
+    assert recs[1]["rows_after"] < recs[1]["rows_before"]
