@@ -34,6 +34,7 @@ CASES = [
     ("bfloat16", (4096, 1024, 1024, 8), dict(block_m=64, block_k=32, block_n=64, num_stages=3)),
     ("float32", (4096, 1024, 1024, 8), dict(block_m=32, block_k=32, block_n=32)),
     ("bfloat16", (24576, 7168, 2048, 256), {}),
+    ("float32", (24576, 7168, 2048, 256), {}),
 ]
 
 

@@ -16,7 +16,7 @@ Each case also prints (and writes, as a `mode: "model"` record) `pallas_gpu`'s c
 row, modeled HBM bytes per useful FLOP and lhs reads of the forward, drhs bytes per FLOP and
 its makespan against a perfect split, before (bm-aligned tiles, bm=128, work items fastest,
 drhs groups fastest) and after (this kernel). A model, not a measurement; `--model-only`
-prints it without timing anything.
+prints it (and writes it to `--out`) without timing anything; timed runs print it only.
 """
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
                     rows.append(model)
                     continue
                 print(harness.format_table([model], MODEL_COLUMNS), flush=True)
-                recs = [model] + _case(args.m, args.k, args.n, g, routing, dtype,
+                recs = _case(args.m, args.k, args.n, g, routing, dtype,
                              args.backends.split(","), args.repeats, args.budget_s, seed=g)
                 after = harness.busy_fraction(0.2)
                 for r in recs:
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 rows += recs
                 busy = after
                 print(harness.format_table(
-                    [r for r in recs if r["backend"] != "dense" and r["mode"] != "model"],
+                    [r for r in recs if r["backend"] != "dense"],
                     ["dtype", "groups", "routing", "mode", "backend", "resolved",
                      "median_ms", "ratio_to_dense", "skipped"]), flush=True)
     if args.model_only:
