@@ -9,12 +9,15 @@ asks for `byte`.
 
 Special tokens, as transformers reads them from the files beside `tokenizer.json`:
 * BOS / EOS: `tokenizer_config.json`'s `bos_token` / `eos_token` (a string or an AddedToken
-  dict), else `generation_config.json`'s `bos_token_id` / `eos_token_id` (an int or a list: the
+  dict; null: none), else (key absent) `generation_config.json`'s `bos_token_id` / `eos_token_id` (an int or a list: the
   first is the EOS, all of them stop generation), else a token named `</s>`, `<|endoftext|>`,
   `<eos>` or `<|end_of_text|>` in the vocabulary (a bare tokenizer.json).
-* Adding them: when `tokenizer_config.json` sets `add_bos_token` / `add_eos_token` (Llama,
-  Mixtral, DeepSeek-V3), those decide, as transformers' `LlamaTokenizerFast.update_post_processor`
-  does; otherwise the tokenizer.json's own post-processor decides (Qwen: none).
+* Adding them: the tokenizer.json's own post-processor decides (a `TemplateProcessing` that
+  puts BOS first: Mixtral, DeepSeek-V3; none: Qwen), as transformers 5 does (it drops
+  tokenizer_config.json's `add_bos_token` / `add_eos_token` when there is a tokenizer.json).
+  transformers 4.x's Llama tokenizer rebuilds the post-processor from those flags instead, so a
+  folder whose flags disagree with its tokenizer.json would be read differently by the two
+  releases: it is refused, naming both.
 """
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ class ByteTokenizer:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpecialTokens:
-    """What the folder says about BOS / EOS. add_bos / add_eos: None = the post-processor's."""
+    """What the folder says about BOS / EOS; add_bos / add_eos: tokenizer_config.json's flags
+    (None: not set), checked against the post-processor."""
     bos_id: int | None
     eos_id: int | None
     stop_ids: tuple[int, ...]
@@ -103,7 +107,7 @@ def special_tokens(tok, folder: Path) -> SpecialTokens:
     eos = _token_id(tok, tc_path, "eos_token", tc.get("eos_token"))
     stops = _ids(gc_path, "eos_token_id", gc["eos_token_id"]) \
         if gc.get("eos_token_id") is not None else ()
-    if bos is None and gc.get("bos_token_id") is not None:
+    if "bos_token" not in tc and gc.get("bos_token_id") is not None:   # null there: no BOS
         bos = _ids(gc_path, "bos_token_id", gc["bos_token_id"])[0]
     if eos is None:
         eos = stops[0] if stops else next(
@@ -137,18 +141,27 @@ class HFTokenizer:
                              "tokenizer_config.json beside it)")
         self.eos_id, self.bos_id = self.special.eos_id, self.special.bos_id
         self.stop_ids = self.special.stop_ids
+        self._check_flags(path)
+
+    def _check_flags(self, path) -> None:
+        """Refuse add_bos_token / add_eos_token that the post-processor does not do (module doc)."""
+        s = self.special
+        with_sp = self._tok.encode("a").ids
+        without = self._tok.encode("a", add_special_tokens=False).ids
+        adds = {"add_bos_token": (s.bos_id is not None and with_sp[:1] == [s.bos_id]
+                                  and without[:1] != [s.bos_id]),
+                "add_eos_token": with_sp[-1:] == [s.eos_id] and without[-1:] != [s.eos_id]}
+        for key, flag in (("add_bos_token", s.add_bos), ("add_eos_token", s.add_eos)):
+            if flag is not None and flag != adds[key]:
+                raise ValueError(
+                    f"{Path(path).parent / 'tokenizer_config.json'}: {key}={str(flag).lower()} "
+                    f"but {path}'s post-processor {'adds' if adds[key] else 'does not add'} that "
+                    "token; transformers 4 and 5 read this folder differently: make them agree")
 
     def encode(self, text: str) -> np.ndarray:
-        """The ids transformers' tokenizer(text) gives: special tokens included (module doc)."""
-        s = self.special
-        if s.add_bos is None and s.add_eos is None:
-            return np.asarray(self._tok.encode(text).ids, np.int32)
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        if s.add_bos and s.bos_id is not None:
-            ids = [s.bos_id] + ids
-        if s.add_eos:
-            ids = ids + [s.eos_id]
-        return np.asarray(ids, np.int32)
+        """The ids transformers' tokenizer(text) gives: special tokens as the post-processor adds
+        them (module doc)."""
+        return np.asarray(self._tok.encode(text).ids, np.int32)
 
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids])
@@ -162,8 +175,8 @@ def make_tokenizer(name: str):
         return HFTokenizer(name)
     if not name:
         raise ValueError("no tokenizer is known for this model (it was converted from a folder "
-                         "without tokenizer.json); choose one: --tokenizer byte|PATH (eval, generate), "
-                         "tokenizer=byte|PATH (train)")
+                         "without tokenizer.json); choose one: --tokenizer byte|PATH (eval, "
+                         "generate), tokenizer=byte|PATH (train)")
     raise ValueError(f"tokenizer={name!r} must be 'byte' or an existing tokenizer.json path")
 
 
