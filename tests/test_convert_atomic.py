@@ -40,10 +40,12 @@ if stage == "shards":            # after the second safetensors shard
     sn.save_file = save_file
 else:                            # after orbax has written params/, before config.json
     import orbax.checkpoint as ocp
-    orig = ocp.StandardCheckpointer.wait_until_finished
-    def wait(self):
+    orig, count = ocp.StandardCheckpointer.wait_until_finished, [0]
+    def wait(self):              # save() itself waits first, for earlier saves
         orig(self)
-        stall()
+        count[0] += 1
+        if count[0] == 2:
+            stall()
     ocp.StandardCheckpointer.wait_until_finished = wait
 from dropless import cli
 sys.exit(cli.main(sys.argv[3:]))
