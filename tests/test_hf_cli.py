@@ -32,10 +32,13 @@ def test_convert_round_trip_is_bitwise(converted, tmp_path):
 
 
 def test_convert_error_is_one_line(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    src = tmp_path / "gpt2"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     from safetensors.numpy import save_file
-    save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "model.safetensors"))
-    assert cli.main(["convert", str(tmp_path), str(tmp_path / "out")]) == 2
+    save_file({"x": np.zeros(2, np.float32)}, str(src / "model.safetensors"))
+    assert cli.main(["convert", str(src), str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     err = capsys.readouterr().err
     assert err.startswith("dropless: error: config.json: architectures=['GPT2LMHeadModel']")
 

@@ -121,5 +121,6 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"dropless: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"model": args.model, "data": args.data, **out}, allow_nan=False))
+    print(json.dumps({"model": args.model, "data": args.data, "dtype": cfg.dtype,
+                      "tokenizer": tok.name, **out}, allow_nan=False))
     return 0
