@@ -9,9 +9,10 @@ asks for `byte`.
 
 Special tokens, as transformers reads them from the files beside `tokenizer.json`:
 * BOS / EOS: `tokenizer_config.json`'s `bos_token` / `eos_token` (a string or an AddedToken
-  dict; null: none), else (key absent) `generation_config.json`'s `bos_token_id` / `eos_token_id` (an int or a list: the
-  first is the EOS, all of them stop generation), else a token named `</s>`, `<|endoftext|>`,
-  `<eos>` or `<|end_of_text|>` in the vocabulary (a bare tokenizer.json).
+  dict; null: none), else (key absent) `generation_config.json`'s `bos_token_id` /
+  `eos_token_id` (an int or a list: the first is the EOS, all of them stop generation), else a
+  token named `</s>`, `<|endoftext|>`, `<eos>` or `<|end_of_text|>` in the vocabulary (a bare
+  tokenizer.json).
 * Adding them: the tokenizer.json's own post-processor decides (a `TemplateProcessing` that
   puts BOS first: Mixtral, DeepSeek-V3; none: Qwen), as transformers 5 does (it drops
   tokenizer_config.json's `add_bos_token` / `add_eos_token` when there is a tokenizer.json).
