@@ -161,3 +161,28 @@ def test_tokenizer_travels_both_ways(tmp_path):
         assert (tmp_path / "back" / name).read_bytes() == (src / name).read_bytes(), name
     a, b = hf.load(src)[1], hf.load(tmp_path / "back")[1]
     np.testing.assert_array_equal(np.asarray(a["embed"]["w_VD"]), np.asarray(b["embed"]["w_VD"]))
+
+
+def test_hf_save_refuses_a_non_empty_folder_unless_overwrite(tmp_path):
+    cfg, params = hf.load(FIX / "qwen3_moe")
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("mine")
+    with pytest.raises(hf.DestinationError, match="not empty"):
+        hf.save(cfg, params, dst)
+    assert [p.name for p in dst.iterdir()] == ["keep.txt"]
+    hf.save(cfg, params, dst, overwrite=True)           # replaced whole: keep.txt is gone
+    assert not (dst / "keep.txt").exists() and hf.read_config(dst)[0] == cfg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_dtype_is_honoured_for_a_dropless_directory(qwen_dropless):
+    from dropless.train.init_from import load_model
+    cfg, params = load_model(str(qwen_dropless), dtype="bfloat16")
+    assert cfg.dtype == cfg.weight_dtype == cfg.moe.weight_dtype == "bfloat16"
+    ref_cfg, ref = hf.load(FIX / "qwen3_moe", dtype="bfloat16")   # what hf.load gives
+    assert cfg == ref_cfg
+    import jax
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
