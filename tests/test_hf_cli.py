@@ -32,10 +32,13 @@ def test_convert_round_trip_is_bitwise(converted, tmp_path):
 
 
 def test_convert_error_is_one_line(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    src = tmp_path / "gpt2"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     from safetensors.numpy import save_file
-    save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "model.safetensors"))
-    assert cli.main(["convert", str(tmp_path), str(tmp_path / "out")]) == 2
+    save_file({"x": np.zeros(2, np.float32)}, str(src / "model.safetensors"))
+    assert cli.main(["convert", str(src), str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     err = capsys.readouterr().err
     assert err.startswith("dropless: error: config.json: architectures=['GPT2LMHeadModel']")
 
@@ -51,7 +54,7 @@ def test_eval_matches_forward(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"text": TEXT * 2}) for _ in range(2)) + "\n")
     assert cli.main(["eval", f"hf:{FIX / 'mixtral'}", "--data", str(data), "--seq-len", "16",
-                     "--batch-size", "5"]) == 0
+                     "--batch-size", "5", "--tokenizer", "byte"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["perplexity"] == pytest.approx(math.exp(out["loss"]))
     # by hand: the same windows (the last batch is padded) through forward + log-softmax
@@ -84,13 +87,13 @@ def test_generate_greedy_and_sampled(capsys):
     with pytest.raises(ValueError, match="temperature=-1"):
         generate(cfg, params, prompt, max_new_tokens=1, temperature=-1)
     assert cli.main(["generate", f"hf:{FIX / 'qwen3_moe'}", "--prompt", "abcd",
-                     "--max-new-tokens", "3"]) == 0   # same shapes: reuses the compilation
+                     "--max-new-tokens", "3", "--tokenizer", "byte"]) == 0   # same compilation
     assert capsys.readouterr().out.startswith("abcd")
 
 
 def test_init_from_sets_model_and_tokenizer(converted, tmp_path):
     from dropless.config_file import build_config
-    cfg = build_config([("init_from", f"hf:{FIX / 'qwen3_moe'}")])
+    cfg = build_config([("init_from", f"hf:{FIX / 'qwen3_moe'}"), ("tokenizer", "byte")])
     assert cfg.model == hf.read_config(FIX / "qwen3_moe")[0] and cfg.tokenizer == "byte"
     hfdir = tmp_path / "withtok"
     hfdir.mkdir()
@@ -100,14 +103,15 @@ def test_init_from_sets_model_and_tokenizer(converted, tmp_path):
     cfg = build_config([("init_from", f"hf:{hfdir}"), ("model.moe.gmm_backend", "reference")])
     assert cfg.tokenizer == str(hfdir / "tokenizer.json")
     assert cfg.model.moe.gmm_backend == "reference"     # the user's overrides still apply
-    cfg = build_config([("init_from", str(converted))])
+    cfg = build_config([("init_from", str(converted)), ("tokenizer", "byte")])
     assert cfg.model == hf.read_config(FIX / "mixtral")[0]
 
 
 def test_init_from_refuses_a_different_model(converted, tmp_path):
     from dropless.config_file import build_config
     from dropless.train.init_from import initial_params
-    cfg = build_config([("init_from", str(converted)), ("model.moe.top_k", 1)])
+    cfg = build_config([("init_from", str(converted)), ("model.moe.top_k", 1),
+                        ("tokenizer", "byte")])
     with pytest.raises(ValueError, match="model.moe.top_k: 1 != 2"):
         initial_params(cfg)
 
@@ -123,13 +127,14 @@ def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_
     data.write_text(TEXT * 40)
     held = np.frombuffer(("Where there is a will there is a way. The early bird catches the "
                           "worm. A stitch in time saves nine. ").encode() * 3, np.uint8)
-    cfg = build_config([("init_from", str(converted)), ("data", str(data)), ("steps", 12),
+    cfg = build_config([("init_from", str(converted)), ("tokenizer", "byte"),
+                        ("data", str(data)), ("steps", 12),
                         ("per_device_batch_size", 8), ("seq_len", 32), ("warmup_steps", 2),
                         ("learning_rate", 3e-3), ("eval_every", 100), ("checkpoint_every", 0),
                         ("time_kernels", False), ("async_checkpoints", False),
                         ("run_dir", str(tmp_path)), ("run_name", "ft"),
                         ("model.moe.gmm_backend", "reference")])
-    mcfg, p0, _ = load_model(str(converted))
+    mcfg, p0 = load_model(str(converted))
     mcfg = mcfg.replace(moe=mcfg.moe.replace(gmm_backend="reference"))
     before = evaluate(mcfg, p0, held, seq_len=32, batch_size=4)["loss"]
     result = train(cfg, echo=lambda s: None)

@@ -2,6 +2,7 @@
 for DeepseekV3ForCausalLM, MixtralForCausalLM and Qwen3MoeForCausalLM (see docs/hf.md)."""
 from dropless.hf.config_map import UnsupportedCheckpoint
 from dropless.hf.convert import load, read_config
+from dropless.hf.destination import DestinationError
 from dropless.hf.save import save
 
-__all__ = ["load", "save", "read_config", "UnsupportedCheckpoint"]
+__all__ = ["load", "save", "read_config", "UnsupportedCheckpoint", "DestinationError"]

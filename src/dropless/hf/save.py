@@ -1,8 +1,10 @@
 """`save`: our parameters -> a Hugging Face folder `transformers` loads (sharded safetensors,
-model.safetensors.index.json, config.json), written one shard at a time."""
+model.safetensors.index.json, config.json), written one shard at a time into a folder beside the
+destination that replaces it only when complete (`hf.destination`)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,18 +55,36 @@ def _entries(cfg: ModelConfig, params: dict, lay: Layout
 
 
 def save(cfg: ModelConfig, params: dict, path: str | Path, *,
-         max_shard_bytes: int = DEFAULT_SHARD_BYTES, rope_interleave: bool = True) -> Path:
-    """Write `params` of `cfg` as a Hugging Face folder at `path` (created; existing files of
-    the same names are overwritten). The architecture follows from cfg (MLA -> DeepSeek-V3,
-    GQA + qk-norm -> Qwen3-MoE, GQA -> Mixtral). DeepSeek-V3 rope columns are written
-    interleaved (`rope_interleave`, as the released weights are). Raises UnsupportedCheckpoint
-    naming the field the architecture cannot express. Returns the folder."""
-    from safetensors.numpy import save_file
+         max_shard_bytes: int = DEFAULT_SHARD_BYTES, rope_interleave: bool = True,
+         overwrite: bool = False, extra_files: tuple = ()) -> Path:
+    """Write `params` of `cfg` as a Hugging Face folder at `path`. The architecture follows from
+    cfg (MLA -> DeepSeek-V3, GQA + qk-norm -> Qwen3-MoE, GQA -> Mixtral). DeepSeek-V3 rope
+    columns are written interleaved (`rope_interleave`, as the released weights are).
+    `extra_files` (paths: a tokenizer.json and the files beside it) are copied in.
+
+    Never destroys (`hf.destination`): the folder is written beside `path` and moved into place
+    when complete; a non-empty `path` is refused unless `overwrite` (then replaced in one step).
+    Raises UnsupportedCheckpoint naming the field the architecture cannot express,
+    DestinationError for a destination it may not write. Returns the folder."""
+    from dropless.hf.destination import check_destination, staged
     arch = cm.architecture_for(cfg)
     lay = Layout(arch, rope_interleave=rope_interleave and arch == cm.DEEPSEEK)
     config = cm.hf_config(cfg, lay)
     from dropless.models.scan import to_canonical_layout
     entries = _entries(cfg, to_canonical_layout(params), lay)
+    out = check_destination(path, overwrite=overwrite)
+    with staged(out) as tmp:
+        _write_shards(entries, tmp, max_shard_bytes)
+        for f in extra_files:
+            shutil.copyfile(f, tmp / Path(f).name)
+        # config.json last: a folder left by a killed write holds none, so nothing loads it
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    return Path(path)
+
+
+def _write_shards(entries: list, out: Path, max_shard_bytes: int) -> None:
+    """The safetensors shards (one shard's tensors in memory at a time) and their index."""
+    from safetensors.numpy import save_file
     shards: list[list[int]] = [[]]
     size = 0
     for i, (_, nbytes, _) in enumerate(entries):
@@ -73,13 +93,11 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
             size = 0
         shards[-1].append(i)
         size += nbytes
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
     weight_map, total = {}, 0
     for s, idx in enumerate(shards):
         fname = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
         tensors = {}
-        for i in idx:   # one shard's tensors in memory at a time
+        for i in idx:
             name, nbytes, make = entries[i]
             tensors[name] = make()
             weight_map[name] = fname
@@ -88,8 +106,6 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
         del tensors
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    return out
 
 
 def tensor_count(cfg: ModelConfig) -> int:

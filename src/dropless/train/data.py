@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-BYTE_VOCAB = 256
-BYTE_EOS = 0   # NUL never occurs in source text; it separates documents
+from dropless.train.tokenizer import (  # noqa: F401 - moved there; re-exported
+    BYTE_EOS, BYTE_VOCAB, ByteTokenizer, HFTokenizer, make_tokenizer)
+
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
 
 
@@ -44,49 +45,6 @@ class Corpus:
         return {"train_tokens": int(self.train_TOK.size),
                 "eval_tokens": int(self.eval_TOK.size), "vocab_size": self.vocab_size,
                 "crc32": int(zlib.crc32(head.tobytes()))}
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens 0..255; vocab 256, so an untrained model's loss is ln 256 = 5.55."""
-    vocab_size = BYTE_VOCAB
-    eos_id = BYTE_EOS
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), np.uint8)
-
-    def decode(self, ids) -> str:
-        return bytes(np.asarray(ids, np.uint8)).decode("utf-8", errors="replace")
-
-
-class HFTokenizer:
-    """A local Hugging Face `tokenizer.json` (needs the `tokenizers` package; nothing downloaded)."""
-
-    def __init__(self, path: str):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as e:  # optional dependency
-            raise ValueError(f"tokenizer={path!r} needs the 'tokenizers' package "
-                             "(pip install tokenizers)") from e
-        self._tok = Tokenizer.from_file(path)
-        self.vocab_size = self._tok.get_vocab_size()
-        eos = next((t for t in ("</s>", "<|endoftext|>", "<eos>") if self._tok.token_to_id(t)
-                    is not None), None)
-        self.eos_id = self._tok.token_to_id(eos) if eos else 0
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self._tok.encode(text).ids, np.int32)
-
-    def decode(self, ids) -> str:
-        return self._tok.decode([int(i) for i in ids])
-
-
-def make_tokenizer(name: str):
-    """"byte" or a path to a tokenizer.json. Raises ValueError otherwise."""
-    if name == "byte":
-        return ByteTokenizer()
-    if name.endswith(".json") and Path(name).is_file():
-        return HFTokenizer(name)
-    raise ValueError(f"tokenizer={name!r} must be 'byte' or an existing tokenizer.json path")
 
 
 def stdlib_files() -> list[Path]:

@@ -1,0 +1,142 @@
+"""Writing a model folder without ever destroying one: `hf.save` and `dropless convert` write into
+a temporary folder beside the destination and move it into place only when it is complete.
+
+* `check_destination` refuses, before anything is read or written: the source itself as the
+  destination (also through symlinks or `..`), a destination inside the source or holding it, a
+  file, and a non-empty folder unless `overwrite`.
+* `staged(dst)` yields `.NAME.partial-PID` beside dst; on success its files are flushed to disk
+  and it takes dst's place in one `renameat2(RENAME_EXCHANGE)` (Linux), so a reader sees the old
+  folder or the new one, never a mix; the old one is then deleted. Where the exchange is not
+  available, the old folder is first renamed to `.NAME.old-PID` (kept if we are killed between
+  the two renames). On an error the partial folder is removed; after a kill it stays, holding no
+  config.json (writers put it last), so nothing loads it, and the next write to the same
+  destination removes it.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+RENAME_EXCHANGE = 2   # linux/fs.h
+AT_FDCWD = -100
+
+
+class DestinationError(ValueError):
+    """A destination that would destroy or mix folders; the message names both paths."""
+
+
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def check_destination(dst: str | Path, *, sources: tuple = (), overwrite: bool = False) -> Path:
+    """The resolved destination; raises DestinationError (see the module doc)."""
+    out = Path(dst).expanduser().resolve()
+    for src in sources:
+        s = Path(src).expanduser().resolve()
+        if s == out:
+            raise DestinationError(f"destination {dst} is the source {src} itself; write to "
+                                   "another folder")
+        if _inside(out, s):
+            raise DestinationError(f"destination {dst} is inside the source {src}; write to a "
+                                   "folder outside it")
+        if _inside(s, out):
+            raise DestinationError(f"destination {dst} holds the source {src}; replacing it "
+                                   "would delete the source")
+    if out.exists() and not out.is_dir():
+        raise DestinationError(f"destination {dst} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise DestinationError(f"destination {dst} is not empty; pass --overwrite "
+                               "(overwrite=True) to replace it, or choose an empty folder")
+    return out
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where that is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):   # EINVAL / ENOSYS / EOPNOTSUPP: the file system cannot exchange
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _flush(folder: Path) -> None:
+    """fsync every file and folder under `folder`, so the rename publishes written bytes."""
+    for root, dirs, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(dst: Path) -> None:
+    """Remove the partial folders of earlier writes to `dst` whose writer has died."""
+    for p in dst.parent.glob(f".{dst.name}.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def commit(tmp: Path, dst: Path) -> None:
+    """Put the complete folder `tmp` at `dst` (replacing what is there, in one step if we can)."""
+    _flush(tmp)
+    if not dst.exists():
+        os.rename(tmp, dst)
+    elif _exchange(tmp, dst):
+        shutil.rmtree(tmp)   # tmp now holds the old destination
+    else:
+        old = dst.parent / f".{dst.name}.old-{os.getpid()}"
+        os.rename(dst, old)
+        os.rename(tmp, dst)
+        shutil.rmtree(old)
+    fd = os.open(dst.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def staged(dst: str | Path) -> Iterator[Path]:
+    """Yield an empty folder beside `dst`; on a clean exit it replaces dst (`commit`), on an
+    exception it is removed. Call `check_destination` first."""
+    dst = Path(dst).expanduser().resolve()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(dst)
+    tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    commit(tmp, dst)
