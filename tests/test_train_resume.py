@@ -267,7 +267,7 @@ def test_resume_over_a_damaged_step_continues_bitwise_from_the_intact_one(tmp_pa
 
 @pytest.mark.parametrize("text, healed, said", [
     (b'{"a": 1}\n{"b": 2}\n', b'{"a": 1}\n{"b": 2}\n', None),
-    (b'{"a": 1}\n{"b": 2', b'{"a": 1}\n', "5 bytes from line 2"),
+    (b'{"a": 1}\n{"b": 2', b'{"a": 1}\n', "7 bytes from line 2"),
     (b'{"a": 1}\n{"b": 2}', b'{"a": 1}\n{"b": 2}\n', "lacked the final newline"),
     (b'{"a": 1}\n\n{"b"', b'{"a": 1}\n', "from line 2"),
     (b'{"a', b'', "(line 0)"),
