@@ -68,7 +68,7 @@ def strict_refusal(damage: integrity.Damage, run_dir: Path, older: int | None) -
     then = (f"drop --strict-resume to resume from step {older}, the newest intact one (the "
             f"damaged step is moved to checkpoints/{integrity.DAMAGED}/, not deleted)"
             if older is not None else "no older intact checkpoint is left; start a new run")
-    return ValueError(f"--strict-resume: {damage.text()} in {run_dir}; nothing was changed. "
+    return ValueError(f"--strict-resume: {run_dir}: {damage.text()}; nothing was changed. "
                       f"To continue, {then}")
 
 
