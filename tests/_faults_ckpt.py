@@ -157,9 +157,9 @@ ROWS = [
           setup=lambda case, a: _tear(a.copy("ckpt-run", case) / RUN),
           words=("cut a torn last line", "last complete record"),
           check=lambda case, res: _healed(case / RUN)),
-    Fault("report-reads-past-a-torn-line", lambda case: ["report", case / "r"], rc=0,
+    Fault("ckpt-report-reads-past-a-torn-line", lambda case: ["report", case / "r"], rc=0,
           setup=lambda case, a: _torn_report(case / "r"), words=("line 3", "skipped")),
-    Fault("report-run-without-steps", lambda case: ["report", case / "r"], rc=2,
+    Fault("ckpt-report-run-without-steps", lambda case: ["report", case / "r"], rc=2,
           setup=lambda case, a: _no_steps(case / "r"),
           words=("no step records", "metrics.jsonl", "no plots"), unchanged=("r",)),
 ]

@@ -4,7 +4,9 @@ A checkpoint holds the whole train state (parameters including router biases, op
 step, RNG) and a JSON record with the data position (the next batch index) and the corpus
 fingerprint. Orbax writes each step into a temporary directory and renames it when complete, so
 a run killed during a save leaves only an unfinished temporary directory, which restore ignores:
-the run resumes from the last complete step.
+the run resumes from the last complete step. Every array's content hash is stored with the step
+and compared at restore (integrity.py): a step damaged later raises integrity.CheckpointDamaged
+naming the step, the file or array and why, never returning damaged data.
 
 An asynchronous save that fails (disk full, permission, read-only file system) is noticed by
 `Saver.poll()` at the first step boundary after it failed, not at the next save, and becomes one

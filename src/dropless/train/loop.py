@@ -8,9 +8,12 @@ Order of work, so that a refused run changes nothing: the memory pre-flight (pre
 run directory (rundir.py: unique, locked), the resume decision (resume.py: nothing to do, other
 data, LR schedule) and the checkpoint's shapes (checkpoint.check_compatible) all come before the
 first write; a new run that fails before its first step removes its directory; a resumed run
-rewrites config.json only once its first step is done. SIGTERM/SIGINT stop the loop at the next
-step boundary with a checkpoint (signals.py); a failed asynchronous save stops it at the next
-step boundary (checkpoint.Saver).
+rewrites config.json only once its first step is done. A checkpoint that fails to restore or
+verify (integrity.py) is skipped for the newest intact one, and only once that one is restored
+are the damaged steps moved aside, a torn metrics.jsonl healed and the fall-back recorded.
+SIGTERM/SIGINT stop the loop at the next step boundary with a checkpoint (signals.py), or,
+before the first step, exit at once; a failed asynchronous save stops it at the next step
+boundary (checkpoint.Saver).
 """
 from __future__ import annotations
 
