@@ -78,3 +78,32 @@ def test_report_into_a_closed_pipe_ends_quietly(run_dir):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_report_reads_past_a_torn_line_and_names_its_line(tmp_path, capsys):
+    good = [{"event": "step", "step": s, "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 1.0,
+             "tflops_per_device": 0.0, "mfu": None, "dropped_tokens": 0} for s in (1, 2, 3)]
+    lines = [json.dumps({"event": "start"}), json.dumps(good[0]), "",
+             '{"event": "step", "step": 2, "lo' + json.dumps({"event": "start"}),
+             json.dumps(good[1]), json.dumps(good[2])]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    skipped = []
+    m = report.read_metrics(tmp_path, skipped)
+    assert [r["step"] for r in m["step"]] == [1, 2, 3]
+    assert len(skipped) == 1 and "metrics.jsonl line 4 is not a complete JSON record" in \
+        skipped[0], skipped
+    monkey_draw = report.draw
+    try:
+        report.draw = lambda d: []          # the plots are the other tests' business
+        assert report.run(args_for(tmp_path)) == 0
+    finally:
+        report.draw = monkey_draw
+    err = capsys.readouterr().err
+    assert err.startswith("dropless: warning: ") and "line 4" in err and "skipped" in err
+
+
+def test_report_refuses_a_run_without_steps_and_draws_nothing(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "start"}) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl has no step records .*no plots drawn"):
+        report.run(args_for(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

@@ -284,3 +284,47 @@ def test_late_write_callbacks_are_dropped_only_after_the_failure_is_reported(mon
         _late_write_callback()                                 # writes still ending later
     assert seen == ["ValueError('other')"] + ([] if reported else
                                              ["RuntimeError('Event loop is closed')"])
+
+
+def _signal_during_startup(tmp: Path, signum: int, when: str) -> tuple[subprocess.Popen, str,
+                                                                          str, float]:
+    """Start `dropless train` (the MINI model without a compilation cache: its first compile
+    takes seconds) and send `signum` 0.2 s after stdout shows `when`; (process, stdout, stderr,
+    seconds from the signal to the exit)."""
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    for k in ("DROPLESS_TRACEBACK", "JAX_COMPILATION_CACHE_DIR"):
+        env.pop(k, None)
+    items = dict(MINI, data=str(corpus(tmp)), run_dir=str(tmp / "runs"), run_name="sig",
+                 steps=3, time_kernels=True)
+    argv = [sys.executable, "-m", "dropless.cli", "train"] + [f"{k}={v}" for k, v in
+                                                              items.items()]
+    p = subprocess.Popen(argv, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    seen = []
+    for line in p.stdout:             # when="": the first line (the handlers are installed)
+        seen.append(line)
+        if when in line:
+            break
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    p.send_signal(signum)
+    out, err = p.communicate(timeout=120)
+    return p, "".join(seen) + out, err, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("signum, when", [
+    pytest.param(signal.SIGTERM, "compiling (first step)", id="SIGTERM-while-compiling"),
+    pytest.param(signal.SIGINT, "", id="SIGINT-during-start-up")])   # before the run dir
+def test_signal_during_startup_exits_at_once_and_leaves_no_run(tmp_path, signum, when):
+    p, out, err, seconds = _signal_during_startup(tmp_path, signum, when)
+    name = signal.Signals(signum).name
+    assert p.returncode == EXIT_PREEMPTED, (p.returncode, out, err)
+    assert seconds < 5.0, f"{seconds:.1f} s from {name} to the exit"
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"dropless: {name} during start-up"), err
+    assert "no step was done (nothing to save)" in lines[0], err
+    assert ("was removed" in lines[0]) == ("compiling" in when), lines[0]
+    assert "resume with" not in out + err
+    # nothing a later `--resume` (or a run of the same name) would trip over
+    assert not (tmp_path / "runs" / "sig").exists()

@@ -4,7 +4,9 @@ A checkpoint holds the whole train state (parameters including router biases, op
 step, RNG) and a JSON record with the data position (the next batch index) and the corpus
 fingerprint. Orbax writes each step into a temporary directory and renames it when complete, so
 a run killed during a save leaves only an unfinished temporary directory, which restore ignores:
-the run resumes from the last complete step.
+the run resumes from the last complete step. Every array's content hash is stored with the step
+and compared at restore (integrity.py): a step damaged later raises integrity.CheckpointDamaged
+naming the step, the file or array and why, never returning damaged data.
 
 An asynchronous save that fails (disk full, permission, read-only file system) is noticed by
 `Saver.poll()` at the first step boundary after it failed, not at the next save, and becomes one
@@ -26,6 +28,8 @@ from typing import Any, Iterator
 import jax
 import orbax.checkpoint as ocp
 
+from dropless.train import integrity
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the message says why and what to do."""
@@ -42,20 +46,32 @@ def manager(directory: str | Path, *, keep: int, async_save: bool = True
                        "meta": ocp.JsonCheckpointHandler()})
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
-    """Start saving (returns before the write finishes when asynchronous)."""
+def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict, *,
+         hashes: bool = True) -> None:
+    """Start saving (returns before the write finishes when asynchronous). `meta` is stored
+    with the content hash of every array of `state` (integrity.py; `hashes=False` only for the
+    cost measurement), which `restore` checks."""
+    if hashes:
+        meta = {**meta, "hash": integrity.ALGORITHM, "hashes": integrity.tree_hashes(state)}
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                             meta=ocp.args.JsonSave(meta)), force=True)
 
 
-def latest_step(directory: str | Path) -> int | None:
-    """The newest complete step under `directory` (None when there is none or no directory);
+def all_steps(directory: str | Path) -> list[int]:
+    """Every step folder under `directory`, newest first (complete or not: orbax renames a step
+    into place only when complete, so a numbered folder that is incomplete was damaged later);
     reads names only, creates nothing."""
     d = Path(directory)
     if not d.is_dir():
-        return None
-    steps = [int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()]
-    return max(steps) if steps else None
+        return []
+    return sorted((int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()),
+                  reverse=True)
+
+
+def latest_step(directory: str | Path) -> int | None:
+    """The newest step folder under `directory` (None when there is none or no directory)."""
+    steps = all_steps(directory)
+    return steps[0] if steps else None
 
 
 def read_meta(directory: str | Path, step: int) -> dict:
@@ -70,18 +86,32 @@ def _saved_tree(mngr: ocp.CheckpointManager, step: int) -> Any:
     return getattr(md, "tree", md)
 
 
-def restore(mngr: ocp.CheckpointManager, step: int, like: Any) -> tuple[Any, dict]:
+def restore(mngr: ocp.CheckpointManager, step: int, like: Any, *, verify: bool = True
+            ) -> tuple[Any, dict]:
     """(state, meta) of `step`; `like` is a state (or its jax.eval_shape) giving structure,
     dtypes and shardings. A checkpoint written in another parameter layout (decoder layers
     scanned or not, `scan_layers`; expert gate/up fused or not, `prefuse_moe_weights`) is read
-    as stored and converted to `like`'s layout (both conversions are exact)."""
-    to_stored, to_mine = _layout_conversions(mngr, step, like)
-    abstract = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        jax.eval_shape(to_stored, like) if to_stored else like)
-    out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                     meta=ocp.args.JsonRestore()))
+    as stored and converted to `like`'s layout (both conversions are exact). Raises
+    integrity.CheckpointDamaged when a file cannot be read or an array's bytes differ from the
+    hash recorded at save time (`verify=False` skips the hashes, for the cost measurement)."""
+    directory = Path(mngr.directory)
+    damage = integrity.inspect(directory, step)
+    if damage is not None:
+        raise integrity.CheckpointDamaged(damage)
+    try:
+        to_stored, to_mine = _layout_conversions(mngr, step, like)
+        abstract = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                           sharding=getattr(x, "sharding", None)),
+            jax.eval_shape(to_stored, like) if to_stored else like)
+        out = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    except Exception as e:  # noqa: BLE001 - tensorstore's errors: which file, in one line
+        _drop_late_callbacks()
+        raise integrity.CheckpointDamaged(integrity.read_failure(e, step, directory)) from e
     state = out["state"]
+    if verify:
+        integrity.verify(state, dict(out["meta"]).get("hashes"), step)
     if to_mine:
         state = jax.tree.map(lambda x, ref: jax.device_put(x, getattr(ref, "sharding", None)),
                              to_mine(state), like)
@@ -121,15 +151,7 @@ def _layout_conversions(mngr: ocp.CheckpointManager, step: int, like: Any):
     return to_stored, to_mine
 
 
-def _path_str(path) -> str:
-    """'params/layers/1/moe/w_up_EDF' (the metadata tree spells optax's namedtuple fields as
-    dict keys, the live state as attributes: both become plain names)."""
-    def name(k):
-        for attr in ("key", "idx", "name"):
-            if hasattr(k, attr):
-                return str(getattr(k, attr))
-        return str(k)
-    return "/".join(name(k) for k in path)
+_path_str = integrity.path_str   # the metadata tree and the live state name paths alike
 
 
 def _config_diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
@@ -242,6 +264,41 @@ class _LateWriteCallbacks:
             self.previous(u)
 
 
+_ACTIVE_HOOKS: list[_LateWriteCallbacks] = []     # the hooks of the open quiet_orbax_errors
+
+
+def _drop_late_callbacks() -> None:
+    """A failed read is reported (as CheckpointDamaged): the late callbacks of its closed event
+    loop are dropped, as those of a failed save are, and so (for the rest of the process) are
+    the later reports of its other reads: each failed read coroutine and task of orbax's
+    `_read_array_index_and_device_put` prints its own TensorStore dump when collected."""
+    for hook in _ACTIVE_HOOKS:
+        hook.reported, hook.held = True, []
+    if not isinstance(sys.unraisablehook, _FailedReads):
+        sys.unraisablehook = _FailedReads(sys.unraisablehook)
+        logging.getLogger("asyncio").addFilter(_FailedReads.log_filter)
+
+
+_READ_ERROR = "Encountered error while reading array index"
+
+
+class _FailedReads:
+    """sys.unraisablehook dropping the 'Exception ignored in <coroutine
+    _read_array_index_and_device_put>' reports of a failed restore (and nothing else)."""
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __call__(self, u) -> None:
+        if not str(u.exc_value).startswith(_READ_ERROR):
+            self.previous(u)
+
+    @staticmethod
+    def log_filter(record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (str(exc).startswith(_READ_ERROR) or _READ_ERROR in str(record.msg))
+
+
 @contextlib.contextmanager
 def quiet_orbax_errors() -> Iterator[None]:
     """Within: orbax's error logs of a failed save are dropped (Saver reports the failure once)
@@ -251,12 +308,14 @@ def quiet_orbax_errors() -> Iterator[None]:
     hook = _LateWriteCallbacks(sys.unraisablehook)
     logger.addFilter(flt)
     sys.unraisablehook = hook
+    _ACTIVE_HOOKS.append(hook)
     try:
         yield
     except CheckpointError:
         hook.reported, hook.held = True, []
         raise
     finally:
+        _ACTIVE_HOOKS.remove(hook)
         logger.removeFilter(flt)
         if not hook.reported:
             hook.release()

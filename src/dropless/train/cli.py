@@ -17,7 +17,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--profile-steps", type=int, metavar="N",
                         help="write a JAX profiler trace of N steps to RUN_DIR/profile")
     parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue the run in RUN_DIR (its config.json, then overrides)")
+                        help="continue the run in RUN_DIR (its config.json, then overrides) "
+                             "from its newest intact checkpoint (damaged newer ones are moved "
+                             "to RUN_DIR/checkpoints/damaged/ and the fall-back announced)")
+    parser.add_argument("--strict-resume", action="store_true",
+                        help="refuse to resume when the newest checkpoint is damaged, instead "
+                             "of falling back to an older one")
 
 
 def config_from_args(args, notes: list[str] | None = None):
@@ -34,11 +39,7 @@ def config_from_args(args, notes: list[str] | None = None):
         from pathlib import Path
         from dropless.config_file import _flatten
         run = Path(args.resume)
-        if not (run / "config.json").is_file():
-            what = "is not a run directory (no config.json)" if run.is_dir() else "does not exist"
-            raise ValueError(f"--resume {run}: {what}; `ls {run.parent}` lists the runs, or "
-                             "drop --resume to start a new run")
-        saved = json.loads((run / "config.json").read_text())
+        saved = _run_config(run)
         saved.update(run_dir=str(run.parent), run_name=run.name)
         model = saved.pop("model")
         items = [("preset", saved.pop("preset") or "tiny")] + _flatten(saved) + \
@@ -46,15 +47,44 @@ def config_from_args(args, notes: list[str] | None = None):
     return build_config(items, yaml_path=args.config, notes=notes)
 
 
+def _run_config(run) -> dict:
+    """The config.json of run directory `run`; ValueError (one line, saying what to use
+    instead) when `run` is not a training run's directory."""
+    import json
+    if not (run / "config.json").is_file():
+        what = "is not a run directory (no config.json)" if run.is_dir() else "does not exist"
+        raise ValueError(f"--resume {run}: {what}; `ls {run.parent}` lists the runs, or "
+                         "drop --resume to start a new run")
+    try:
+        saved = json.loads((run / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"--resume {run}: {run / 'config.json'} is not readable JSON "
+                         f"({type(e).__name__}); it is not a run this version can resume, "
+                         "drop --resume to start a new run") from None
+    if not isinstance(saved, dict) or not {"model", "steps"} <= set(saved) or \
+            (run / "params").is_dir():
+        raise ValueError(f"--resume {run}: a model directory (`dropless convert` output or a "
+                         "Hugging Face folder), not a training run; to train from its weights "
+                         f"use init_from={run} and drop --resume")
+    return saved
+
+
 def run(args) -> int:
     """Train; exit status 0 when done (or nothing to do), signals.EXIT_PREEMPTED (75) when a
     SIGTERM/SIGINT stopped the run after saving a checkpoint."""
+    from dropless.train.signals import StopRequest, stop_on_signals
+    with stop_on_signals(StopRequest()) as stop:   # a signal from here on exits with 75
+        return _train(args, stop)
+
+
+def _train(args, stop) -> int:
     notes: list[str] = []
     cfg = config_from_args(args, notes=notes)
     from dropless.train.distributed import start
     start(cfg, notes)   # XLA flags, environment, jax.distributed: before JAX starts
     from dropless.train.loop import train
-    result = train(cfg)
+    result = train(cfg, resume=bool(getattr(args, "resume", None)),
+                   strict_resume=bool(getattr(args, "strict_resume", False)), stop=stop)
     if result.stopped_by:
         from dropless.train.signals import EXIT_PREEMPTED
         return EXIT_PREEMPTED

@@ -8,9 +8,12 @@ Order of work, so that a refused run changes nothing: the memory pre-flight (pre
 run directory (rundir.py: unique, locked), the resume decision (resume.py: nothing to do, other
 data, LR schedule) and the checkpoint's shapes (checkpoint.check_compatible) all come before the
 first write; a new run that fails before its first step removes its directory; a resumed run
-rewrites config.json only once its first step is done. SIGTERM/SIGINT stop the loop at the next
-step boundary with a checkpoint (signals.py); a failed asynchronous save stops it at the next
-step boundary (checkpoint.Saver).
+rewrites config.json only once its first step is done. A checkpoint that fails to restore or
+verify (integrity.py) is skipped for the newest intact one, and only once that one is restored
+are the damaged steps moved aside, a torn metrics.jsonl healed and the fall-back recorded.
+SIGTERM/SIGINT stop the loop at the next step boundary with a checkpoint (signals.py), or,
+before the first step, exit at once; a failed asynchronous save stops it at the next step
+boundary (checkpoint.Saver).
 """
 from __future__ import annotations
 
@@ -36,8 +39,9 @@ from dropless.train.nonfinite import NonFiniteGuard
 from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
-from dropless.train.resume import plan_resume
-from dropless.train.rundir import RunDir, open_run_dir
+from dropless.train import integrity
+from dropless.train.resume import newest_intact, plan_resume, strict_refusal
+from dropless.train.rundir import RunDir, heal_metrics, open_run_dir
 from dropless.train.signals import StopRequest, stop_on_signals
 
 
@@ -98,30 +102,47 @@ def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
 
 
 def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
-          stop_at: int | None = None, progress: Progress | None = None) -> RunResult:
+          stop_at: int | None = None, progress: Progress | None = None, resume: bool = False,
+          strict_resume: bool = False, stop: StopRequest | None = None) -> RunResult:
     """Train (or resume, when the run directory holds checkpoints) until cfg.steps.
 
     `stop_at` ends early after that step (tests use it to simulate an interrupted run).
     `progress` defaults to a progress bar on a terminal (when `echo` is print), plain lines
     otherwise. A first SIGTERM/SIGINT stops after the step in flight with a checkpoint
-    (`RunResult.stopped_by` names the signal); a second one exits the process at once.
+    (`RunResult.stopped_by` names the signal); a second one exits the process at once; one
+    before the first step exits at once with EXIT_PREEMPTED, removing a new run's directory
+    (signals.py; `stop`: a request the command line installed already). `resume`: a resume
+    was asked for (--resume), so a run without an intact checkpoint is refused;
+    `strict_resume`: a damaged newest checkpoint refuses the resume instead of falling back.
     Raises ValueError for a config that cannot run (does not fit in memory, other data or other
-    shapes than the checkpoint), checkpoint.CheckpointError when a save fails, and
-    rundir.RunDirInUse when another process holds the run directory.
+    shapes than the checkpoint, damaged checkpoints with `strict_resume`),
+    checkpoint.CheckpointError when a save fails, and rundir.RunDirInUse when another process
+    holds the run directory.
     """
     preflight.check(cfg)
-    run = open_run_dir(cfg)
-    prog = progress or Progress(echo)
-    try:
-        with stop_on_signals() as stop, ckpt.quiet_orbax_errors():
-            return _run(cfg, run, prog, stop, stop_at)
-    except BaseException:
-        if run.steps_done == 0:
-            run.discard()            # removes only a directory this call created
-        raise
-    finally:
-        prog.close()
-        run.release()
+    with stop_on_signals(stop) as stop:
+        run = open_run_dir(cfg)
+        stop.on_startup = functools.partial(_startup_exit_words, run)
+        prog = progress or Progress(echo)
+        try:
+            with ckpt.quiet_orbax_errors():
+                return _run(cfg, run, prog, stop, stop_at, resume=resume, strict=strict_resume)
+        except BaseException:
+            if run.steps_done == 0:
+                run.discard()            # removes only a directory this call created
+            raise
+        finally:
+            prog.close()
+            run.release()
+
+
+def _startup_exit_words(run: RunDir, name: str) -> str:
+    """Clean up for a signal before the first step (called from the signal watcher thread);
+    the words that end its one line."""
+    if run.created:
+        run.discard()
+        return f"; the new run directory {run.path} was removed"
+    return f"; {run.path} keeps its checkpoints (resume with: dropless train --resume {run.path})"
 
 
 def _header(cfg: TrainConfig, out_dir: Path, corpus, counts: dict, fpt: dict, start: int) -> str:
@@ -133,7 +154,7 @@ def _header(cfg: TrainConfig, out_dir: Path, corpus, counts: dict, fpt: dict, st
 
 
 def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
-         stop_at: int | None) -> RunResult:
+         stop_at: int | None, *, resume: bool = False, strict: bool = False) -> RunResult:
     from dropless.config_file import to_dict
     out_dir = run.path
     corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
@@ -142,7 +163,9 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
                          f"tokenizer's vocabulary ({corpus.vocab_size}); raise it or use "
                          "another tokenizer")
-    plan = plan_resume(cfg, out_dir, corpus.fingerprint(), stop_at=stop_at, echo=prog.line)
+    replan = functools.partial(plan_resume, cfg, out_dir, corpus.fingerprint(), stop_at=stop_at,
+                               echo=prog.line, resume=resume, strict=strict)
+    plan = replan()
     if plan.nothing_to_do:
         return RunResult(out_dir, {}, {}, plan.start, nothing_to_do=True)
     cfg, start = plan.cfg, plan.start
@@ -162,9 +185,15 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
                                     async_save=cfg.async_checkpoints))
     try:
         if plan.latest is not None:
-            ckpt.check_compatible(saver.mngr, plan.latest, state, model=to_dict(cfg)["model"],
-                                  saved_model=(plan.saved or {}).get("model"), run_dir=out_dir)
-            state, _ = ckpt.restore(saver.mngr, plan.latest, state)
+            state, plan = _restore_intact(plan, replan, saver, state, to_dict(cfg)["model"],
+                                          out_dir, strict)
+            start = plan.start            # an older step when the newest was damaged
+        if not run.created:           # a resume: heal what a killed run left, then announce
+            torn = heal_metrics(out_dir / "metrics.jsonl")
+            if torn:
+                prog.line(f"  {torn}")
+        if plan.damaged:
+            _set_aside(plan, saver, out_dir, prog)
         for note in plan.notes:
             prog.line(note)
         # committed on one device too, as a restored state is: a fresh run and its resume then
@@ -182,10 +211,47 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         rec, line = _start_record(cfg, corpus, counts, fpt, compile_s, start)
         ctx.peak = rec["peak_flops_per_device"]
         ctx.writer.record(rec, line)
+        stop.begin_steps()        # start-up is over: a signal now stops after a step
         return _loop(ctx, state, step_fn, batch0, start, stop_at)
     except BaseException:
         saver.close()
         raise
+
+
+def _restore_intact(plan, replan, saver: ckpt.Saver, like, model: dict, out_dir: Path,
+                    strict: bool):
+    """(restored state, plan) from the newest checkpoint that restores and verifies: a step
+    whose files fail to read or whose arrays fail their hashes is skipped (recorded in the
+    returned plan's `damaged`) and the plan is made again without it; with `strict` the first
+    such step refuses the resume (ValueError). Damaged data is never returned."""
+    found: dict[int, integrity.Damage] = {}
+    while True:
+        ckpt.check_compatible(saver.mngr, plan.latest, like, model=model,
+                              saved_model=(plan.saved or {}).get("model"), run_dir=out_dir)
+        try:
+            state, _ = ckpt.restore(saver.mngr, plan.latest, like)
+            return state, plan
+        except integrity.CheckpointDamaged as e:
+            found[e.damage.step] = e.damage
+            if strict:
+                older, _ = newest_intact(out_dir / "checkpoints", found)
+                raise strict_refusal(e.damage, out_dir, older) from None
+            plan = replan(resume=True, skip=found)
+
+
+def _set_aside(plan, saver: ckpt.Saver, out_dir: Path, prog: Progress) -> None:
+    """Move the damaged steps newer than the restored one aside (never deleted), say so in one
+    line each and in a "fallback" record of metrics.jsonl."""
+    moved = []
+    for d in plan.damaged:
+        dest = integrity.quarantine(out_dir / "checkpoints", d)
+        moved.append({"step": d.step, "reason": d.reason, "detail": d.detail,
+                      "moved_to": str(dest.relative_to(out_dir))})
+        prog.line(f"{d.text()}; resuming from step {plan.latest}, the newest intact checkpoint "
+                  f"(the damaged step was moved to {dest})")
+    saver.mngr.reload()               # orbax must not see the moved steps any more
+    _Writer(out_dir / "metrics.jsonl", prog.line).record(
+        {"event": "fallback", "resumed_from": plan.latest, "damaged": moved})
 
 
 def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard, nan_guard):

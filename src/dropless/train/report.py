@@ -11,19 +11,37 @@ from pathlib import Path
 import numpy as np
 
 
-def read_metrics(run_dir: str | Path) -> dict[str, list[dict]]:
+def _records(path: Path, skipped: list[str]):
+    """(line number, record) of every complete JSON object line of `path`; a torn line (a
+    process killed mid-write, or a resume that appended onto it) is skipped and named in
+    `skipped` with its line number in the file (1-based, blank lines counted)."""
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            rec = None
+        if not isinstance(rec, dict):
+            skipped.append(f"{path} line {n} is not a complete JSON record (torn by an "
+                           f"interrupted write?): {raw[:60].decode(errors='replace')!r}")
+            continue
+        yield n, rec
+
+
+def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
+                 ) -> dict[str, list[dict]]:
     """metrics.jsonl grouped by event ("start", "step", "eval", "end"). A resumed run's steps
-    replace the earlier records of the same step. Raises ValueError when the file is missing."""
+    replace the earlier records of the same step. Lines that are not complete records are
+    skipped, each named (with its line number) in `skipped`. Raises ValueError when the file is
+    missing."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl")
     out: dict[str, list[dict]] = {"start": [], "step": [], "eval": [], "end": []}
     steps: dict[int, dict] = {}
     evals: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for _, rec in _records(path, [] if skipped is None else skipped):
         ev = rec.get("event")
         if ev == "step":
             steps[rec["step"]] = rec
@@ -131,7 +149,14 @@ def run(args) -> int:
     """Print the run's summary as JSON, then draw the plots. Without matplotlib the numbers are
     still printed and the missing plots explained (exit status 0). Output cut short by a closed
     pipe (`dropless report DIR | head`) ends quietly, as other command-line tools do."""
-    s = summary(read_metrics(args.run_dir))
+    skipped: list[str] = []
+    m = read_metrics(args.run_dir, skipped)
+    for line in skipped:
+        print(f"dropless: warning: {line}; skipped", file=sys.stderr)
+    if not m["step"]:
+        raise ValueError(f"{Path(args.run_dir) / 'metrics.jsonl'} has no step records (the run "
+                         "stopped before its first step): nothing to report, no plots drawn")
+    s = summary(m)
     try:
         print(json.dumps(s, indent=2), flush=True)
         try:

@@ -8,6 +8,12 @@ the learning-rate schedule when `steps` changes: the cosine keeps the horizon th
 with (`lr_decay_steps` is pinned to it), unless `lr_decay_steps` is given explicitly, in which
 case the change is announced with the LR before and after at the resume step. Shapes and dtypes
 are compared with the checkpoint by `checkpoint.check_compatible`, also before any write.
+
+Damaged checkpoints (integrity.py) are skipped: the plan continues from the newest step whose
+folder is intact and lists the damaged newer ones (`damaged`), which the loop moves aside once
+the older step has been restored and verified; with `strict` a damaged newest step refuses the
+resume instead. A resume asked for (`--resume`) over a directory with no intact checkpoint is
+refused: it would otherwise start again from step 1 inside the old run.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Any, Callable
 
 from dropless.config import TrainConfig
 from dropless.train import checkpoint as ckpt
+from dropless.train import integrity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +35,7 @@ class ResumePlan:
     nothing_to_do: bool
     saved: dict | None               # the run's config.json as saved, None if absent
     notes: tuple[str, ...] = ()      # to print once every check has passed
+    damaged: tuple[integrity.Damage, ...] = ()   # newer steps skipped, newest first
 
 
 def _lr(cfg: TrainConfig, step: int) -> float:
@@ -55,20 +63,63 @@ def _schedule(cfg: TrainConfig, saved: dict, at: int, echo: Callable[[str], Any]
     return cfg
 
 
+def strict_refusal(damage: integrity.Damage, run_dir: Path, older: int | None) -> ValueError:
+    """The one-line refusal of --strict-resume over damaged checkpoint `damage.step`."""
+    then = (f"drop --strict-resume to resume from step {older}, the newest intact one (the "
+            f"damaged step is moved to checkpoints/{integrity.DAMAGED}/, not deleted)"
+            if older is not None else "no older intact checkpoint is left; start a new run")
+    return ValueError(f"--strict-resume: {run_dir}: {damage.text()}; nothing was changed. "
+                      f"To continue, {then}")
+
+
+def newest_intact(directory: Path, skip: dict[int, integrity.Damage]
+                   ) -> tuple[int | None, list[integrity.Damage]]:
+    """(newest structurally intact step, the damaged steps newer than it, newest first);
+    `skip`: steps already found damaged by a failed restore."""
+    damaged = []
+    for step in ckpt.all_steps(directory):
+        damage = skip.get(step) or integrity.inspect(directory, step)
+        if damage is None:
+            return step, damaged
+        damaged.append(damage)
+    return None, damaged
+
+
+def _no_checkpoint(run_dir: Path, damaged: list[integrity.Damage]) -> ValueError:
+    if damaged:
+        why = "; ".join(d.text() for d in damaged[:3])
+        return ValueError(f"--resume {run_dir}: no intact checkpoint to resume from ({why}); "
+                          "nothing was changed. Start a new run (another run_name, without "
+                          "--resume), or use init_from=DIR to start from a model's weights")
+    return ValueError(f"--resume {run_dir}: the run has no checkpoint (checkpoints/ is missing "
+                      "or empty); nothing was changed. Drop --resume to start a new run, or use "
+                      "init_from=DIR to start from a model's weights")
+
+
 def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
-                stop_at: int | None, echo: Callable[[str], Any]) -> ResumePlan:
+                stop_at: int | None, echo: Callable[[str], Any], resume: bool = False,
+                strict: bool = False, skip: dict[int, integrity.Damage] | None = None
+                ) -> ResumePlan:
     """Decide how `cfg` continues in `run_dir` without writing anything. Raises ValueError
-    when the checkpoint was made on other data."""
+    when the checkpoint was made on other data, when `resume` (asked for with --resume) finds
+    no intact checkpoint, and with `strict` when the newest step is damaged. `skip`: steps a
+    failed restore found damaged, with why."""
     cfg_path = run_dir / "config.json"
     saved = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
-    latest = ckpt.latest_step(run_dir / "checkpoints")
+    latest, damaged = newest_intact(run_dir / "checkpoints", skip or {})
+    if damaged and strict:
+        raise strict_refusal(damaged[0], run_dir, latest)
     if latest is None:
+        if resume or damaged:
+            raise _no_checkpoint(run_dir, damaged)
         return ResumePlan(cfg, None, 0, False, saved)
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
     if latest >= end:
+        also = "".join(f" ({d.text()}; it is left in place)" for d in damaged)
         echo(f"nothing to do: {run_dir} has a checkpoint at step {latest} and the run stops at "
-             f"step {end}; pass steps=N with N > {latest} to train further. Nothing was changed.")
-        return ResumePlan(cfg, latest, latest, True, saved)
+             f"step {end}; pass steps=N with N > {latest} to train further.{also} "
+             "Nothing was changed.")
+        return ResumePlan(cfg, latest, latest, True, saved, damaged=tuple(damaged))
     meta = ckpt.read_meta(run_dir / "checkpoints", latest)
     if meta["corpus"] != corpus_fingerprint:
         was, now = meta["corpus"], corpus_fingerprint
@@ -81,4 +132,4 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
     notes: list[str] = []
     if saved is not None:
         cfg = _schedule(cfg, saved, start, notes.append)
-    return ResumePlan(cfg, latest, start, False, saved, tuple(notes))
+    return ResumePlan(cfg, latest, start, False, saved, tuple(notes), tuple(damaged))

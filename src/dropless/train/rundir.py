@@ -6,6 +6,9 @@ when a run started in the same second already took it), and every run holds an e
 directory is refused instead of interleaving checkpoints and metrics. The lock is taken on the
 directory itself, not on a lock file, so a refused resume leaves the directory byte-identical;
 the kernel drops it when the process dies, even by kill -9.
+
+`heal_metrics` cuts a torn last line of metrics.jsonl (a process killed in the middle of a
+write) back to the last complete record before a resume appends to it.
 """
 from __future__ import annotations
 
@@ -45,8 +48,43 @@ class RunDir:
     def discard(self) -> None:
         """Remove the directory of a new run that never completed a step; release the lock."""
         self.release()
-        if self.created:
+        for _ in range(3):   # a file created meanwhile (another thread) fails one pass
+            if not self.created or not self.path.exists():
+                break
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _complete(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def heal_metrics(path: Path) -> str | None:
+    """Cut `path` (a metrics.jsonl) back to its last complete record when its last line is torn
+    (no final newline, or not a JSON object); returns the words saying what was cut, or None
+    when the file is whole (or absent). Only the end is looked at: a torn line in the middle is
+    left for `dropless report` to skip and name."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if not data or (lines[-1] == b"" and _complete(lines[-2] if len(lines) > 1 else b"{}")):
+        return None
+    if lines[-1] != b"" and _complete(lines[-1]):   # whole record, only its newline missing
+        with open(path, "ab") as fh:
+            fh.write(b"\n")
+        return f"{path}: its last record lacked the final newline (added)"
+    keep = len(lines) - 1 if lines[-1] != b"" else len(lines) - 2   # complete lines before
+    while keep > 0 and not _complete(lines[keep - 1]):              # (blank or torn) ends
+        keep -= 1
+    good = b"".join(x + b"\n" for x in lines[:keep])
+    cut = len(data) - len(good)
+    with open(path, "r+b") as fh:
+        fh.truncate(len(good))
+    return (f"{path}: cut a torn last line ({cut} bytes from line {keep + 1}) back to the last "
+            f"complete record (line {keep})")
 
 
 def _lock(path: Path) -> int:

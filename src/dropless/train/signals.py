@@ -3,14 +3,23 @@ loop to stop after the step in flight; the loop then saves a checkpoint, flushes
 prints the resume command and exits with EXIT_PREEMPTED. A second signal exits at once with
 128 + signal number, saving nothing more (the last complete checkpoint stays valid: orbax only
 renames a checkpoint into place once it is complete).
+
+Before the first step (start-up: reading data, restoring a checkpoint, the first compile, kernel
+timing) there is nothing to save, and the main thread may sit in one C++ call (XLA's compile)
+for a minute, where Python signal handlers cannot run. So during start-up a watcher thread,
+woken through `signal.set_wakeup_fd` the moment a signal arrives, runs the request's
+`on_startup` clean-up (a new run's directory is removed), prints one line saying no step was
+done and exits with EXIT_PREEMPTED within milliseconds. `StopRequest.begin_steps()` ends
+start-up; from then on the first signal finishes the step in flight, as above.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 EXIT_PREEMPTED = 75          # sysexits EX_TEMPFAIL: stopped cleanly, run the resume command later
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -21,6 +30,30 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.starting = True         # before the first step: a signal exits at once
+        # called (from the watcher thread) on a signal during start-up; returns words to add
+        self.on_startup: Callable[[str], str] | None = None
+        self._lock = threading.Lock()
+
+    def begin_steps(self) -> None:
+        """Start-up is over: from now on a signal stops after the step in flight. Waits for a
+        start-up exit already under way (it ends the process)."""
+        with self._lock:
+            self.starting = False
+
+    def _startup_exit(self, signum: int) -> None:
+        with self._lock:
+            if not self.starting:
+                return
+            name = signal.Signals(signum).name
+            more = ""
+            try:
+                more = self.on_startup(name) if self.on_startup else ""
+            except Exception as e:  # noqa: BLE001 - the exit must happen whatever clean-up did
+                more = f"; clean-up failed: {type(e).__name__}: {e}"
+            _say(f"dropless: {name} during start-up: stopped before the first step, no step "
+                 f"was done (nothing to save){more}")
+            os._exit(EXIT_PREEMPTED)
 
     @property
     def requested(self) -> bool:
@@ -39,16 +72,57 @@ def _say(text: str) -> None:
         pass
 
 
+def _watch(sock: socket.socket, req: StopRequest) -> None:
+    """The watcher thread: each byte read is a signal number the C-level handler wrote."""
+    while True:
+        try:
+            data = sock.recv(16)
+        except OSError:
+            return
+        if not data:
+            return
+        for signum in data:
+            if signum in SIGNALS and req.starting:
+                req._startup_exit(signum)        # noqa: SLF001 - the request's own watcher
+
+
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[StopRequest]:
-    """Install SIGTERM/SIGINT handlers for the block (main thread only; elsewhere the returned
-    request never fires) and restore the previous handlers after it."""
-    req = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
+def _startup_watcher(req: StopRequest) -> Iterator[None]:
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    thread = threading.Thread(target=_watch, args=(r, req), name="dropless-signals",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old)
+        r.shutdown(socket.SHUT_RDWR)
+        thread.join(timeout=1.0)
+        r.close()
+        w.close()
+
+
+@contextlib.contextmanager
+def stop_on_signals(req: StopRequest | None = None) -> Iterator[StopRequest]:
+    """Install SIGTERM/SIGINT handlers and the start-up watcher for the block (main thread only;
+    elsewhere the returned request never fires) and restore the previous handlers after it.
+    `req`: a request made earlier (by the command line, whose start-up begins before the
+    trainer's); within a block already holding the handlers nothing more is installed."""
+    req = req or StopRequest()
+    if threading.current_thread() is not threading.main_thread() or \
+            getattr(req, "_installed", False):
         yield req
         return
 
     def handler(signum, frame):
+        if req.starting:
+            # the watcher thread exits (it saw the same signal); should start-up end before
+            # it looks, the loop still finds the request at its first step boundary
+            if req.signum is None:
+                req.signum = signum
+            return
         name = signal.Signals(signum).name
         if req.signum is not None:
             _say(f"dropless: second {name}: exiting now without saving; the last complete "
@@ -59,8 +133,11 @@ def stop_on_signals() -> Iterator[StopRequest]:
              "(send it again to exit at once)")
 
     old = {s: signal.signal(s, handler) for s in SIGNALS}
+    req._installed = True
     try:
-        yield req
+        with _startup_watcher(req):
+            yield req
     finally:
+        req._installed = False
         for s, h in old.items():
             signal.signal(s, h)
