@@ -35,7 +35,8 @@ INDEX = "model.safetensors.index.json"
 
 
 class CheckpointReader:
-    """name -> tensor over the safetensors files of one folder (with or without an index).
+    """name -> tensor over the safetensors files of one folder: the shards its
+    model.safetensors.index.json names, or else its model.safetensors (what transformers reads).
 
     Use as a context manager; `read(name)` returns a numpy array (FP8 dequantized to float32).
     Raises FileNotFoundError when the folder has no config.json or no safetensors files.
@@ -49,10 +50,10 @@ class CheckpointReader:
         weight_map = _weight_map(index) if index.is_file() else None
         if weight_map is not None:
             files = sorted(set(weight_map.values()))
-        else:
-            files = sorted(p.name for p in self.folder.glob("*.safetensors"))
+        else:   # as transformers: one model.safetensors; other files are not the model's
+            files = ["model.safetensors"] if (self.folder / "model.safetensors").is_file() else []
         if not files:
-            raise FileNotFoundError(f"{self.folder}: no *.safetensors files")
+            raise FileNotFoundError(f"{self.folder}: no model.safetensors or {INDEX}")
         self._stack = contextlib.ExitStack()
         self._headers: dict[str, dict] = {}
         self._where: dict[str, str] = {}
