@@ -9,6 +9,8 @@ with the transformers version of the running interpreter: 4.x writes tests/fixtu
     /tmp/venv-tf5/bin/pip install torch==2.14.1 transformers==5.24.0 safetensors numpy
     /tmp/venv-tf4/bin/python tools/make_hf_fixtures.py
     /tmp/venv-tf5/bin/python tools/make_hf_fixtures.py
+(`--counts-only`: only param_counts.json and transformers_defaults.json, for a new released
+config.)
 
 Each fixture folder holds what `save_pretrained` wrote (config.json, safetensors, maybe an
 index), plus
@@ -296,7 +298,8 @@ def class_defaults() -> None:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    checkpoints()
+    if "--counts-only" not in sys.argv:   # only the released configs' counts and the defaults
+        checkpoints()
     released_counts()
     class_defaults()
     total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
