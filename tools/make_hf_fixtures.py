@@ -28,7 +28,10 @@ Also written, merged over both versions:
     buffers such as DeepSeek-V3's e_score_correction_bias are not counted) of every
     `released/*/config.json`, built on the meta device (no memory), per transformers version;
   * `transformers_defaults.json`: the class defaults of the config keys dropless reads when a
-    config.json leaves them out (dropless.hf.config_formats.DEFAULTS is checked against it).
+    config.json leaves them out (dropless.hf.config_formats.DEFAULTS is checked against it);
+  * `save_compat.json`: for each config dropless's `hf.save` writes (`saved_configs/`, which
+    tests/test_hf_config_formats.py keeps equal to what hf.save writes today), the largest
+    logit difference from the reference when this version loads it with the fixture weights.
 """
 from __future__ import annotations
 
@@ -296,12 +299,38 @@ def class_defaults() -> None:
     _merge_json(ROOT / "transformers_defaults.json", out)
 
 
+def save_compat() -> None:
+    """Each config.json dropless's hf.save writes (tests/fixtures/hf/saved_configs, committed by
+    tests/test_hf_config_formats.py) loaded by this version with both versions' fixture weights:
+    the largest logit difference from the reference goes to save_compat.json."""
+    out = {}
+    for saved in sorted((ROOT / "saved_configs").glob("*.json")):
+        name = saved.stem
+        errs = {}
+        for tag, folder in (("tf4", ROOT / name), ("tf5", ROOT / "tf5" / name)):
+            with tempfile.TemporaryDirectory() as tmp:
+                for f in folder.glob("*.safetensors*"):
+                    if f.name != "grads.safetensors":
+                        shutil.copy(f, tmp)
+                shutil.copy(saved, Path(tmp) / "config.json")
+                cls = getattr(transformers, json.loads(saved.read_text())["architectures"][0])
+                model = cls.from_pretrained(tmp, attn_implementation="eager",
+                                            torch_dtype=torch.float32).eval()
+                ref = np.load(folder / "reference.npz")
+                with torch.no_grad():
+                    logits = model(torch.tensor(ref["tokens"])).logits.float().numpy()
+                errs[tag] = float(np.abs(logits - ref["logits"]).max())
+        out[name] = {transformers.__version__: errs}
+    _merge_json(ROOT / "save_compat.json", out)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     if "--counts-only" not in sys.argv:   # only the released configs' counts and the defaults
         checkpoints()
     released_counts()
     class_defaults()
+    save_compat()
     total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
     print(f"transformers {transformers.__version__}, torch {torch.__version__}: fixtures "
           f"{total / 1e6:.2f} MB in {ROOT}", file=sys.stderr)
