@@ -37,7 +37,8 @@ def test_convert_error_is_one_line(tmp_path, capsys):
     save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "model.safetensors"))
     assert cli.main(["convert", str(tmp_path), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dropless: error: config.json: architectures=['GPT2LMHeadModel']")
+    conf = tmp_path / "config.json"
+    assert err.startswith(f"dropless: error: {conf}: architectures=['GPT2LMHeadModel']")
 
 
 def _jit_forward(params, tokens, cfg):

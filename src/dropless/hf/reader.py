@@ -220,8 +220,9 @@ def _weight_map(index: Path) -> dict[str, str]:
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in wm.items()):
-        raise BadCheckpoint(f"{index}: weight_map={wm!r} must be an object of tensor name -> "
-                            "safetensors file"[:300])
+        shown = repr(wm) if len(repr(wm)) <= 120 else repr(wm)[:117] + "..."
+        raise BadCheckpoint(f"{index}: weight_map={shown} must be an object of tensor name -> "
+                            "safetensors file")
     return wm
 
 
