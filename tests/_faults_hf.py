@@ -51,6 +51,14 @@ def _int32_weight(d: Path):
     save_file(t, str(p), metadata={"format": "pt"})
 
 
+def _drop_tensor(d: Path):
+    from safetensors.numpy import load_file, save_file
+    p = d / "model.safetensors"
+    t = load_file(str(p))
+    del t["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(t, str(p), metadata={"format": "pt"})
+
+
 def _index(edit):
     def run(d: Path):
         p = d / "model.safetensors.index.json"
@@ -82,6 +90,8 @@ ROWS = [
          ("model.safetensors", "header", "truncated")),
     _row("hf-int32-weight", _file("qwen3_moe", _int32_weight),
          ("model.safetensors", Q_PROJ, "I32", "expected a float")),
+    _row("hf-missing-tensor", _file("tf5/qwen3_moe", _drop_tensor),
+         ("model.layers.1.mlp.experts.3.up_proj.weight", "not in the checkpoint")),
     _row("hf-rope-scaling-string", _config("deepseek_v3_yarn",
                                            lambda c: c.update(rope_scaling="yarn")),
          ("config.json", "rope_scaling='yarn'")),

@@ -5,14 +5,14 @@ transformers 4.x and 5.x write the same model differently (read from their confi
 classes, `transformers/models/{deepseek_v3,mixtral,qwen3_moe}/configuration_*.py` and
 `modeling_rope_utils.py`, 4.57.6 and 5.24.0):
 
-| what                  | 4.x                                  | 5.x                                        |
-|-----------------------|--------------------------------------|--------------------------------------------|
-| RoPE base             | top-level `rope_theta`               | `rope_parameters.rope_theta`               |
-| RoPE scaling (YaRN)   | `rope_scaling` {type/rope_type, ...} | `rope_parameters` {rope_type, ...}         |
-| Qwen3-MoE experts     | `num_experts`                        | `num_local_experts` (attribute_map)        |
-| DeepSeek-V3 experts   | `n_routed_experts`                   | same (alias `num_local_experts`)           |
-| DeepSeek-V3 MTP       | `num_nextn_predict_layers`           | same (alias `num_mtp_layers`)              |
-| dtype                 | `torch_dtype` (`dtype` from 4.56)    | `dtype` (`torch_dtype` still read)         |
+| what                | 4.x                                 | 5.x                                 |
+|---------------------|-------------------------------------|-------------------------------------|
+| RoPE base           | top-level `rope_theta`              | `rope_parameters.rope_theta`        |
+| RoPE scaling (YaRN) | `rope_scaling` {type/rope_type,...} | `rope_parameters` {rope_type, ...}  |
+| Qwen3-MoE experts   | `num_experts`                       | `num_local_experts` (attribute_map) |
+| DeepSeek-V3 experts | `n_routed_experts`                  | same (alias `num_local_experts`)    |
+| DeepSeek-V3 MTP     | `num_nextn_predict_layers`          | same (alias `num_mtp_layers`)       |
+| dtype               | `torch_dtype` (`dtype` from 4.56)   | `dtype` (`torch_dtype` still read)  |
 
 `canonical(hf)` turns either into the 4.x spelling; where one file holds both spellings with
 different values it refuses, naming both keys (transformers itself would silently prefer one: 5.x

@@ -98,7 +98,8 @@ class CheckpointReader:
         `name` is a floating-point tensor of `shape` (FP8 with a float `_scale_inv` of one
         value per 128x128 block), before anything is read."""
         if name not in self._where:
-            raise KeyError(f"{self.folder}: tensor {name!r} is not in the checkpoint")
+            raise BadCheckpoint(f"{self.folder}: tensor {name!r} ({what}) is not in the "
+                                "checkpoint, but config.json implies it")
         meta = self.info(name)
         where = f"{self.path(name)}: tensor {name!r}"
         if meta["dtype"] not in FLOAT_DTYPES:
