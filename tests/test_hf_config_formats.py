@@ -58,6 +58,12 @@ def test_mixtral_without_rope_keys_takes_its_own_default():
     assert model(c).rope_theta == 1e4
 
 
+def test_same_value_in_both_spellings_is_fine():
+    c = conf("mixtral", "tf5")
+    c.update(rope_theta=1000000, num_experts=4, torch_dtype="float32")   # int 1e6, as 4.x wrote
+    assert model(c) == model(conf("mixtral", "tf5"))
+
+
 def test_5x_yarn_in_rope_parameters():
     cfg = model(conf("deepseek_v3_yarn", "tf5"))
     assert cfg.rope_type == "yarn" and cfg.rope_factor == 4.0 and cfg.rope_mscale == 0.707

@@ -134,7 +134,8 @@ def _canonical_rope(hf: dict, arch: str, where: str) -> dict:
                                               ("rope_scaling", scaling)) if d and key in d}
         if key in hf:
             found[key] = hf[key]
-        if len({_show(v) for v in found.values()}) > 1:
+        values = list(found.values())
+        if any(v != values[0] for v in values[1:]):   # 1e6 == 1000000: not a contradiction
             shown = " and ".join(f"{k if k == key else k + '.' + key}={_show(v)}"
                                  for k, v in found.items())
             raise BadConfig(f"{where}: {shown} contradict each other")
