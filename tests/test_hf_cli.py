@@ -40,7 +40,8 @@ def test_convert_error_is_one_line(tmp_path, capsys):
     assert cli.main(["convert", str(src), str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     err = capsys.readouterr().err
-    assert err.startswith("dropless: error: config.json: architectures=['GPT2LMHeadModel']")
+    conf = tmp_path / "config.json"
+    assert err.startswith(f"dropless: error: {conf}: architectures=['GPT2LMHeadModel']")
 
 
 def _jit_forward(params, tokens, cfg):

@@ -60,9 +60,11 @@ def test_shape_mismatch_names_tensor(tmp_path):
 
 def test_unmapped_tensor_is_an_error(tmp_path):
     from safetensors.numpy import save_file
+    from safetensors.numpy import load_file
     d = _copy("qwen3_moe", tmp_path)
-    save_file({"model.layers.0.self_attn.q_proj.bias": np.zeros(32, np.float32)},
-              str(d / "extra.safetensors"))
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(32, np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
     with pytest.raises(ValueError, match="q_proj.bias"):
         hf.load(d)
 
@@ -70,8 +72,8 @@ def test_unmapped_tensor_is_an_error(tmp_path):
 def test_missing_folder_or_weights(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         hf.load(tmp_path)
-    (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="safetensors"):
+    shutil.copy(FIX / "mixtral" / "config.json", tmp_path / "config.json")
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
         hf.load(tmp_path)
 
 

@@ -1,16 +1,37 @@
-"""Write the tiny Hugging Face checkpoints and reference logits under tests/fixtures/hf/.
+"""Write the tiny Hugging Face checkpoints, reference logits and gradients under tests/fixtures/hf/,
+with the transformers version of the running interpreter: 4.x writes tests/fixtures/hf/<name>,
+5.x writes tests/fixtures/hf/tf5/<name>. Run by hand (not in CI), once per version, in two venvs
+(only PyPI is needed; torch's PyPI wheel works on CPU):
 
-Run by hand (not in CI) in a venv with torch and transformers:
-    python3 -m venv /work/venvs/hf
-    /work/venvs/hf/bin/pip install torch==2.13.0 transformers==4.57.6 safetensors numpy
-    /work/venvs/hf/bin/python tools/make_hf_fixtures.py
+    python3.11 -m venv /tmp/venv-tf4
+    /tmp/venv-tf4/bin/pip install torch==2.14.1 transformers==4.57.6 safetensors numpy
+    python3.11 -m venv /tmp/venv-tf5
+    /tmp/venv-tf5/bin/pip install torch==2.14.1 transformers==5.24.0 safetensors numpy
+    /tmp/venv-tf4/bin/python tools/make_hf_fixtures.py
+    /tmp/venv-tf5/bin/python tools/make_hf_fixtures.py
+(`--counts-only`: only param_counts.json and transformers_defaults.json, for a new released
+config.)
 
 Each fixture folder holds what `save_pretrained` wrote (config.json, safetensors, maybe an
-index), plus `reference.npz` with `tokens` [2, 12] and the float32 `logits` transformers computed
-for them. Weights are random (seeded), norms and the router bias too, so a mapping mistake shows.
-`reference_param_counts.json` holds transformers' parameter counts (model.parameters(), buffers
-such as DeepSeek-V3's e_score_correction_bias excluded) for the released configs, built on the
-meta device (no memory).
+index), plus
+  * `reference.npz`: `tokens` [2, 12], the float32 `logits` transformers computed for them and
+    `loss`, the mean next-token cross-entropy of those logits (tokens[:, 1:] from [:, :-1]);
+  * `grads.safetensors`: d loss / d every parameter (torch autograd), float16, under the
+    checkpoint's own tensor names (the gradients are put in the parameters and written with
+    `save_pretrained`, so transformers 5's fused experts come out per expert, as its
+    checkpoints do).
+Weights are random (seeded), norms and the router bias too, so a mapping mistake shows.
+`*_sliding/` folders hold only a config.json (a sliding window, which we refuse).
+
+Also written, merged over both versions:
+  * `released/param_counts.json`: transformers' parameter counts (model.parameters(), so
+    buffers such as DeepSeek-V3's e_score_correction_bias are not counted) of every
+    `released/*/config.json`, built on the meta device (no memory), per transformers version;
+  * `transformers_defaults.json`: the class defaults of the config keys dropless reads when a
+    config.json leaves them out (dropless.hf.config_formats.DEFAULTS is checked against it);
+  * `save_compat.json`: for each config dropless's `hf.save` writes (`saved_configs/`, which
+    tests/test_hf_config_formats.py keeps equal to what hf.save writes today), the largest
+    logit difference from the reference when this version loads it with the fixture weights.
 """
 from __future__ import annotations
 
@@ -18,6 +39,7 @@ import json
 import math
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +47,12 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
+ROOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
+MAJOR = int(transformers.__version__.split(".")[0])
+OUT = ROOT if MAJOR < 5 else ROOT / "tf5"
 TOKENS = np.random.RandomState(0).randint(0, 256, size=(2, 12))
+ARCH_OF = {"DeepseekV3Config": "DeepseekV3ForCausalLM", "MixtralConfig": "MixtralForCausalLM",
+           "Qwen3MoeConfig": "Qwen3MoeForCausalLM"}
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -44,10 +70,38 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
                 b.copy_(0.05 * torch.rand(b.shape, generator=g))
 
 
-def logits_of(model, tokens=TOKENS) -> np.ndarray:
+def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
+    """The tensors `save_pretrained` writes for `model`, under their checkpoint names."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        out = {}
+        for f in sorted(Path(tmp).glob("*.safetensors")):
+            out.update(load_file(str(f)))
+        return out
+
+
+def reference(model, d: Path) -> None:
+    """reference.npz (logits, loss) and grads.safetensors for `model` into folder d."""
     model.eval()
+    model.zero_grad()
+    logits = model(torch.tensor(TOKENS)).logits.float()
+    targets = torch.tensor(TOKENS[:, 1:])
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             targets.reshape(-1))
+    loss.backward()
+    np.savez(d / "reference.npz", tokens=TOKENS, logits=logits.detach().numpy(),
+             loss=np.float64(loss.item()))
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
-        return model(torch.tensor(tokens)).logits.float().numpy()
+        for n, p in model.named_parameters():
+            p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+    grads = checkpoint_tensors(model)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(saved[n])
+    grads = {k: v.to(torch.float16).contiguous() for k, v in grads.items()
+             if not k.endswith("e_score_correction_bias")}   # a buffer: no gradient
+    save_file(grads, str(d / "grads.safetensors"), metadata={"format": "pt"})
 
 
 def write(name: str, model, *, shard: str | None = None, extra: dict | None = None) -> Path:
@@ -61,8 +115,16 @@ def write(name: str, model, *, shard: str | None = None, extra: dict | None = No
         idx = json.loads(idx_path.read_text())
         idx["weight_map"].update({k: "mtp.safetensors" for k in extra})
         idx_path.write_text(json.dumps(idx, indent=2))
-    np.savez(d / "reference.npz", tokens=TOKENS, logits=logits_of(model))
+    reference(model, d)
     return d
+
+
+def config_only(name: str, cfg) -> None:
+    d = OUT / name
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    cfg.architectures = [ARCH_OF[type(cfg).__name__]]
+    cfg.save_pretrained(d)
 
 
 def deepseek_config(**kw) -> transformers.DeepseekV3Config:
@@ -79,13 +141,14 @@ def deepseek_config(**kw) -> transformers.DeepseekV3Config:
 
 
 def mtp_tensors(model, cfg, seed: int) -> dict[str, torch.Tensor]:
-    """A random DeepSeek-V3 MTP module as the released checkpoints store it (layer L)."""
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+    """A random DeepSeek-V3 MTP module as the released checkpoints store it (layer L): its
+    decoder block taken from a model one layer deeper, saved with this version's names."""
     n = cfg.num_hidden_layers
-    layer = DeepseekV3DecoderLayer(cfg, layer_idx=n)
-    randomize(layer, seed)
+    deeper = transformers.DeepseekV3ForCausalLM(
+        deepseek_config(**{**_ds_overrides(cfg), "num_hidden_layers": n + 1}))
+    randomize(deeper, seed)
     pre = f"model.layers.{n}."
-    out = {pre + k: v.contiguous() for k, v in layer.state_dict().items()}
+    out = {k: v.contiguous() for k, v in checkpoint_tensors(deeper).items() if k.startswith(pre)}
     g = torch.Generator().manual_seed(seed + 1)
     d = cfg.hidden_size
     out[pre + "enorm.weight"] = 1 + 0.2 * torch.randn(d, generator=g)
@@ -96,6 +159,15 @@ def mtp_tensors(model, cfg, seed: int) -> dict[str, torch.Tensor]:
     out[pre + "embed_tokens.weight"] = sd["model.embed_tokens.weight"].clone()
     out[pre + "shared_head.head.weight"] = sd["lm_head.weight"].clone()
     return out
+
+
+YARN = {"type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+        "mscale_all_dim": 1.0, "original_max_position_embeddings": 16}
+DS_YARN = dict(rope_scaling=YARN, num_nextn_predict_layers=1)
+
+
+def _ds_overrides(cfg) -> dict:
+    return DS_YARN if getattr(cfg, "num_nextn_predict_layers", 0) else {}
 
 
 def fp8_quantize(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,48 +184,49 @@ def fp8_quantize(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch
 
 def fp8_fixture(seed: int) -> None:
     """A DeepSeek-V3 whose matmul weights are FP8 with 128x128 block scales (dims > 128 so
-    tensors hold several, partial, blocks); reference logits from the dequantized weights."""
+    tensors hold several, partial, blocks); reference logits and gradients from the model
+    holding the dequantized weights."""
     cfg = deepseek_config(hidden_size=136, intermediate_size=144, moe_intermediate_size=40,
                           num_hidden_layers=2, n_routed_experts=4, n_group=2, topk_group=1,
                           q_lora_rank=None)
     torch.manual_seed(seed)
     model = transformers.DeepseekV3ForCausalLM(cfg)
     randomize(model, seed)
-    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
-    tensors = {}
-    for k, v in sd.items():
+    tensors, deq = {}, {}
+    for k, v in checkpoint_tensors(model).items():
         quantize = (v.ndim == 2 and "embed_tokens" not in k and "lm_head" not in k
                     and not k.endswith("mlp.gate.weight"))
         if quantize:
             q, s = fp8_quantize(v)
             tensors[k], tensors[k + "_scale_inv"] = q, s
-            deq = q.float() * torch.repeat_interleave(torch.repeat_interleave(s, 128, 0), 128, 1
-                                                      )[:v.shape[0], :v.shape[1]]
-            sd[k] = deq
+            deq[k] = q.float() * torch.repeat_interleave(torch.repeat_interleave(s, 128, 0), 128,
+                                                         1)[:v.shape[0], :v.shape[1]]
         else:
-            tensors[k] = v
-    model.load_state_dict(sd)
+            tensors[k] = deq[k] = v
     d = OUT / "deepseek_v3_fp8"
     shutil.rmtree(d, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:   # the dequantized model, loaded as users would
+        cfg.save_pretrained(tmp)
+        save_file(deq, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+        model = transformers.DeepseekV3ForCausalLM.from_pretrained(
+            tmp, attn_implementation="eager", torch_dtype=torch.float32)
     d.mkdir(parents=True)
+    model.save_pretrained(d)   # config.json as this version writes it (weights replaced below)
+    for f in d.glob("model*.safetensors*"):
+        f.unlink()
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
-    conf = json.loads(cfg.to_json_string())
-    conf["architectures"] = ["DeepseekV3ForCausalLM"]
+    conf = json.loads((d / "config.json").read_text())
     conf["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
                                    "quant_method": "fp8", "weight_block_size": [128, 128]}
     (d / "config.json").write_text(json.dumps(conf, indent=2))
-    np.savez(d / "reference.npz", tokens=TOKENS, logits=logits_of(model))
+    reference(model, d)
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def checkpoints() -> None:
     torch.manual_seed(0)
     # DeepSeek-V3, every feature: YaRN (mscale != mscale_all_dim), interleaved rope, q low-rank,
     # groups, router bias, routed scaling, dense-first layer, an MTP module; sharded + index
-    cfg = deepseek_config(rope_scaling={"type": "yarn", "factor": 4.0, "beta_fast": 32,
-                                        "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0,
-                                        "original_max_position_embeddings": 16},
-                          num_nextn_predict_layers=1)
+    cfg = deepseek_config(**DS_YARN)
     m = transformers.DeepseekV3ForCausalLM(cfg)
     randomize(m, 1)
     write("deepseek_v3_yarn", m, shard="60KB", extra=mtp_tensors(m, cfg, 2))
@@ -166,74 +239,101 @@ def main() -> None:
     m.tie_weights()
     write("deepseek_v3_plain", m)
     fp8_fixture(4)
-    cfg = transformers.MixtralConfig(
-        vocab_size=256, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
-        attn_implementation="eager", torch_dtype=torch.float32)
-    m = transformers.MixtralForCausalLM(cfg)
+    # Mixtral: rope_theta 1e6, head_dim 16 != hidden/heads = 8, GQA
+    mix = dict(vocab_size=256, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+               num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6,
+               attn_implementation="eager", torch_dtype=torch.float32)
+    m = transformers.MixtralForCausalLM(transformers.MixtralConfig(sliding_window=None, **mix))
     randomize(m, 5)
     write("mixtral", m, shard="40KB")
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=256, hidden_size=32, intermediate_size=40, moe_intermediate_size=16,
-        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=2,
-        mlp_only_layers=[3], rms_norm_eps=1e-6, rope_theta=1e6, attn_implementation="eager",
-        torch_dtype=torch.float32)
-    m = transformers.Qwen3MoeForCausalLM(cfg)
+    config_only("mixtral_sliding", transformers.MixtralConfig(sliding_window=8, **mix))
+    # Qwen3-MoE: layer pattern DMDDDM (sparse step 2, mlp_only [3]), head_dim 12 != 32/4
+    qwen = dict(vocab_size=256, hidden_size=32, intermediate_size=40, moe_intermediate_size=16,
+                num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                decoder_sparse_step=2, mlp_only_layers=[3], rms_norm_eps=1e-6, rope_theta=1e6,
+                attn_implementation="eager", torch_dtype=torch.float32)
+    m = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**qwen))
     randomize(m, 6)
     write("qwen3_moe", m)
-    reference_counts()
-    total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
-    print(f"fixtures: {total / 1e6:.2f} MB in {OUT}", file=sys.stderr)
+    config_only("qwen3_moe_sliding", transformers.Qwen3MoeConfig(
+        use_sliding_window=True, sliding_window=8, **qwen))
 
 
-RELEASED = {
-    "deepseek3-671b": ("DeepseekV3ForCausalLM", dict(
-        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-        num_hidden_layers=61, num_nextn_predict_layers=1, num_attention_heads=128,
-        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256, ep_size=1,
-        routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
-        v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc", n_group=8, topk_group=4,
-        num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=3, norm_topk_prob=True,
-        scoring_func="sigmoid", aux_loss_alpha=0.001, seq_aux=True, hidden_act="silu",
-        max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000,
-        rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
-                      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
-                      "type": "yarn"},
-        tie_word_embeddings=False, attention_bias=False, torch_dtype="bfloat16",
-        quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3",
-                             "quant_method": "fp8", "weight_block_size": [128, 128]})),
-    "mixtral-8x7b": ("MixtralForCausalLM", dict(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=32768,
-        rms_norm_eps=1e-5, rope_theta=1e6, num_local_experts=8, num_experts_per_tok=2,
-        sliding_window=None, tie_word_embeddings=False, router_aux_loss_coef=0.02,
-        hidden_act="silu", torch_dtype="bfloat16")),
-    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[], rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
-        tie_word_embeddings=False, router_aux_loss_coef=0.001, use_sliding_window=False,
-        sliding_window=None, max_window_layers=48, hidden_act="silu", attention_bias=False,
-        torch_dtype="bfloat16")),
-}
+def _merge_json(path: Path, update: dict) -> None:
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    for k, v in update.items():
+        old.setdefault(k, {}).update(v)
+    path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
 
 
-def reference_counts() -> None:
+def released_counts() -> None:
     """transformers' parameter counts of the released configs (meta device: no memory)."""
     out = {}
-    for preset, (arch, conf) in RELEASED.items():
-        cls = getattr(transformers, arch)
-        config_cls = cls.config_class
-        kw = {k: v for k, v in conf.items() if k not in ("quantization_config", "torch_dtype")}
+    for conf_path in sorted((ROOT / "released").glob("*/config.json")):
+        conf = json.loads(conf_path.read_text())
+        cls = getattr(transformers, conf["architectures"][0])
+        config = cls.config_class.from_dict(conf)
         with torch.device("meta"):
-            model = cls(config_cls(**kw))
-        out[preset] = {"architecture": arch, "config": dict(conf, architectures=[arch]),
-                       "parameters": sum(p.numel() for p in model.parameters()),
-                       "transformers": transformers.__version__}
-    (OUT / "reference_param_counts.json").write_text(json.dumps(out, indent=1))
+            model = cls(config)
+        out[conf_path.parent.name] = {transformers.__version__: sum(
+            p.numel() for p in model.parameters())}
+    _merge_json(ROOT / "released" / "param_counts.json", out)
+
+
+def class_defaults() -> None:
+    import importlib.util   # the one plain-Python module, without importing dropless (jax)
+    spec = importlib.util.spec_from_file_location(
+        "config_formats", ROOT.parents[2] / "src" / "dropless" / "hf" / "config_formats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = {}
+    DEFAULTS = mod.DEFAULTS
+    for arch, keys in DEFAULTS.items():
+        c = getattr(transformers, arch).config_class()
+        got = {k: getattr(c, k, None) for k in keys}
+        if "rope_theta" in keys:   # 5.x keeps it in rope_parameters
+            got["rope_theta"] = getattr(c, "rope_theta", None) or c.rope_parameters["rope_theta"]
+        out[arch] = {transformers.__version__: got}
+    _merge_json(ROOT / "transformers_defaults.json", out)
+
+
+def save_compat() -> None:
+    """Each config.json dropless's hf.save writes (tests/fixtures/hf/saved_configs, committed by
+    tests/test_hf_config_formats.py) loaded by this version with both versions' fixture weights:
+    the largest logit difference from the reference goes to save_compat.json."""
+    out = {}
+    for saved in sorted((ROOT / "saved_configs").glob("*.json")):
+        name = saved.stem
+        errs = {}
+        for tag, folder in (("tf4", ROOT / name), ("tf5", ROOT / "tf5" / name)):
+            with tempfile.TemporaryDirectory() as tmp:
+                for f in folder.glob("*.safetensors*"):
+                    if f.name != "grads.safetensors":
+                        shutil.copy(f, tmp)
+                shutil.copy(saved, Path(tmp) / "config.json")
+                cls = getattr(transformers, json.loads(saved.read_text())["architectures"][0])
+                model = cls.from_pretrained(tmp, attn_implementation="eager",
+                                            torch_dtype=torch.float32).eval()
+                ref = np.load(folder / "reference.npz")
+                with torch.no_grad():
+                    logits = model(torch.tensor(ref["tokens"])).logits.float().numpy()
+                errs[tag] = float(np.abs(logits - ref["logits"]).max())
+        out[name] = {transformers.__version__: errs}
+    _merge_json(ROOT / "save_compat.json", out)
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    if "--counts-only" not in sys.argv:   # only the released configs' counts and the defaults
+        checkpoints()
+    released_counts()
+    class_defaults()
+    save_compat()
+    total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}: fixtures "
+          f"{total / 1e6:.2f} MB in {ROOT}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,157 +13,180 @@ from __future__ import annotations
 from typing import Any
 
 from dropless.config import ModelConfig, MoEConfig
+from dropless.hf.config_formats import (ARCHITECTURES, DEEPSEEK, MIXTRAL, MODEL_TYPES,  # noqa: F401
+                                        QWEN3, BadConfig, Fields, UnsupportedCheckpoint,
+                                        architecture, canonical)
 from dropless.hf.layout import Layout
 
-DEEPSEEK, MIXTRAL, QWEN3 = "DeepseekV3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"
-ARCHITECTURES = (DEEPSEEK, MIXTRAL, QWEN3)
-MODEL_TYPES = {DEEPSEEK: "deepseek_v3", MIXTRAL: "mixtral", QWEN3: "qwen3_moe"}
 YARN_KEYS = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast",
              "beta_slow", "mscale", "mscale_all_dim", "truncate", "attention_factor"}
 FP8_BLOCK = (128, 128)
+DTYPES = ("float32", "bfloat16", "float16")
 
 
-class UnsupportedCheckpoint(ValueError):
-    """A checkpoint (or a config to save) uses a feature we do not implement."""
+def _bad(f: Fields, key: str, value: Any, why: str) -> UnsupportedCheckpoint:
+    return UnsupportedCheckpoint(f"{f.where}: {key}={value!r} {why}")
 
 
-def _bad(key: str, value: Any, why: str) -> UnsupportedCheckpoint:
-    return UnsupportedCheckpoint(f"config.json: {key}={value!r} {why}")
+def _yarn_number(f: Fields, rs: dict, key: str, default: float, *, positive: bool = False
+                 ) -> float:
+    v = rs.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (positive and v <= 0):
+        raise BadConfig(f"{f.where}: rope_scaling.{key}={v!r} must be a "
+                        f"{'positive ' if positive else ''}number")
+    return float(v)
 
 
-def architecture(hf: dict) -> str:
-    """The one supported architecture named in `architectures`; raises naming the value."""
-    archs = hf.get("architectures") or []
-    known = [a for a in archs if a in ARCHITECTURES]
-    if len(archs) != 1 or not known:
-        raise _bad("architectures", archs, f"must name one of {ARCHITECTURES}")
-    return known[0]
-
-
-def _rope(hf: dict) -> dict[str, Any]:
-    rs = hf.get("rope_scaling")
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        raise _bad("partial_rotary_factor", hf["partial_rotary_factor"], "is not supported")
-    out: dict[str, Any] = {"rope_theta": float(hf.get("rope_theta", 10000.0))}
+def _rope(f: Fields) -> dict[str, Any]:
+    """RoPE settings from a canonical config (rope_theta + rope_scaling, see config_formats)."""
+    prf = f.get("partial_rotary_factor", 1.0)
+    if prf != 1.0:
+        raise _bad(f, "partial_rotary_factor", prf, "is not supported")
+    out: dict[str, Any] = {"rope_theta": f.float("rope_theta", positive=True)}
+    rs = f.hf.get("rope_scaling")
     if rs is None:
         return out
     kind = rs.get("rope_type", rs.get("type"))
     if kind in (None, "default"):
         return out
     if kind != "yarn":
-        raise _bad("rope_scaling.type", kind, "is not supported (only yarn and none)")
+        raise _bad(f, "rope_scaling.type", kind, "is not supported (only yarn and none)")
     for key in sorted(set(rs) - YARN_KEYS):
-        raise _bad(f"rope_scaling.{key}", rs[key], "is not a yarn key we implement")
+        raise _bad(f, f"rope_scaling.{key}", rs[key], "is not a yarn key we implement")
     if rs.get("attention_factor") is not None:
-        raise _bad("rope_scaling.attention_factor", rs["attention_factor"],
+        raise _bad(f, "rope_scaling.attention_factor", rs["attention_factor"],
                    "is not supported (the factor is derived from mscale/mscale_all_dim)")
     if rs.get("truncate", True) is not True:
-        raise _bad("rope_scaling.truncate", rs["truncate"], "is not supported (only true)")
-    out.update(rope_type="yarn", rope_factor=float(rs["factor"]),
-               rope_original_max_position=int(rs.get("original_max_position_embeddings")
-                                               or hf["max_position_embeddings"]),
-               rope_beta_fast=float(rs.get("beta_fast") or 32),
-               rope_beta_slow=float(rs.get("beta_slow") or 1),
-               rope_mscale=float(rs.get("mscale") or 0), 
-               rope_mscale_all_dim=float(rs.get("mscale_all_dim") or 0))
+        raise _bad(f, "rope_scaling.truncate", rs["truncate"], "is not supported (only true)")
+    if rs.get("factor") is None:
+        raise BadConfig(f"{f.where}: rope_scaling.factor is missing (a yarn rope_scaling needs "
+                        "the context extension factor, e.g. 40)")
+    orig = rs.get("original_max_position_embeddings")
+    if orig is None:
+        orig = f.int("max_position_embeddings")
+    elif isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
+        raise BadConfig(f"{f.where}: rope_scaling.original_max_position_embeddings={orig!r} "
+                        "must be an integer >= 1")
+    out.update(rope_type="yarn", rope_factor=_yarn_number(f, rs, "factor", 1.0, positive=True),
+               rope_original_max_position=orig,
+               rope_beta_fast=_yarn_number(f, rs, "beta_fast", 32.0) or 32.0,
+               rope_beta_slow=_yarn_number(f, rs, "beta_slow", 1.0) or 1.0,
+               rope_mscale=_yarn_number(f, rs, "mscale", 0.0),
+               rope_mscale_all_dim=_yarn_number(f, rs, "mscale_all_dim", 0.0))
     return out
 
 
-def _common_checks(hf: dict) -> None:
-    act = hf.get("hidden_act", "silu")
+def _common_checks(f: Fields) -> None:
+    act = f.get("hidden_act")
     if act != "silu":
-        raise _bad("hidden_act", act, "is not supported (only silu / SwiGLU)")
+        raise _bad(f, "hidden_act", act, "is not supported (only silu / SwiGLU)")
     for key in ("attention_bias", "mlp_bias"):
-        if hf.get(key):
-            raise _bad(key, hf[key], "is not supported (no biases in our projections)")
-    q = hf.get("quantization_config")
+        if f.get(key, False):
+            raise _bad(f, key, f.hf[key], "is not supported (no biases in our projections)")
+    q = f.hf.get("quantization_config")
     if q is not None:
-        ok = (q.get("quant_method") == "fp8" and q.get("fmt", "e4m3") == "e4m3"
+        ok = (isinstance(q, dict) and q.get("quant_method") == "fp8"
+              and q.get("fmt", "e4m3") == "e4m3"
               and tuple(q.get("weight_block_size") or ()) == FP8_BLOCK)
         if not ok:
-            raise _bad("quantization_config", q, "is not supported (only fp8 e4m3 with "
+            raise _bad(f, "quantization_config", q, "is not supported (only fp8 e4m3 with "
                        "128x128 weight_block_size, dequantized on load)")
 
 
-def _dtypes(hf: dict, dtype: str | None) -> dict[str, str]:
+def _dtypes(f: Fields, dtype: str | None) -> dict[str, str]:
     if dtype is None:
-        dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
-        if hf.get("quantization_config") is not None:
+        dtype = f.get("torch_dtype", None) or "float32"   # canonical: `dtype` folded in
+        if dtype not in DTYPES:
+            raise BadConfig(f"{f.where}: torch_dtype/dtype={dtype!r} must be one of {DTYPES}")
+        if f.hf.get("quantization_config") is not None:
             dtype = "bfloat16"
     return {"dtype": dtype, "weight_dtype": dtype}
 
 
-def _moe_common(hf: dict, d: int, dt: dict, **kw) -> MoEConfig:
-    return MoEConfig(num_experts=kw.pop("num_experts"), top_k=int(hf["num_experts_per_tok"]),
+def _moe_common(f: Fields, d: int, dt: dict, **kw) -> MoEConfig:
+    return MoEConfig(num_experts=kw.pop("num_experts"), top_k=f.int("num_experts_per_tok"),
                      d_model=d, dtype=dt["dtype"], weight_dtype=dt["weight_dtype"], **kw)
 
 
-def model_config(hf: dict, *, dtype: str | None = None, mtp_depth: int = 0
-                 ) -> tuple[ModelConfig, Layout]:
-    """(ModelConfig, Layout) for a Hugging Face config dict. `dtype` overrides the checkpoint's
-    (`torch_dtype`; bfloat16 for FP8 checkpoints). Raises UnsupportedCheckpoint naming the key."""
-    arch = architecture(hf)
-    _common_checks(hf)
-    dt = _dtypes(hf, dtype)
-    d = int(hf["hidden_size"])
-    base = dict(vocab_size=int(hf["vocab_size"]), d_model=d, num_layers=int(hf["num_hidden_layers"]),
-                num_heads=int(hf["num_attention_heads"]), norm_eps=float(hf["rms_norm_eps"]),
-                tie_embeddings=bool(hf.get("tie_word_embeddings", False)), **_rope(hf), **dt)
+def model_config(hf: dict, *, dtype: str | None = None, mtp_depth: int = 0,
+                 where: str = "config.json") -> tuple[ModelConfig, Layout]:
+    """(ModelConfig, Layout) for a Hugging Face config dict in either transformers format
+    (4.x or 5.x, see config_formats). `dtype` overrides the checkpoint's (`torch_dtype`/`dtype`;
+    bfloat16 for FP8 checkpoints). `where` names the file in errors. Raises
+    UnsupportedCheckpoint naming a key we do not implement, BadConfig naming a missing key, a
+    value of the wrong type or two contradicting keys."""
+    hf = canonical(hf, where)
+    arch = hf["architectures"][0]
+    f = Fields(hf, arch, where)
+    _common_checks(f)
+    dt = _dtypes(f, dtype)
+    d = f.int("hidden_size")
+    base = dict(vocab_size=f.int("vocab_size"), d_model=d, num_layers=f.int("num_hidden_layers"),
+                num_heads=f.int("num_attention_heads"),
+                norm_eps=f.float("rms_norm_eps", positive=True),
+                tie_embeddings=f.bool("tie_word_embeddings"), **_rope(f), **dt)
     if arch == DEEPSEEK:
-        return _deepseek(hf, base, dt, mtp_depth), Layout(
-            arch, rope_interleave=bool(hf.get("rope_interleave", True)))
+        return _deepseek(f, base, dt, mtp_depth), Layout(
+            arch, rope_interleave=f.bool("rope_interleave"))
     if mtp_depth:
-        raise _bad("num_nextn_predict_layers", mtp_depth, f"MTP exists only in {DEEPSEEK}")
-    if hf.get("sliding_window") is not None and (arch == MIXTRAL or hf.get("use_sliding_window")):
-        raise _bad("sliding_window", hf["sliding_window"], "is not supported (full attention)")
-    base.update(attention="mha", num_kv_heads=int(hf.get("num_key_value_heads") or 0),
-                head_dim=int(hf.get("head_dim") or 0))
+        raise _bad(f, "num_nextn_predict_layers", mtp_depth, f"MTP exists only in {DEEPSEEK}")
+    window = f.int("sliding_window", nullable=True)
+    if window is not None and (arch == MIXTRAL or f.bool("use_sliding_window")):
+        raise _bad(f, "sliding_window", window, "is not supported (full attention)")
+    base.update(attention="mha", num_kv_heads=f.int("num_key_value_heads", nullable=True) or 0,
+                head_dim=f.int("head_dim", nullable=True) or 0)
     if arch == MIXTRAL:
-        f = int(hf["intermediate_size"])
-        moe = _moe_common(hf, d, dt, num_experts=int(hf["num_local_experts"]), d_ff=f,
+        ff = f.int("intermediate_size")
+        moe = _moe_common(f, d, dt, num_experts=f.int("num_local_experts"), d_ff=ff,
                           score_func="softmax", norm_topk_prob=True,
-                          load_balance_coef=float(hf.get("router_aux_loss_coef", 0.0)))
-        return ModelConfig(d_ff=f, moe=moe, **base), Layout(arch)
+                          load_balance_coef=f.float("router_aux_loss_coef"))
+        return ModelConfig(d_ff=ff, moe=moe, **base), Layout(arch)
+    return _qwen3(f, base, dt), Layout(arch)
+
+
+def _qwen3(f: Fields, base: dict, dt: dict) -> ModelConfig:
     n = base["num_layers"]
-    step = int(hf.get("decoder_sparse_step", 1))
-    dense_only = set(hf.get("mlp_only_layers") or [])
-    if step <= 0:
-        raise _bad("decoder_sparse_step", step, "must be >= 1")
+    step = f.int("decoder_sparse_step")
+    dense_only = set(f.int_list("mlp_only_layers"))
     if dense_only - set(range(n)):
-        raise _bad("mlp_only_layers", sorted(dense_only), f"must be layer indices < {n}")
-    num_experts = int(hf.get("num_experts", 0))
+        raise _bad(f, "mlp_only_layers", sorted(dense_only), f"must be layer indices < {n}")
+    num_experts = f.int("num_experts", low=0)
     pattern = "".join("M" if num_experts and i not in dense_only and (i + 1) % step == 0
                       else "D" for i in range(n))
     moe = None if "M" not in pattern else _moe_common(
-        hf, d, dt, num_experts=num_experts, d_ff=int(hf["moe_intermediate_size"]),
-        score_func="softmax", norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-        load_balance_coef=float(hf.get("router_aux_loss_coef", 0.0)))
+        f, base["d_model"], dt, num_experts=num_experts, d_ff=f.int("moe_intermediate_size"),
+        score_func="softmax", norm_topk_prob=f.bool("norm_topk_prob"),
+        load_balance_coef=f.float("router_aux_loss_coef"))
     k = len(pattern) - len(pattern.lstrip("D"))
     prefix = moe is None or pattern == "D" * k + "M" * (n - k)   # say it the simple way
-    return ModelConfig(d_ff=int(hf["intermediate_size"]), qk_norm=True, moe=moe,
+    return ModelConfig(d_ff=f.int("intermediate_size"), qk_norm=True, moe=moe,
                        first_k_dense=k if prefix and moe else 0,
-                       layer_pattern="" if prefix else pattern, **base), Layout(arch)
+                       layer_pattern="" if prefix else pattern, **base)
 
 
-def _deepseek(hf: dict, base: dict, dt: dict, mtp_depth: int) -> ModelConfig:
+def _deepseek(f: Fields, base: dict, dt: dict, mtp_depth: int) -> ModelConfig:
     for key, want in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"),
                       ("moe_layer_freq", 1)):
-        if key in hf and hf[key] != want:
-            raise _bad(key, hf[key], f"is not supported (only {want!r})")
+        if key in f.hf and f.hf[key] != want:
+            raise _bad(f, key, f.hf[key], f"is not supported (only {want!r})")
+    seq_aux = f.bool("seq_aux", False)
     moe = _moe_common(
-        hf, base["d_model"], dt, num_experts=int(hf["n_routed_experts"]),
-        d_ff=int(hf["moe_intermediate_size"]), num_shared_experts=int(hf.get("n_shared_experts")
-                                                                      or 0),
-        score_func="sigmoid", norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-        routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
-        n_groups=int(hf.get("n_group") or 1), topk_groups=int(hf.get("topk_group") or 1),
-        seq_aux_coef=float(hf.get("aux_loss_alpha", 0.0)) if hf.get("seq_aux") else 0.0)
+        f, base["d_model"], dt, num_experts=f.int("n_routed_experts"),
+        d_ff=f.int("moe_intermediate_size"),
+        num_shared_experts=f.int("n_shared_experts", nullable=True, low=0) or 0,
+        score_func="sigmoid", norm_topk_prob=f.bool("norm_topk_prob"),
+        routed_scaling_factor=f.float("routed_scaling_factor", positive=True),
+        n_groups=f.int("n_group"), topk_groups=f.int("topk_group"),
+        seq_aux_coef=f.float("aux_loss_alpha", 0.0) if seq_aux else 0.0)
     return ModelConfig(
-        d_ff=int(hf["intermediate_size"]), attention="mla",
-        first_k_dense=int(hf.get("first_k_dense_replace", 0)), moe=moe,
-        q_lora_rank=int(hf.get("q_lora_rank") or 0), kv_lora_rank=int(hf["kv_lora_rank"]),
-        qk_nope_head_dim=int(hf["qk_nope_head_dim"]), qk_rope_head_dim=int(hf["qk_rope_head_dim"]),
-        v_head_dim=int(hf["v_head_dim"]), mla_norm_eps=1e-6, mtp_depth=mtp_depth, **base)
+        d_ff=f.int("intermediate_size"), attention="mla",
+        first_k_dense=f.int("first_k_dense_replace", low=0), moe=moe,
+        q_lora_rank=f.int("q_lora_rank", nullable=True) or 0,
+        kv_lora_rank=f.int("kv_lora_rank"), qk_nope_head_dim=f.int("qk_nope_head_dim"),
+        qk_rope_head_dim=f.int("qk_rope_head_dim"), v_head_dim=f.int("v_head_dim"),
+        mla_norm_eps=1e-6, mtp_depth=mtp_depth, **base)
 
 
 def _save_bad(field: str, value: Any, arch: str, why: str) -> UnsupportedCheckpoint:

@@ -8,7 +8,6 @@ each shard holds.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 from dropless.config import ModelConfig
 from dropless.hf import config_map as cm
 from dropless.hf.layout import Layout, Leaf, leaves, mtp_shared_copies
+from dropless.hf.config_formats import read_json
 from dropless.hf.reader import CheckpointReader
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)   # a buffer older exports save; recomputed here
@@ -34,11 +34,13 @@ def _set(tree: Any, path: tuple, value: Any) -> None:
 
 
 def _converted(reader: CheckpointReader, name: str, leaf: Leaf, shape: tuple, dtype) -> np.ndarray:
+    """One HF tensor as our array of `shape`: its dtype and shape checked before it is read."""
+    what = "/".join(map(str, leaf.path))
+    reader.check(name, leaf.conv.hf_shape(tuple(shape)), what)
     y = leaf.conv.fwd(reader.read(name))
-    if tuple(y.shape) != tuple(shape):
+    if tuple(y.shape) != tuple(shape):   # hf_shape and fwd disagree: a bug in the layout table
         raise ValueError(f"{reader.folder}: tensor {name!r} {tuple(reader.info(name)['shape'])} "
-                         f"gives {tuple(y.shape)} for {'/'.join(map(str, leaf.path))}, "
-                         f"expected {tuple(shape)} from config.json")
+                         f"gives {tuple(y.shape)} for {what}, expected {tuple(shape)}")
     return y.astype(dtype, copy=False)
 
 
@@ -84,9 +86,10 @@ def _transfer(reader: CheckpointReader, leaf: Leaf, like: jax.ShapeDtypeStruct, 
     return jax.make_array_from_callback(shape, sharding, shard)
 
 
-def _mtp_depth(hf: dict, reader: CheckpointReader, requested: int | None) -> int:
-    available = int(hf.get("num_nextn_predict_layers") or 0)
-    n = int(hf.get("num_hidden_layers", 0))
+def _mtp_depth(hf: dict, reader: CheckpointReader, requested: int | None, where: str) -> int:
+    f = cm.Fields(hf, cm.DEEPSEEK, where)
+    available = f.int("num_nextn_predict_layers", 0, nullable=True, low=0) or 0
+    n = f.int("num_hidden_layers")
     present = sum(f"model.layers.{n + k}.eh_proj.weight" in reader for k in range(available))
     if requested is None:
         return present
@@ -96,13 +99,23 @@ def _mtp_depth(hf: dict, reader: CheckpointReader, requested: int | None) -> int
     return requested
 
 
+def _config_json(path: Path) -> tuple[dict, str]:
+    """(canonical config dict, its file name for errors); FileNotFoundError without one."""
+    conf = Path(path) / "config.json"
+    if not conf.is_file():
+        raise FileNotFoundError(f"{path}: no config.json (not a Hugging Face folder)")
+    return cm.canonical(read_json(conf), str(conf)), str(conf)
+
+
 def read_config(path: str | Path, *, dtype: str | None = None, mtp_depth: int | None = None
                 ) -> tuple[ModelConfig, Layout]:
     """The ModelConfig (and layout) of a Hugging Face folder, without reading any weights."""
-    hf = json.loads((Path(path) / "config.json").read_text())
+    hf, where = _config_json(Path(path))
+    cm.model_config(hf, dtype=dtype, where=where)   # config errors before the files' ones
     with CheckpointReader(path) as reader:
-        depth = _mtp_depth(hf, reader, mtp_depth) if cm.architecture(hf) == cm.DEEPSEEK else 0
-    return cm.model_config(hf, dtype=dtype, mtp_depth=depth)
+        depth = _mtp_depth(hf, reader, mtp_depth, where) if cm.architecture(hf) == cm.DEEPSEEK \
+            else 0
+    return cm.model_config(hf, dtype=dtype, mtp_depth=depth, where=where)
 
 
 def load(path: str | Path, *, dtype: str | None = None, mesh: Any = None,
@@ -118,14 +131,12 @@ def load(path: str | Path, *, dtype: str | None = None, mesh: Any = None,
     """
     from dropless.models.deepseek import init_params
     path = Path(path)
-    hf = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() \
-        else None
+    hf, where = _config_json(path)
+    cm.model_config(hf, dtype=dtype, where=where)   # config errors before the files' ones
     with CheckpointReader(path) as reader:
-        if hf is None:
-            raise FileNotFoundError(f"{path}: no config.json")
         arch = cm.architecture(hf)
-        depth = _mtp_depth(hf, reader, mtp_depth) if arch == cm.DEEPSEEK else 0
-        cfg, lay = cm.model_config(hf, dtype=dtype, mtp_depth=depth)
+        depth = _mtp_depth(hf, reader, mtp_depth, where) if arch == cm.DEEPSEEK else 0
+        cfg, lay = cm.model_config(hf, dtype=dtype, mtp_depth=depth, where=where)
         shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
         params = jax.tree.map(lambda _: None, shapes)
         used: set[str] = set()

@@ -43,6 +43,9 @@ class Conv:
     def inv(self, y: np.ndarray) -> np.ndarray:   # ours -> HF
         raise NotImplementedError
 
+    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:   # our shape -> HF's
+        return tuple(shape)
+
 
 class Same(Conv):
     def fwd(self, x):
@@ -54,6 +57,9 @@ class Same(Conv):
 
 class T(Conv):
     """[out, in] <-> [in, out]."""
+
+    def hf_shape(self, shape):
+        return tuple(shape)[::-1]
 
     def fwd(self, x):
         return np.ascontiguousarray(x.T)
@@ -69,6 +75,9 @@ class SplitHeads(Conv):
     heads: int
     head_dim: int
     rope: int = 0
+
+    def hf_shape(self, shape):   # [D, H, K] -> [H*K, D]
+        return (shape[1] * shape[2], shape[0])
 
     def fwd(self, x):
         y = x.T.reshape(x.shape[1], self.heads, self.head_dim)
@@ -90,6 +99,9 @@ class MergeHeadsOut(Conv):
     """o_proj [D, H*V] <-> [H, V, D]."""
     heads: int
 
+    def hf_shape(self, shape):   # [H, V, D] -> [D, H*V]
+        return (shape[2], shape[0] * shape[1])
+
     def fwd(self, x):
         return np.ascontiguousarray(x.T.reshape(self.heads, -1, x.shape[0]))
 
@@ -102,6 +114,9 @@ class RopeTail(Conv):
     """kv_a_proj_with_mqa [L+R, D] <-> [D, L+R], the last R columns permuted when interleaved."""
     rope: int
     interleave: bool
+
+    def hf_shape(self, shape):
+        return tuple(shape)[::-1]
 
     def _perm(self, width: int, inverse: bool) -> np.ndarray:
         p = rope_perm(self.rope)
@@ -119,6 +134,9 @@ class RopeTail(Conv):
 
 class MtpProj(Conv):
     """eh_proj [D, 2D] (input = [embedding, hidden]) <-> ours [2D, D] (input = [hidden, emb])."""
+
+    def hf_shape(self, shape):
+        return tuple(shape)[::-1]
 
     def fwd(self, x):
         d = x.shape[0]

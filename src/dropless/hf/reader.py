@@ -6,6 +6,12 @@ return F8_E4M3 tensors: those are read from the file's documented layout (an 8-b
 length, a JSON header of dtype/shape/byte offsets, then the data) through a memory map and
 viewed as `ml_dtypes.float8_e4m3fn`. FP8 weights with a `<name>_scale_inv` companion (DeepSeek-V3:
 one float32 scale per 128x128 block) are dequantized: w = fp8 * scale_inv[block].
+
+Nothing is trusted before it is checked: every file's header must parse and every tensor's byte
+range must lie inside its file and match its dtype and shape (a truncated download fails here,
+naming the file and the tensor); an index must be JSON with a `weight_map` whose every entry is
+in the shard it names, and every tensor of those shards must be in it. `check(name, shape)`
+compares a tensor's dtype and shape with what the model expects before it is read.
 """
 from __future__ import annotations
 
@@ -18,12 +24,19 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from dropless.hf.config_formats import BadCheckpoint, read_json
+
 FP8_DTYPES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", *FP8_DTYPES)
+ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
+            "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 BLOCK = 128
+INDEX = "model.safetensors.index.json"
 
 
 class CheckpointReader:
-    """name -> tensor over the safetensors files of one folder (with or without an index).
+    """name -> tensor over the safetensors files of one folder: the shards its
+    model.safetensors.index.json names, or else its model.safetensors (what transformers reads).
 
     Use as a context manager; `read(name)` returns a numpy array (FP8 dequantized to float32).
     Raises FileNotFoundError when the folder has no config.json or no safetensors files.
@@ -33,28 +46,31 @@ class CheckpointReader:
         self.folder = Path(folder)
         if not (self.folder / "config.json").is_file():
             raise FileNotFoundError(f"{self.folder}: no config.json (not a Hugging Face folder)")
-        index = self.folder / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+        index = self.folder / INDEX
+        weight_map = _weight_map(index) if index.is_file() else None
+        if weight_map is not None:
             files = sorted(set(weight_map.values()))
-        else:
-            files = sorted(p.name for p in self.folder.glob("*.safetensors"))
-            weight_map = None
+        else:   # as transformers: one model.safetensors; other files are not the model's
+            files = ["model.safetensors"] if (self.folder / "model.safetensors").is_file() else []
         if not files:
-            raise FileNotFoundError(f"{self.folder}: no *.safetensors files")
+            raise FileNotFoundError(f"{self.folder}: no model.safetensors or {INDEX}")
         self._stack = contextlib.ExitStack()
         self._headers: dict[str, dict] = {}
         self._where: dict[str, str] = {}
         for f in files:
+            if not (self.folder / f).is_file():
+                raise BadCheckpoint(f"{index}: names {f!r}, which is not in {self.folder}")
             header = _header(self.folder / f)
             self._headers[f] = header
             for name in header:
-                if name != "__metadata__":
-                    self._where[name] = f
+                if name == "__metadata__":
+                    continue
+                if name in self._where:
+                    raise BadCheckpoint(f"{self.folder / f}: tensor {name!r} is also in "
+                                        f"{self._where[name]}")
+                self._where[name] = f
         if weight_map is not None:
-            missing = sorted(set(weight_map) - set(self._where))
-            if missing:
-                raise FileNotFoundError(f"{index}: tensors {missing[:5]} are not in their files")
+            _cross_check(index, weight_map, self._where)
         self._handles: dict[str, object] = {}
 
     def __enter__(self) -> "CheckpointReader":
@@ -72,6 +88,33 @@ class CheckpointReader:
     def info(self, name: str) -> dict:
         """{"dtype": "BF16"/"F32"/"F8_E4M3"/..., "shape": [...], "data_offsets": [a, b]}."""
         return self._headers[self._where[name]][name]
+
+    def path(self, name: str) -> Path:
+        """The file that holds tensor `name`."""
+        return self.folder / self._where[name]
+
+    def check(self, name: str, shape: tuple[int, ...], what: str) -> None:
+        """Raise BadCheckpoint (naming file, tensor, what it holds and what was expected) unless
+        `name` is a floating-point tensor of `shape` (FP8 with a float `_scale_inv` of one
+        value per 128x128 block), before anything is read."""
+        if name not in self._where:
+            raise BadCheckpoint(f"{self.folder}: tensor {name!r} ({what}) is not in the "
+                                "checkpoint, but config.json implies it")
+        meta = self.info(name)
+        where = f"{self.path(name)}: tensor {name!r}"
+        if meta["dtype"] not in FLOAT_DTYPES:
+            raise BadCheckpoint(f"{where} has dtype {meta['dtype']}, expected a float type "
+                                f"({'/'.join(FLOAT_DTYPES)}) for {what}")
+        if tuple(meta["shape"]) != tuple(shape):
+            raise BadCheckpoint(f"{where} has shape {tuple(meta['shape'])}, expected "
+                                f"{tuple(shape)} for {what} from config.json")
+        if meta["dtype"] in FP8_DTYPES:
+            scale = name + "_scale_inv"
+            want = tuple(math.ceil(n / BLOCK) for n in shape)
+            if len(shape) != 2 or scale not in self._where:
+                raise BadCheckpoint(f"{where} is FP8 but has no {scale!r} (one float32 scale "
+                                    f"per {BLOCK}x{BLOCK} block)")
+            self.check(scale, want, f"the block scales of {name}")
 
     def _handle(self, file: str):
         """One open file at a time: an open safetensors handle maps its whole file, and mapped
@@ -125,7 +168,76 @@ def _header_len(path: Path) -> int:
 
 
 def _header(path: Path) -> dict:
+    """The parsed header of one safetensors file, every entry checked against the file size;
+    BadCheckpoint naming the file (and tensor) otherwise."""
+    size = path.stat().st_size
+    if size < 8:
+        raise BadCheckpoint(f"{path}: {size} bytes is too short for a safetensors file "
+                            "(truncated?)")
     n = _header_len(path)
+    if 8 + n > size:
+        raise BadCheckpoint(f"{path}: header of {n} bytes does not fit in the file of {size} "
+                            "bytes (truncated?)")
     with open(path, "rb") as fh:
         fh.seek(8)
-        return json.loads(fh.read(n))
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadCheckpoint(f"{path}: header is not valid JSON ({e}); not a safetensors file, "
+                            "or a damaged one") from None
+    if not isinstance(header, dict):
+        raise BadCheckpoint(f"{path}: header is not a JSON object")
+    data = size - 8 - n
+    for name, meta in header.items():
+        if name != "__metadata__":
+            _check_entry(path, name, meta, data)
+    return header
+
+
+def _check_entry(path: Path, name: str, meta, data_bytes: int) -> None:
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(meta, dict) or meta.get("dtype") not in ITEMSIZE:
+        got = meta.get("dtype") if isinstance(meta, dict) else meta
+        raise BadCheckpoint(f"{where} has dtype {got!r}, not a safetensors dtype")
+    shape, offsets = meta.get("shape"), meta.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+            and isinstance(offsets, list) and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+        raise BadCheckpoint(f"{where} has shape {shape!r} / data_offsets {offsets!r}, which are "
+                            "not a list of sizes and a [start, end] byte range")
+    want = math.prod(shape) * ITEMSIZE[meta["dtype"]]
+    if offsets[1] - offsets[0] != want:
+        raise BadCheckpoint(f"{where}: {meta['dtype']} {tuple(shape)} needs {want} bytes, its "
+                            f"data_offsets {offsets} hold {offsets[1] - offsets[0]}")
+    if offsets[1] > data_bytes:
+        raise BadCheckpoint(f"{where} ends at byte {offsets[1]} of the data but the file holds "
+                            f"{data_bytes} (truncated?)")
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's weight_map, checked to be {tensor name: file name}."""
+    doc = read_json(index)
+    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in wm.items()):
+        shown = repr(wm) if len(repr(wm)) <= 120 else repr(wm)[:117] + "..."
+        raise BadCheckpoint(f"{index}: weight_map={shown} must be an object of tensor name -> "
+                            "safetensors file")
+    return wm
+
+
+def _cross_check(index: Path, weight_map: dict[str, str], where: dict[str, str]) -> None:
+    """Every entry of the index in the shard it names, every tensor of the shards listed."""
+    for name, file in sorted(weight_map.items()):
+        if name not in where:
+            raise BadCheckpoint(f"{index}: weight_map puts tensor {name!r} in {file}, which does "
+                                "not hold it")
+        if where[name] != file:
+            raise BadCheckpoint(f"{index}: weight_map puts tensor {name!r} in {file}, but it is "
+                                f"in {where[name]}")
+    extra = sorted(set(where) - set(weight_map))
+    if extra:
+        raise BadCheckpoint(f"{index}: tensor {extra[0]!r} (in {where[extra[0]]}) is missing "
+                            f"from weight_map ({len(extra)} tensor(s) in the shards are not "
+                            "listed; a partly written index?)")
