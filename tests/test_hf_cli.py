@@ -40,7 +40,7 @@ def test_convert_error_is_one_line(tmp_path, capsys):
     assert cli.main(["convert", str(src), str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
     err = capsys.readouterr().err
-    conf = tmp_path / "config.json"
+    conf = src / "config.json"
     assert err.startswith(f"dropless: error: {conf}: architectures=['GPT2LMHeadModel']")
 
 
