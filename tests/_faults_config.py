@@ -41,6 +41,8 @@ ROWS = [
     show("config-int-float", ["steps=2.5"], ("steps", "2.5", "int")),
     show("config-int-string", ["model.moe.top_k=two"], ("model.moe.top_k", "'two'", "int")),
     show("config-nested-dict-for-value", ["seq_len={a: 1}"], ("seq_len", "{'a': 1}", "int")),
+    show("config-override-not-yaml", ["steps=[1"], ("steps=[1", "yaml")),
+    show("config-preset-int", ["preset=7"], ("preset", "7", "string")),
     train("config-train-data-int", ["data=123"], ("data", "123", "string")),
     train("config-train-init-from-int", ["init_from=5"], ("init_from", "5", "string")),
     train("config-train-option-after-override", ["--preset", "tiny", "run_name=z"],
