@@ -120,7 +120,12 @@ def run_dropless(argv: list[str], env: dict, cwd: Path, timeout: float) -> Resul
 def run_in_process(argv: list[str], env: dict, cwd: Path) -> Result:
     """`dropless.cli.main(argv)` here, as `run_dropless` would run it: output captured, `cwd` the
     working directory and `env` the environment for the call (both restored afterwards)."""
+    import jax
+
     from dropless import cli
+    # start the backend under the test process's own flags (conftest's 8 host devices) before
+    # the row's environment is set: a row must not decide the devices of the tests after it
+    jax.devices()
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     os.environ.clear()
