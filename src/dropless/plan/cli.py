@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 from dropless.plan import report
 from dropless.plan.hardware import PROFILES, get_profile
@@ -135,9 +136,7 @@ def build(args) -> tuple:
     return shape, PlanConfig(**plan), hw, (name if not model else f"{name} (modified)")
 
 
-def run(args) -> int:
-    """Print (and with --out write) the plan; a bad argument, setting or file raises ValueError
-    naming it, before anything is computed (the command line makes it one line, exit 2)."""
+def _compute(args) -> tuple[dict, str]:
     check_arguments(args)
     if args.reference:
         from dropless.plan.reference import comparison, format_markdown
@@ -162,6 +161,17 @@ def run(args) -> int:
                                         min_factor=args.min_buffer_factor)
             text += f"\n\nLayouts that fit on {cfg.gpus} x {hw.name}, fastest first:\n" + \
                 report.format_suggest(result["suggest"])
+    return result, text
+
+
+def run(args) -> int:
+    """Print (and with --out write) the plan. A bad argument, setting or file is one line naming
+    it, `dropless: error: ...`, exit 2, before anything is computed."""
+    try:
+        result, text = _compute(args)
+    except ValueError as e:
+        print(f"dropless: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     from dropless import json_out   # never a NaN token: null plus `<key>_nonfinite`
     print(json_out.dumps(result, indent=1, default=_jsonable) if args.json else text)
     if args.out:
