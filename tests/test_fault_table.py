@@ -22,6 +22,7 @@ import importlib
 import os
 from pathlib import Path
 
+import jax  # noqa: F401 - imported before any row: its import sets environment variables
 import pytest
 
 from _fault import Artifacts, check_row, command_env
