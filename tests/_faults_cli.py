@@ -59,6 +59,7 @@ ROWS = [
         ("--dispatchers", "nosuch", "a2a")),
     arg("bench-quant-shape-zero", ["bench", "quant", "--shape", "0", "512", "512", "8"],
         ("--shape", "0")),
+    # checked by bench/gpu.py itself, before any section runs
     arg("bench-gpu-section-unknown", ["bench", "gpu", "--sections", "nosuch", "--dry-run"],
         ("--sections", "nosuch", "gmm")),
 ]

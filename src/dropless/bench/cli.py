@@ -2,7 +2,8 @@
 
 Every kind's arguments are checked here, before its module runs (so before anything is compiled
 or timed): sizes and repeats are positive, buffer factors >= 1, comma lists name known dtypes,
-backends, routings, dispatchers and sections, `--experts E:K` has 0 < K <= E. A bad one is a
+backends, routings and dispatchers, `--experts E:K` has 0 < K <= E (`bench gpu` checks its
+own `--sections`, `--shapes` and `--inject-fault` first thing). A bad one is a
 ValueError naming the flag and the value (one line, exit 2, at the command line).
 """
 from __future__ import annotations
@@ -122,9 +123,6 @@ def check_arguments(kind: str, args) -> None:
         if known is None:
             from dropless.bench.gmm import ROUTINGS as known
         _one_of(args, "routings", known)
-    if kind == "gpu":
-        from dropless.bench.gpu import SECTIONS
-        _one_of(args, "sections", SECTIONS)
 
 
 def run(args) -> int:
