@@ -16,10 +16,20 @@ What the runner checks for every row:
 - every path of `unchanged` (relative to the case directory) is byte-identical before and after
   (a directory: every file under it, and no file added or removed);
 - `check(case_dir, result)`, if given, for what only that row knows (a recovered run's records).
+
+Where a row runs: in a fresh `python -m dropless.cli` subprocess (the default: the whole path a
+user takes, signals and exit codes included), or, for a row marked `in_process=True`, by calling
+`dropless.cli.main(argv)` in the test process with stdout/stderr captured, the case directory as
+the working directory and the row's environment set for the call. In-process saves the ~1.5 s of
+Python start-up and `import jax` per row; mark only rows refused before any JAX computation (a
+bad argument, config value or data file), whose command leaves no process state behind.
+FAULT_SUBPROCESS=1 runs every row in a subprocess (to check the in-process rows the slow way).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import shutil
 import subprocess
@@ -50,7 +60,9 @@ class Fault:
     unchanged: paths relative to case_dir that must be byte-identical after the command.
     check: `check(case_dir, result)` raising AssertionError, or None.
     env: extra environment variables for the command.
-    timeout: seconds before the command is killed (and the row fails).
+    timeout: seconds before the command is killed (and the row fails; subprocess rows only).
+    in_process: run `dropless.cli.main` in the test process (see the module docstring); only for
+      rows refused before any JAX computation.
     """
     id: str
     argv: list[str] | Callable[[Path], list[str]]
@@ -61,6 +73,7 @@ class Fault:
     check: Callable[[Path, Result], None] | None = None
     env: dict | None = None
     timeout: float = 600.0
+    in_process: bool = False
 
 
 class Artifacts:
@@ -104,6 +117,33 @@ def run_dropless(argv: list[str], env: dict, cwd: Path, timeout: float) -> Resul
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def run_in_process(argv: list[str], env: dict, cwd: Path) -> Result:
+    """`dropless.cli.main(argv)` here, as `run_dropless` would run it: output captured, `cwd` the
+    working directory and `env` the environment for the call (both restored afterwards)."""
+    import jax
+
+    from dropless import cli
+    # start the backend under the test process's own flags (conftest's 8 host devices) before
+    # the row's environment is set: a row must not decide the devices of the tests after it
+    jax.devices()
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(argv))
+            except SystemExit as e:   # argparse's usage errors
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return Result(int(rc or 0), out.getvalue(), err.getvalue())
+
+
 def snapshot(root: Path) -> dict:
     """Every path under `root` (or root itself, a file) with its bytes; None for directories."""
     if root.is_file():
@@ -121,7 +161,10 @@ def check_row(row: Fault, case: Path, artifacts: Artifacts) -> Result:
     before = {p: snapshot(case / p) for p in row.unchanged}
     argv = row.argv(case) if callable(row.argv) else list(row.argv)
     env = dict(artifacts.env, **(row.env or {}))
-    res = run_dropless([str(a) for a in argv], env, case, row.timeout)
+    if row.in_process and os.environ.get("FAULT_SUBPROCESS", "") in ("", "0"):
+        res = run_in_process([str(a) for a in argv], env, case)
+    else:
+        res = run_dropless([str(a) for a in argv], env, case, row.timeout)
     shown = f"\n--- argv: {argv}\n--- stdout:\n{res.out[-3000:]}\n--- stderr:\n{res.err[-3000:]}"
     assert res.rc == row.rc, f"exit {res.rc}, expected {row.rc}{shown}"
     assert "Traceback" not in res.err + res.out, f"a traceback{shown}"

@@ -126,3 +126,61 @@ def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
     assert (cfg.model.moe.z_loss_coef, cfg.model.moe.routed_scaling_factor) == (1e-3, 2.5)
     with pytest.raises(ValueError, match=r"config key 'learning_rate': 'fast' is not a number"):
         build_config([parse_override("learning_rate=fast")])
+
+
+@pytest.mark.parametrize("value,base,optional,ok", [
+    (True, bool, False, True), (1, bool, False, False), ("maybe", bool, False, False),
+    (3, int, False, True), (3.0, int, False, False), (True, int, False, False),
+    (2, float, False, True), (float("nan"), float, False, False), ([0.1], float, False, False),
+    (None, float, True, True), (None, float, False, False), ("x", str, False, True),
+    (2024, str, False, False)])
+def test_scalar_type_rules(value, base, optional, ok):
+    from dropless.config import scalar_type_error
+    assert (scalar_type_error(value, base, optional) is None) == ok
+
+
+def test_library_configs_refuse_wrong_types():
+    # the dataclasses check types themselves (a run's config.json, a library caller)
+    tiny = get_preset("tiny")
+    with pytest.raises(ValueError, match=r"TrainConfig.learning_rate=\[0.1\] must be a finite "
+                                         "number, not a list"):
+        build_config().replace(learning_rate=[0.1])
+    with pytest.raises(ValueError, match="ModelConfig.tie_embeddings=2 must be true or false"):
+        tiny.replace(tie_embeddings=2)
+
+
+def test_strict_values_at_the_config_edge(tmp_path):
+    with pytest.raises(ValueError, match="config key 'run_name': 2024 must be a string"):
+        build_config([parse_override("run_name=2024")])
+    assert build_config([parse_override("run_name='2024'")]).run_name == "2024"
+    # YAML's own booleans are booleans; strings are converted only where the field says so
+    assert build_config([parse_override("async_checkpoints=no")]).async_checkpoints is False
+    assert build_config([("check_nan", "True")]).check_nan is True
+    assert build_config([parse_override("model.moe.capacity_factor=none")]).model.moe \
+        .capacity_factor is None
+    with pytest.raises(ValueError, match="config key 'model.moe.top_k': 2.0 must be an int"):
+        build_config([("model.moe.top_k", 2.0)])
+
+
+def test_yaml_duplicate_keys_refused_merge_keys_allowed(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  d_model: 64\nsteps: 3\nmodel:\n  d_model: 32\n")
+    with pytest.raises(ValueError, match=r"c.yaml:4:1: invalid YAML \(key 'model' appears "
+                                         r"twice in one mapping \(first on line 1\)\)"):
+        build_config(yaml_path=str(p))
+    # a YAML merge (<<) is not a duplicate: the mapping's own key overrides the merged one
+    p.write_text("base: &b {steps: 3, seq_len: 64}\n")
+    from dropless.config_file import load_yaml, parse_yaml
+    assert load_yaml(str(p)) == {"base": {"steps": 3, "seq_len": 64}}
+    assert parse_yaml("a: &b {x: 1}\nc:\n  <<: *b\n  x: 2\n")["c"] == {"x": 2}
+
+
+@pytest.mark.parametrize("argv,found", [
+    (["train", "steps=2", "--preset", "tiny", "run_name=z"], ("--preset", "steps=2")),
+    (["train", "--preset", "tiny", "steps=2"], None),
+    (["train", "steps=2", "--preset", "tiny"], None),           # argparse takes this one
+    (["plan", "lr=-1", "--gpus=8", "a=1"], ("--gpus", "lr=-1")),
+    (["train", "x=1", "-5", "y=2"], None)])                    # a negative number is no option
+def test_misplaced_option(argv, found):
+    from dropless.cli import misplaced_option
+    assert misplaced_option(argv) == found

@@ -89,3 +89,49 @@ def test_source_errors(tmp_path):
         data.load_corpus(str(tmp_path / "tiny.txt"))
     with pytest.raises(ValueError, match="tokenizer='gpt2'"):
         data.make_tokenizer("gpt2")
+
+
+def test_jsonl_lines_are_split_at_newlines_only(tmp_path):
+    # U+2028 / U+0085 inside a text are legal in JSON written with ensure_ascii=False; Python's
+    # str.splitlines would cut the line there. The reference: json.loads of each "\n" line.
+    texts = ["a\u2028b " * 30, "c\x85d " * 30, "plain " * 30]
+    (tmp_path / "u.jsonl").write_text(
+        "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
+        encoding="utf-8")
+    got = [t for _, t in data._text_documents(str(tmp_path / "u.jsonl"))]
+    assert got == texts
+
+
+def test_token_scan_in_chunks_finds_the_first_bad_id(tmp_path, monkeypatch):
+    # positions 5 and 9 are bad; with 4-token chunks the first lies in the second chunk
+    monkeypatch.setattr(data, "CHUNK", 4)
+    toks = np.array([1, 2, 3, 4, 5, -7, 6, 7, 8, -1, 9], np.int32)
+    assert data._first_position(toks, lambda c: c < 0) == int(np.flatnonzero(toks < 0)[0])
+    assert data._first_position(toks, lambda c: c > 100) is None
+    np.save(tmp_path / "t.npy", np.r_[np.zeros(10, np.int64), [256], np.ones(50, np.int64)])
+    with pytest.raises(ValueError, match="token id 256 at position 10.*vocab_size=256"):
+        data.load_corpus(str(tmp_path / "t.npy"), vocab_size=256)
+    # without the model's vocabulary the largest id + 1 is the corpus's (as before)
+    assert data.load_corpus(str(tmp_path / "t.npy")).vocab_size == 257
+
+
+def test_other_suffixes_must_be_utf8_text(tmp_path):
+    (tmp_path / "notes").write_text("some text " * 100)
+    assert data.load_corpus(str(tmp_path / "notes")).num_documents == 1
+    (tmp_path / "x.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"x.gz' is not valid UTF-8 at byte 1 \(line 1\)"):
+        data.load_corpus(str(tmp_path / "x.gz"))
+    # known text suffixes keep the stdlib's tolerance: a stray byte becomes U+FFFD
+    (tmp_path / "a.txt").write_bytes(b"caf\xe9 " * 200)
+    assert data.load_corpus(str(tmp_path / "a.txt")).train_TOK.size > 0
+
+
+def test_splits_are_checked_against_seq_len(tmp_path):
+    (tmp_path / "a.txt").write_text("x" * 999)      # 999 bytes + EOS = 1000 tokens
+    # eval_fraction 0.1: the cut is int(1000 * 0.9) = 900, so 100 eval tokens: one window of
+    # 99 + 1 fits, none of 100 + 1; eval_fraction 0.9: int(1000 * (1 - 0.9)) = 99 train tokens
+    assert data.load_corpus(str(tmp_path / "a.txt"), eval_fraction=0.1, seq_len=99)
+    with pytest.raises(ValueError, match="the eval split holds 100 tokens.*seq_len=100"):
+        data.load_corpus(str(tmp_path / "a.txt"), eval_fraction=0.1, seq_len=100)
+    with pytest.raises(ValueError, match="the train split holds 99 tokens"):
+        data.load_corpus(str(tmp_path / "a.txt"), eval_fraction=0.9, seq_len=100)

@@ -34,10 +34,45 @@ TRACEBACK_HINT = "run again with --traceback (or DROPLESS_TRACEBACK=1) for the f
 
 class Parser(argparse.ArgumentParser):
     """argparse with the project's error edge: a usage error is one line naming the argument and
-    where to read more, exit 2 (argparse's own prints the usage block first)."""
+    where to read more, exit 2 (argparse's own prints the usage block first).
+
+    `argv`, when set (by `main`), lets the error name an option given after a KEY=VALUE override:
+    argparse then leaves the later overrides over and would blame them."""
+    argv: list[str] | None = None
 
     def error(self, message: str):
+        if message.startswith("unrecognized arguments:") and self.argv is not None:
+            found = misplaced_option(self.argv)
+            if found is not None:
+                late, first = found
+                message = (f"option {late} comes after the override {first}: put the options "
+                           "(and their values) before the KEY=VALUE overrides")
         self.exit(EXIT_USAGE, f"dropless: error: {message} (see '{self.prog} --help')\n")
+
+
+def misplaced_option(argv: list[str]) -> tuple[str, str] | None:
+    """(the first option `--name` that follows a KEY=VALUE override in `argv` and is itself
+    followed by another override, that first override), or None."""
+    first, late = None, None
+    for tok in argv:
+        if tok == "--":
+            break
+        if tok.startswith("-") and not _is_number(tok):
+            if first is not None and late is None:
+                late = tok.split("=", 1)[0]
+        elif "=" in tok:
+            if late is not None:
+                return late, first
+            first = first or tok
+    return None
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--traceback" in argv:
         argv.remove("--traceback")
         trace = True
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.argv = argv
+    args = parser.parse_args(argv)
     try:
         status = int(importlib.import_module(args._module).run(args) or 0)
         sys.stdout.flush()

@@ -5,6 +5,10 @@ Every error names the field and the value, e.g. `MoEConfig.top_k=9 must be <= nu
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import numbers
+import typing
 from typing import Any
 
 import jax.numpy as jnp
@@ -17,6 +21,61 @@ OVERFLOW_POLICIES = ("rounds", "error")
 
 def _fail(cls: str, field: str, value: Any, why: str) -> None:
     raise ValueError(f"{cls}.{field}={value!r} {why}")
+
+
+SCALAR_WORDS = {bool: "true or false", int: "an int", float: "a finite number", str: "a string"}
+
+
+@functools.lru_cache(maxsize=None)
+def scalar_fields(cls) -> dict[str, tuple[type, bool]]:
+    """name -> (bool | int | float | str, whether None is allowed) for each of `cls`'s scalar
+    fields (nested configs are left out). The one description of what a config value may be."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = args[0] if len(args) == 1 else hint
+        if base in SCALAR_WORDS:
+            out[name] = (base, type(None) in typing.get_args(hint))
+    return out
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    name = {bool: "a boolean", int: "an int", float: "a float", str: "a string", list: "a list",
+            dict: "a mapping"}.get(type(value), f"a {type(value).__name__}")
+    return name
+
+
+def scalar_type_error(value: Any, base: type, optional: bool) -> str | None:
+    """Why `value` cannot be a config value of type `base` ('must be ..., not ...'), or None when
+    it can. Booleans are strict (no 0/1, no strings), ints are not floats, floats are finite and
+    accept ints; numpy scalars count as the Python type they stand for."""
+    if value is None:
+        ok = optional
+    elif base is bool:
+        ok = isinstance(value, bool) or type(value).__name__ == "bool_"
+    elif base is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif base is float:
+        ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+              and math.isfinite(value))
+    else:
+        ok = isinstance(value, base)
+    if ok:
+        return None
+    return f"must be {SCALAR_WORDS[base]}{' or null' if optional else ''}, not {_describe(value)}"
+
+
+def _check_types(obj: Any) -> None:
+    """Every scalar field of a config dataclass holds a value of its declared type."""
+    cls = type(obj)
+    for name, (base, optional) in scalar_fields(cls).items():
+        why = scalar_type_error(getattr(obj, name), base, optional)
+        if why:
+            _fail(cls.__name__, name, getattr(obj, name), why)
 
 
 def _check_dtype(cls: str, field: str, value: str) -> None:
@@ -72,6 +131,7 @@ class MoEConfig:
 
     def __post_init__(self) -> None:
         c = "MoEConfig"
+        _check_types(self)
         for name in ("num_experts", "top_k", "d_model", "d_ff"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -156,6 +216,7 @@ class MeshConfig:
     expert: int = 1
 
     def __post_init__(self) -> None:
+        _check_types(self)
         for name in MESH_AXES:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -247,6 +308,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         c = "ModelConfig"
+        _check_types(self)
         _positive_ints(c, self, ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"))
         _positive_ints(c, self, ("first_k_dense", "num_kv_heads", "head_dim", "q_lora_rank",
                                  "mtp_depth"), allow_zero=True)
@@ -415,6 +477,7 @@ class TrainConfig:
         c = "TrainConfig"
         if not isinstance(self.model, ModelConfig):
             _fail(c, "model", type(self.model).__name__, "must be a ModelConfig")
+        _check_types(self)
         _positive_ints(c, self, ("steps", "per_device_batch_size", "seq_len", "eval_every",
                                  "eval_batches", "log_every", "keep_checkpoints",
                                  "data_parallelism", "fsdp_parallelism", "expert_parallelism",

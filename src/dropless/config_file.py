@@ -6,7 +6,12 @@ or MaxText flag names (translated by `dropless.compat.maxtext`). Later items win
 `dcn_*` > 1, `model.moe.devices_per_node` follows from the mesh unless given. MaxText `xla_*`
 keys and environment keys add to `xla_flags` / `environment` (a later value of the same flag or
 variable wins). An unknown key is a ValueError that names it and suggests the closest known
-key; a YAML syntax error is a one-line ValueError naming the file, line and column.
+key; a YAML syntax error or a key given twice in one mapping is a one-line ValueError naming
+the file, line and column. Values are strict: each key's value must be of its field's type
+(`config.scalar_fields`): booleans are true/false only (YAML's yes/no/on/off too, never 0, 1 or
+"maybe"), ints are not floats, floats are finite numbers (an int, or a string such as 3e-4 that
+PyYAML leaves unparsed, is converted), strings are strings (`run_name=2024` is refused: quote
+it); a wrong type is a ValueError naming the key, the value and the type expected.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from typing import Any, Iterable
 import yaml
 
 from dropless.compat import maxtext
-from dropless.config import ModelConfig, MoEConfig, TrainConfig
+from dropless.config import (ModelConfig, MoEConfig, TrainConfig, scalar_fields,
+                             scalar_type_error)
 from dropless.presets import get_preset
 
 DEFAULT_PRESET = "tiny"
@@ -35,15 +41,44 @@ def known_keys() -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently; a config file where `steps:` appears twice is a mistake, not a choice)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in first:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} appears twice in one mapping (first on "
+                            f"line {first[key] + 1})", key_node.start_mark)
+                    first[key] = key_node.start_mark.line
+                except TypeError:   # an unhashable key: the base class says what is wrong
+                    break
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """`text` as YAML through `StrictLoader` (raises yaml.YAMLError)."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml(path: str) -> Any:
     """The YAML document in `path`. Raises ValueError (one line: file, line, column, problem)
-    for a syntax error and for a missing or unreadable file."""
+    for a syntax error, a key given twice in one mapping, and a missing or unreadable file."""
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise ValueError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config file {path!r} is not UTF-8 text (byte {e.start})") from None
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -69,11 +104,19 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """'key=value' -> (key, YAML-parsed value). Raises ValueError without '='."""
+    """'key=value' -> (key, YAML-parsed value). Raises ValueError without '=' and for a value
+    that is not YAML."""
     if "=" not in text:
         raise ValueError(f"override {text!r} must look like key=value")
     key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value) if value.strip() else ""
+    if not value.strip():
+        return key.strip(), ""
+    try:
+        return key.strip(), parse_yaml(value)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"override {text!r}: the value is not valid YAML ({problem}); quote "
+                         "it for a string") from None
 
 
 def _unknown(key: str) -> ValueError:
@@ -87,19 +130,40 @@ def _unknown(key: str) -> ValueError:
     return ValueError(f"unknown config key {key!r}{hint} (`dropless config keys` lists the keys)")
 
 
-def _coerce(key: str, value: Any, current: Any) -> Any:
-    if isinstance(value, str) and value.lower() in ("none", "null") and not isinstance(current, str):
-        return None
-    if isinstance(current, bool) and isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(current, float) and isinstance(value, str):
-        # YAML 1.1 (PyYAML) reads 3e-4 and 1e18, without a dot, as strings
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"config key {key!r}: {value!r} is not a number") from None
+def _field_type(key: str) -> tuple[type, bool] | None:
+    """(type, None allowed) of a dotted key's field; None for keys that are not a scalar field
+    (`model.moe`, `xla_flags+`)."""
+    *path, leaf = key.split(".")
+    cls = {(): TrainConfig, ("model",): ModelConfig, ("model", "moe"): MoEConfig}.get(tuple(path))
+    return None if cls is None else scalar_fields(cls).get(leaf)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """`value` as the type of `key`'s field (see the module docstring). Raises ValueError naming
+    the key, the value and the type expected."""
+    kind = _field_type(key)
+    if kind is None:
+        return value
+    base, optional = kind
+    if isinstance(value, str) and base is not str:
+        word = value.strip().lower()
+        if optional and word in ("none", "null"):
+            return None
+        if base is bool and word in ("true", "false"):
+            return word == "true"
+        if base is float:
+            # YAML 1.1 (PyYAML) reads 3e-4 and 1e18, without a dot, as strings
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"config key {key!r}: {value!r} is not a number") from None
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    why = scalar_type_error(value, base, optional)
+    if why:
+        hint = (f" (quote it: {key}=\"'{value}'\" on the command line, '{value}' in YAML)"
+                if base is str and isinstance(value, (int, float)) else "")
+        raise ValueError(f"config key {key!r}: {value!r} {why}{hint}")
     return value
 
 
@@ -128,8 +192,9 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
     resolved: list[tuple[str, Any]] = []
     for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
         resolved += groups[i] if i in groups else [pair]
+    resolved = [(k, _coerce(k, v)) for k, v in resolved]
     from dropless.train.init_from import config_defaults   # init_from implies model, tokenizer
-    resolved = config_defaults(resolved) + resolved
+    resolved = [(k, _coerce(k, v)) for k, v in config_defaults(resolved)] + resolved
     preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
     base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
     tree = to_dict(base)
@@ -182,7 +247,7 @@ def _set(tree: dict, key: str, value: Any) -> None:
             raise ValueError(f"config key {key!r}: {'.'.join(path)} is not set in this model "
                              "(a dense model has no model.moe)")
         node = node[p]
-    node[leaf] = _coerce(key, value, node[leaf])
+    node[leaf] = value
 
 
 def from_dict(tree: dict) -> TrainConfig:

@@ -5,7 +5,6 @@ candidate is timed alternately with its baseline (A, B, A, B, ...) and medians a
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -14,6 +13,8 @@ import time
 from typing import Any, Callable, Mapping
 
 import jax
+
+from dropless import json_out
 
 
 def _cpu_model() -> str:
@@ -108,13 +109,14 @@ def time_against_baseline(fns: Mapping[str, Callable[[], Any]], core: list[str],
 
 
 def write_jsonl(path: str | None, records: list[dict[str, Any]]) -> None:
-    """Append records as JSON lines (no-op when path is None)."""
+    """Append records as JSON lines (no-op when path is None); a NaN or infinite number is
+    written as null with a `<key>_nonfinite` field (dropless.json_out)."""
     if not path:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a") as f:
         for r in records:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
+            f.write(json_out.dumps(r, sort_keys=True) + "\n")
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -3,7 +3,7 @@ sweep, a layout search, and the calibration of the model against this machine.""
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import sys
 
@@ -79,12 +79,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _load_file(path: str | None) -> dict:
     if not path:
         return {}
-    import yaml
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    from dropless.config_file import load_yaml   # one YAML reader: file:line:col, no dup keys
+    data = load_yaml(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"--config {path!r} must hold a mapping of settings")
     return data
+
+
+def _sweep_sizes(text: str) -> list[int]:
+    """--sweep-gpus '8,16,32' -> [8, 16, 32]; ValueError naming the argument and the bad item."""
+    sizes = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"--sweep-gpus {text!r}: {item!r} is not a positive number of GPUs")
+        sizes.append(int(item))
+    if not sizes:
+        raise ValueError(f"--sweep-gpus {text!r} names no cluster size (e.g. 8,16,32)")
+    return sizes
+
+
+def check_arguments(args) -> None:
+    """The flags `build` does not hand to PlanConfig, checked before anything is computed (the
+    rest is checked by PlanConfig, naming its field). Raises ValueError naming the flag."""
+    if args.top < 1:
+        raise ValueError(f"--top {args.top} must be >= 1 (rows of --suggest)")
+    if not (math.isfinite(args.min_buffer_factor) and args.min_buffer_factor >= 1):
+        raise ValueError(f"--min-buffer-factor {args.min_buffer_factor} must be a number >= 1 "
+                         "(the expected max/mean expert load)")
+    if args.calibrate_devices < 1:
+        raise ValueError(f"--calibrate-devices {args.calibrate_devices} must be >= 1")
+    if args.sweep_gpus is not None:
+        _sweep_sizes(args.sweep_gpus)
 
 
 def build(args) -> tuple:
@@ -111,39 +136,48 @@ def build(args) -> tuple:
     return shape, PlanConfig(**plan), hw, (name if not model else f"{name} (modified)")
 
 
+def _compute(args) -> tuple[dict, str]:
+    check_arguments(args)
+    if args.reference:
+        from dropless.plan.reference import comparison, format_markdown
+        result = comparison()
+        text = format_markdown(result)
+    elif args.calibrate:
+        from dropless.plan.calibrate import run_calibration
+        result = run_calibration(devices=args.calibrate_devices,
+                                 workload=args.calibrate_workload)
+        text = result.pop("text")
+    else:
+        shape, cfg, hw, name = build(args)
+        result = predict(shape, cfg, hw, name=name)
+        text = report.format_plan(result)
+        if args.sweep_gpus:
+            result["sweep"] = sweep_gpus(shape, cfg, hw, _sweep_sizes(args.sweep_gpus),
+                                         axis=args.sweep_axis)
+            text += "\n\nScaling sweep (growing " + args.sweep_axis + "):\n" + \
+                report.format_sweep(result["sweep"])
+        if args.suggest:
+            result["suggest"] = suggest(shape, cfg, hw, top=args.top,
+                                        min_factor=args.min_buffer_factor)
+            text += f"\n\nLayouts that fit on {cfg.gpus} x {hw.name}, fastest first:\n" + \
+                report.format_suggest(result["suggest"])
+    return result, text
+
+
 def run(args) -> int:
+    """Print (and with --out write) the plan. A bad argument, setting or file is one line naming
+    it, `dropless: error: ...`, exit 2, before anything is computed."""
     try:
-        if args.reference:
-            from dropless.plan.reference import comparison, format_markdown
-            result = comparison()
-            text = format_markdown(result)
-        elif args.calibrate:
-            from dropless.plan.calibrate import run_calibration
-            result = run_calibration(devices=args.calibrate_devices,
-                                     workload=args.calibrate_workload)
-            text = result.pop("text")
-        else:
-            shape, cfg, hw, name = build(args)
-            result = predict(shape, cfg, hw, name=name)
-            text = report.format_plan(result)
-            if args.sweep_gpus:
-                sizes = [int(x) for x in args.sweep_gpus.split(",") if x]
-                result["sweep"] = sweep_gpus(shape, cfg, hw, sizes, axis=args.sweep_axis)
-                text += "\n\nScaling sweep (growing " + args.sweep_axis + "):\n" + \
-                    report.format_sweep(result["sweep"])
-            if args.suggest:
-                result["suggest"] = suggest(shape, cfg, hw, top=args.top,
-                                            min_factor=args.min_buffer_factor)
-                text += f"\n\nLayouts that fit on {cfg.gpus} x {hw.name}, fastest first:\n" + \
-                    report.format_suggest(result["suggest"])
+        result, text = _compute(args)
     except ValueError as e:
-        print(f"dropless plan: error: {e}", file=sys.stderr)
+        print(f"dropless: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1, default=_jsonable) if args.json else text)
+    from dropless import json_out   # never a NaN token: null plus `<key>_nonfinite`
+    print(json_out.dumps(result, indent=1, default=_jsonable) if args.json else text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump(result, f, indent=1, default=_jsonable)
+            f.write(json_out.dumps(result, indent=1, default=_jsonable))
     return 0
 
 

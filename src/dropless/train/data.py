@@ -66,23 +66,95 @@ def _pack(docs: list[np.ndarray], eos: int, dtype) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0,), dtype)
 
 
+def _where(source: str, path: Path) -> str:
+    """How an error names a file: `data='d.jsonl'`, or `data='corpus/': corpus/a.jsonl`."""
+    return f"data={source!r}" if Path(source) == path else f"data={source!r}: {path}"
+
+
+def _json_kind(value) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an int", float: "a float", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _utf8(raw: bytes, where: str) -> str:
+    """`raw` decoded as UTF-8; ValueError naming the byte offset and line of the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{where} is not valid UTF-8 at byte {e.start} (line {line}): "
+                         f"{e.reason}") from None
+
+
+def _jsonl_documents(path: Path, source: str) -> list[tuple[str, str]]:
+    """(name, text) per non-blank line of a JSONL file: each line one JSON object whose "text"
+    is a string. Raises ValueError naming the file and the line (or byte) that is wrong."""
+    where = _where(source, path)
+    docs = []
+    # split at "\n" only: str.splitlines would also split inside a line at U+2028 and friends
+    for i, line in enumerate(_utf8(path.read_bytes(), where).split("\n")):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where} line {i + 1}, column {e.colno}: invalid JSON ({e.msg})"
+                             ) from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where} line {i + 1} is {_json_kind(rec)}, not an object with a "
+                             "'text' field (JSONL: one JSON object per line)")
+        if "text" not in rec:
+            raise ValueError(f"{where}: line {i + 1} has no 'text' field")
+        if not isinstance(rec["text"], str):
+            raise ValueError(f"{where} line {i + 1}: 'text' must be a string, not "
+                             f"{_json_kind(rec['text'])} ({json.dumps(rec['text'])[:40]})")
+        docs.append((f"{path.name}:{i}", rec["text"]))
+    return docs
+
+
+def _not_jsonl(source: str, path: Path) -> ValueError:
+    return ValueError(
+        f"{_where(source, path)} is a .json file, which dropless does not read: training text "
+        "is JSONL (.jsonl, one JSON object per line with a \"text\" field), plain text "
+        f"({', '.join(TEXT_SUFFIXES)}) or token ids (.npy, .bin); e.g. "
+        f"`jq -c '.[]' {path.name} > {path.stem}.jsonl` for a list of records")
+
+
+def _directory_files(path: Path, source: str) -> list[Path]:
+    """The files of a directory source that are read (text and JSONL, sorted); ValueError when
+    there are none, saying what the directory holds instead."""
+    files = sorted(p for p in path.rglob("*")
+                   if p.suffix in TEXT_SUFFIXES + (".jsonl",) and p.is_file())
+    if files:
+        return files
+    found: dict[str, int] = {}
+    for p in path.rglob("*"):
+        if p.is_file():
+            found[p.suffix or "(no suffix)"] = found.get(p.suffix or "(no suffix)", 0) + 1
+    holds = ", ".join(f"{n} {suffix}" for suffix, n in sorted(found.items())) or "nothing"
+    raise ValueError(f"data={source!r} holds no file dropless reads ({', '.join(TEXT_SUFFIXES)}"
+                     f", .jsonl); it holds {holds}" + ("; a .json file is not JSONL (one JSON "
+                     "object per line, suffix .jsonl)" if ".json" in found else "")
+                     + "; token files (.npy, .bin) are given one at a time: data=FILE")
+
+
 def _text_documents(source: str) -> list[tuple[str, str]]:
-    """(name, text) documents of a text/JSONL source or directory, in sorted order."""
+    """(name, text) documents of a text/JSONL source or directory, in sorted order. Text files
+    of a known suffix are read with undecodable bytes replaced (as the stdlib corpus is); a file
+    of another suffix must be UTF-8 text. Raises ValueError for a .json file, a directory with
+    nothing to read, and a bad JSONL line."""
     path = Path(source)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES + (".jsonl",))
-        return [doc for f in files for doc in _text_documents(str(f))]
+        return [doc for f in _directory_files(path, source) for doc in _text_documents(str(f))]
     if path.suffix == ".jsonl":
-        docs = []
-        with open(path, encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                if line.strip():
-                    rec = json.loads(line)
-                    if "text" not in rec:
-                        raise ValueError(f"data={source!r}: line {i + 1} has no 'text' field")
-                    docs.append((f"{path.name}:{i}", rec["text"]))
-        return docs
-    return [(path.name, path.read_text(encoding="utf-8", errors="replace"))]
+        return _jsonl_documents(path, source)
+    if path.suffix == ".json":
+        raise _not_jsonl(source, path)
+    if path.suffix in TEXT_SUFFIXES:
+        return [(path.name, path.read_text(encoding="utf-8", errors="replace"))]
+    return [(path.name, _utf8(path.read_bytes(), _where(source, path)))]
 
 
 def _split_tokens(tokens: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -90,26 +162,86 @@ def _split_tokens(tokens: np.ndarray, eval_fraction: float) -> tuple[np.ndarray,
     return tokens[:cut], tokens[cut:]
 
 
+CHUNK = 1 << 24   # tokens scanned at a time when checking a token file's ids
+
+
+def _first_position(toks: np.ndarray, bad) -> int | None:
+    """Index of the first token where `bad(chunk)` holds, scanning in chunks (a memory-mapped
+    file is never loaded whole), or None."""
+    for lo in range(0, toks.size, CHUNK):
+        hit = np.flatnonzero(bad(np.asarray(toks[lo: lo + CHUNK])))
+        if hit.size:
+            return lo + int(hit[0])
+    return None
+
+
+def _open_tokens(path: Path, source: str, bin_dtype: str) -> np.ndarray:
+    """The 1-D integer token array of a .npy or .bin file, memory-mapped. Raises ValueError for
+    an empty file, a .bin size that is not a whole number of `bin_dtype` tokens, an unreadable
+    .npy, a non-integer dtype or more than one dimension."""
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"data={source!r} is empty (0 bytes)")
+    if path.suffix == ".bin":
+        item = np.dtype(bin_dtype).itemsize
+        if size % item:
+            raise ValueError(f"data={source!r} holds {size} bytes, not a multiple of {item} "
+                             f"(bin_dtype={bin_dtype}: {item} bytes per token); set bin_dtype "
+                             "to the type the file was written with")
+        return np.memmap(path, dtype=np.dtype(bin_dtype), mode="r")
+    try:
+        toks = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"data={source!r} is not a readable .npy file ({e})") from None
+    if not isinstance(toks, np.ndarray):
+        raise ValueError(f"data={source!r} must hold one array, not an archive of several")
+    if not np.issubdtype(toks.dtype, np.integer):
+        raise ValueError(f"data={source!r} holds {toks.dtype} values; token ids must be "
+                         "integers (save them as uint16, int32 or int64)")
+    if toks.ndim != 1:
+        raise ValueError(f"data={source!r} must hold a 1-D token array; shape {toks.shape}")
+    if toks.size == 0:
+        raise ValueError(f"data={source!r} holds no tokens")
+    return toks
+
+
+def _check_ids(toks: np.ndarray, source: str, vocab_size: int | None) -> None:
+    """Token ids are >= 0 and, when `vocab_size` is given, < vocab_size; ValueError naming the
+    first id that is not and its position."""
+    if np.issubdtype(toks.dtype, np.signedinteger):
+        at = _first_position(toks, lambda c: c < 0)
+        if at is not None:
+            raise ValueError(f"data={source!r} holds a negative token id, {int(toks[at])} at "
+                             f"position {at}")
+    if vocab_size is not None:
+        at = _first_position(toks, lambda c: c >= vocab_size)
+        if at is not None:
+            raise ValueError(f"data={source!r} holds token id {int(toks[at])} at position {at}, "
+                             f"beyond the model's vocabulary (model.vocab_size={vocab_size})")
+
+
 def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fraction: float = 0.02,
-                bin_dtype: str = "uint16", vocab_size: int | None = None) -> Corpus:
+                bin_dtype: str = "uint16", vocab_size: int | None = None,
+                seq_len: int | None = None) -> Corpus:
     """Tokenize and pack `source` (see the module docstring) into train and eval streams.
 
     Documents are held out by name (`is_eval_document`); a single document or a token file is
-    split by position (the last `eval_fraction` is held out). Raises ValueError for a missing or
-    unsupported source, or an empty split.
+    split by position (the last `eval_fraction` is held out). A token file's ids must lie in
+    [0, vocab_size) (`vocab_size`: the model's; when None, the largest id + 1 is the corpus's
+    vocabulary and only negative ids are refused). With `seq_len`, each split must hold at least
+    one sequence of seq_len + 1 tokens (checked here, before anything is compiled). Raises
+    ValueError naming the file (and line, byte offset or token position) for a missing,
+    unsupported or malformed source, and the split for one too short.
     """
     path = Path(source)
     if source != "stdlib" and not path.exists():
         raise ValueError(f"data={source!r} does not exist (use 'stdlib' or a local path)")
-    if path.suffix in (".npy", ".bin"):
-        toks = (np.load(path, mmap_mode="r") if path.suffix == ".npy"
-                else np.memmap(path, dtype=np.dtype(bin_dtype), mode="r"))
-        if toks.ndim != 1:
-            raise ValueError(f"data={source!r} must hold a 1-D token array; shape {toks.shape}")
-        vocab = vocab_size or int(np.max(toks)) + 1
+    if path.suffix in (".npy", ".bin") and not path.is_dir():
+        toks = _open_tokens(path, source, bin_dtype)
+        _check_ids(toks, source, vocab_size)
         train, ev = _split_tokens(toks, eval_fraction)
-        return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=vocab, source=source,
-                               num_documents=1))
+        return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=int(np.max(toks)) + 1,
+                               source=source, num_documents=1), seq_len, eval_fraction)
     tok = make_tokenizer(tokenizer)
     if source == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
@@ -118,6 +250,8 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
     else:
         docs = _text_documents(source)
         read = lambda t: t  # noqa: E731
+    if not any(d.strip() if isinstance(d, str) else True for _, d in docs):
+        raise ValueError(f"data={source!r} holds no text (every document in it is empty)")
     dtype = np.uint8 if tok.vocab_size <= 256 else np.int32
     if len(docs) == 1:
         train, ev = _split_tokens(_pack([tok.encode(read(docs[0][1]))], tok.eos_id, dtype),
@@ -128,13 +262,22 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
             (evd if is_eval_document(name, eval_fraction) else tr).append(tok.encode(read(d)))
         train, ev = _pack(tr, tok.eos_id, dtype), _pack(evd, tok.eos_id, dtype)
     return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=tok.vocab_size,
-                           source=source, num_documents=len(docs)))
+                           source=source, num_documents=len(docs)), seq_len, eval_fraction)
 
 
-def _checked(c: Corpus) -> Corpus:
+def _checked(c: Corpus, seq_len: int | None, eval_fraction: float) -> Corpus:
     if c.train_TOK.size < 2 or c.eval_TOK.size < 2:
         raise ValueError(f"data={c.source!r} is too small to split: {c.train_TOK.size} train and "
                          f"{c.eval_TOK.size} eval tokens")
+    if seq_len is None:
+        return c
+    for split, toks, fix in (("train", c.train_TOK, "lower eval_fraction"),
+                             ("eval", c.eval_TOK, "raise eval_fraction")):
+        if num_sequences(toks, seq_len) == 0:
+            raise ValueError(
+                f"data={c.source!r}: the {split} split holds {toks.size} tokens (eval_fraction="
+                f"{eval_fraction}), fewer than one sequence of seq_len={seq_len} (+1 target); "
+                f"use more data, a smaller seq_len, or {fix}")
     return c
 
 

@@ -158,7 +158,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     from dropless.config_file import to_dict
     out_dir = run.path
     corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
-                                  eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype)
+                                  eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype,
+                                  vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len)
     if corpus.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
                          f"tokenizer's vocabulary ({corpus.vocab_size}); raise it or use "
