@@ -120,10 +120,11 @@ def test_a_section_that_hangs_or_crashes_is_recorded_and_the_next_runs(tmp_path,
 
 
 def test_a_section_that_does_not_fit_the_budget_is_skipped(tmp_path):
+    # the dry run's budget is DRY_CAP_SCALE (5) times --budget-s: 2.5 s, under MIN_SECTION_S
     assert bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path), sections="info",
-                               budget_s=1)) == 1
+                               budget_s=0.5)) == 1
     end = _ends(_records(tmp_path))["info"]
-    assert end["status"] == "skipped" and "of the 1 s budget" in end["reason"]
+    assert end["status"] == "skipped" and "of the 2.5 s budget" in end["reason"]
 
 
 @pytest.mark.parametrize("kw,msg", [

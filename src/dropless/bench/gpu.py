@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the training run's directory (default: a new temporary one, so OUT_DIR "
                         "holds only the results and the logs)")
     p.add_argument("--budget-s", type=float, default=plan.BUDGET_S,
-                   help=f"the whole check's deadline in seconds (default {plan.BUDGET_S})")
+                   help=f"the whole check's deadline in seconds (default {plan.BUDGET_S}; the "
+                        f"dry run's, and its caps, are {plan.DRY_CAP_SCALE} times longer)")
     p.add_argument("--cap", action="append", default=[], metavar="SECTION=SECONDS",
                    help=f"override a section's time cap (defaults {plan.CAPS_S})")
     p.add_argument("--inject-fault", default="", metavar="KEY=KIND,...",
@@ -82,7 +83,8 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 
 def _caps(args) -> dict[str, float]:
-    caps = dict(plan.CAPS_S)
+    scale = plan.DRY_CAP_SCALE if args.dry_run else 1
+    caps = {name: cap * scale for name, cap in plan.CAPS_S.items()}
     for key, val in _pairs(args.cap, "--cap").items():
         if key not in caps:
             raise ValueError(f"--cap: unknown section {key!r}; known: {list(caps)}")
@@ -265,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
     options, or when a real run finds no GPU."""
     t0 = time.time()
     sections, caps = _sections(args), _caps(args)
+    budget_s = args.budget_s * (plan.DRY_CAP_SCALE if args.dry_run else 1)
     _shapes(args), _faults(args)                      # bad options fail before anything runs
     if not args.dry_run:
         import jax
@@ -280,17 +283,17 @@ def run(args: argparse.Namespace) -> int:
                         torch=args.dry_run or _torch_installed(), train_steps=args.train_steps)
     print(plan.format_estimate(est), flush=True)
     _append(results, {"section": "plan", "estimate_h200": est, "caps_s": caps,
-                      "budget_s": args.budget_s, "sections": sections,
+                      "budget_s": budget_s, "sections": sections,
                       "dry_run": bool(args.dry_run), "t_s": 0.0})
     ends = {}
     for section in sections:
-        left = args.budget_s - (time.time() - t0)
+        left = budget_s - (time.time() - t0)
         timeout_s = min(caps[section], left)
         print(f"# section {section} (cap {timeout_s:.0f} s, estimated "
               f"{est[section]['seconds']:.0f} s on an H200)", flush=True)
         if left < plan.MIN_SECTION_S:
             rec = {"status": "skipped", "reason": f"{max(left, 0):.0f} s left of the "
-                   f"{args.budget_s:g} s budget"}
+                   f"{budget_s:g} s budget"}
         else:
             rec = run_section(args, section, timeout_s=timeout_s, t0=t0, out_dir=out_dir,
                               results=results, train_dir=train_dir)
