@@ -37,7 +37,8 @@ class Emitter:
 
 def _line(rec: dict) -> str:
     keys = ("shape", "routing", "mode", "backend", "median_ms", "tflops", "fraction_of_dense",
-            "variant", "ratio_to_dense", "step", "loss", "skipped", "error")
+            "variant", "ratio_to_dense", "step", "loss", "median_step_time_s",
+            "median_tflops_per_device", "median_mfu", "peak_bytes_in_use", "skipped", "error")
     return "  ".join(f"{k}={_fmt(rec[k])}" for k in keys if k in rec)
 
 
