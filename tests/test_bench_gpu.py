@@ -133,6 +133,7 @@ def test_a_section_that_does_not_fit_the_budget_is_skipped(tmp_path):
     ({"cap": ["gpu=3"]}, "--cap: unknown section 'gpu'"),
     ({"inject_fault": "gmm=boom"}, "--inject-fault gmm='boom': the kind is one of"),
     ({"shapes": "G9"}, "--shapes: unknown ['G9']"),
+    ({"train_steps": 0}, "--train-steps=0 must be >= 1"),
 ])
 def test_bad_options_are_named(tmp_path, kw, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):

@@ -269,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
     sections, caps = _sections(args), _caps(args)
     budget_s = args.budget_s * (plan.DRY_CAP_SCALE if args.dry_run else 1)
     _shapes(args), _faults(args)                      # bad options fail before anything runs
+    if args.train_steps < 1:
+        raise ValueError(f"--train-steps={args.train_steps} must be >= 1")
     if not args.dry_run:
         import jax
         if jax.default_backend() != "gpu":
