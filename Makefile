@@ -1,4 +1,6 @@
-# `make run`: set everything up and run the main job. `make test`: set everything up and run the tests.
+# `make run`: set everything up and run the main job. `make test`: set everything up and run the
+# tests: the main suite (`make test-main`, this machine's Python) and the second leg
+# (`make test-gpu-lowering`, the GPU-facing tests on the JAX that GPU machines have).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,7 +19,7 @@ ifneq ($(VENV_VERSION),$(PY_VERSION))
 STALE := FORCE
 endif
 
-.PHONY: setup run test bench clean FORCE
+.PHONY: setup run test test-main test-gpu-lowering setup-gpu-lowering bench clean FORCE
 
 $(VENV)/.installed: pyproject.toml $(STALE)
 	@[ "$(word 2,$(PY_INFO))" = 1 ] || { echo "make: dropless needs Python >= $(MIN_PYTHON), but $(PYTHON) is $(or $(PY_VERSION),not runnable); run e.g. 'make PYTHON=python3.12 $(or $(MAKECMDGOALS),run)'"; exit 2; }
@@ -35,8 +37,29 @@ run: setup
 # one pytest worker a core (2 on CI); a file's tests stay on one worker, so module fixtures
 # (compiled steps, end-to-end runs shared by several tests) are built once
 TEST_WORKERS ?= auto
-test: setup
+export TEST_WORKERS
+test: test-main test-gpu-lowering
+
+test-main: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
+# The second leg: the CUDA-lowering, Triton-verify, sm_90-compile, interpret-mode and
+# `bench gpu --dry-run` tests in Python 3.12 venvs (.ci/find_python312 says which 3.12) with
+# jax 0.11.2 (what the H200 machines have) and the newest release, pinned exactly so a CI run is
+# reproducible (bump by hand after `pip index versions jax`). .ci/jax_leg reuses a venv until
+# pyproject.toml or its pin changes. Without Python 3.12 the leg is skipped with a message;
+# GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist.
+JAX_LEG_OLD := 0.11.2
+JAX_LEG_NEW := 0.12.0.1
+export GPU_TESTS := $(wildcard tests/test_cuda_lowering.py tests/test_gpu_*.py \
+                      tests/test_gmm_pallas_gpu.py tests/test_gmm_tokamax*.py tests/test_bench_gpu.py)
+setup-gpu-lowering:
+	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) setup
+	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) setup
+
+test-gpu-lowering:
+	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD)
+	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-jax011 .venv-jaxnew .pytest_cache .hypothesis

@@ -2,295 +2,312 @@
 
 Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
 
-Sections, each appending JSON lines (key "section") to OUT_DIR/gpu_bench.jsonl:
-  info    versions (jax, jaxlib, torch, triton, tokamax) and the device
-  tests   the GPU-relevant tests under JAX_PLATFORMS=cuda (Triton kernels, not interpret mode)
-  gmm     bf16 grouped matmul, fwd and fwd+bwd, every GPU backend (pallas_gpu, tokamax when
-          installed, ragged_dot) and torch._grouped_mm as the peer, against a cuBLAS dense matmul
-          of equal FLOPs timed in the same run (XLA's dense dot and torch.mm), on G=8/64/256 with
+Sections (bench/gpu_plan.py: the plan, the caps, the cost model; bench/gpu_sections.py: the
+bodies), each in its own process, appending JSON lines (key "section") to OUT_DIR/gpu_bench.jsonl
+as each measurement is taken, output in OUT_DIR/<section>.log:
+  info    versions (jax, jaxlib, torch, triton, tokamax), the device, what `auto` resolves to
+  gmm     bf16 grouped matmul fwd and fwd+bwd for pallas_gpu, tokamax (when installed) and
+          ragged_dot (where its padded product is cheap) against XLA's dense matmul of equal
+          FLOPs in the same run, and torch._grouped_mm / torch.mm as the peer; G=8/64/256 at
           M=8192, K=N=1024 and the DeepSeek-V3 expert-parallel shape (M=24576, K=7168, N=2048,
-          G=32), uniform and Zipf routing
-  moe     the MoE layer fwd+bwd against a dense SwiGLU over the same rows (`bench moe`)
-  train   `dropless train --preset deepseek3-test` for a few steps: step time, TFLOPS, MFU,
-          peak device memory (in a child process, so the peak is the training run's own)
-`--dry-run` runs every section end to end on CPU with tiny shapes (pallas_gpu in interpret mode,
-the tests section skipped) so the script is never first run on a GPU. Nothing here asserts a
-speed: the numbers are for benchmarks/results/gpu_h200.jsonl and docs/gpu.md.
+          G=32); uniform and Zipf routing
+  moe     the MoE layer fwd+bwd against a dense SwiGLU over the same rows (`bench moe` cases)
+  train   `dropless train --preset deepseek3-test` for a few steps: step time, TFLOPS, MFU, peak
+          device memory
+  tests   the GPU tests under JAX_PLATFORMS=cuda (Triton kernels for real), time-boxed
+Isolation: a section that raises, crashes or hangs is recorded (a "section_end" record with its
+status, exit code and last lines) and the next one runs; each section is killed at its cap and
+the whole check ends by its budget (330 s). `--dry-run` runs the same runner on CPU with tiny
+shapes (pallas_gpu in interpret mode; the tests section only collects), and every run prints the
+estimated time of each section on one H200 first. Nothing here asserts a speed.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
-import math
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from dropless.bench import gpu_plan as plan
 
-from dropless.bench import gpu_timing, harness
-from dropless.bench.gmm import group_sizes_for
-from dropless.ops import grouped_matmul, resolve_backend
-from dropless.ops.gmm.registry import tokamax_available
-
-SECTIONS = ("info", "tests", "gmm", "moe", "train")
-# (label, M, K, N, G): the issue's shapes; the dry run's tiny stand-ins
-SHAPES = (("G8", 8192, 1024, 1024, 8), ("G64", 8192, 1024, 1024, 64),
-          ("G256", 8192, 1024, 1024, 256), ("dsv3_ep", 24576, 7168, 2048, 32))
-DRY_SHAPES = (("G2", 64, 32, 32, 2), ("G4", 64, 32, 32, 4), ("dsv3_ep", 96, 48, 32, 4))
-TESTS = ("tests/test_gmm_pallas_gpu.py", "tests/test_gmm.py", "tests/test_cuda_lowering.py")
-# the G-fold ragged_dot of CUDA is skipped when its padded [G, M, max(K, N)] operands exceed this
-RAGGED_DOT_BYTES_LIMIT = 40 * 2**30
-
-
-def _emit(path: Path, records: list[dict]) -> None:
-    harness.write_jsonl(str(path), records)
-    for r in records:
-        keys = ("section", "shape", "routing", "mode", "backend", "median_ms", "tflops",
-                "fraction_of_dense", "skipped", "error")
-        print("  ".join(f"{k}={r[k]}" for k in keys if k in r), flush=True)
-
-
-def info_section() -> list[dict]:
-    """Versions and the device."""
-    rec = {"section": "info", **harness.machine_info(), **gpu_timing.torch_info()}
-    for mod in ("triton", "tokamax"):
-        try:
-            rec[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 (absent or broken: recorded as None)
-            rec[mod] = None
-    rec["auto_on_this_platform"] = resolve_backend("auto")
-    try:
-        rec["nvidia_smi"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm,driver_version",
-             "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rec["nvidia_smi"] = None
-    return [rec]
-
-
-def tests_section(out_dir: Path, timeout_s: int) -> list[dict]:
-    """pytest of the GPU-relevant tests on the device (JAX_PLATFORMS=cuda); log to OUT_DIR."""
-    # f32 reference comparisons at 1e-5 need f32 dots, not XLA's TF32 default on NVIDIA GPUs
-    env = dict(os.environ, JAX_PLATFORMS="cuda", PYTHONUNBUFFERED="1",
-               JAX_DEFAULT_MATMUL_PRECISION="highest")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, ["src", env.get("PYTHONPATH")]))
-    # the hypothesis soak and the 1,600-row tiled case test CPU code paths: not the GPU's
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS,
-           "-k", "not property and not default_tiles", "--durations=10"]
-    t = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout or ""
-        rc, log = "timeout", out.decode(errors="replace") if isinstance(out, bytes) else out
-    (out_dir / "gpu_tests.log").write_text(log)
-    tail = [ln for ln in log.splitlines() if ln.strip()][-3:]
-    return [{"section": "tests", "returncode": rc, "seconds": time.perf_counter() - t,
-             "command": " ".join(cmd), "summary": tail}]
-
-
-def _dense_jax(x_MK, w_KN, dy_MN):
-    """XLA's dense bf16 dot (cuBLAS on CUDA), output in bf16, autodiff's bf16 backward."""
-    fwd = jax.jit(lambda a, b: a @ b)
-    fb = jax.jit(lambda a, b, d: jax.vjp(lambda p, q: p @ q, a, b)[1](d))
-    return (lambda: fwd(x_MK, w_KN)), (lambda: fb(x_MK, w_KN, dy_MN))
-
-
-def _grouped_jax(backend, x_MK, w_GKN, sizes_G, dy_MN):
-    def f(a, b):
-        return grouped_matmul(a, b, sizes_G, backend=backend)
-    fwd = jax.jit(f)
-    fb = jax.jit(lambda a, b, d: jax.vjp(f, a, b)[1](d))
-    return (lambda: fwd(x_MK, w_GKN)), (lambda: fb(x_MK, w_GKN, dy_MN))
-
-
-def gmm_backends() -> list[str]:
-    """The GPU backends measured: ours, tokamax where installed, and ragged_dot (by name)."""
-    return ["pallas_gpu"] + (["tokamax"] if tokamax_available() else []) + ["ragged_dot"]
-
-
-def gmm_section(shapes, routings, timing: dict) -> list[dict]:
-    """Every GPU backend and the torch peer against dense matmuls of equal FLOPs."""
-    records = []
-    for label, m, k, n, g in shapes:
-        rng = np.random.default_rng(g)
-        x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
-        w = jnp.asarray(rng.standard_normal((g, k, n)) / math.sqrt(k), jnp.bfloat16)
-        dy = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
-        dense_f, dense_fb = _dense_jax(x, w[0], dy)
-        for routing in routings:
-            sizes = group_sizes_for(routing, m, g, seed=g)
-            gs = jnp.asarray(sizes)
-            base = {"section": "gmm", "shape": label, "m": m, "k": k, "n": n, "groups": g,
-                    "routing": routing, "dtype": "bfloat16", "max_group": int(sizes.max()),
-                    "empty_groups": int((sizes == 0).sum())}
-            fns = {}
-            for b in gmm_backends():
-                if b == "ragged_dot" and g * m * max(k, n) * 2 * 3 > RAGGED_DOT_BYTES_LIMIT:
-                    fns[b] = None  # the padded product would not fit: recorded as skipped
-                else:
-                    fns[b] = _grouped_jax(b, x, w, gs, dy)
-            peer = gpu_timing.torch_peer(sizes, m, k, n, **timing)
-            for mi, mode in enumerate(("fwd", "fwd+bwd")):
-                flops = 2 * m * k * n * (1 if mode == "fwd" else 3)
-                dense = gpu_timing.time_jax((dense_f, dense_fb)[mi], **timing)
-                rows = [dict(backend="dense_xla", **dense)]
-                for b, pair in fns.items():
-                    if pair is None:
-                        rows.append({"backend": b, "skipped": "padded [G, M, max(K,N)] operands "
-                                     f"exceed {RAGGED_DOT_BYTES_LIMIT >> 30} GiB"})
-                        continue
-                    try:
-                        rows.append(dict(backend=b, resolved=resolve_backend(b),
-                                         **gpu_timing.time_jax(pair[mi], **timing)))
-                    except Exception as e:  # noqa: BLE001 (one backend's failure is a result)
-                        rows.append({"backend": b, "error": f"{type(e).__name__}: "
-                                     f"{str(e)[:300]}"})
-                for name in ("torch_dense", "torch_grouped_mm"):
-                    rows.append(dict(backend=name, **peer[f"{name}/{mode}"]))
-                for r in rows:
-                    r.update(base, mode=mode, useful_flops=flops, dense_xla_ms=dense["median_ms"])
-                    if "median_ms" in r:
-                        r["tflops"] = flops / (r["median_ms"] * 1e-3) / 1e12
-                        r["fraction_of_dense"] = dense["median_ms"] / r["median_ms"]
-                records += rows
-    return records
-
-
-def moe_section(out_path: Path, dry_run: bool) -> list[dict]:
-    """`bench moe` on bf16 (the layer vs a dense SwiGLU of the same rows), JSON to out_path."""
-    from dropless.bench import moe as bench_moe
-    p = argparse.ArgumentParser()
-    bench_moe.add_arguments(p)
-    args = p.parse_args([])
-    args.dtypes, args.capacity_factors, args.out = "bfloat16", "", str(out_path)
-    args.backends = "auto" if dry_run else "auto,pallas_gpu"
-    if dry_run:
-        args.rows, args.d_model, args.d_ff, args.experts = 64, 32, 32, "4:2"
-        args.routings, args.repeats = "uniform", 1
-    else:
-        args.rows, args.d_model, args.d_ff, args.experts = 16384, 2048, 1024, "8:2,64:8"
-        args.repeats = 10
-    t = time.perf_counter()
-    bench_moe.run(args)
-    return [{"section": "moe", "seconds": time.perf_counter() - t,
-             "note": "records with bench=moe in this file"}]
-
-
-def train_child(out_dir: str, steps: int, dry_run: bool) -> None:
-    """Run in a child process: train a few steps, then print one JSON line of results."""
-    from dropless.config_file import build_config
-    from dropless.train.xla_flags import apply_recipe
-    items = [("preset", "deepseek3-test"), ("steps", steps), ("run_dir", out_dir),
-             ("run_name", "train"), ("checkpoint_every", 0), ("eval_every", 10**6)]
-    if dry_run:  # a small corpus and one dense + one MoE layer: the loop, not the model, is tested
-        corpus = Path(out_dir) / "corpus.txt"
-        corpus.parent.mkdir(parents=True, exist_ok=True)
-        corpus.write_text("def add(a, b):\n    return a + b\n\n" * 200)
-        items += [("per_device_batch_size", 1), ("seq_len", 16), ("model.num_layers", 2),
-                  ("model.mtp_depth", 0), ("data", str(corpus)), ("eval_fraction", 0.1)]
-    cfg = build_config(items)
-    apply_recipe(cfg.xla_recipe)
-    from dropless.train.loop import train
-    result = train(cfg)
-    steps_ = [json.loads(ln) for ln in (Path(result.run_dir) / "metrics.jsonl").open()
-              if '"event": "step"' in ln]
-    later = steps_[1:] or steps_   # step 1 includes compilation
-    med = lambda key: (float(np.median([r[key] for r in later if r.get(key) is not None]))
-                       if any(r.get(key) is not None for r in later) else None)
-    stats = jax.devices()[0].memory_stats() or {}
-    print("TRAIN_RESULT " + json.dumps({
-        "section": "train", "preset": "deepseek3-test", "steps": steps,
-        "gmm_backend": cfg.model.moe.gmm_backend, "resolved": resolve_backend("auto"),
-        "median_step_time_s": med("step_time_s"), "median_tflops_per_device":
-        med("tflops_per_device"), "median_mfu": med("mfu"),
-        "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "device":
-        jax.devices()[0].device_kind, "final_loss": later[-1].get("loss") if later else None}))
-
-
-def train_section(out_dir: Path, steps: int, dry_run: bool, timeout_s: int) -> list[dict]:
-    """`train_child` in a fresh process (its peak memory is the training run's alone)."""
-    code = ("from dropless.bench.gpu import train_child; "
-            f"train_child({str(out_dir / 'train_run')!r}, {steps}, {dry_run})")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=timeout_s)
-        log = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired:
-        return [{"section": "train", "error": f"timed out after {timeout_s} s"}]
-    (out_dir / "train.log").write_text(log)
-    lines = [ln for ln in log.splitlines() if ln.startswith("TRAIN_RESULT ")]
-    if proc.returncode or not lines:
-        return [{"section": "train", "error": f"exit {proc.returncode}",
-                 "tail": log.splitlines()[-5:]}]
-    return [json.loads(lines[-1].split(" ", 1)[1])]
+# the GPU-relevant tests (those present), run on the device; the hypothesis soak and the
+# 1,600-row tiled case exercise CPU code paths, not the GPU's
+TEST_PATTERNS = ("tests/test_gmm_pallas_gpu.py", "tests/test_gmm.py", "tests/test_cuda_lowering.py",
+                 "tests/test_gpu_*.py", "tests/test_gmm_tokamax*.py")
+TEST_DESELECT = "not property and not default_tiles"
+FAULT_KINDS = ("raise", "hang", "exit")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=os.environ.get("OUT", "gpu_bench_out"),
                    help="where gpu_bench.jsonl and the logs go (default $OUT, else ./gpu_bench_out)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {SECTIONS}")
-    p.add_argument("--routings", default="uniform,zipf", help="grouped-matmul routings")
+    p.add_argument("--sections", default=",".join(plan.SECTIONS),
+                   help=f"comma list of {plan.SECTIONS}, run in that order")
+    p.add_argument("--routings", default=",".join(plan.ROUTINGS), help="grouped-matmul routings")
     p.add_argument("--shapes", default=None,
                    help="comma list of shape labels (default all: "
-                        f"{','.join(s[0] for s in SHAPES)}; dry run: "
-                        f"{','.join(s[0] for s in DRY_SHAPES)})")
-    p.add_argument("--train-steps", type=int, default=8)
-    p.add_argument("--tests-timeout-s", type=int, default=180)
+                        f"{','.join(s.label for s in plan.SHAPES)}; dry run: "
+                        f"{','.join(s.label for s in plan.DRY_SHAPES)})")
+    p.add_argument("--train-steps", type=int, default=plan.TRAIN_STEPS)
+    p.add_argument("--train-dir", default=None,
+                   help="the training run's directory (default: a new temporary one, so OUT_DIR "
+                        "holds only the results and the logs)")
+    p.add_argument("--budget-s", type=float, default=plan.BUDGET_S,
+                   help=f"the whole check's deadline in seconds (default {plan.BUDGET_S}; the "
+                        f"dry run's, and its caps, are {plan.DRY_CAP_SCALE} times longer)")
+    p.add_argument("--cap", action="append", default=[], metavar="SECTION=SECONDS",
+                   help=f"override a section's time cap (defaults {plan.CAPS_S})")
+    p.add_argument("--inject-fault", default="", metavar="KEY=KIND,...",
+                   help="make a section (KEY=gmm) or one measurement (KEY=gmm:pallas_gpu) "
+                        f"{'/'.join(FAULT_KINDS)}: shows on CPU that failures stay isolated")
     p.add_argument("--dry-run", action="store_true",
-                   help="every section on CPU with tiny shapes (pallas_gpu in interpret mode); "
-                        "skips the tests section")
+                   help="every section on CPU with tiny shapes (pallas_gpu in interpret mode, "
+                        "the tests only collected)")
 
 
-def _shapes(args) -> tuple:
-    table = DRY_SHAPES if args.dry_run else SHAPES
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in (i for i in items if i):
+        key, sep, val = item.partition("=")
+        if not sep or not key or not val:
+            raise ValueError(f"{what}: {item!r} is not KEY=VALUE")
+        out[key] = val
+    return out
+
+
+def _caps(args) -> dict[str, float]:
+    scale = plan.DRY_CAP_SCALE if args.dry_run else 1
+    caps = {name: cap * scale for name, cap in plan.CAPS_S.items()}
+    for key, val in _pairs(args.cap, "--cap").items():
+        if key not in caps:
+            raise ValueError(f"--cap: unknown section {key!r}; known: {list(caps)}")
+        try:
+            caps[key] = float(val)
+        except ValueError:
+            raise ValueError(f"--cap {key}={val!r} is not a number of seconds") from None
+    return caps
+
+
+def _faults(args) -> dict[str, str]:
+    faults = _pairs(args.inject_fault.split(","), "--inject-fault")
+    for key, kind in faults.items():
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"--inject-fault {key}={kind!r}: the kind is one of {FAULT_KINDS}")
+        if key.split(":")[0] not in plan.SECTIONS:
+            raise ValueError(f"--inject-fault {key}: unknown section; known: {plan.SECTIONS}")
+    return faults
+
+
+def _shapes(args) -> tuple[plan.Shape, ...]:
+    table = plan.DRY_SHAPES if args.dry_run else plan.SHAPES
     if not args.shapes:
         return table
     want = args.shapes.split(",")
-    bad = sorted(set(want) - {s[0] for s in table})
+    bad = sorted(set(want) - {s.label for s in table})
     if bad:
-        raise ValueError(f"--shapes: unknown {bad}; known: {[s[0] for s in table]}")
-    return tuple(s for s in table if s[0] in want)
+        raise ValueError(f"--shapes: unknown {bad}; known: {[s.label for s in table]}")
+    return tuple(s for s in table if s.label in want)
+
+
+def _sections(args) -> list[str]:
+    sections = [s for s in args.sections.split(",") if s]
+    bad = sorted(set(sections) - set(plan.SECTIONS))
+    if bad:
+        raise ValueError(f"--sections: unknown {bad}; known: {list(plan.SECTIONS)}")
+    return sections
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment, with this dropless first on the path of the children."""
+    import dropless
+    src = str(Path(dropless.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    return env
+
+
+def run_process(cmd: list[str], *, env: dict, timeout_s: float, log: Path,
+                prefix: str) -> tuple[int | str, list[str], float]:
+    """Run `cmd` in its own process group, echoing each output line (stdout and stderr) as it
+    comes, with `prefix`, and writing it to `log`; kill the group at `timeout_s`.
+    Returns (exit status or "timeout", the output lines, seconds)."""
+    t = time.perf_counter()
+    lines: list[str] = []
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+
+    def pump():
+        with log.open("a") as fh:
+            for ln in proc.stdout:
+                lines.append(ln.rstrip("\n"))
+                fh.write(ln)
+                fh.flush()
+                print(f"{prefix}{ln}", end="", flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        status: int | str = proc.wait(timeout=max(timeout_s, 0.1))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        status = "timeout"
+    reader.join(timeout=5)
+    return status, lines, time.perf_counter() - t
+
+
+def _tests_command(args, root: Path) -> list[str] | None:
+    files = sorted({f for pat in TEST_PATTERNS for f in glob.glob(str(root / pat))})
+    if not files:
+        return None
+    cmd = [sys.executable, "-m", "pytest", "--tb=line", "-p", "no:cacheprovider",
+           "-o", "addopts=", *files, "-k", TEST_DESELECT]
+    if args.dry_run:
+        return cmd + ["--collect-only", "-q"]
+    cmd.append("-v")   # one line per test as it ends: counted even when the cap cuts it off
+    try:   # compiles dominate the GPU tests: four processes on the 16-core host, one GPU
+        import xdist  # noqa: F401
+        cmd += ["-n", "4"]
+    except ImportError:
+        pass
+    return cmd + ["--durations=10"]
+
+
+def _tests_record(lines: list[str]) -> dict:
+    """Counts of the per-test result lines of `pytest -v` (complete or cut off), the failures,
+    and pytest's own last line."""
+    counts: dict[str, int] = {}
+    failed = []
+    for ln in lines:
+        for word in ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"):
+            if f" {word}" in ln and "::" in ln:
+                counts[word.lower()] = counts.get(word.lower(), 0) + 1
+                if word in ("FAILED", "ERROR"):
+                    failed.append(ln.strip()[:200])
+                break
+    tail = [ln for ln in lines if ln.strip()][-1:]
+    collected = [ln for ln in lines if "collected" in ln or "tests collected" in ln]
+    return {"counts": counts, "failed": failed[:20], "summary": tail,
+            **({"collected": collected[-1].strip()} if collected else {})}
+
+
+def _spec(args, section: str, t0: float, results: Path, train_dir: str) -> dict:
+    dry = args.dry_run
+    return {"section": section, "results": str(results), "t0": t0, "dry_run": dry,
+            "fault": _faults(args),
+            "timing": plan.DRY_TIMING if dry else plan.TIMING,
+            "shapes": [[s.label, s.m, s.k, s.n, s.g, list(s.backends)] for s in _shapes(args)],
+            "routings": args.routings.split(","),
+            "moe_cases": plan.DRY_MOE_CASES if dry else plan.MOE_CASES,
+            "moe_shape": plan.DRY_MOE_SHAPE if dry else plan.MOE_SHAPE,
+            "train_steps": 2 if dry else args.train_steps, "out_dir": train_dir}
+
+
+def run_section(args, section: str, *, timeout_s: float, t0: float, out_dir: Path,
+                results: Path, train_dir: str) -> dict:
+    """One section in its own process; its "section_end" record (status ok / error / timeout)."""
+    env, log = _child_env(), out_dir / f"{section}.log"
+    prefix = f"  {section}| "
+    extra: dict = {}
+    if section == "tests":
+        root = Path(__file__).resolve().parents[3]
+        root = root if (root / "tests").is_dir() else Path.cwd()
+        cmd = _tests_command(args, root)
+        if cmd is None:
+            return {"status": "skipped", "reason": f"no GPU test files under {root}/tests"}
+        if not args.dry_run:
+            # f32 comparisons at 1e-5 need f32 dots, not XLA's TF32 default on NVIDIA GPUs
+            env.update(JAX_PLATFORMS="cuda", JAX_DEFAULT_MATMUL_PRECISION="highest")
+        if "tests" in _faults(args):   # the same injected faults as the other sections'
+            kind = _faults(args)["tests"]
+            cmd = [sys.executable, "-c", "import os, time; " + {
+                "raise": "raise RuntimeError('injected fault at tests')",
+                "hang": "time.sleep(10**6)", "exit": "os._exit(3)"}[kind]]
+    else:
+        spec = _spec(args, section, t0, results, train_dir)
+        cmd = [sys.executable, "-m", "dropless.bench.gpu_sections", json.dumps(spec)]
+    status, lines, seconds = run_process(cmd, env=env, timeout_s=timeout_s, log=log,
+                                         prefix=prefix)
+    if section == "tests":
+        extra = _tests_record(lines)
+    ok = status == 0
+    rec = {"status": "ok" if ok else ("timeout" if status == "timeout" else "error"),
+           "returncode": status, "seconds": round(seconds, 2), "timeout_s": round(timeout_s, 1),
+           "log": log.name, **extra}
+    if not ok:
+        rec["tail"] = [ln for ln in lines if ln.strip()][-8:]
+    return rec
+
+
+def _tokamax_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("tokamax") is not None
+
+
+def _torch_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+def _append(path: Path, rec: dict) -> None:
+    with path.open("a") as fh:
+        fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the selected sections in order; 0 when every one ended "ok", else 1 (every result,
+    failed sections' included, is in OUT_DIR/gpu_bench.jsonl). Raises ValueError for bad
+    options, or when a real run finds no GPU."""
+    t0 = time.time()
+    sections, caps = _sections(args), _caps(args)
+    budget_s = args.budget_s * (plan.DRY_CAP_SCALE if args.dry_run else 1)
+    _shapes(args), _faults(args)                      # bad options fail before anything runs
+    if args.train_steps < 1:
+        raise ValueError(f"--train-steps={args.train_steps} must be >= 1")
+    if not args.dry_run:
+        import jax
+        if jax.default_backend() != "gpu":
+            raise ValueError(f"bench gpu needs a GPU (jax's default backend is "
+                             f"{jax.default_backend()!r}); use --dry-run to check it on CPU")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "gpu_bench.jsonl"
-    sections = [s for s in args.sections.split(",") if s]
-    bad = sorted(set(sections) - set(SECTIONS))
-    if bad:
-        raise ValueError(f"--sections: unknown {bad}; known: {list(SECTIONS)}")
-    if not args.dry_run and jax.default_backend() != "gpu":
-        raise ValueError(f"bench gpu needs a GPU (jax's default backend is "
-                         f"{jax.default_backend()!r}); use --dry-run to check it on CPU")
-    timing = dict(samples=1, min_sample_s=0.0) if args.dry_run else dict(samples=5)
-    routings = args.routings.split(",")
+    results = out_dir / "gpu_bench.jsonl"
+    train_dir = args.train_dir or tempfile.mkdtemp(prefix="dropless-gpu-train-")
+    # the dry run estimates the device run: torch there, tokamax too (when its wheels travel)
+    est = plan.estimate(tokamax=args.dry_run or _tokamax_installed(),
+                        torch=args.dry_run or _torch_installed(), train_steps=args.train_steps)
+    print(plan.format_estimate(est), flush=True)
+    _append(results, {"section": "plan", "estimate_h200": est, "caps_s": caps,
+                      "budget_s": budget_s, "sections": sections,
+                      "dry_run": bool(args.dry_run), "t_s": 0.0})
+    ends = {}
     for section in sections:
-        t = time.perf_counter()
-        print(f"# section {section}", flush=True)
-        if section == "info":
-            recs = info_section()
-        elif section == "tests":
-            recs = ([{"section": "tests", "skipped": "dry run (no GPU)"}] if args.dry_run
-                    else tests_section(out_dir, args.tests_timeout_s))
-        elif section == "gmm":
-            recs = gmm_section(_shapes(args), routings, timing)
-        elif section == "moe":
-            recs = moe_section(path, args.dry_run)
+        left = budget_s - (time.time() - t0)
+        timeout_s = min(caps[section], left)
+        print(f"# section {section} (cap {timeout_s:.0f} s, estimated "
+              f"{est[section]['seconds']:.0f} s on an H200)", flush=True)
+        if left < plan.MIN_SECTION_S:
+            rec = {"status": "skipped", "reason": f"{max(left, 0):.0f} s left of the "
+                   f"{budget_s:g} s budget"}
         else:
-            recs = train_section(out_dir, 2 if args.dry_run else args.train_steps, args.dry_run,
-                                 timeout_s=600)
-        for r in recs:
-            r.setdefault("section_seconds", time.perf_counter() - t)
-            r["dry_run"] = bool(args.dry_run)
-        _emit(path, recs)
-    print(f"# wrote {path}")
-    return 0
+            rec = run_section(args, section, timeout_s=timeout_s, t0=t0, out_dir=out_dir,
+                              results=results, train_dir=train_dir)
+        rec = {"section": section, "event": "section_end", **rec,
+               "estimated_h200_s": round(est[section]["seconds"], 1),
+               "dry_run": bool(args.dry_run), "t_s": round(time.time() - t0, 2)}
+        _append(results, rec)
+        ends[section] = rec
+        print(f"# section {section}: {rec['status']}"
+              + (f" ({rec['returncode']})" if rec["status"] in ("error", "timeout") else "")
+              + (f" in {rec['seconds']:.1f} s" if "seconds" in rec else "")
+              + (f": {rec['reason']}" if "reason" in rec else ""), flush=True)
+    print(f"# wrote {results} in {time.time() - t0:.0f} s: "
+          + ", ".join(f"{s} {r['status']}" for s, r in ends.items()), flush=True)
+    return 0 if all(r["status"] == "ok" for r in ends.values()) else 1

@@ -326,69 +326,125 @@ class _Ctx:
 
 
 def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) -> RunResult:
-    cfg, out_dir, prog, saver = ctx.cfg, ctx.out_dir, ctx.prog, ctx.saver
-    result = RunResult(out_dir, {}, {}, start)
+    """Steps start+1..end with one step in flight (as nanodo and MaxText do): step n+1 is
+    dispatched, and step n+2's batch built on the host, before step n's metrics are read, so the
+    device never waits for the host between steps. A step whose state the host needs (a
+    checkpoint, an eval, the overflow or check_nan checks, the profiler's last step, a stop
+    request, the last step; and the step before the profiler's first, so the trace starts
+    clean) is read before the next one is dispatched: the step donates its
+    input state, so step n's state is gone once step n+1 has it. Step time is the time between
+    two completed steps (the reads), less eval and checkpoint time."""
+    cfg, prog = ctx.cfg, ctx.prog
+    result = RunResult(ctx.out_dir, {}, {}, start)
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
     profile = range(start + 2, start + 2 + cfg.profile_steps)
     prog.start(first=start, total=end)
-    last = time.perf_counter()
-    done = start                          # the last completed step
+    clock = _Clock(time.perf_counter(), start)
+    inflight = None                       # (n, batch, metrics) of a dispatched, unread step
+    batch = batch0
     for i in range(start, end):
         if ctx.stop.requested:            # arrived during compilation or the previous save
             break
         if cfg.profile_steps and i == profile.start:
-            jax.profiler.start_trace(str(out_dir / "profile"))
-        batch = batch0 if i == start else data_lib.batch_at(
-            ctx.corpus.train_TOK, i, batch_size=cfg.global_batch_size, seq_len=cfg.seq_len,
-            seed=cfg.seed)
-        if ctx.bshard is not None:
-            batch = jax.device_put(batch, ctx.bshard)
-        state, m = step_fn(state, batch)
-        m = jax.device_get(m)
-        now = time.perf_counter()
-        rec = _step_metrics(m, step=i + 1, dt=now - last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
-        last, done = now, i + 1
-        ctx.run.steps_done += 1
-        if ctx.run.steps_done == 1 and not ctx.run.created:
-            ctx.run.write_json("config.json", ctx.config_json)   # the resume is under way
-        if cfg.profile_steps and i + 1 == min(profile.stop, end):
-            jax.profiler.stop_trace()
-            prog.line(f"  profiler trace of steps {profile.start + 1}-{i + 1} in "
-                      f"{out_dir}/profile")
-            last = time.perf_counter()
-        # Per-step checks (overflow, non-finite values, ...) belong here: they read `m` and
-        # `rec` of the finished step and raise to stop the run before it is recorded.
-        ctx.nan_guard.check(m, state, batch, i + 1, opt=ctx.opt, mesh=ctx.model_mesh,
-                            save=lambda good: _save_last_good(ctx, state, good, start))
-        result.losses[i + 1] = rec["loss"]
-        show = (i + 1) % cfg.log_every == 0 or i + 1 == end
-        ctx.writer.record(rec)
-        prog.step(i + 1, loss=rec["loss"], tokens_per_s=rec["tokens_per_s"],
-                  text=_fmt_step(rec) if show else None)
-        ctx.scalars(i + 1, {k: v for k, v in rec.items() if isinstance(v, (int, float))
-                            and k not in ("step", "event")})
-        saving = (cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0) or i + 1 == end
-        ctx.guard.check(state, i + 1, mngr=saver.mngr, meta=ctx.meta(i + 1),
-                        force=bool(saving or ctx.stop.requested))
-        if (i + 1) % cfg.eval_every == 0 or i + 1 == end:
-            ev = ctx.evaluate(state["params"])
-            result.eval_losses[i + 1] = ev
-            ctx.scalars(i + 1, {"eval_loss": ev})
-            ctx.writer.record({"event": "eval", "step": i + 1, "eval_loss": ev},
-                              f"  eval loss {ev:.4f} at step {i + 1}")
-            last = time.perf_counter()   # eval time is not step time
-        if (cfg.checkpoint_every and (i + 1) % cfg.checkpoint_every == 0) or i + 1 == end:
-            saver.save(i + 1, ctx.guard.strip(state), ctx.meta(i + 1))
-            last = time.perf_counter()
-        else:
-            saver.poll()                 # a failed asynchronous save stops the run here
-        if ctx.stop.requested:
-            break
+            jax.profiler.start_trace(str(ctx.out_dir / "profile"))
+        state, m = step_fn(state, batch)  # step i+1 is dispatched (its input state donated)
+        if inflight is not None:          # step i: its metrics only, its state is step i+1's
+            _finish(ctx, result, clock, *inflight, state=None, end=end, profile=profile)
+        inflight = (i + 1, batch, m)
+        if i + 1 < end:                   # host work while step i+1 runs
+            batch = _batch_at(ctx, i + 1)
+        if _needs_state(ctx, i + 1, end, profile):
+            _finish(ctx, result, clock, *inflight, state=state, end=end, profile=profile)
+            inflight = None
+    if inflight is not None:              # a signal came after the last check: stop there
+        _finish(ctx, result, clock, *inflight, state=state, end=end, profile=profile)
     if ctx.stop.requested:
-        return _stopped(ctx, result, state, done)
-    saver.finish()
+        return _stopped(ctx, result, state, clock.done)
+    ctx.saver.finish()
     ctx.writer.record({"event": "end", "step": end, "final_loss": result.losses.get(end)})
     return result
+
+
+@dataclasses.dataclass
+class _Clock:
+    last: float                           # when the last completed step was read
+    done: int                             # the last completed (read and recorded) step
+
+
+def _read_metrics(m: dict) -> dict:
+    """Step metrics to the host: blocks until the step that computes them is done."""
+    return jax.device_get(m)
+
+
+def _batch_at(ctx: _Ctx, i: int):
+    """Step i+1's batch (0-based i), placed on the batch sharding."""
+    cfg = ctx.cfg
+    batch = data_lib.batch_at(ctx.corpus.train_TOK, i, batch_size=cfg.global_batch_size,
+                              seq_len=cfg.seq_len, seed=cfg.seed)
+    return batch if ctx.bshard is None else jax.device_put(batch, ctx.bshard)
+
+
+def _saving(cfg: TrainConfig, n: int, end: int) -> bool:
+    return bool(cfg.checkpoint_every and n % cfg.checkpoint_every == 0) or n == end
+
+
+def _needs_state(ctx: _Ctx, n: int, end: int, profile: range) -> bool:
+    """Whether finishing step n (1-based) reads its state, so the loop reads step n before it
+    dispatches step n+1."""
+    cfg = ctx.cfg
+    return (_saving(cfg, n, end) or n % cfg.eval_every == 0 or ctx.nan_guard.active
+            or ctx.guard.due(n) or ctx.stop.requested
+            or bool(cfg.profile_steps and n in (profile.start, min(profile.stop, end))))
+
+
+def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict, *, state,
+            end: int, profile: range) -> None:
+    """Read step n's metrics and record them (metrics.jsonl, terminal, TensorBoard). With
+    `state` (step n's, not yet given to step n+1) also run what reads the state, in the order
+    the checks have always run: check_nan, the overflow check, eval, the checkpoint. Without
+    it (step n+1 already has the state) `_needs_state` was false for n."""
+    cfg, prog, saver = ctx.cfg, ctx.prog, ctx.saver
+    m = _read_metrics(m)
+    now = time.perf_counter()
+    rec = _step_metrics(m, step=n, dt=now - clock.last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
+    clock.last, clock.done = now, n
+    ctx.run.steps_done += 1
+    if ctx.run.steps_done == 1 and not ctx.run.created:
+        ctx.run.write_json("config.json", ctx.config_json)   # the resume is under way
+    if cfg.profile_steps and n == min(profile.stop, end):
+        jax.profiler.stop_trace()
+        prog.line(f"  profiler trace of steps {profile.start + 1}-{n} in {ctx.out_dir}/profile")
+        clock.last = time.perf_counter()
+    # Per-step checks (overflow, non-finite values, ...) belong here: they read `m` and
+    # `rec` of the finished step and raise to stop the run before it is recorded.
+    if state is not None:
+        ctx.nan_guard.check(m, state, batch, n, opt=ctx.opt, mesh=ctx.model_mesh,
+                            save=lambda good: _save_last_good(ctx, state, good, result.start_step))
+    result.losses[n] = rec["loss"]
+    show = n % cfg.log_every == 0 or n == end
+    ctx.writer.record(rec)
+    prog.step(n, loss=rec["loss"], tokens_per_s=rec["tokens_per_s"],
+              text=_fmt_step(rec) if show else None)
+    ctx.scalars(n, {k: v for k, v in rec.items() if isinstance(v, (int, float))
+                    and k not in ("step", "event")})
+    if state is None:
+        saver.poll()                      # a failed asynchronous save stops the run here
+        return
+    saving = _saving(cfg, n, end)
+    ctx.guard.check(state, n, mngr=saver.mngr, meta=ctx.meta(n),
+                    force=bool(saving or ctx.stop.requested))
+    if n % cfg.eval_every == 0 or n == end:
+        ev = ctx.evaluate(state["params"])
+        result.eval_losses[n] = ev
+        ctx.scalars(n, {"eval_loss": ev})
+        ctx.writer.record({"event": "eval", "step": n, "eval_loss": ev},
+                          f"  eval loss {ev:.4f} at step {n}")
+        clock.last = time.perf_counter()   # eval time is not step time
+    if saving:
+        saver.save(n, ctx.guard.strip(state), ctx.meta(n))
+        clock.last = time.perf_counter()
+    else:
+        saver.poll()
 
 
 def _save_last_good(ctx: _Ctx, state, good: int, start: int) -> str:
