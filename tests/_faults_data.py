@@ -39,6 +39,7 @@ def _no_run_left(case: Path, res: Result) -> None:
     runs = case / "runs"
     left = sorted(p.name for p in runs.iterdir()) if runs.is_dir() else []
     assert not left, f"a refused run left {left} under runs/"
+    assert not runs.exists(), "a refused run left the run_dir it created (runs/)"
     assert "compil" not in (res.out + res.err).lower(), "refused only after compiling"
 
 

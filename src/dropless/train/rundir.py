@@ -29,8 +29,9 @@ class RunDirInUse(RuntimeError):
 class RunDir:
     """An open, locked run directory. `created`: this process made it (a new run)."""
 
-    def __init__(self, path: Path, created: bool, fd: int):
+    def __init__(self, path: Path, created: bool, fd: int, made_parents: tuple[Path, ...] = ()):
         self.path, self.created, self._fd = path, created, fd
+        self.made_parents = made_parents   # RUN_DIR and the folders above it this process made
         self.steps_done = 0          # steps this process completed (set by the loop)
 
     def write_json(self, name: str, obj) -> None:
@@ -52,6 +53,11 @@ class RunDir:
             if not self.created or not self.path.exists():
                 break
             shutil.rmtree(self.path, ignore_errors=True)
+        for parent in self.made_parents if self.created else ():   # innermost first
+            try:
+                parent.rmdir()           # only while empty: another run may have started there
+            except OSError:
+                break
 
 
 def _complete(line: bytes) -> bool:
@@ -103,6 +109,7 @@ def open_run_dir(cfg: TrainConfig) -> RunDir:
     uniquely named RUN_DIR/<YYYYmmdd-HHMMSS>-<preset>[-N]. Raises RunDirInUse if another process
     holds it, OSError if the parent cannot be written."""
     root = Path(cfg.run_dir)
+    made = tuple(p for p in (root, *root.parents) if not p.exists())   # innermost first
     root.mkdir(parents=True, exist_ok=True)
     if cfg.run_name:
         path = root / cfg.run_name
@@ -114,7 +121,7 @@ def open_run_dir(cfg: TrainConfig) -> RunDir:
                 raise ValueError(f"run_name={cfg.run_name!r}: {path} exists and is not a "
                                  "directory; pick another run_name") from None
             created = False
-        return RunDir(path, created, _lock(path))
+        return RunDir(path, created, _lock(path), made if created else ())
     base = time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.preset or 'custom'}"
     for n in range(1, 10_000):
         path = root / (base if n == 1 else f"{base}-{n}")
@@ -122,5 +129,5 @@ def open_run_dir(cfg: TrainConfig) -> RunDir:
             path.mkdir()
         except FileExistsError:
             continue
-        return RunDir(path, True, _lock(path))
+        return RunDir(path, True, _lock(path), made)
     raise RuntimeError(f"could not create a unique run directory under {root} for {base}")
