@@ -107,7 +107,7 @@ def test_layout_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match=r"prefuse_moe_weights=True but the expert parameters "
                                          r"are \['w_down_EFD', 'w_gate_EDF', 'w_up_EDF'\]"):
         layer.apply(params, jnp.ones((4, D)), cfg)
-    with pytest.raises(ValueError, match="prefuse_moe_weights=1 must be a bool"):
+    with pytest.raises(ValueError, match="prefuse_moe_weights=1 must be true or false"):
         _cfg(prefuse_moe_weights=1)
 
 

@@ -91,7 +91,9 @@ def loss_and_grads(both):
 @pytest.mark.parametrize("remat", ["none", "offload"])
 def test_scan_equals_unrolled(remat, loss_and_grads):
     ((l1, aux1), g1), ((l2, aux2), g2) = loss_and_grads(remat)
-    assert float(l1) == float(l2)
+    # one float32 ulp apart with today's packages (0.027167508 vs 0.027167512; on main too,
+    # same jax 0.10.2): XLA sums the two layouts' losses in another order
+    np.testing.assert_allclose(float(l2), float(l1), rtol=1e-6, atol=0)
     assert sorted(aux1) == sorted(aux2) and aux1["tokens_per_expert_LE"].shape == (3, 8)
     for k in aux1:   # routing is identical; losses agree to the last float bit or so
         np.testing.assert_allclose(aux2[k], aux1[k], rtol=1e-6, atol=0, err_msg=k)
@@ -132,12 +134,13 @@ def test_checkpoint_restores_into_either_layout(tmp_path, both, saved_scanned):
     _, per_layer, scanned = both
     saved, want = (scanned, per_layer) if saved_scanned else (per_layer, scanned)
     mngr = ckpt.manager(tmp_path, keep=1, async_save=False)
-    ckpt.save(mngr, 1, {"params": saved, "step": jnp.int32(1)}, {"next_batch": 1})
+    meta = {"next_batch": 1, "corpus": "c"}   # what the trainer stores beside every step
+    ckpt.save(mngr, 1, {"params": saved, "step": jnp.int32(1)}, meta)
     mngr.wait_until_finished()
     like = {"params": jax.tree.map(jnp.zeros_like, want), "step": jnp.int32(0)}
-    state, meta = ckpt.restore(mngr, 1, like)
+    state, got = ckpt.restore(mngr, 1, like)
     jax.tree.map(np.testing.assert_array_equal, state["params"], want)
-    assert meta == {"next_batch": 1} and int(state["step"]) == 1
+    assert {k: got[k] for k in meta} == meta and "hashes" in got and int(state["step"]) == 1
 
 
 def test_stacked_params_shard_with_an_unsharded_layer_axis():

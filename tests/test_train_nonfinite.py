@@ -83,7 +83,7 @@ def test_an_update_that_overflows_is_named_with_the_learning_rate(cfg, params):
 
 
 def test_config_rejects_a_non_boolean():
-    with pytest.raises(ValueError, match="TrainConfig.check_nan='yes' must be true or false"):
+    with pytest.raises(ValueError, match="config key 'check_nan': 'yes' must be true or false"):
         build_config([("check_nan", "yes")])
 
 
