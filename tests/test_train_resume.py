@@ -124,7 +124,11 @@ def test_run_failing_before_its_first_step_leaves_nothing(tmp_path):
     cfg = mini(tmp_path, data=str(tmp_path / "missing.txt"), run_name="")
     with pytest.raises(ValueError):
         train(cfg, **QUIET)
-    assert list((tmp_path / "runs").iterdir()) == []
+    assert not (tmp_path / "runs").exists()          # run_dir too: this run created it
+    (tmp_path / "runs" / "other").mkdir(parents=True)    # one that was there stays
+    with pytest.raises(ValueError):
+        train(cfg, **QUIET)
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["other"]
 
 
 def test_preflight_refuses_what_cannot_fit(tmp_path):
