@@ -2,7 +2,7 @@
 the checks refuse only what is wrong (the refusals are rows of tests/_faults_cli.py)."""
 import pytest
 
-from dropless.bench import cli as bench_cli
+from dropless.cli import bench as bench_cli
 from dropless.cli import build_parser
 
 
@@ -35,7 +35,7 @@ def test_bench_checks(argv, ok):
 
 
 def test_plan_defaults_pass_and_sweep_sizes_parse():
-    from dropless.plan import cli as plan_cli
+    from dropless.cli import plan as plan_cli
     plan_cli.check_arguments(build_parser().parse_args(["plan"]))
     assert plan_cli._sweep_sizes("8, 16,32,") == [8, 16, 32]
     with pytest.raises(ValueError, match="names no cluster size"):

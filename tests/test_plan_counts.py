@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dropless.plan import comm, flops, memory
-from dropless.plan.hardware import get_profile
+from dropless.machine import get_profile
 from dropless.plan.layout import PlanConfig, group, groups, node_size
 from dropless.config import ModelConfig
 from dropless.plan.shape import model_config

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from dropless.plan import cli
-from dropless.plan.hardware import PROFILES, get_profile
+from dropless.cli import plan as cli
+from dropless.machine import PROFILES, get_profile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import predict
 from dropless.plan.presets import PRESETS, get_shape

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from dropless.bench import cli as bench_cli, quant, quant_convergence
+from dropless.cli import bench as bench_cli
+from dropless.bench import quant, quant_convergence
 
 
 def test_quant_errors_by_hand():

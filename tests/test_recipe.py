@@ -8,7 +8,7 @@ import pytest
 from dropless.cli import main
 from dropless.compat import maxtext
 from dropless.config_file import build_config, known_keys, parse_override
-from dropless.train import xla_flags as xf
+from dropless.runtime import xla_flags as xf
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 GB300 = str(EXAMPLES / "deepseek3_671b_gb300.yml")

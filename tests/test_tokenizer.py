@@ -166,7 +166,7 @@ def test_tokenizer_bigger_than_the_model_is_refused(tmp_path, capsys):
 
 
 def test_generate_stops_at_the_models_eos():
-    from dropless.generate_cli import generate
+    from dropless.cli.generate import generate
     cfg, params = hf.load(FIX / "qwen3_moe")
     prompt = np.asarray([5, 6, 7], np.int32)
     full = generate(cfg, params, prompt, max_new_tokens=4)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dropless import config_cli
-from dropless.train import cli as train_cli
+from dropless.cli import config as config_cli
+from dropless.cli import train as train_cli
 from dropless.train import report
 
 

@@ -1,5 +1,5 @@
 """hardware: gpu_multiprocess -> jax.distributed.initialize() only where a cluster is found."""
-from dropless.train.distributed import decide, detect_cluster
+from dropless.runtime.distributed import decide, detect_cluster
 
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-32]", "SLURM_NTASKS": "128",
          "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}
@@ -27,7 +27,7 @@ def test_start_on_one_cpu_process_notes_it_once(monkeypatch):
     """`dropless train`'s start-up with the recipe's hardware key on this machine: nothing to
     set, no cluster, one note each (the run goes on as one process)."""
     from dropless.config_file import build_config
-    from dropless.train.distributed import start
+    from dropless.runtime.distributed import start
     for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_ADDRESS",
                  "KUBERNETES_SERVICE_HOST"):
         monkeypatch.delenv(name, raising=False)

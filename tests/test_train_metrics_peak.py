@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dropless.plan.hardware import PROFILES
+from dropless.machine import PROFILES
 from dropless.train import metrics as met
 
 
@@ -18,7 +18,7 @@ def test_gpu_peaks_come_from_the_planner_profiles():
     assert met.device_peak_flops("NVIDIA B200", "mxfp8") == PROFILES["b200"].peak_fp8
     assert met.device_peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16") is None
     assert met.device_peak_flops("NVIDIA H100", "int4") is None
-    assert not hasattr(met, "PEAK_FLOPS")   # one table, in plan/hardware.py
+    assert not hasattr(met, "PEAK_FLOPS")   # one table, in machine.py
 
 
 def test_cpu_peak_is_measured_once_then_read(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """XLA flag recipes: appended to existing flags without overriding the user's."""
 import pytest
 
-from dropless.train.xla_flags import recipe_env
+from dropless.runtime.xla_flags import recipe_env
 
 
 def test_gpu_recipe_appends_and_respects_user_flags():

@@ -198,7 +198,7 @@ def train_section(emit: Emitter, spec: dict) -> None:
     from dropless.ops import resolve_backend
     from dropless.train.loop import train
     from dropless.train.progress import Progress
-    from dropless.train.xla_flags import apply_recipe
+    from dropless.runtime.xla_flags import apply_recipe
     out_dir = Path(spec["out_dir"]) / "train_run"
     items = [("preset", "deepseek3-test"), ("steps", spec["train_steps"]),
              ("run_dir", str(out_dir)), ("run_name", "train"), ("checkpoint_every", 0),

@@ -25,7 +25,7 @@ Semantics worth knowing:
 - `xla_*` keys -> XLA flags (`--name=value`, appended to TrainConfig.xla_flags); upper-case
   environment keys (XLA_PYTHON_CLIENT_MEM_FRACTION, CUDA_DEVICE_MAX_CONNECTIONS,
   XLA_PJRT_GPU_HOST_MEMORY_*, NCCL_*...) -> TrainConfig.environment; both applied before JAX
-  starts (dropless.train.xla_flags).
+  starts (dropless.runtime.xla_flags).
 Keys that are accepted but change nothing add a line to `notes` (printed once at start-up).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
-from dropless.train import xla_flags as xf
+from dropless.runtime import xla_flags as xf
 
 # MaxText name -> our key(s); values copied unchanged
 RENAMES: dict[str, tuple[str, ...]] = {

@@ -5,7 +5,7 @@ the trainer's `dropless.config.ModelConfig` (e.g. `get_shape("deepseek3-671b")`)
 is its command line. Pure Python arithmetic: nothing is compiled or allocated on a device
 (calibrate.py, which times real runs, is imported only by `--calibrate`).
 """
-from dropless.plan.hardware import PROFILES, HardwareProfile, get_profile
+from dropless.machine import PROFILES, HardwareProfile, get_profile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import predict
 from dropless.plan.presets import PRESETS, get_shape

@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from dropless.bench.harness import busy_fraction, format_table, machine_info, time_interleaved
-from dropless.plan.hardware import HardwareProfile
+from dropless.machine import HardwareProfile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import layer_times
 from dropless.config import ModelConfig

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 
-from dropless.plan.hardware import HardwareProfile
+from dropless.machine import HardwareProfile
 from dropless.plan.layout import DTYPE_BYTES, Group, PlanConfig, groups
 from dropless.config import ModelConfig
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dropless.plan.hardware import HardwareProfile
+from dropless.machine import HardwareProfile
 from dropless.config import ModelConfig
 
 REMAT_POLICIES = ("none", "minimal", "full", "offload")

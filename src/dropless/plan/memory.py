@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from dropless.plan import comm
 from dropless.plan.layout import DTYPE_BYTES, PlanConfig
-from dropless.plan.hardware import HardwareProfile
+from dropless.machine import HardwareProfile
 from dropless.config import ModelConfig
 from dropless.plan.shape import layer_params, num_dense_layers, num_moe_layers, param_counts
 

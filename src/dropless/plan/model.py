@@ -16,7 +16,7 @@ compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too.
 from __future__ import annotations
 
 from dropless.plan import comm, flops, memory
-from dropless.plan.hardware import HardwareProfile
+from dropless.machine import HardwareProfile
 from dropless.plan.layout import DTYPE_BYTES, PlanConfig, check_fits_model, groups
 from dropless.config import ModelConfig
 from dropless.plan.shape import layer_params, num_dense_layers, num_moe_layers

@@ -8,7 +8,7 @@ unoptimised baseline's kernel time; 97% scaling efficiency at 1,024 GPUs. Megatr
 """
 from __future__ import annotations
 
-from dropless.plan.hardware import get_profile
+from dropless.machine import get_profile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import COMM_PARTS, predict
 from dropless.plan.presets import get_shape

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from dropless.plan.hardware import HardwareProfile
+from dropless.machine import HardwareProfile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import predict
 from dropless.config import ModelConfig

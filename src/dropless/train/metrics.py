@@ -21,7 +21,7 @@ import numpy as np
 
 from dropless.config import ModelConfig
 from dropless.models.count import param_counts
-from dropless.plan.hardware import peak_for, profile_for_device
+from dropless.machine import peak_for, profile_for_device
 
 # Set to a number (FLOP/s for the whole CPU) to use it instead of the cached measurement.
 CPU_PEAK_ENV = "DROPLESS_CPU_PEAK_FLOPS"
@@ -72,7 +72,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, *, capacity_factor: float | 
 def device_peak_flops(device_kind: str, precision: str) -> float | None:
     """Dense peak FLOP/s of a GPU by its jax device_kind (e.g. 'NVIDIA H100 80GB HBM3') for a
     dtype name ('float32' = TF32, 'bfloat16', 'fp8', 'mxfp8'), from the planner's sourced
-    profiles (`dropless.plan.hardware.PROFILES`); None for an unknown device or precision."""
+    profiles (`dropless.machine.PROFILES`); None for an unknown device or precision."""
     hw = profile_for_device(device_kind)
     if hw is None:
         return None

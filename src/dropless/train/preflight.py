@@ -59,7 +59,7 @@ def device_memory() -> tuple[float, str]:
 
 def estimate(cfg: TrainConfig) -> dict[str, float]:
     """Bytes per device by part (the planner's terms) and their `total`."""
-    from dropless.plan.hardware import PROFILES
+    from dropless.machine import PROFILES
     from dropless.plan.layout import DTYPE_BYTES, PlanConfig
     from dropless.plan.memory import memory_per_device
     m = cfg.model

@@ -8,7 +8,7 @@ import os
 import sys
 
 from dropless.plan import report
-from dropless.plan.hardware import PROFILES, get_profile
+from dropless.machine import PROFILES, get_profile
 from dropless.plan.layout import (ATTENTION_IMPLS, DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS,
                                   REMAT_POLICIES, PlanConfig)
 from dropless.plan.model import predict

@@ -73,7 +73,7 @@ def generate(cfg, params, prompt_ids: np.ndarray, *, max_new_tokens: int,
 
 
 def _check_args(args) -> None:
-    from dropless.model_args import at_least, check_dtype, check_model, check_temperature
+    from dropless.cli.model_args import at_least, check_dtype, check_model, check_temperature
     at_least("generate", "--max-new-tokens", args.max_new_tokens, 1)
     check_temperature("generate", args.temperature)
     check_dtype("generate", args.dtype)
@@ -83,7 +83,7 @@ def _check_args(args) -> None:
 def run(args) -> int:
     """Arguments, tokenizer and prompt are checked before the model is read or compiled."""
     try:
-        from dropless.model_args import model_tokenizer
+        from dropless.cli.model_args import model_tokenizer
         from dropless.train.tokenizer import check_fits
         _check_args(args)
         tok = model_tokenizer("generate", args.model, args.tokenizer)

@@ -81,7 +81,8 @@ def start(cfg, notes: list[str] = (), echo=print) -> None:
     Raises ValueError for an XLA flag this XLA does not know, RuntimeError when a backend
     already exists or the coordinator cannot be reached.
     """
-    from dropless.train import overflow, xla_flags
+    from dropless.runtime import xla_flags
+    from dropless.train import overflow
     for line in xla_flags.apply_startup(cfg):
         echo(line)
     lines = list(notes)

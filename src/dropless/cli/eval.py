@@ -83,7 +83,7 @@ def evaluate(cfg, params, tokens: np.ndarray, *, seq_len: int, batch_size: int,
 
 
 def _check_args(args) -> None:
-    from dropless.model_args import at_least, check_dtype, check_model
+    from dropless.cli.model_args import at_least, check_dtype, check_model
     at_least("eval", "--seq-len", args.seq_len, 1)
     at_least("eval", "--batch-size", args.batch_size, 1)
     at_least("eval", "--max-batches", args.max_batches, 0)
@@ -107,7 +107,7 @@ def _tokens(args, tok) -> np.ndarray:
 def run(args) -> int:
     """Arguments, tokenizer and data are checked before the model is read or compiled."""
     try:
-        from dropless.model_args import model_tokenizer
+        from dropless.cli.model_args import model_tokenizer
         from dropless.train.tokenizer import check_fits
         _check_args(args)
         tok = model_tokenizer("eval", args.model, args.tokenizer)

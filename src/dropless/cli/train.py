@@ -80,7 +80,7 @@ def run(args) -> int:
 def _train(args, stop) -> int:
     notes: list[str] = []
     cfg = config_from_args(args, notes=notes)
-    from dropless.train.distributed import start
+    from dropless.runtime.distributed import start
     start(cfg, notes)   # XLA flags, environment, jax.distributed: before JAX starts
     from dropless.train.loop import train
     result = train(cfg, resume=bool(getattr(args, "resume", None)),

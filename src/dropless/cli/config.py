@@ -6,7 +6,7 @@ from __future__ import annotations
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = sub.add_parser("show", help="print the effective config (YAML) and parameter counts")
-    from dropless.train.cli import add_arguments as train_args
+    from dropless.cli.train import add_arguments as train_args
     train_args(p)
     sub.add_parser("keys", help="list every accepted key, ours and MaxText's")
 
@@ -24,7 +24,7 @@ def run(args) -> int:
         return 0
     from dropless.config_file import show
     from dropless.models.count import format_counts, param_counts
-    from dropless.train.cli import config_from_args
+    from dropless.cli.train import config_from_args
     from dropless.train.metrics import flops_per_token
     notes: list[str] = []
     cfg = config_from_args(args, notes=notes)

@@ -16,15 +16,15 @@ import os
 import sys
 
 COMMANDS = {
-    "bench": ("dropless.bench.cli", "benchmarks: grouped matmul, MoE layer, ... (JSON lines)"),
-    "train": ("dropless.train.cli", "train a model (no arguments: the tiny preset on the "
+    "bench": ("dropless.cli.bench", "benchmarks: grouped matmul, MoE layer, ... (JSON lines)"),
+    "train": ("dropless.cli.train", "train a model (no arguments: the tiny preset on the "
                                     "Python stdlib's source, into runs/)"),
-    "config": ("dropless.config_cli", "show the effective config, or list the accepted keys"),
+    "config": ("dropless.cli.config", "show the effective config, or list the accepted keys"),
     "report": ("dropless.train.report", "draw loss, throughput and expert load of a run to PNG"),
-    "plan": ("dropless.plan.cli", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
-    "convert": ("dropless.hf.cli", "Hugging Face checkpoint -> dropless directory, and back"),
-    "eval": ("dropless.eval_cli", "loss and perplexity of a model on a text or JSONL file"),
-    "generate": ("dropless.generate_cli", "continue a prompt (greedy or temperature sampling)"),
+    "plan": ("dropless.cli.plan", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
+    "convert": ("dropless.cli.convert", "Hugging Face checkpoint -> dropless directory, and back"),
+    "eval": ("dropless.cli.eval", "loss and perplexity of a model on a text or JSONL file"),
+    "generate": ("dropless.cli.generate", "continue a prompt (greedy or temperature sampling)"),
 }
 EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
 EXIT_USAGE = 2           # bad arguments or config (argparse uses 2 too)

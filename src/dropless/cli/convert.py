@@ -103,7 +103,7 @@ def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
 
 
 def _check_args(args) -> None:
-    from dropless.model_args import check_dtype
+    from dropless.cli.model_args import check_dtype
     if args.shard_size < 1:
         raise ValueError(f"dropless convert: --shard-size={args.shard_size} must be >= 1 byte")
     check_dtype("convert", args.dtype)
