@@ -17,34 +17,34 @@ from jax.sharding import PartitionSpec as P
 from dropless import MoEConfig
 from dropless.config import MeshConfig
 from dropless.moe.dispatch import rows as fused
-from dropless.moe.dispatch import plan as dp
+from dropless.moe.dispatch import send_plan as sp
 from dropless.moe.dispatch import expert_parallel_experts
 from dropless.moe.layer import dropless_experts, init_params
 from dropless.moe.router import Routing
 from dropless.parallel import make_mesh
 
 
-ONE_ROUND = dp.Budget(rows=3, entries=6, row_chunk=3, entry_chunk=6, max_rounds=1)
+ONE_ROUND = sp.Budget(rows=3, entries=6, row_chunk=3, entry_chunk=6, max_rounds=1)
 
 
 def test_plan_hand_worked():
     # the module docstring's example: P=2, El=2, K=2, T=3, budgets large enough for one round
-    plan = dp.make_plan(jnp.asarray([[0, 1], [1, 2], [3, 2]]), 2, 2, ONE_ROUND)
+    plan = sp.make_plan(jnp.asarray([[0, 1], [1, 2], [3, 2]]), 2, 2, ONE_ROUND)
     np.testing.assert_array_equal(plan.hit_TP, [[1, 0], [1, 1], [0, 1]])
     np.testing.assert_array_equal(plan.entries_TP, [[2, 0], [1, 1], [0, 2]])
     np.testing.assert_array_equal(plan.counts_P, [2, 2])   # 4 rows, not 6
     np.testing.assert_array_equal(plan.routed_P, [3, 3])
     np.testing.assert_array_equal(np.where(plan.hit_TP, plan.rank_TP, -1), [[0, -1], [1, 0],
                                                                              [-1, 1]])
-    assert int(dp.rounds_needed(plan)) == 1
-    s = dp.round_slots(plan, 0, ONE_ROUND, experts_per_peer=2)
+    assert int(sp.rounds_needed(plan)) == 1
+    s = sp.round_slots(plan, 0, ONE_ROUND, experts_per_peer=2)
     np.testing.assert_array_equal(s.src_S, [0, 1, 3, 1, 2, 3])        # T=3 marks empty
     # peer 0's entries: token 0's two choices share row slot 0; token 1's choice is in slot 1
     np.testing.assert_array_equal(s.erow_Q[:6], [0, 0, 1, 3, 3, 3])    # Cr=3 marks empty
     np.testing.assert_array_equal(s.elid_Q[:6], [0, 1, 1, 2, 2, 2])
     np.testing.assert_array_equal(s.erow_Q[6:9], [0, 1, 1])            # peer 1: tokens 1, 2
     np.testing.assert_array_equal(s.elid_Q[6:9], [0, 1, 0])            # experts 2, 3, 2
-    w = dp.entry_weights(jnp.asarray([[0.6, 0.4], [0.7, 0.3], [0.9, 0.1]]), s)
+    w = sp.entry_weights(jnp.asarray([[0.6, 0.4], [0.7, 0.3], [0.9, 0.1]]), s)
     np.testing.assert_allclose(w[:3], [0.6, 0.4, 0.7])
     np.testing.assert_allclose(w[6:9], [0.3, 0.9, 0.1])
 
@@ -52,24 +52,24 @@ def test_plan_hand_worked():
 def test_plan_rounds_by_cost():
     """Br=Be=1 (units 1, 1, 1): a row costs max(1, entries), one unit per round.
     T=3, P=2, El=1, K=1, all to peer 0: rows of cost 1 -> rounds 0, 1, 2; peer 1 empty."""
-    b = dp.Budget(rows=1, entries=1, row_chunk=2, entry_chunk=2, max_rounds=3)
-    plan = dp.make_plan(jnp.asarray([[0], [0], [0]]), 2, 1, b)
+    b = sp.Budget(rows=1, entries=1, row_chunk=2, entry_chunk=2, max_rounds=3)
+    plan = sp.make_plan(jnp.asarray([[0], [0], [0]]), 2, 1, b)
     np.testing.assert_array_equal(plan.round_TP[:, 0], [0, 1, 2])
-    assert int(dp.rounds_needed(plan)) == 3
-    s = dp.round_slots(plan, 1, b, experts_per_peer=1)
+    assert int(sp.rounds_needed(plan)) == 3
+    s = sp.round_slots(plan, 1, b, experts_per_peer=1)
     np.testing.assert_array_equal(s.src_S, [1, 3, 3, 3])   # round 1 carries token 1 only
     np.testing.assert_array_equal(s.erow_Q, [0, 2, 2, 2])
 
 
 def test_make_budget():
     # E=16, K=2, P=8, T=8: a peer is hit with prob 1 - (14/16)(13/15) -> 1.93 rows expected
-    b = dp.make_budget(8, 2, 16, 8, factor=1.0)
+    b = sp.make_budget(8, 2, 16, 8, factor=1.0)
     assert (b.rows, b.entries) == (2, 2)
     assert (b.row_chunk, b.entry_chunk) == (2 + 2, 2 + 2)   # + one straddling row
     assert b.max_rounds == 8                                # all 8 rows, 2 entries, one peer
     # factor large enough: one round, buffers exactly T rows and T*J entries
-    assert dp.make_budget(8, 2, 16, 8, factor=8.0) == dp.Budget(8, 16, 8, 16, 1)
-    assert dp.expected_rows_per_peer(64, 8, 64, 8) == pytest.approx(
+    assert sp.make_budget(8, 2, 16, 8, factor=8.0) == sp.Budget(8, 16, 8, 16, 1)
+    assert sp.expected_rows_per_peer(64, 8, 64, 8) == pytest.approx(
         64 * (1 - np.prod([(56 - i) / (64 - i) for i in range(8)])))
 
 
@@ -85,13 +85,13 @@ def test_every_choice_travels_exactly_once_within_buffers(data):
     factor = data.draw(st.sampled_from([0.3, 1.0, 2.0]))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     ids = np.stack([rng.permutation(e)[:k] for _ in range(t)])
-    b = dp.make_budget(t, k, e, peers, factor)
-    plan = dp.make_plan(jnp.asarray(ids), peers, el, b)
-    rounds = int(dp.rounds_needed(plan))
+    b = sp.make_budget(t, k, e, peers, factor)
+    plan = sp.make_plan(jnp.asarray(ids), peers, el, b)
+    rounds = int(sp.rounds_needed(plan))
     assert rounds <= b.max_rounds
     seen, pairs = [], []
     for r in range(rounds):
-        s = dp.round_slots(plan, r, b, el)
+        s = sp.round_slots(plan, r, b, el)
         src = np.asarray(s.src_S).reshape(peers, b.row_chunk)
         for q, (row, lid, tok, kk) in enumerate(zip(*(np.asarray(a) for a in (
                 s.erow_Q, s.elid_Q, s.etok_Q, s.ek_Q)))):

@@ -5,7 +5,7 @@
   a2a.py              `a2a`: deduplicated rows over all_to_all in static per-peer chunks
   ragged_a2a.py       `ragged_a2a`: the same buffers over ragged_all_to_all (GPU/TPU)
   node_a2a.py         `node_a2a`: node-level dedup, across nodes once, then inside the node
-  plan.py, rows.py    the dedup send plan and the row exchange primitives they share
+  send_plan.py, rows.py  the dedup send plan and the row exchange primitives they share
   context.py          EPContext: static facts checked against the mesh; nodes of a mesh
   expert_parallel.py  the one shard_map boundary, overflow rounds, traffic stats
   overflow.py         the host-side overflow check (overflow="error")

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dropless.moe.dispatch import plan as dp
+from dropless.moe.dispatch import send_plan as sp
 from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows, return_rows,
                                         rows_to_experts, send_rows)
 
@@ -34,19 +34,19 @@ class A2AMeta(NamedTuple):
     out_dtype: Any
 
 
-def a2a_prepare(ids_TK, ctx) -> dp.SendPlan:
+def a2a_prepare(ids_TK, ctx) -> sp.SendPlan:
     """The dedup plan for this device's tokens."""
-    return dp.make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer, ctx.budget)
+    return sp.make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer, ctx.budget)
 
 
-def a2a_rounds(plan: dp.SendPlan, ctx) -> jax.Array:
+def a2a_rounds(plan: sp.SendPlan, ctx) -> jax.Array:
     """Rounds every device agrees on: the max over all devices of the rounds each needs."""
     if ctx.overflow == "error":
         return jnp.ones((), jnp.int32)
-    return lax.pmax(dp.rounds_needed(plan), ctx.all_axes)
+    return lax.pmax(sp.rounds_needed(plan), ctx.all_axes)
 
 
-def received_entries(slots: dp.RoundSlots, w_Q, ctx, exchange):
+def received_entries(slots: sp.RoundSlots, w_Q, ctx, exchange):
     """Exchange the entry tables; make entry rows index the whole received row buffer."""
     el, cr, ce = ctx.experts_per_peer, ctx.budget.row_chunk, ctx.budget.entry_chunk
     code_Q = exchange(slots.erow_Q * (el + 1) + slots.elid_Q)   # one int exchange for both
@@ -57,10 +57,10 @@ def received_entries(slots: dp.RoundSlots, w_Q, ctx, exchange):
     return row_Q, jnp.where(erow_Q < cr, lid_Q, el), w_Q
 
 
-def a2a_dispatch(x_TD, w_TK, plan: dp.SendPlan, r, ctx):
+def a2a_dispatch(x_TD, w_TK, plan: sp.SendPlan, r, ctx):
     """Round r of the fused dispatch: (x_ND expert-major, group_sizes_El, A2AMeta)."""
-    slots = dp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
-    w_Q = dp.entry_weights(w_TK, slots)
+    slots = sp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
+    w_Q = sp.entry_weights(w_TK, slots)
     x_RD = send_rows(x_TD, slots.src_S, ctx.expert_axis)
     row_Q, lid_Q, w_Q = received_entries(slots, w_Q, ctx,
                                           lambda v: exchange(v, ctx.expert_axis))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dropless.moe.dispatch import rows as fused
-from dropless.moe.dispatch.plan import SendPlan, make_plan
+from dropless.moe.dispatch.send_plan import SendPlan, make_plan
 
 
 class Gathered(NamedTuple):

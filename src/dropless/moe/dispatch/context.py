@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from dropless.config import MoEConfig
-from dropless.moe.dispatch import plan as dp
+from dropless.moe.dispatch import send_plan as sp
 
 EXPERT_AXIS = "expert"
 NODE_AXES = ("expert_node", "expert_local")   # the expert axis split at node boundaries
@@ -78,7 +78,7 @@ class EPContext:
     num_peers: int
     experts_per_peer: int
     row_slots: int
-    budget: dp.Budget
+    budget: sp.Budget
     overflow: str
     row_bytes: int                      # one travelling row: D activations
     entry_bytes: int                    # one travelling entry: (row, expert) code + weight
@@ -111,7 +111,7 @@ def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContex
                          f"of the mesh {dict(mesh.shape)}; pad the batch")
     t_local = num_tokens // mesh.size
     el = cfg.num_experts // ep
-    j = dp.slots_per_row(cfg.top_k, el)
+    j = sp.slots_per_row(cfg.top_k, el)
     nodes = tuple(int(i) // cfg.devices_per_node for i in _device_ids(mesh).flat)
     m, g = ((int(mesh.shape[NODE_AXES[0]]), int(mesh.shape[NODE_AXES[1]])) if split
             else node_layout(mesh, cfg.devices_per_node) if _aligned(mesh, cfg) else (1, ep))
@@ -119,7 +119,7 @@ def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContex
         cfg=cfg, expert_axis=axis, all_axes=names,
         mesh_shape=tuple(int(mesh.shape[a]) for a in names), node_of_position=nodes,
         num_tokens=t_local, num_peers=ep, experts_per_peer=el, row_slots=j,
-        budget=dp.make_budget(t_local, cfg.top_k, cfg.num_experts, ep, cfg.ragged_buffer_factor),
+        budget=sp.make_budget(t_local, cfg.top_k, cfg.num_experts, ep, cfg.ragged_buffer_factor),
         overflow=cfg.overflow, row_bytes=cfg.d_model * jnp.dtype(dtype).itemsize, entry_bytes=8,
         num_nodes=m, node_size=g)
 

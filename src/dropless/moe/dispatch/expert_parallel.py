@@ -2,7 +2,7 @@
 
 Legend: T tokens (global outside shard_map, local inside), D model dim, K top-k, E experts,
 P peers on the `expert` mesh axis, El = E/P local experts, J = min(K, El), N rows entering the
-grouped matmul. Per-round buffer sizes are in dispatch_plan.Budget.
+grouped matmul. Per-round buffer sizes are in send_plan.Budget.
 
 The dispatcher strategies and their contract are in registry.py (one file per strategy).
 The expert math between dispatch and combine is `moe.experts.expert_ffn`, shared with the

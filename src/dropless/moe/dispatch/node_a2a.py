@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dropless.moe.dispatch import plan as dp
+from dropless.moe.dispatch import send_plan as sp
 from dropless.moe.dispatch.a2a import received_entries
 from dropless.moe.dispatch.context import NODE_AXES
 from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows, return_rows,
@@ -46,8 +46,8 @@ INTER, INTRA = NODE_AXES
 
 
 class NodeState(NamedTuple):
-    nodes: dp.SendPlan     # hop 1: (token, node) rows
-    devices: dp.SendPlan   # (token, device) rows: hop 2's rows, and the stats
+    nodes: sp.SendPlan     # hop 1: (token, node) rows
+    devices: sp.SendPlan   # (token, device) rows: hop 2's rows, and the stats
 
 
 class NodeMeta(NamedTuple):
@@ -58,21 +58,21 @@ class NodeMeta(NamedTuple):
     out_dtype: Any
 
 
-def node_budget(ctx) -> dp.Budget:
+def node_budget(ctx) -> sp.Budget:
     """Hop 1: Br1 rows per node per round, each row carrying J1 dense entries (cost J1)."""
     t, m = ctx.num_tokens, ctx.num_nodes
     cfg = ctx.cfg
-    j1 = dp.slots_per_row(cfg.top_k, ctx.node_size * ctx.experts_per_peer)
-    expect = dp.expected_rows_per_peer(t, cfg.top_k, cfg.num_experts, m)
+    j1 = sp.slots_per_row(cfg.top_k, ctx.node_size * ctx.experts_per_peer)
+    expect = sp.expected_rows_per_peer(t, cfg.top_k, cfg.num_experts, m)
     br = min(t, max(1, math.ceil(cfg.ragged_buffer_factor * expect)))
-    return dp.Budget(br, br * j1, br, br * j1, -(-t // br))
+    return sp.Budget(br, br * j1, br, br * j1, -(-t // br))
 
 
-def hop2_budget(ctx) -> dp.Budget:
+def hop2_budget(ctx) -> sp.Budget:
     """Hop 2: every received row may go to any one device: one round always suffices."""
     r1 = ctx.num_nodes * node_budget(ctx).row_chunk
     j2 = ctx.row_slots
-    return dp.Budget(r1, r1 * j2, r1, r1 * j2, 1)
+    return sp.Budget(r1, r1 * j2, r1, r1 * j2, 1)
 
 
 def node_buffer_rows(ctx) -> int:
@@ -85,18 +85,18 @@ def node_buffer_rows(ctx) -> int:
 def node_prepare(ids_TK, ctx) -> NodeState:
     """Plan hop 1 over the M nodes (Eg experts each) and, for the stats, the device rows."""
     eg = ctx.node_size * ctx.experts_per_peer
-    return NodeState(dp.make_plan(ids_TK, ctx.num_nodes, eg, node_budget(ctx)),
-                     dp.make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer, ctx.budget))
+    return NodeState(sp.make_plan(ids_TK, ctx.num_nodes, eg, node_budget(ctx)),
+                     sp.make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer, ctx.budget))
 
 
 def node_rounds(state: NodeState, ctx) -> jax.Array:
     """Hop-1 rounds, agreed by every device (hop 2 always fits one round of hop 1)."""
     if ctx.overflow == "error":
         return jnp.ones((), jnp.int32)
-    return lax.pmax(dp.rounds_needed(state.nodes), ctx.all_axes)
+    return lax.pmax(sp.rounds_needed(state.nodes), ctx.all_axes)
 
 
-def _row_choices(plan: dp.SendPlan, w_TK, src_S, cr: int, j: int, empty: int):
+def _row_choices(plan: sp.SendPlan, w_TK, src_S, cr: int, j: int, empty: int):
     """For each hop-1 slot, the token's choices on the slot's node, compacted to j columns:
     (node-local expert id or `empty`, weight) [S, j]."""
     s = src_S.shape[0]
@@ -117,18 +117,18 @@ def node_dispatch(x_TD, w_TK, state: NodeState, r, ctx):
     Returns (x_ND expert-major, group_sizes_El, NodeMeta)."""
     el, g = ctx.experts_per_peer, ctx.node_size
     b1, b2 = node_budget(ctx), hop2_budget(ctx)
-    src_S1 = dp.round_slots(state.nodes, r, b1, g * el).src_S
+    src_S1 = sp.round_slots(state.nodes, r, b1, g * el).src_S
     ids_SJ, w_SJ = _row_choices(state.nodes, w_TK, src_S1, b1.row_chunk, b1.entries // b1.rows,
                                 g * el)
     # hop 1 (inter-node): one row per (token, node), with its choices on that node
     x_RD = send_rows(x_TD, src_S1, INTER)
     ids_RJ, w_RJ = exchange(ids_SJ, INTER), exchange(w_SJ, INTER)
     # hop 2 (intra-node): the received rows are this device's "tokens"
-    plan2 = dp.make_plan(ids_RJ, g, el, b2)
-    slots2 = dp.round_slots(plan2, 0, b2, el)
+    plan2 = sp.make_plan(ids_RJ, g, el, b2)
+    slots2 = sp.round_slots(plan2, 0, b2, el)
     x2_RD = send_rows(x_RD, slots2.src_S, INTRA)
     hop2 = types.SimpleNamespace(experts_per_peer=el, budget=b2, num_peers=g)
-    row_Q, lid_Q, w_Q = received_entries(slots2, dp.entry_weights(w_RJ, slots2), hop2,
+    row_Q, lid_Q, w_Q = received_entries(slots2, sp.entry_weights(w_RJ, slots2), hop2,
                                          lambda v: exchange(v, INTRA))
     x_ND, sizes, local = rows_to_experts(x2_RD, row_Q, lid_Q, w_Q, el)
     return x_ND, sizes, NodeMeta(local, slots2.src_S, src_S1, x_TD.shape[0], x_TD.dtype)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dropless.moe.dispatch import plan as dp
+from dropless.moe.dispatch import send_plan as sp
 from dropless.moe.dispatch.a2a import A2AMeta, received_entries
 from dropless.moe.dispatch.rows import exchange, experts_to_rows, pack, rows_to_experts, unpack
 
@@ -29,16 +29,16 @@ def _ragged(x, sizes_P, axis: str, chunk: int) -> jax.Array:
                                  recv_P, axis_name=axis)
 
 
-def _round_sizes(plan: dp.SendPlan, r):
+def _round_sizes(plan: sp.SendPlan, r):
     """(rows, entries) each peer gets in round r."""
     in_round_TP = plan.hit_TP & (plan.round_TP == r)
     return (jnp.sum(in_round_TP, axis=0, dtype=jnp.int32),
             jnp.sum(jnp.where(in_round_TP, plan.entries_TP, 0), axis=0, dtype=jnp.int32))
 
 
-def ragged_dispatch(x_TD, w_TK, plan: dp.SendPlan, r, ctx):
+def ragged_dispatch(x_TD, w_TK, plan: sp.SendPlan, r, ctx):
     """Like a2a_dispatch, but empty slots never travel (GPU/TPU only; plain autodiff)."""
-    slots = dp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
+    slots = sp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
     rows_P, entries_P = _round_sizes(plan, r)
     cr, ce = ctx.budget.row_chunk, ctx.budget.entry_chunk
     x_RD = _ragged(pack(x_TD, slots.src_S), rows_P, ctx.expert_axis, cr)
@@ -47,10 +47,10 @@ def ragged_dispatch(x_TD, w_TK, plan: dp.SendPlan, r, ctx):
     el = ctx.experts_per_peer
     code_Q = ex(slots.erow_Q * (el + 1) + slots.elid_Q + 1)
     empty_Q = code_Q == 0
-    shifted = dp.RoundSlots(slots.src_S, jnp.where(empty_Q, cr, (code_Q - 1) // (el + 1)),
+    shifted = sp.RoundSlots(slots.src_S, jnp.where(empty_Q, cr, (code_Q - 1) // (el + 1)),
                             jnp.where(empty_Q, el, (code_Q - 1) % (el + 1)), slots.etok_Q,
                             slots.ek_Q)
-    row_Q, lid_Q, w_Q = received_entries(shifted, ex(dp.entry_weights(w_TK, slots)), ctx,
+    row_Q, lid_Q, w_Q = received_entries(shifted, ex(sp.entry_weights(w_TK, slots)), ctx,
                                           lambda v: v)
     x_ND, sizes, local = rows_to_experts(x_RD, row_Q, lid_Q, w_Q, el)
     return x_ND, sizes, (A2AMeta(local, slots.src_S, x_TD.shape[0], x_TD.dtype), rows_P)
