@@ -9,10 +9,11 @@ from jax.sharding import Mesh, PartitionSpec
 
 from dropless import MoEConfig
 from dropless.config import MeshConfig
+from dropless.config_file import build_config
 from dropless.moe import layer
-from dropless.moe.dispatch import (BufferOverflowError, check_overflow, dispatcher_names,
-                                   resolve_dispatcher, should_check_overflow)
+from dropless.moe.dispatch import dispatcher_names, resolve_dispatcher
 from dropless.parallel import logical_to_spec, make_mesh, param_specs
+from dropless.train.overflow import BufferOverflowError, OverflowGuard
 
 
 def _cfg(**kw) -> MoEConfig:
@@ -28,6 +29,26 @@ def _one_device_params(cfg):
     return params
 
 
+def _train_cfg(**moe):
+    """A TrainConfig whose one MoE layer is layer 3, with these model.moe values."""
+    return build_config([("model.num_layers", 4), ("model.first_k_dense", 3),
+                         ("model.mtp_depth", 0)]
+                        + [(f"model.moe.{k}", v) for k, v in moe.items()])
+
+
+def _guard_check(aux, cfg: MoEConfig) -> None:
+    """The trainer's check (train/overflow.py) of one step whose one MoE layer reported `aux`:
+    the guarded step runs, then the host reads the flag after step 1 (raises on overflow)."""
+    guard = OverflowGuard(_train_cfg(overflow=cfg.overflow,
+                                     ragged_buffer_factor=cfg.ragged_buffer_factor))
+    assert guard.names == ["layer 3"]
+    metrics = {"dropped_rows_L": aux["dropped_rows"], "sufficient_buffer_factor_L":
+               aux["sufficient_buffer_factor"]}
+    step = guard.wrap(lambda s, b: ({**s, "step": s["step"] + 1}, dict(metrics)))
+    state, _ = step(guard.attach({"step": jnp.zeros((), jnp.int32)}), None)
+    guard.check(state, 1)
+
+
 def test_error_policy_raises_with_layer_rows_and_factor():
     """EP=8, T_local=8, K=2, factor 1: a round takes one 2-entry row per peer (see
     test_one_device_routing_rounds_and_stats_hand_counted); all 8 rows of each device go to
@@ -37,25 +58,27 @@ def test_error_policy_raises_with_layer_rows_and_factor():
     x = jax.random.normal(jax.random.key(1), (64, 8), jnp.float32)
     _, aux = jax.jit(lambda p, x: layer.apply(p, x, cfg, mesh=mesh))(_one_device_params(cfg), x)
     assert float(aux["dropped_rows"]) == 56 and int(aux["rounds"]) == 1
-    with pytest.raises(BufferOverflowError, match=r"layers/3/moe: 56 rows overflowed.*"
-                                                  r"ragged_buffer_factor=8\.0 would"):
-        check_overflow(aux, layer="layers/3/moe", cfg=cfg)
+    with pytest.raises(BufferOverflowError, match=r"step 1: .* in layer 3 \(56 rows\) with "
+                       r"model.moe.ragged_buffer_factor=1.0 .* ragged_buffer_factor=8\.0 would"):
+        _guard_check(aux, cfg)
     # with the sufficient factor nothing overflows, nothing raises, and the output is exact
     big = cfg.replace(ragged_buffer_factor=8.0)
     y, aux = jax.jit(lambda p, x: layer.apply(p, x, big, mesh=mesh))(_one_device_params(big), x)
-    check_overflow(aux, layer="layers/3/moe", cfg=big)
+    _guard_check(aux, big)
     y_ref, _ = jax.jit(lambda p, x: layer.apply(p, x, big))(_one_device_params(big), x)
     np.testing.assert_allclose(y, y_ref, rtol=2e-5, atol=2e-5)
 
 
-def test_should_check_overflow_every_n_steps():
-    cfg = _cfg(overflow_check_every_n_steps=3)
-    assert [should_check_overflow(s, cfg) for s in range(4)] == [True, False, False, True]
-    assert not should_check_overflow(0, cfg.replace(overflow="rounds"))
+def test_overflow_check_every_n_steps():
+    """The trainer reads the flag after every n-th step, counted from 1."""
+    guard = OverflowGuard(_train_cfg(overflow="error", overflow_check_every_n_steps=3))
+    assert [guard.due(s) for s in range(1, 7)] == [False, False, True, False, False, True]
+    assert not OverflowGuard(_train_cfg(overflow="rounds", overflow_check_every_n_steps=3)).due(3)
 
 
-def test_check_overflow_quiet_without_drops():
-    check_overflow({"dropped_rows": jnp.float32(0)}, layer="l0", cfg=_cfg())
+def test_overflow_check_quiet_without_drops():
+    _guard_check({"dropped_rows": jnp.float32(0), "sufficient_buffer_factor": jnp.float32(0.5)},
+                 _cfg())
 
 
 def _apply(cfg, mesh, tokens=64):

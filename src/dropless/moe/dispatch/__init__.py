@@ -8,15 +8,12 @@
   send_plan.py, rows.py  the dedup send plan and the row exchange primitives they share
   context.py          EPContext: static facts checked against the mesh; nodes of a mesh
   expert_parallel.py  the one shard_map boundary, overflow rounds, traffic stats
-  overflow.py         the host-side overflow check (overflow="error")
+The host-side check of overflow="error" is the trainer's (dropless.train.overflow).
 """
 from dropless.moe.dispatch.context import EXPERT_AXIS, EPContext, make_context
 from dropless.moe.dispatch.expert_parallel import expert_parallel_experts
-from dropless.moe.dispatch.overflow import (BufferOverflowError, check_overflow,
-                                            should_check_overflow)
 from dropless.moe.dispatch.registry import (DISPATCHERS, DispatcherSpec, dispatcher_names,
                                             resolve_dispatcher)
 
-__all__ = ["EXPERT_AXIS", "EPContext", "make_context", "expert_parallel_experts",
-           "BufferOverflowError", "check_overflow", "should_check_overflow", "DISPATCHERS",
+__all__ = ["EXPERT_AXIS", "EPContext", "make_context", "expert_parallel_experts", "DISPATCHERS",
            "DispatcherSpec", "dispatcher_names", "resolve_dispatcher"]

@@ -28,10 +28,12 @@ from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows
 
 
 class A2AMeta(NamedTuple):
-    local: RowsToExperts
-    src_S: jax.Array
-    num_tokens: int
-    out_dtype: Any
+    """What `a2a_dispatch` hands to `a2a_combine` (one round's)."""
+
+    local: RowsToExperts  # received rows [R = S, D] -> entries [Q] (expert-major), weights
+    src_S: jax.Array      # int32 [S]: the token that filled each row slot (T = empty)
+    num_tokens: int       # T, for the per-token sum on the way back
+    out_dtype: Any        # dtype the rows travel back in
 
 
 def a2a_prepare(ids_TK, ctx) -> sp.SendPlan:

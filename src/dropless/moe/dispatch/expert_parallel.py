@@ -13,8 +13,9 @@ further rounds of the same step. The round count is a pmax over all devices, so 
 the same number of collectives without a host sync. Round 0 is differentiated as usual; the
 extra rounds (a traced-length loop, often empty) have a custom VJP that replays them
 (recomputing each round's forward, then its VJP), so memory stays bounded by one round's
-buffers whatever the routing. With `overflow="error"` one round runs, rows that do not fit are counted
-in `aux["dropped_rows"]`, and `check_overflow` raises on the host.
+buffers whatever the routing. With `overflow="error"` one round runs, rows that do not fit
+are counted in `aux["dropped_rows"]` (with `aux["sufficient_buffer_factor"]`), and the
+trainer's guard (dropless.train.overflow) keeps such a step from applying and raises.
 """
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ from jax.sharding import Mesh, PartitionSpec
 from dropless.config import MoEConfig
 from dropless.moe.dispatch.context import (EPContext, make_context, multi_node_groups,
                                             split_expert_axis)
-from dropless.moe.dispatch.registry import (DISPATCHERS, DispatcherSpec, platform_choices,
-                                             resolve_dispatcher)
+from dropless.moe.dispatch.registry import (DISPATCHERS, LOCAL, DispatcherSpec,
+                                             platform_choices, resolve_dispatcher)
+from dropless.moe.dispatch.send_plan import SendPlan
 from dropless.moe.experts import dropless_experts, expert_ffn
 from dropless.moe.router import Routing, expert_counts
 
@@ -77,13 +79,13 @@ def _peer_nodes(ctx: EPContext) -> tuple[jax.Array, jax.Array]:
     return table[idx].reshape(-1), lax.axis_index(ctx.expert_axis)
 
 
-def _traffic(state, spec: DispatcherSpec, ctx: EPContext, device_plan, intra_P, inter_P):
-    """This device's rows (sent, inter-node, intra-node, late) and busiest-peer cost."""
+def _traffic(state, spec: DispatcherSpec, ctx: EPContext, plan: SendPlan, intra_P, inter_P):
+    """This device's rows (sent, inter-node, intra-node, late) and busiest-peer cost; `plan`
+    is the state's (token, device) plan (spec.device_plan)."""
     if spec.traffic is not None:
         return spec.traffic(state, ctx)
-    plan = device_plan
     late_P = jnp.sum(plan.hit_TP & (plan.round_TP > 0), axis=0)   # rows beyond round 0
-    if spec.name == "allgather":
+    if spec.replicates_tokens:
         sent_P = jnp.full_like(plan.counts_P, ctx.num_tokens)
     elif ctx.overflow == "error":
         sent_P = plan.counts_P - late_P
@@ -102,7 +104,7 @@ def _stats(state, rounds, spec: DispatcherSpec, ctx: EPContext) -> dict[str, jax
     per (token, device) moves (a2a). Load and headroom refer to the dispatcher's own budget
     (node_a2a: hop-1 rows per node per round; a2a: rows and entries per peer per round).
     """
-    device_plan = getattr(state, "devices", None) or getattr(state, "plan", None) or state
+    device_plan = spec.device_plan(state)
     nodes_P, me = _peer_nodes(ctx)
     remote_P = jnp.arange(ctx.num_peers) != me
     intra_P = remote_P & (nodes_P == nodes_P[me])
@@ -118,7 +120,7 @@ def _stats(state, rounds, spec: DispatcherSpec, ctx: EPContext) -> dict[str, jax
         "rounds": rounds.astype(jnp.int32),
         "buffer_headroom": 1.0 - load.astype(jnp.float32),
         "overflow_rows": over,
-        "dropped_rows": over if ctx.overflow == "error" and spec.name != "allgather"
+        "dropped_rows": over if ctx.overflow == "error" and spec.overflows
         else jnp.zeros((), jnp.float32),
         "sufficient_buffer_factor": (load * ctx.cfg.ragged_buffer_factor).astype(jnp.float32),
         "rows_intra_node": s(t["intra"]),
@@ -139,7 +141,7 @@ def _per_device(x_TD, w_TK, ids_TK, experts, *, spec: DispatcherSpec, ctx: EPCon
     rounds = spec.rounds(state, ctx)
     # round 0 is differentiated as usual; only overflow rounds pay for recomputation
     y_TD = _one_round(0, x_TD, w_TK, experts, state, spec, ctx)
-    if ctx.max_rounds > 1 and ctx.overflow == "rounds" and spec.name != "allgather":
+    if spec.overflows and ctx.max_rounds > 1 and ctx.overflow == "rounds":
         y_TD = y_TD + _rounds(x_TD, w_TK, experts, state, rounds, spec, ctx)
     return y_TD, _stats(state, rounds, spec, ctx)
 
@@ -161,7 +163,7 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     num_nodes = multi_node_groups(mesh, cfg)
     name = resolve_dispatcher(cfg.dispatcher, num_nodes=num_nodes)   # this host's backend
     sizes_E = expert_counts(routing.ids_TK, cfg.num_experts)
-    if name == "local":
+    if name == LOCAL:
         y_TD, _ = dropless_experts(x_TD, routing, experts, cfg)
         return y_TD, sizes_E, {}
     spec = DISPATCHERS[name]
@@ -172,7 +174,7 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     exp_specs = {k: PartitionSpec(ctx.expert_axis) for k in experts}
     body = functools.partial(_per_device, spec=spec, ctx=ctx)
     choices = platform_choices(cfg.dispatcher, num_nodes=num_nodes)
-    if cfg.dispatcher == "auto" and len(set(choices.values())) > 1:
+    if len(set(choices.values())) > 1:
         # `auto` differs by platform (ragged_a2a on GPU when it lowers): pick at lowering time
         assert all(DISPATCHERS[n].split_nodes == spec.split_nodes for n in choices.values())
         # one traced body per distinct strategy: platform_dependent joins identical branches

@@ -45,17 +45,21 @@ from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows
 INTER, INTRA = NODE_AXES
 
 
-class NodeState(NamedTuple):
-    nodes: sp.SendPlan     # hop 1: (token, node) rows
-    devices: sp.SendPlan   # (token, device) rows: hop 2's rows, and the stats
+class NodeA2AState(NamedTuple):
+    """What `node_prepare` returns: the plans of both hops."""
+
+    nodes: sp.SendPlan     # hop 1: (token, node) rows, over the M nodes
+    devices: sp.SendPlan   # (token, device) rows over the P peers: hop 2's rows, and the stats
 
 
-class NodeMeta(NamedTuple):
-    local: RowsToExperts
-    src_S2: jax.Array
-    src_S1: jax.Array
-    num_tokens: int
-    out_dtype: Any
+class NodeA2AMeta(NamedTuple):
+    """What `node_dispatch` hands to `node_combine` (one round's)."""
+
+    local: RowsToExperts  # hop-2 rows received [G*R1, D] -> entries [Q] (expert-major), weights
+    src_S2: jax.Array     # int32 [S2]: the hop-1 row (of R1) that filled each hop-2 slot
+    src_S1: jax.Array     # int32 [S1]: the token that filled each hop-1 slot (T = empty)
+    num_tokens: int       # T, for the per-token sum on the way back
+    out_dtype: Any        # dtype the rows travel back in
 
 
 def node_budget(ctx) -> sp.Budget:
@@ -82,14 +86,14 @@ def node_buffer_rows(ctx) -> int:
     return (ctx.num_nodes * b1.row_chunk + ctx.node_size * hop2_budget(ctx).rows) / ctx.num_peers
 
 
-def node_prepare(ids_TK, ctx) -> NodeState:
+def node_prepare(ids_TK, ctx) -> NodeA2AState:
     """Plan hop 1 over the M nodes (Eg experts each) and, for the stats, the device rows."""
     eg = ctx.node_size * ctx.experts_per_peer
-    return NodeState(sp.make_plan(ids_TK, ctx.num_nodes, eg, node_budget(ctx)),
+    return NodeA2AState(sp.make_plan(ids_TK, ctx.num_nodes, eg, node_budget(ctx)),
                      sp.make_plan(ids_TK, ctx.num_peers, ctx.experts_per_peer, ctx.budget))
 
 
-def node_rounds(state: NodeState, ctx) -> jax.Array:
+def node_rounds(state: NodeA2AState, ctx) -> jax.Array:
     """Hop-1 rounds, agreed by every device (hop 2 always fits one round of hop 1)."""
     if ctx.overflow == "error":
         return jnp.ones((), jnp.int32)
@@ -112,9 +116,9 @@ def _row_choices(plan: sp.SendPlan, w_TK, src_S, cr: int, j: int, empty: int):
     return ids_SJ, w_SJ
 
 
-def node_dispatch(x_TD, w_TK, state: NodeState, r, ctx):
+def node_dispatch(x_TD, w_TK, state: NodeA2AState, r, ctx):
     """Round r: across nodes to the rail peer, then inside the node to the expert's device.
-    Returns (x_ND expert-major, group_sizes_El, NodeMeta)."""
+    Returns (x_ND expert-major, group_sizes_El, NodeA2AMeta)."""
     el, g = ctx.experts_per_peer, ctx.node_size
     b1, b2 = node_budget(ctx), hop2_budget(ctx)
     src_S1 = sp.round_slots(state.nodes, r, b1, g * el).src_S
@@ -131,10 +135,10 @@ def node_dispatch(x_TD, w_TK, state: NodeState, r, ctx):
     row_Q, lid_Q, w_Q = received_entries(slots2, sp.entry_weights(w_RJ, slots2), hop2,
                                          lambda v: exchange(v, INTRA))
     x_ND, sizes, local = rows_to_experts(x2_RD, row_Q, lid_Q, w_Q, el)
-    return x_ND, sizes, NodeMeta(local, slots2.src_S, src_S1, x_TD.shape[0], x_TD.dtype)
+    return x_ND, sizes, NodeA2AMeta(local, slots2.src_S, src_S1, x_TD.shape[0], x_TD.dtype)
 
 
-def node_combine(y_ND, meta: NodeMeta, ctx) -> jax.Array:
+def node_combine(y_ND, meta: NodeA2AMeta, ctx) -> jax.Array:
     """The transpose: reduce entries per row, back inside the node, back across nodes: [T, D]."""
     y2_RD = experts_to_rows(y_ND, meta.local).astype(meta.out_dtype)
     y_RD = return_rows(y2_RD, meta.src_S2, meta.src_S1.shape[0], INTRA)
@@ -142,7 +146,7 @@ def node_combine(y_ND, meta: NodeMeta, ctx) -> jax.Array:
                        INTER).astype(jnp.float32)
 
 
-def node_traffic(state: NodeState, ctx) -> dict[str, jax.Array]:
+def node_traffic(state: NodeA2AState, ctx) -> dict[str, jax.Array]:
     """This device's rows by link (before the psum): inter-node rows of hop 1, intra-node rows
     of hop 2 (a (token, device) pair crosses inside the node unless the device is the rail
     peer), both without late rows under overflow="error"."""

@@ -10,13 +10,26 @@ transpose of ragged_all_to_all is a ragged_all_to_all. Runs inside the dispatche
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from dropless.moe.dispatch import send_plan as sp
-from dropless.moe.dispatch.a2a import A2AMeta, received_entries
-from dropless.moe.dispatch.rows import exchange, experts_to_rows, pack, rows_to_experts, unpack
+from dropless.moe.dispatch.a2a import received_entries
+from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows, pack,
+                                        rows_to_experts, unpack)
+
+
+class RaggedA2AMeta(NamedTuple):
+    """What `ragged_dispatch` hands to `ragged_combine`: a2a's, plus the rows sent per peer."""
+
+    local: RowsToExperts  # received rows [R = S, D] -> entries [Q] (expert-major), weights
+    src_S: jax.Array      # int32 [S]: the token that filled each row slot (T = empty)
+    rows_P: jax.Array     # int32 [P]: rows this device sent each peer (their chunks' lengths)
+    num_tokens: int       # T, for the per-token sum on the way back
+    out_dtype: Any        # dtype the rows travel back in
 
 
 def _ragged(x, sizes_P, axis: str, chunk: int) -> jax.Array:
@@ -37,7 +50,8 @@ def _round_sizes(plan: sp.SendPlan, r):
 
 
 def ragged_dispatch(x_TD, w_TK, plan: sp.SendPlan, r, ctx):
-    """Like a2a_dispatch, but empty slots never travel (GPU/TPU only; plain autodiff)."""
+    """Like a2a_dispatch, but empty slots never travel (GPU/TPU only; plain autodiff):
+    (x_ND expert-major, group_sizes_El, RaggedA2AMeta)."""
     slots = sp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
     rows_P, entries_P = _round_sizes(plan, r)
     cr, ce = ctx.budget.row_chunk, ctx.budget.entry_chunk
@@ -53,13 +67,12 @@ def ragged_dispatch(x_TD, w_TK, plan: sp.SendPlan, r, ctx):
     row_Q, lid_Q, w_Q = received_entries(shifted, ex(sp.entry_weights(w_TK, slots)), ctx,
                                           lambda v: v)
     x_ND, sizes, local = rows_to_experts(x_RD, row_Q, lid_Q, w_Q, el)
-    return x_ND, sizes, (A2AMeta(local, slots.src_S, x_TD.shape[0], x_TD.dtype), rows_P)
+    return x_ND, sizes, RaggedA2AMeta(local, slots.src_S, rows_P, x_TD.shape[0], x_TD.dtype)
 
 
-def ragged_combine(y_ND, meta_rows, ctx) -> jax.Array:
+def ragged_combine(y_ND, meta: RaggedA2AMeta, ctx) -> jax.Array:
     """The reverse ragged exchange (each row back to its owner's slot), then the token sum."""
-    meta, rows_P = meta_rows
     y_RD = experts_to_rows(y_ND, meta.local).astype(meta.out_dtype)
     cr = ctx.budget.row_chunk
-    back_SD = _ragged(y_RD, exchange(rows_P, ctx.expert_axis), ctx.expert_axis, cr)
+    back_SD = _ragged(y_RD, exchange(meta.rows_P, ctx.expert_axis), ctx.expert_axis, cr)
     return unpack(back_SD, meta.src_S, meta.num_tokens).astype(jnp.float32)

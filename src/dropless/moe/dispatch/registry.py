@@ -5,6 +5,8 @@ A dispatcher is a DispatcherSpec (functions take the EPContext last):
   rounds(state)                                 rounds all devices agree on (on device)
   x_ND, group_sizes_El, meta = dispatch(x_TD, w_TK, state, r)   expert-major rows of round r
   y_TD += combine(expert_ffn(x_ND, group_sizes_El), meta)      back in token order
+`state` is the strategy's own NamedTuple (spec.state_type), `meta` another (spec.meta_type);
+everything else the shard_map boundary asks of a strategy is a field of its spec.
 Legend: T local tokens, D model dim, K top-k, El local experts, N rows entering the grouped
 matmul. One file per strategy in this package; `expert_parallel.py` is the shard_map boundary.
 """
@@ -19,47 +21,90 @@ import jax.numpy as jnp
 from jax import lax
 
 from dropless.moe.dispatch import a2a, allgather as ag, node_a2a as na, ragged_a2a as ra
+from dropless.moe.dispatch.send_plan import SendPlan
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DispatcherSpec:
-    """A registered dispatcher (functions take the EPContext last)."""
+    """A registered dispatcher: its four functions (each takes the EPContext last) and what the
+    shard_map boundary (`expert_parallel.py`) needs to know of it, so that nothing there tests
+    a strategy's name.
+
+    name, description: what `MoEConfig.dispatcher` says and what it does.
+    prepare, rounds, dispatch, combine: the contract in the module docstring.
+    state_type: the NamedTuple `prepare` returns (carried unchanged through all rounds).
+    meta_type: the NamedTuple `dispatch` returns as metadata and `combine` consumes.
+    device_plan: state -> its (token, device) SendPlan, the rows the traffic stats count.
+    replicates_tokens: every token travels to every peer of the EP group (rows sent = T per
+      peer), not only to the peers its choices name.
+    overflows: its static buffers can be exceeded: extra rounds under overflow="rounds", rows
+      dropped (and counted) under overflow="error". False: one round always holds any routing.
+    unsupported_on: platforms where it cannot compile.
+    buffer_rows: ctx -> row slots it fills per peer per round (for `padding_rows`).
+    split_nodes: runs on the mesh with `expert` split at node boundaries.
+    traffic: (state, ctx) -> its own row accounting by link; None: one hop's, from device_plan.
+    """
 
     name: str
+    description: str
     prepare: Callable[..., Any]
     rounds: Callable[..., jax.Array]
     dispatch: Callable[..., tuple]
     combine: Callable[..., jax.Array]
-    description: str
-    unsupported_on: tuple[str, ...] = ()   # platforms where it cannot compile
-    buffer_rows: Callable[..., int] = lambda ctx: ctx.budget.row_chunk  # per peer per round
-    split_nodes: bool = False          # runs on the mesh with `expert` split at node boundaries
-    traffic: Callable[..., dict] | None = None   # its own row accounting (else one hop's)
+    state_type: type
+    meta_type: type
+    device_plan: Callable[[Any], SendPlan]
+    replicates_tokens: bool = False
+    overflows: bool = True
+    unsupported_on: tuple[str, ...] = ()
+    buffer_rows: Callable[..., int] = lambda ctx: ctx.budget.row_chunk
+    split_nodes: bool = False
+    traffic: Callable[..., dict] | None = None
+
+
+def _itself(plan: SendPlan) -> SendPlan:
+    return plan
 
 
 DISPATCHERS: dict[str, DispatcherSpec] = {
     "allgather": DispatcherSpec(
-        "allgather", ag.allgather_prepare, ag.allgather_rounds, ag.allgather_dispatch,
-        ag.allgather_combine, "gather all tokens, run local experts, reduce-scatter back",
+        name="allgather",
+        description="gather all tokens, run local experts, reduce-scatter back",
+        prepare=ag.allgather_prepare, rounds=ag.allgather_rounds,
+        dispatch=ag.allgather_dispatch, combine=ag.allgather_combine,
+        state_type=ag.AllGatherState, meta_type=ag.AllGatherMeta,
+        device_plan=lambda state: state.plan, replicates_tokens=True, overflows=False,
         buffer_rows=lambda ctx: ctx.num_tokens),
     "a2a": DispatcherSpec(
-        "a2a", a2a.a2a_prepare, a2a.a2a_rounds, a2a.a2a_dispatch, a2a.a2a_combine,
-        "deduplicated rows over all_to_all in static per-peer chunks (every backend)"),
+        name="a2a",
+        description="deduplicated rows over all_to_all in static per-peer chunks (every backend)",
+        prepare=a2a.a2a_prepare, rounds=a2a.a2a_rounds,
+        dispatch=a2a.a2a_dispatch, combine=a2a.a2a_combine,
+        state_type=SendPlan, meta_type=a2a.A2AMeta, device_plan=_itself),
     "ragged_a2a": DispatcherSpec(
-        "ragged_a2a", a2a.a2a_prepare, a2a.a2a_rounds, ra.ragged_dispatch, ra.ragged_combine,
-        "deduplicated rows over ragged_all_to_all (GPU/TPU; padding never travels)",
+        name="ragged_a2a",
+        description="deduplicated rows over ragged_all_to_all (GPU/TPU; padding never travels)",
+        prepare=a2a.a2a_prepare, rounds=a2a.a2a_rounds,
+        dispatch=ra.ragged_dispatch, combine=ra.ragged_combine,
+        state_type=SendPlan, meta_type=ra.RaggedA2AMeta, device_plan=_itself,
         unsupported_on=("cpu",)),
     "node_a2a": DispatcherSpec(
-        "node_a2a", na.node_prepare, na.node_rounds, na.node_dispatch, na.node_combine,
-        "node-level dedup: one row per (token, node) across nodes, fanned out inside the node",
+        name="node_a2a",
+        description="node-level dedup: one row per (token, node) across nodes, fanned out "
+                    "inside the node",
+        prepare=na.node_prepare, rounds=na.node_rounds,
+        dispatch=na.node_dispatch, combine=na.node_combine,
+        state_type=na.NodeA2AState, meta_type=na.NodeA2AMeta,
+        device_plan=lambda state: state.devices,
         buffer_rows=na.node_buffer_rows, split_nodes=True, traffic=na.node_traffic),
 }
+LOCAL = "local"   # no dispatcher: the single-device layer (MoEConfig.dispatcher="local")
 GPU_PLATFORMS = ("cuda", "rocm", "tpu")
 
 
 def dispatcher_names() -> tuple[str, ...]:
     """Names accepted by MoEConfig.dispatcher with a mesh: auto, local, then the registry."""
-    return ("auto", "local") + tuple(DISPATCHERS)
+    return ("auto", LOCAL) + tuple(DISPATCHERS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,7 +152,7 @@ def resolve_dispatcher(name: str, platform: str | None = None, *, num_nodes: int
         if platform in GPU_PLATFORMS and ragged_lowers(platform):
             return "ragged_a2a"
         return "a2a"
-    if name == "local":
+    if name == LOCAL:
         return name
     if name not in DISPATCHERS:
         raise ValueError(f"MoEConfig.dispatcher={name!r} is unknown; known: "
