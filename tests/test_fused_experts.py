@@ -18,7 +18,6 @@ from dropless.config import MeshConfig
 from dropless.moe import (convert_expert_weights, expert_layout, fuse_expert_weights,
                           unfuse_expert_weights)
 from dropless.moe import layer
-from dropless.moe.experts import restore_in_any_layout
 from dropless.parallel import make_mesh, param_specs, shard_params
 
 E, K, D, F, T = 8, 2, 32, 32, 64
@@ -120,24 +119,20 @@ def test_fused_weight_sharding_entry():
 
 @pytest.mark.parametrize("saved_fused", [False, True])
 def test_checkpoint_written_either_way_loads_either_way(tmp_path, saved_fused):
-    import orbax.checkpoint as ocp
-
+    """Through the trainer's checkpoint.restore, which reads the stored layout from the
+    checkpoint's tree metadata and converts to `like`'s."""
     from dropless.train import checkpoint as ckpt
     p = layer.init_params(jax.random.key(0), _cfg())
     state = {"params": p, "mu": jax.tree.map(lambda a: a * 2, p)}
     written = fuse_expert_weights(state) if saved_fused else state
     mngr = ckpt.manager(tmp_path, keep=1, async_save=False)
-    ckpt.save(mngr, 3, written, {"step": 3})
+    # the meta the trainer stores beside every step
+    ckpt.save(mngr, 3, written, {"step": 3, "next_batch": 3, "corpus": "c"})
     mngr.wait_until_finished()
-    saved_tree = mngr.item_metadata(3)["state"].tree
+    assert expert_layout(mngr.item_metadata(3)["state"].tree) is saved_fused
     for want_fused in (False, True):
         like = fuse_expert_weights(state) if want_fused else state
-
-        def restore(abstract_like):
-            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract_like)
-            return mngr.restore(3, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract)))["state"]
-        got = restore_in_any_layout(restore, like, saved_tree)
+        got, _ = ckpt.restore(mngr, 3, like)
         assert expert_layout(got) is want_fused
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(like)):
             np.testing.assert_array_equal(a, b)

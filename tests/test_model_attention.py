@@ -81,10 +81,10 @@ def test_mla_shapes(q_lora):
 
 def test_gqa_matches_naive_with_repeated_heads():
     cfg = small_cfg("mha", num_heads=4, num_kv_heads=2, head_dim=4, qk_norm=False)
-    p = att.init_gqa(jax.random.key(2), cfg)
+    p = att.init_mha(jax.random.key(2), cfg)
     x = jax.random.normal(jax.random.key(3), (1, 4, 16))
     cos, sin = att.rope_tables(4, 4, 1e4)
-    got = att.gqa(p, x, cfg, cos, sin)
+    got = att.mha(p, x, cfg, cos, sin)
     q = att.apply_rope(jnp.einsum("bsd,dhk->bshk", x, p["wq_DHK"]), cos, sin)
     k = att.apply_rope(jnp.einsum("bsd,dgk->bsgk", x, p["wk_DGK"]), cos, sin)
     v = jnp.einsum("bsd,dgk->bsgk", x, p["wv_DGK"])

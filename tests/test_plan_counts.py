@@ -33,11 +33,11 @@ def test_layer_flops_hand_count():
 def test_ffn_flops_match_xla_cost_analysis():
     from dropless.config import MoEConfig
     from dropless.moe import init_params
-    from dropless.moe.layer import shared_ffn
+    from dropless.moe.ffn import swiglu_ffn
     cfg = MoEConfig(num_experts=4, top_k=2, d_model=64, d_ff=96, num_shared_experts=2)
     p = init_params(jax.random.key(0), cfg)["shared"]
     x = jnp.ones((128, 64), jnp.float32)
-    cost = jax.jit(lambda x: shared_ffn(x, p, cfg)).lower(x).compile().cost_analysis()
+    cost = jax.jit(lambda x: swiglu_ffn(p, x, cfg.dtype)).lower(x).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     s = model_config(vocab_size=2, d_model=64, num_layers=1, num_heads=1, d_ff=8,
                    num_experts=4, top_k=2, moe_d_ff=96, num_shared_experts=2)

@@ -1,5 +1,6 @@
-"""Attention for the model: RMSNorm, rotary embeddings, Multi-head Latent Attention and
-standard (grouped-query) attention. Functional; parameters are plain dicts.
+"""Attention for the model: RMSNorm, rotary embeddings, Multi-head Latent Attention (`mla`) and
+standard multi-head attention (`mha`: grouped-query when there are fewer kv heads than query
+heads). Functional; parameters are plain dicts.
 
 Legend: B batch, S sequence, D model dim, H query heads, G key/value heads, K query/key head dim,
 V value head dim, R rotary dims, N no-rope (content) dims, Q q low-rank dim, L kv low-rank dim.
@@ -14,6 +15,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from dropless.config import ModelConfig
+from dropless.moe.ffn import scaled_normal
 
 # Names of activations that the `offload` remat policy moves to host memory (as MaxText does).
 OFFLOADED_NAMES = ("query_proj", "value_proj")
@@ -107,10 +109,6 @@ def _dot(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
                       ).astype(x.dtype)
 
 
-def _normal(key: jax.Array, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
-    return (jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
-
-
 def init_mla(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
     """MLA weights: wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo."""
     d, h, wdt = cfg.d_model, cfg.num_heads, jnp.dtype(cfg.weight_dtype)
@@ -119,15 +117,17 @@ def init_mla(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
     ks = jax.random.split(key, 5)
     p = {}
     if q_r:
-        p["wq_a_DQ"] = _normal(ks[0], (d, q_r), d, wdt)
+        p["wq_a_DQ"] = scaled_normal(ks[0], (d, q_r), d, wdt)
         p["q_norm_Q"] = jnp.ones((q_r,), wdt)
-        p["wq_b_QHK"] = _normal(ks[1], (q_r, h, n + r), q_r, wdt)
+        p["wq_b_QHK"] = scaled_normal(ks[1], (q_r, h, n + r), q_r, wdt)
     else:
-        p["wq_DHK"] = _normal(ks[0], (d, h, n + r), d, wdt)
-    p["wkv_a_DL"] = _normal(ks[2], (d, l_kv + r), d, wdt)   # latent (L) then shared rope key (R)
+        p["wq_DHK"] = scaled_normal(ks[0], (d, h, n + r), d, wdt)
+    # latent (L) then the shared rope key (R)
+    p["wkv_a_DL"] = scaled_normal(ks[2], (d, l_kv + r), d, wdt)
     p["kv_norm_L"] = jnp.ones((l_kv,), wdt)
-    p["wkv_b_LHN"] = _normal(ks[3], (l_kv, h, n + v), l_kv, wdt)  # per head: k_nope (N), v (V)
-    p["wo_HVD"] = _normal(ks[4], (h, v, d), h * v, wdt)
+    # per head: k_nope (N), then v (V)
+    p["wkv_b_LHN"] = scaled_normal(ks[3], (l_kv, h, n + v), l_kv, wdt)
+    p["wo_HVD"] = scaled_normal(ks[4], (h, v, d), h * v, wdt)
     return p
 
 
@@ -157,24 +157,27 @@ def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     return _dot(out_BSHV, p["wo_HVD"], "bshv,hvd->bsd")
 
 
-def init_gqa(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
-    """Standard attention weights: wq, wk, wv (G kv heads), wo, and q/k norms when qk_norm."""
+def init_mha(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
+    """Standard (`attention="mha"`) weights: wq, wk, wv (G kv heads), wo, and q/k norms when
+    qk_norm."""
     d, h, g, k, wdt = (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.mha_head_dim,
                        jnp.dtype(cfg.weight_dtype))
     ks = jax.random.split(key, 4)
-    p = {"wq_DHK": _normal(ks[0], (d, h, k), d, wdt),
-         "wk_DGK": _normal(ks[1], (d, g, k), d, wdt),
-         "wv_DGK": _normal(ks[2], (d, g, k), d, wdt),
-         "wo_HKD": _normal(ks[3], (h, k, d), h * k, wdt)}
+    p = {"wq_DHK": scaled_normal(ks[0], (d, h, k), d, wdt),
+         "wk_DGK": scaled_normal(ks[1], (d, g, k), d, wdt),
+         "wv_DGK": scaled_normal(ks[2], (d, g, k), d, wdt),
+         "wo_HKD": scaled_normal(ks[3], (h, k, d), h * k, wdt)}
     if cfg.qk_norm:
         p["q_norm_K"] = jnp.ones((k,), wdt)
         p["k_norm_K"] = jnp.ones((k,), wdt)
     return p
 
 
-def gqa(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
+def mha(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
         cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
-    """Grouped-query attention (Mixtral, Qwen3): each of G kv heads serves H/G query heads."""
+    """Standard multi-head attention (`attention="mha"`) with G = num_kv_heads key/value heads:
+    each serves H/G query heads, i.e. grouped-query attention when G < H (Mixtral, Qwen3),
+    plain multi-head attention when G = H."""
     q_BSHK = checkpoint_name(_dot(x_BSD, p["wq_DHK"], "bsd,dhk->bshk"), "query_proj")
     k_BSGK = _dot(x_BSD, p["wk_DGK"], "bsd,dgk->bsgk")
     v_BSGK = checkpoint_name(_dot(x_BSD, p["wv_DGK"], "bsd,dgk->bsgk"), "value_proj")
@@ -190,4 +193,4 @@ def gqa(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     return _dot(out, p["wo_HKD"], "bshk,hkd->bsd")
 
 
-ATTENTION = {"mla": (init_mla, mla), "mha": (init_gqa, gqa)}
+ATTENTION = {"mla": (init_mla, mla), "mha": (init_mha, mha)}

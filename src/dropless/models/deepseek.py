@@ -13,7 +13,6 @@ replaces "layers"; `models.scan.to_layout` converts either way.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -23,27 +22,9 @@ from dropless import moe as moe_lib
 from dropless.config import ModelConfig
 from dropless.models.attention import ATTENTION, OFFLOADED_NAMES, rms_norm, rope_tables
 from dropless.models.scan import run_layers, stack_layers
+from dropless.moe.ffn import init_swiglu_ffn, scaled_normal, swiglu_ffn
 
 Params = dict[str, Any]
-
-
-def _normal(key, shape, fan_in, dtype):
-    return (jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
-
-
-def init_dense_ffn(key: jax.Array, d: int, f: int, dtype) -> dict[str, jax.Array]:
-    ks = jax.random.split(key, 3)
-    return {"w_gate_DF": _normal(ks[0], (d, f), d, dtype), "w_up_DF": _normal(ks[1], (d, f), d, dtype),
-            "w_down_FD": _normal(ks[2], (f, d), f, dtype)}
-
-
-def dense_ffn(p: dict[str, jax.Array], x_BSD: jax.Array) -> jax.Array:
-    """SwiGLU: down(silu(x @ gate) * (x @ up)), matmuls accumulated in float32."""
-    dt = x_BSD.dtype
-    g = jnp.dot(x_BSD, p["w_gate_DF"].astype(dt), preferred_element_type=jnp.float32)
-    u = jnp.dot(x_BSD, p["w_up_DF"].astype(dt), preferred_element_type=jnp.float32)
-    h = (jax.nn.silu(g) * u).astype(dt)
-    return jnp.dot(h, p["w_down_FD"].astype(dt), preferred_element_type=jnp.float32).astype(dt)
 
 
 def init_block(key: jax.Array, cfg: ModelConfig, is_moe: bool) -> Params:
@@ -55,7 +36,7 @@ def init_block(key: jax.Array, cfg: ModelConfig, is_moe: bool) -> Params:
     if is_moe:
         block["moe"] = moe_lib.init_params(k_f, cfg.moe)
     else:
-        block["ffn"] = init_dense_ffn(k_f, cfg.d_model, cfg.d_ff, wdt)
+        block["ffn"] = init_swiglu_ffn(k_f, cfg.d_model, cfg.d_ff, wdt)
     return block
 
 
@@ -90,7 +71,7 @@ def init_mtp_module(key: jax.Array, cfg: ModelConfig) -> Params:
     k_p, k_b = jax.random.split(key)
     d = cfg.d_model
     return {"hidden_norm_D": jnp.ones((d,), wdt), "embed_norm_D": jnp.ones((d,), wdt),
-            "proj_2DD": _normal(k_p, (2 * d, d), 2 * d, wdt),
+            "proj_2DD": scaled_normal(k_p, (2 * d, d), 2 * d, wdt),
             "block": init_block(k_b, cfg, cfg.moe is not None),
             "out_norm_D": jnp.ones((d,), wdt)}
 
@@ -133,7 +114,7 @@ def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: Any = None
             y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh)
         return h + y.astype(h.dtype), aux
     with jax.named_scope("dense_ffn"):
-        return h + dense_ffn(p["ffn"], z), {}
+        return h + swiglu_ffn(p["ffn"], z, z.dtype).astype(z.dtype), {}
 
 
 def _block_fn(cfg: ModelConfig, mesh: Any, remat: str):
@@ -218,7 +199,7 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
     depth's hidden state with the embedding of token i+k and predicts token i+k+1.
 
     Returns ([logits_BSV per depth], aux); positions i >= S - k see wrapped tokens and must be
-    masked out of the loss (see `dropless.train.step.mtp_loss`).
+    masked out of the loss (see `dropless.train.step.loss_fn`).
     """
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)

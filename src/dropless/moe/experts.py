@@ -25,6 +25,7 @@ import numpy as np
 
 from dropless.config import MoEConfig
 from dropless.moe import permute as perm
+from dropless.moe.ffn import swiglu
 from dropless.moe.router import Routing
 from dropless.ops.gmm import grouped_matmul
 
@@ -77,7 +78,7 @@ def expert_ffn(x_ND: jax.Array, group_sizes_E: jax.Array, experts: dict[str, jax
     dt = jnp.dtype(cfg.dtype)
     x_ND = x_ND.astype(dt)
     gate_NF, up_NF = gate_up(x_ND, group_sizes_E, experts, cfg)
-    h_NF = (jax.nn.silu(gate_NF.astype(jnp.float32)) * up_NF.astype(jnp.float32)).astype(dt)
+    h_NF = swiglu(gate_NF, up_NF, dt)
     return gmm_for(cfg)(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E)
 
 
@@ -142,20 +143,6 @@ def expert_layout(tree: Any) -> bool | None:
     found = [FUSED_KEY in x for x in jax.tree_util.tree_leaves(tree, is_leaf=_has_experts)
              if _has_experts(x)]
     return found[0] if found else None
-
-
-def restore_in_any_layout(restore, like: Any, saved_tree: Any) -> Any:
-    """Restore a checkpoint written with either expert layout into `like`'s layout.
-
-    restore(abstract) -> tree reads the checkpoint given an abstract tree; saved_tree is the
-    checkpoint's tree metadata (e.g. orbax `mngr.item_metadata(step)["state"].tree`), whose keys
-    tell the layout it was written in. Both conversions are exact (concatenate / split).
-    """
-    saved, wanted = expert_layout(saved_tree), expert_layout(like)
-    if saved is None or wanted is None or saved == wanted:
-        return restore(like)
-    return convert_expert_weights(restore(convert_expert_weights(like, prefuse=saved)),
-                                  prefuse=wanted)
 
 
 def dropless_experts(x_TD, routing: Routing, experts, cfg: MoEConfig):

@@ -21,9 +21,8 @@ from dropless.config import MoEConfig
 from dropless.moe import permute as perm
 from dropless.moe import router as rt
 from dropless.moe.dispatch import expert_parallel_experts
-# expert_ffn, gmm_for and dropless_experts stay importable from here (their old home)
-from dropless.moe.experts import (check_layout, dropless_experts, expert_ffn,  # noqa: F401
-                                  fuse_expert_weights, gmm_for)
+from dropless.moe.experts import check_layout, dropless_experts, fuse_expert_weights
+from dropless.moe.ffn import init_swiglu_ffn, scaled_normal, swiglu, swiglu_ffn
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -31,31 +30,24 @@ Params = dict[str, dict[str, jax.Array]]
 def init_params(key: jax.Array, cfg: MoEConfig) -> Params:
     """Random parameters with the contract's names; weights in `cfg.weight_dtype`, router f32.
 
-    Inputs are scaled by 1/sqrt(fan_in); the router bias starts at zero. With
-    `cfg.prefuse_moe_weights` the experts are exactly fuse_expert_weights of the unfused ones.
+    Inputs are scaled by 1/sqrt(fan_in) (ffn.scaled_normal); the router bias starts at zero.
+    With `cfg.prefuse_moe_weights` the experts are exactly fuse_expert_weights of the unfused
+    ones.
     """
     d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
     wdt = jnp.dtype(cfg.weight_dtype)
     k_r, k_g, k_u, k_d, k_s = jax.random.split(key, 5)
-
-    def normal(k, shape, fan_in, dtype):
-        return (jax.random.normal(k, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
-
     params: Params = {
-        "router": {"w_DE": normal(k_r, (d, e), d, jnp.float32),
+        "router": {"w_DE": scaled_normal(k_r, (d, e), d, jnp.float32),
                    "bias_E": jnp.zeros((e,), jnp.float32)},
-        "experts": {"w_gate_EDF": normal(k_g, (e, d, f), d, wdt),
-                    "w_up_EDF": normal(k_u, (e, d, f), d, wdt),
-                    "w_down_EFD": normal(k_d, (e, f, d), f, wdt)},
+        "experts": {"w_gate_EDF": scaled_normal(k_g, (e, d, f), d, wdt),
+                    "w_up_EDF": scaled_normal(k_u, (e, d, f), d, wdt),
+                    "w_down_EFD": scaled_normal(k_d, (e, f, d), f, wdt)},
     }
     if cfg.prefuse_moe_weights:
         params = fuse_expert_weights(params)
     if cfg.num_shared_experts > 0:
-        fs = cfg.num_shared_experts * f
-        ks = jax.random.split(k_s, 3)
-        params["shared"] = {"w_gate_DF": normal(ks[0], (d, fs), d, wdt),
-                            "w_up_DF": normal(ks[1], (d, fs), d, wdt),
-                            "w_down_FD": normal(ks[2], (fs, d), fs, wdt)}
+        params["shared"] = init_swiglu_ffn(k_s, d, cfg.num_shared_experts * f, wdt)
     return params
 
 
@@ -88,7 +80,7 @@ def capacity_experts(x_TD, routing: rt.Routing, experts, cfg: MoEConfig):
                        preferred_element_type=jnp.float32)
         u = jnp.einsum("ecd,edf->ecf", x_ECD, experts["w_up_EDF"].astype(dt),
                        preferred_element_type=jnp.float32)
-    h_ECF = (jax.nn.silu(g) * u).astype(dt)
+    h_ECF = swiglu(g, u, dt)
     y_ECD = jnp.einsum("ecf,efd->ecd", h_ECF, experts["w_down_EFD"].astype(dt),
                        preferred_element_type=jnp.float32)
     # back to (token, choice): sorted position inv -> (expert, slot); dropped rows give zero
@@ -100,16 +92,6 @@ def capacity_experts(x_TD, routing: rt.Routing, experts, cfg: MoEConfig):
     y_TD = jnp.einsum("tkd,tk->td", y_TKD, routing.weights_TK)
     dropped = jnp.sum(jnp.maximum(p.group_sizes_E - c, 0))
     return y_TD, p.group_sizes_E, dropped
-
-
-def shared_ffn(x_TD, shared, cfg: MoEConfig):
-    """The shared experts: one SwiGLU of width num_shared_experts * d_ff that every token uses."""
-    dt = jnp.dtype(cfg.dtype)
-    x = x_TD.astype(dt)
-    g = jnp.dot(x, shared["w_gate_DF"].astype(dt), preferred_element_type=jnp.float32)
-    u = jnp.dot(x, shared["w_up_DF"].astype(dt), preferred_element_type=jnp.float32)
-    h = (jax.nn.silu(g) * u).astype(dt)
-    return jnp.dot(h, shared["w_down_FD"].astype(dt), preferred_element_type=jnp.float32)
 
 
 def check_input(x: jax.Array, cfg: MoEConfig) -> None:
@@ -140,17 +122,17 @@ def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: Any = None
         dropped = jnp.zeros((), jnp.int32)
     else:
         y_TD, sizes_E, dropped = capacity_experts(x_TD, routing, params["experts"], cfg)
-    if cfg.num_shared_experts > 0:
-        y_TD = y_TD + shared_ffn(x_TD, params["shared"], cfg)
+    if cfg.num_shared_experts > 0:   # one SwiGLU of width num_shared_experts * d_ff
+        y_TD = y_TD + swiglu_ffn(params["shared"], x_TD, cfg.dtype)
     aux = _losses(routing, x.shape, cfg)
     aux.update(tokens_per_expert=sizes_E, dropped_tokens=dropped.astype(jnp.int32), **extra)
     return y_TD.astype(x.dtype).reshape(x.shape), aux
 
 
 def _losses(routing: rt.Routing, shape, cfg: MoEConfig) -> dict[str, jax.Array]:
-    lb = rt.load_balance_loss(routing.scores_TE, routing.ids_TK)
+    lb = rt.load_balance_loss(routing.probs_TE, routing.ids_TK)
     b, s = (1, shape[0]) if len(shape) == 2 else shape[:2]
-    seq = rt.seq_aux_loss(routing.scores_TE.reshape(b, s, -1), routing.ids_TK.reshape(b, s, -1))
+    seq = rt.seq_aux_loss(routing.probs_TE.reshape(b, s, -1), routing.ids_TK.reshape(b, s, -1))
     z = rt.z_loss(routing.logits_TE)
     total = cfg.load_balance_coef * lb + cfg.seq_aux_coef * seq + cfg.z_loss_coef * z
     return {"load_balance_loss": lb, "seq_aux_loss": seq, "z_loss": z, "loss": total}

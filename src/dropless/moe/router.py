@@ -16,7 +16,8 @@ from dropless.config import MoEConfig
 class Routing(NamedTuple):
     weights_TK: jax.Array   # f32 combine weights (after norm and routed_scaling_factor)
     ids_TK: jax.Array       # int32 chosen experts, distinct per token
-    scores_TE: jax.Array    # f32 per-expert probabilities used by the balance losses (rows sum to 1)
+    probs_TE: jax.Array     # f32 per-expert probabilities (rows sum to 1): the balance losses'
+    #                         input; softmax, or the sigmoid scores normalised per token
     logits_TE: jax.Array    # f32 raw router logits
 
 

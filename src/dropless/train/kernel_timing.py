@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from dropless.config import TrainConfig
 from dropless.moe import permute as perm
-from dropless.moe.layer import gmm_for
+from dropless.moe.experts import gmm_for
 
 
 def _median_ms(fn, *args, repeats: int) -> float:

@@ -52,7 +52,7 @@ def register_backend(name: str, fn: Callable[..., jax.Array], *, description: st
 def grouped_matmul_backends() -> tuple[str, ...]:
     """Names accepted by `grouped_matmul(backend=...)`, `auto` first.
 
-    What `auto` picks on each platform: `AUTO_CHOICE` and `resolve_backend(\"auto\", platform)`.
+    What `auto` picks on each platform: `resolve_backend("auto", p)` for p in `AUTO_PLATFORMS`.
     """
     return ("auto",) + tuple(_REGISTRY)
 

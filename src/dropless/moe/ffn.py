@@ -1,0 +1,45 @@
+"""SwiGLU, written once, and the fan-in initializer every weight of the model uses.
+
+Legend: T tokens (any leading shape: [T] or [B, S]), D model dim, F hidden dim.
+
+`swiglu` is the activation every feed-forward here shares: the routed experts
+(`experts.expert_ffn`, the capacity baseline in `layer.py`), the shared experts and the
+model's dense layers (`swiglu_ffn`, whose parameters are {"w_gate_DF", "w_up_DF", "w_down_FD"}
+in both). This module sits at the bottom of `moe/`; `models/` reads it too.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def scaled_normal(key: jax.Array, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
+    """N(0, 1/fan_in) drawn in float32, returned in `dtype` (the init of every weight matrix)."""
+    return (jax.random.normal(key, shape, jnp.float32) / math.sqrt(fan_in)).astype(dtype)
+
+
+def swiglu(gate_TF: jax.Array, up_TF: jax.Array, dtype) -> jax.Array:
+    """silu(gate) * up computed in float32, returned in `dtype` (the down projection's input)."""
+    return (jax.nn.silu(gate_TF.astype(jnp.float32)) * up_TF.astype(jnp.float32)).astype(dtype)
+
+
+def init_swiglu_ffn(key: jax.Array, d: int, f: int, dtype) -> dict[str, jax.Array]:
+    """{"w_gate_DF", "w_up_DF", "w_down_FD"} in `dtype`, each scaled_normal over its fan-in."""
+    ks = jax.random.split(key, 3)
+    return {"w_gate_DF": scaled_normal(ks[0], (d, f), d, dtype),
+            "w_up_DF": scaled_normal(ks[1], (d, f), d, dtype),
+            "w_down_FD": scaled_normal(ks[2], (f, d), f, dtype)}
+
+
+def swiglu_ffn(p: dict[str, jax.Array], x_TD: jax.Array, dtype) -> jax.Array:
+    """down(silu(x @ gate) * (x @ up)) -> [..., D] float32: x and the weights in `dtype`,
+    every matmul accumulated in float32 (a dense layer, or the shared experts of width
+    num_shared_experts * d_ff)."""
+    dt = jnp.dtype(dtype)
+    x = x_TD.astype(dt)
+    g = jnp.dot(x, p["w_gate_DF"].astype(dt), preferred_element_type=jnp.float32)
+    u = jnp.dot(x, p["w_up_DF"].astype(dt), preferred_element_type=jnp.float32)
+    return jnp.dot(swiglu(g, u, dt), p["w_down_FD"].astype(dt),
+                   preferred_element_type=jnp.float32)
