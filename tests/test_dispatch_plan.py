@@ -19,7 +19,8 @@ from dropless.config import MeshConfig
 from dropless.moe.dispatch import rows as fused
 from dropless.moe.dispatch import send_plan as sp
 from dropless.moe.dispatch import expert_parallel_experts
-from dropless.moe.layer import dropless_experts, init_params
+from dropless.moe.experts import dropless_experts
+from dropless.moe.layer import init_params
 from dropless.moe.router import Routing
 from dropless.parallel import make_mesh
 
