@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dropless.machine import PROFILES
-from dropless.train import metrics as met
+from dropless import machine as met
 
 
 def test_gpu_peaks_come_from_the_planner_profiles():
@@ -62,7 +62,7 @@ def test_cpu_peak_override_and_its_errors(tmp_path, monkeypatch):
 
 def test_two_processes_divide_by_the_same_cpu_peak(tmp_path):
     """Two real runs (separate processes, real measurement) report the same peak."""
-    code = ("from dropless.train.metrics import peak_flops_per_device; "
+    code = ("from dropless.machine import peak_flops_per_device; "
             "print(repr(peak_flops_per_device('float32')[0]))")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     env.pop(met.CPU_PEAK_ENV, None)

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dropless import machine, text_table
 from dropless.bench import dense, harness
 from dropless.ops import grouped_matmul, padding_stats, resolve_backend
 from dropless.ops.gmm import pallas_plan
@@ -174,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.m, args.k, args.n, args.repeats = 2048, 256, 256, 3
         args.groups, args.routings = "8,64", "uniform,half"
-    info = harness.machine_info()
-    busy = harness.busy_fraction()
+    info = machine.machine_info()
+    busy = machine.busy_fraction()
     print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {info['platform']}; "
           f"others' load before start: {busy}")
     rows = []
@@ -188,19 +189,19 @@ def run(args: argparse.Namespace) -> int:
                     harness.write_jsonl(args.out, [model])
                     rows.append(model)
                     continue
-                print(harness.format_table([model], MODEL_COLUMNS), flush=True)
+                print(text_table.format_table([model], MODEL_COLUMNS), flush=True)
                 recs = _case(args.m, args.k, args.n, g, routing, dtype,
                              args.backends.split(","), args.repeats, args.budget_s, seed=g)
-                after = harness.busy_fraction(0.2)
+                after = machine.busy_fraction(0.2)
                 for r in recs:
                     r.update(machine=info, busy_before=busy, busy_after=after)
                 harness.write_jsonl(args.out, recs)
                 rows += recs
                 busy = after
-                print(harness.format_table(
+                print(text_table.format_table(
                     [r for r in recs if r["backend"] != "dense"],
                     ["dtype", "groups", "routing", "mode", "backend", "resolved",
                      "median_ms", "ratio_to_dense", "skipped"]), flush=True)
     if args.model_only:
-        print(harness.format_table(rows, MODEL_COLUMNS))
+        print(text_table.format_table(rows, MODEL_COLUMNS))
     return 0

@@ -1,4 +1,6 @@
-"""Measuring on noisy machines: interleaved timing, medians, contention checks, JSON lines.
+"""Measuring on noisy machines: interleaved timing, medians, JSON lines. What machine a number
+came from and how busy it was are `dropless.machine` (`machine_info`, `busy_fraction`); the
+readable table is `dropless.text_table`.
 
 Two cores swing ~2x over minutes, so only ratios measured in one process mean anything: every
 candidate is timed alternately with its baseline (A, B, A, B, ...) and medians are compared.
@@ -6,61 +8,13 @@ candidate is timed alternately with its baseline (A, B, A, B, ...) and medians a
 from __future__ import annotations
 
 import os
-import platform
 import statistics
-import subprocess
 import time
 from typing import Any, Callable, Mapping
 
 import jax
 
 from dropless import json_out
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit() -> str:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, text=True,
-                              capture_output=True, timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def machine_info() -> dict[str, Any]:
-    """What the numbers came from: commit, versions, processor, cores, JAX device."""
-    import jaxlib
-    dev = jax.devices()[0]
-    return {"git_commit": _git_commit(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-            "cpu": _cpu_model(), "cores": os.cpu_count(), "platform": dev.platform,
-            "device_kind": dev.device_kind, "device_count": jax.device_count()}
-
-
-def _cpu_times() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields), idle
-
-
-def busy_fraction(seconds: float = 0.5) -> float | None:
-    """Share of all cores busy over `seconds` while we sleep: others' load (None off Linux)."""
-    try:
-        t0, i0 = _cpu_times()
-        time.sleep(seconds)
-        t1, i1 = _cpu_times()
-    except OSError:
-        return None
-    return round(1.0 - (i1 - i0) / max(t1 - t0, 1), 3)
 
 
 def _block(out: Any) -> None:
@@ -117,14 +71,3 @@ def write_jsonl(path: str | None, records: list[dict[str, Any]]) -> None:
     with open(path, "a") as f:
         for r in records:
             f.write(json_out.dumps(r, sort_keys=True) + "\n")
-
-
-def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A plain aligned text table of `columns` from `rows` (floats to 3 significant digits)."""
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-        return "" if v is None else str(v)
-    table = [columns] + [[cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
-    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in table)

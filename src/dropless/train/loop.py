@@ -28,6 +28,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from dropless import machine
 from dropless.config import TrainConfig
 from dropless.models.count import format_counts, param_counts
 from dropless.train import checkpoint as ckpt
@@ -53,10 +54,6 @@ class RunResult:
     start_step: int
     stopped_by: str = ""              # "SIGTERM"/"SIGINT" when a signal ended the run early
     nothing_to_do: bool = False       # the checkpoint was already at or past the last step
-
-
-def _peak(cfg: TrainConfig) -> tuple[float | None, str]:
-    return met.peak_flops_per_device(cfg.model.dtype)
 
 
 def _fmt_step(r: dict) -> str:
@@ -269,8 +266,7 @@ def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard, nan_
 
 
 def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str]:
-    from dropless.bench.harness import busy_fraction, machine_info
-    peak, peak_src = _peak(cfg)
+    peak, peak_src = machine.peak_flops_per_device(cfg.model.dtype)
     kernels = {}
     if cfg.time_kernels and cfg.model.moe is not None:
         from dropless.train.kernel_timing import time_moe_kernels
@@ -278,9 +274,9 @@ def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str
     rec = {"event": "start", "resumed_from": start, "preset": cfg.preset,
            "params": counts, "flops_per_token": fpt, "peak_flops_per_device": peak,
            "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
-           "corpus": corpus.fingerprint(), "busy_fraction": busy_fraction(0.2),
+           "corpus": corpus.fingerprint(), "busy_fraction": machine.busy_fraction(0.2),
            "moe_kernels": kernels, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-           "machine": machine_info()}
+           "machine": machine.machine_info()}
     line = (f"  peak {(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src})"
             + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "
                f"{kernels['gmm_ms']:.2f} ms, dispatch {kernels['dispatch_ms']:.2f} ms, "
