@@ -191,7 +191,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         overflow = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
         state = overflow.attach(state)
         prog.line(_header(cfg, out_dir, corpus, counts, fpt, start))
-        # check_nan: never apply a non-finite step; the step is wrapped inner guard first
+        # check_nan: never apply a non-finite step (it wraps the step first, overflow outside)
         guards = (NonFiniteGuard(cfg, opt=opt, mesh=model_mesh), overflow)
         step_fn, batch0, compile_s = _compile(cfg, opt, model_mesh, mesh, corpus, state, start,
                                               prog, guards)
@@ -199,7 +199,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         ctx = _Ctx(cfg=cfg, out_dir=out_dir, corpus=corpus, fpt=fpt,
                    peak=rec["peak_flops_per_device"], model_mesh=model_mesh,
                    bshard=mesh_lib.batch_sharding(mesh), prog=prog, stop=stop, saver=saver,
-                   run=run, guards=guards, writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
+                   run=run, guards=guards,
+                   writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
                    evaluator=Evaluator(cfg, corpus, model_mesh, prog),
                    tb=Scalars(out_dir), config_json=to_dict(cfg))
         ctx.writer.record(rec, line)
