@@ -1,8 +1,8 @@
 """The machine a number came from: accelerator profiles (peak FLOPS, memory, link bandwidths,
-NVLink domain size, with sources), and this host: CPU model, contention, the CPU peak the
-trainer's MFU divides by, and `machine_info` for benchmark records. The one place peaks are read
-from (the planner, the trainer's MFU, the benches). Imports nothing of dropless; JAX only inside
-the functions that ask it about devices.
+NVLink domain size, with sources), and this host: CPU model, contention, the round-robin timer
+(`time_interleaved`), the CPU peak the trainer's MFU divides by, and `machine_info` for
+benchmark records. The one place peaks are read from (the planner, the trainer's MFU, the
+benches). Imports nothing of dropless; JAX only inside the functions that ask it about devices.
 
 All bandwidths are per GPU, per direction, in bytes/s (NVIDIA quotes NVLink bidirectional:
 "900 GB/s" NVLink 4 is 450 GB/s each way). Peaks are dense (no 2:4 sparsity) tensor-core FLOPS.
@@ -19,10 +19,11 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 GB = 1e9
 TB = 1e12
@@ -181,7 +182,7 @@ def device_peak_flops(device_kind: str, precision: str) -> float | None:
         return None
 
 
-# ---- this host: CPU model, contention, the CPU peak, what a record says it came from ----
+# ---- this host: CPU model, contention, timing, the CPU peak, what a record came from ----
 
 CPU_MODEL_KEYS = ("model name", "Model", "cpu model")   # x86, ARM (Raspberry Pi), MIPS/others
 
@@ -223,6 +224,37 @@ def busy_fraction(seconds: float = 0.5) -> float | None:
     except OSError:
         return None
     return round(1.0 - (i1 - i0) / max(t1 - t0, 1), 3)
+
+
+def _block(out: Any) -> None:
+    import jax
+    jax.block_until_ready(out)
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 5,
+                     warmup: int = 1) -> dict[str, dict[str, float]]:
+    """Time each zero-argument callable `repeats` times, round-robin (A, B, A, B, ...: on a
+    machine whose speed swings, every candidate sees the same swings), after `warmup` calls each.
+
+    Returns {name: {"median_ms", "min_ms", "max_ms", "compile_ms"}}; compile_ms is the first
+    call (compilation plus one run).
+    """
+    stats: dict[str, dict[str, float]] = {}
+    for name, fn in fns.items():
+        t = time.perf_counter()
+        _block(fn())
+        stats[name] = {"compile_ms": (time.perf_counter() - t) * 1e3}
+        for _ in range(warmup - 1):
+            _block(fn())
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            _block(fn())
+            samples[name].append((time.perf_counter() - t) * 1e3)
+    for name, s in samples.items():
+        stats[name].update(median_ms=statistics.median(s), min_ms=min(s), max_ms=max(s))
+    return stats
 
 
 def _git_commit() -> str:

@@ -55,7 +55,7 @@ def _case(args, dispatchers, mesh):
     import jax.numpy as jnp
 
     from dropless import MoEConfig
-    from dropless.bench import harness
+    from dropless import machine
     from dropless.moe import dispatch as dsp
     from dropless.moe import layer, router
     from dropless.moe.dispatch.context import split_expert_axis
@@ -87,7 +87,7 @@ def _case(args, dispatchers, mesh):
         fwd_bwd = jax.jit(lambda x, w, ex, path=path: jax.vjp(path, x, w, ex)[1](dy))
         fns[f"{name}/forward"] = functools.partial(fwd, x, w, ex)
         fns[f"{name}/fwd+bwd"] = functools.partial(fwd_bwd, x, w, ex)
-    stats = harness.time_interleaved(fns, repeats=args.repeats)
+    stats = machine.time_interleaved(fns, repeats=args.repeats)
     records = []
     for name in dispatchers:
         med = {s: stats[f"{name}/{s}"]["median_ms"]

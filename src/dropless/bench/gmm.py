@@ -94,7 +94,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
         fns_f["split_floor"] = lambda: floor_f(lhs, w0)
         fns_b["split_floor"] = lambda: floor_fb(lhs, w0, dy)
     # estimate from one dense call: skip baselines whose G-fold work would blow the budget
-    dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
+    dense_s = machine.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
     for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
         est = work_fb if mode == "fwd+bwd" else work
@@ -112,7 +112,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
         for nm, fn in fns.items():  # G-fold baselines: as many runs as the budget allows
             if nm not in cheap and 2 * est_s[nm] <= budget_s:
                 n_runs = max(1, min(repeats, int(budget_s / est_s[nm]) - 1))
-                stats[nm] = harness.time_interleaved({nm: fn}, repeats=n_runs)[nm]
+                stats[nm] = machine.time_interleaved({nm: fn}, repeats=n_runs)[nm]
                 stats[nm].update(interleaved=False, runs=n_runs)
         for name in fns:
             rec = {"bench": "gmm", "mode": mode, "backend": name,

@@ -1,5 +1,6 @@
-"""Measuring on noisy machines: interleaved timing, medians, JSON lines. What machine a number
-came from and how busy it was are `dropless.machine` (`machine_info`, `busy_fraction`); the
+"""The benches' side of measuring on noisy machines: each candidate timed against its baseline,
+JSON lines. The round-robin timer itself (`time_interleaved`), what machine a number came from
+and how busy it was are `dropless.machine` (the planner's calibration times with it too); the
 readable table is `dropless.text_table`.
 
 Two cores swing ~2x over minutes, so only ratios measured in one process mean anything: every
@@ -8,42 +9,9 @@ candidate is timed alternately with its baseline (A, B, A, B, ...) and medians a
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from typing import Any, Callable, Mapping
 
-import jax
-
-from dropless import json_out
-
-
-def _block(out: Any) -> None:
-    jax.block_until_ready(out)
-
-
-def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 5,
-                     warmup: int = 1) -> dict[str, dict[str, float]]:
-    """Time each zero-argument callable `repeats` times, round-robin, after `warmup` calls each.
-
-    Returns {name: {"median_ms", "min_ms", "max_ms", "compile_ms"}}; compile_ms is the first
-    call (compilation plus one run).
-    """
-    stats: dict[str, dict[str, float]] = {}
-    for name, fn in fns.items():
-        t = time.perf_counter()
-        _block(fn())
-        stats[name] = {"compile_ms": (time.perf_counter() - t) * 1e3}
-        for _ in range(warmup - 1):
-            _block(fn())
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t = time.perf_counter()
-            _block(fn())
-            samples[name].append((time.perf_counter() - t) * 1e3)
-    for name, s in samples.items():
-        stats[name].update(median_ms=statistics.median(s), min_ms=min(s), max_ms=max(s))
-    return stats
+from dropless import json_out, machine
 
 
 def time_against_baseline(fns: Mapping[str, Callable[[], Any]], core: list[str], *,
@@ -53,11 +21,12 @@ def time_against_baseline(fns: Mapping[str, Callable[[], Any]], core: list[str],
     its own (baseline, function) round-robin, so a slow function's memory traffic never lands
     between the core's runs. Returns (stats, baseline median each function is compared with).
     """
-    stats = time_interleaved({nm: fns[nm] for nm in core}, repeats=repeats)
+    stats = machine.time_interleaved({nm: fns[nm] for nm in core}, repeats=repeats)
     base_of = {nm: stats[baseline]["median_ms"] for nm in fns}
     for nm in fns:
         if nm not in core:
-            pair = time_interleaved({baseline: fns[baseline], nm: fns[nm]}, repeats=repeats)
+            pair = machine.time_interleaved({baseline: fns[baseline], nm: fns[nm]},
+                                            repeats=repeats)
             stats[nm], base_of[nm] = pair[nm], pair[baseline]["median_ms"]
     return stats, base_of
 

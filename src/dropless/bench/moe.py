@@ -68,7 +68,7 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s, fused
         fns_f[name] = lambda fwd=fwd, p=params_of[name]: fwd(p, x)
         fns_b[name] = lambda fb=fb, p=params_of[name]: fb(p, x, dy)
 
-    dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
+    dense_s = machine.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
     for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
         work = {nm: (e if nm.endswith("ragged_dot") and jax.default_backend() == "cpu" else 1)

@@ -129,7 +129,7 @@ def cost_rows(m: int, k: int, n: int, g: int, backend: str, repeats: int
         fns[f"{name}/fwd"] = lambda fwd=fwd: fwd(xb, wb)
         fns[f"{name}/fwd+bwd"] = lambda fb=fwdbwd: fb(xb, wb, dy)
     busy = machine.busy_fraction()
-    stats = harness.time_interleaved(fns, repeats=repeats)
+    stats = machine.time_interleaved(fns, repeats=repeats)
     rows = []
     for mode in ("fwd", "fwd+bwd"):
         base = stats[f"bf16/{mode}"]["median_ms"]
