@@ -37,7 +37,7 @@ def main(argv=None) -> int:
 
     import jax
     import numpy as np
-    from dropless.bench.harness import busy_fraction, machine_info
+    from dropless.machine import busy_fraction, machine_info
     from dropless.config import TrainConfig
     from dropless.presets import get_preset
     from dropless.train import checkpoint as ckpt

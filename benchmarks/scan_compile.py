@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--lower-only", action="store_true", help="no compile: module size only")
     p.add_argument("--out", default="benchmarks/results/scan_compile.jsonl")
     args = p.parse_args(argv)
-    from dropless.bench.harness import busy_fraction, machine_info
+    from dropless.machine import busy_fraction, machine_info
     machine = machine_info()
     rows = []
     for rep in range(args.repeats):

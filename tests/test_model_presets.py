@@ -55,10 +55,11 @@ def test_throughput_arithmetic():
 
 
 def test_device_peak_table():
-    assert met.device_peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4e12
-    assert met.device_peak_flops("NVIDIA GB200", "fp8") == 5000e12   # not B200's
-    assert met.device_peak_flops("NVIDIA B200", "mxfp8") == 4500e12
-    assert met.device_peak_flops("cpu", "bfloat16") is None
+    from dropless import machine
+    assert machine.device_peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4e12
+    assert machine.device_peak_flops("NVIDIA GB200", "fp8") == 5000e12   # not B200's
+    assert machine.device_peak_flops("NVIDIA B200", "mxfp8") == 4500e12
+    assert machine.device_peak_flops("cpu", "bfloat16") is None
 
 
 def test_expert_load_summary():

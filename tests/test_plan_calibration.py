@@ -9,7 +9,7 @@ benchmarks/results/plan_calibration.jsonl.
 """
 import pytest
 
-from dropless.bench.harness import busy_fraction
+from dropless.machine import busy_fraction
 from dropless.plan import calibrate as cal
 
 

@@ -28,6 +28,7 @@ def test_start_on_one_cpu_process_notes_it_once(monkeypatch):
     set, no cluster, one note each (the run goes on as one process)."""
     from dropless.config_file import build_config
     from dropless.runtime.distributed import start
+    from dropless.train.overflow import startup_notes
     for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_ADDRESS",
                  "KUBERNETES_SERVICE_HOST"):
         monkeypatch.delenv(name, raising=False)
@@ -35,7 +36,7 @@ def test_start_on_one_cpu_process_notes_it_once(monkeypatch):
     cfg = build_config([("hardware", "gpu_multiprocess"), ("capacity_factor", 1.0),
                         ("te_ep_overflow_check_every_n_steps", 20)], notes=notes)
     lines: list[str] = []
-    start(cfg, notes + notes, echo=lines.append)
+    start(cfg, notes + notes, echo=lines.append, late_notes=startup_notes(cfg))  # as cli/train
     assert lines[0].startswith("XLA_FLAGS=")
     got = [ln for ln in lines if ln.startswith("note: ")]
     assert len(got) == 3 and len(set(got)) == 3

@@ -7,65 +7,68 @@ import sys
 
 import pytest
 
+from dropless import machine
 from dropless.machine import PROFILES
 from dropless.train import metrics as met
 
 
 def test_gpu_peaks_come_from_the_planner_profiles():
-    assert met.device_peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == PROFILES["h100"].peak_bf16
-    assert met.device_peak_flops("NVIDIA H200", "float32") == PROFILES["h200"].peak_tf32
-    assert met.device_peak_flops("NVIDIA GB200", "fp8") == PROFILES["gb200"].peak_fp8  # not b200
-    assert met.device_peak_flops("NVIDIA B200", "mxfp8") == PROFILES["b200"].peak_fp8
-    assert met.device_peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16") is None
-    assert met.device_peak_flops("NVIDIA H100", "int4") is None
+    peak = machine.device_peak_flops
+    assert peak("NVIDIA H100 80GB HBM3", "bfloat16") == PROFILES["h100"].peak_bf16
+    assert peak("NVIDIA H200", "float32") == PROFILES["h200"].peak_tf32
+    assert peak("NVIDIA GB200", "fp8") == PROFILES["gb200"].peak_fp8  # not b200
+    assert peak("NVIDIA B200", "mxfp8") == PROFILES["b200"].peak_fp8
+    assert peak("NVIDIA A100-SXM4-80GB", "bfloat16") is None
+    assert peak("NVIDIA H100", "int4") is None
     assert not hasattr(met, "PEAK_FLOPS")   # one table, in machine.py
+    assert not hasattr(met, "device_peak_flops") and not hasattr(met, "cpu_model")
 
 
 def test_cpu_peak_is_measured_once_then_read(tmp_path, monkeypatch):
-    monkeypatch.delenv(met.CPU_PEAK_ENV, raising=False)
+    monkeypatch.delenv(machine.CPU_PEAK_ENV, raising=False)
     calls = []
 
     def noisy(dtype):   # what start-up measurements did: a different figure every run
         calls.append(dtype)
         return [1.7e11, 5.2e11][len(calls) - 1]
 
-    p1, src1 = met.cpu_peak_flops("float32", cache_dir=tmp_path, measure=noisy)
-    p2, src2 = met.cpu_peak_flops("float32", cache_dir=tmp_path, measure=noisy)
+    p1, src1 = machine.cpu_peak_flops("float32", cache_dir=tmp_path, measure=noisy)
+    p2, src2 = machine.cpu_peak_flops("float32", cache_dir=tmp_path, measure=noisy)
     assert p1 == p2 == 1.7e11 and calls == ["float32"] and src1 == src2
     (file,) = tmp_path.glob("*.json")
     entry = json.loads(file.read_text())
-    assert entry["flops"] == 1.7e11 and met.cpu_model() in entry["key"]
+    assert entry["flops"] == 1.7e11 and machine.cpu_model() in entry["key"]
     assert str(file) in src1
     # another dtype is another key, measured separately
-    p3, _ = met.cpu_peak_flops("bfloat16", cache_dir=tmp_path, measure=noisy)
+    p3, _ = machine.cpu_peak_flops("bfloat16", cache_dir=tmp_path, measure=noisy)
     assert p3 == 5.2e11 and calls == ["float32", "bfloat16"]
 
 
 def test_cpu_peak_replaces_an_unreadable_cache_file(tmp_path, monkeypatch):
-    monkeypatch.delenv(met.CPU_PEAK_ENV, raising=False)
-    met.cpu_peak_flops("float32", cache_dir=tmp_path, measure=lambda d: 1e11)
+    monkeypatch.delenv(machine.CPU_PEAK_ENV, raising=False)
+    machine.cpu_peak_flops("float32", cache_dir=tmp_path, measure=lambda d: 1e11)
     (file,) = tmp_path.glob("*.json")
     file.write_text("{not json")
-    assert met.cpu_peak_flops("float32", cache_dir=tmp_path, measure=lambda d: 2e11)[0] == 2e11
-    assert met.cpu_peak_flops("float32", cache_dir=tmp_path, measure=lambda d: 3e11)[0] == 2e11
+    assert machine.cpu_peak_flops("float32", cache_dir=tmp_path, measure=lambda d: 2e11)[0] == 2e11
+    assert machine.cpu_peak_flops("float32", cache_dir=tmp_path, measure=lambda d: 3e11)[0] == 2e11
 
 
 def test_cpu_peak_override_and_its_errors(tmp_path, monkeypatch):
-    monkeypatch.setenv(met.CPU_PEAK_ENV, "3e11")
-    assert met.cpu_peak_flops(cache_dir=tmp_path, measure=lambda d: 1.0) == (3e11, "$" +
-                                                                            met.CPU_PEAK_ENV)
+    monkeypatch.setenv(machine.CPU_PEAK_ENV, "3e11")
+    assert machine.cpu_peak_flops(cache_dir=tmp_path, measure=lambda d: 1.0) == (3e11, "$" +
+                                                                            machine.CPU_PEAK_ENV)
     for bad in ("fast", "-1"):
-        monkeypatch.setenv(met.CPU_PEAK_ENV, bad)
-        with pytest.raises(ValueError, match=met.CPU_PEAK_ENV):
-            met.cpu_peak_flops(cache_dir=tmp_path)
+        monkeypatch.setenv(machine.CPU_PEAK_ENV, bad)
+        with pytest.raises(ValueError, match=machine.CPU_PEAK_ENV):
+            machine.cpu_peak_flops(cache_dir=tmp_path)
 
 
 def test_two_processes_divide_by_the_same_cpu_peak(tmp_path):
     """Two real runs (separate processes, real measurement) report the same peak."""
-    code = ("from dropless.train.metrics import peak_flops_per_device; "
+    code = ("from dropless.machine import peak_flops_per_device; "
             "print(repr(peak_flops_per_device('float32')[0]))")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    env.pop(met.CPU_PEAK_ENV, None)
+    env.pop(machine.CPU_PEAK_ENV, None)
     out = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True, timeout=120).stdout.strip() for _ in range(2)]
     assert out[0] == out[1] and float(out[0]) > 0

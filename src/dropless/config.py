@@ -13,6 +13,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from dropless.runtime.environment import check_environment
+from dropless.runtime.xla_flags import RECIPES, check_flags
+
 SCORE_FUNCS = ("softmax", "sigmoid")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
 DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a", "node_a2a")
@@ -501,7 +504,6 @@ class TrainConfig:
             _fail(c, "eval_fraction", self.eval_fraction, "must be in (0, 1)")
         if self.bin_dtype not in ("uint8", "uint16", "int32", "uint32"):
             _fail(c, "bin_dtype", self.bin_dtype, "must be one of uint8, uint16, int32, uint32")
-        from dropless.runtime.xla_flags import RECIPES  # registry lives with the flags
         if self.xla_recipe not in RECIPES:
             _fail(c, "xla_recipe", self.xla_recipe, f"must be one of {tuple(RECIPES)}")
         moe = self.model.moe
@@ -519,7 +521,6 @@ class TrainConfig:
         for name in ("distributed", "check_nan"):
             if not isinstance(getattr(self, name), bool):
                 _fail(c, name, getattr(self, name), "must be true or false")
-        from dropless.runtime.xla_flags import check_environment, check_flags
         check_flags(self.xla_flags)
         check_environment(self.environment)
 

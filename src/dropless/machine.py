@@ -1,4 +1,8 @@
-"""Accelerator profiles: peak FLOPS, memory, link bandwidths, NVLink domain size, with sources.
+"""The machine a number came from: accelerator profiles (peak FLOPS, memory, link bandwidths,
+NVLink domain size, with sources), and this host: CPU model, contention, the round-robin timer
+(`time_interleaved`), the CPU peak the trainer's MFU divides by, and `machine_info` for
+benchmark records. The one place peaks are read from (the planner, the trainer's MFU, the
+benches). Imports nothing of dropless; JAX only inside the functions that ask it about devices.
 
 All bandwidths are per GPU, per direction, in bytes/s (NVIDIA quotes NVLink bidirectional:
 "900 GB/s" NVLink 4 is 450 GB/s each way). Peaks are dense (no 2:4 sparsity) tensor-core FLOPS.
@@ -11,6 +15,15 @@ to change when a measurement disagrees; docs/planning.md says where the defaults
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 GB = 1e9
 TB = 1e12
@@ -154,3 +167,201 @@ def profile_for_device(device_kind: str) -> HardwareProfile | None:
         if name in kind:
             return PROFILES[name]
     return None
+
+
+def device_peak_flops(device_kind: str, precision: str) -> float | None:
+    """Dense peak FLOP/s of a GPU by its jax device_kind (e.g. 'NVIDIA H100 80GB HBM3') for a
+    dtype name ('float32' = TF32, 'bfloat16', 'fp8', 'mxfp8'), from PROFILES; None for an
+    unknown device or precision."""
+    hw = profile_for_device(device_kind)
+    if hw is None:
+        return None
+    try:
+        return peak_for(hw, precision)
+    except ValueError:
+        return None
+
+
+# ---- this host: CPU model, contention, timing, the CPU peak, what a record came from ----
+
+CPU_MODEL_KEYS = ("model name", "Model", "cpu model")   # x86, ARM (Raspberry Pi), MIPS/others
+
+
+def parse_cpu_model(cpuinfo: str) -> str | None:
+    """The CPU model name in the text of /proc/cpuinfo: the first line starting with one of
+    CPU_MODEL_KEYS ('model name\t: Intel(R) Xeon(R) ...' -> 'Intel(R) Xeon(R) ...'), or None."""
+    for line in cpuinfo.splitlines():
+        if line.startswith(CPU_MODEL_KEYS) and ":" in line:
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str:
+    """This machine's CPU model name (/proc/cpuinfo on Linux, platform.processor() elsewhere)."""
+    try:
+        with open(cpuinfo_path) as fh:
+            name = parse_cpu_model(fh.read())
+        if name:
+            return name
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields), idle
+
+
+def busy_fraction(seconds: float = 0.5) -> float | None:
+    """Share of all cores busy over `seconds` while we sleep: others' load (None off Linux)."""
+    try:
+        t0, i0 = _cpu_times()
+        time.sleep(seconds)
+        t1, i1 = _cpu_times()
+    except OSError:
+        return None
+    return round(1.0 - (i1 - i0) / max(t1 - t0, 1), 3)
+
+
+def _block(out: Any) -> None:
+    import jax
+    jax.block_until_ready(out)
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 5,
+                     warmup: int = 1) -> dict[str, dict[str, float]]:
+    """Time each zero-argument callable `repeats` times, round-robin (A, B, A, B, ...: on a
+    machine whose speed swings, every candidate sees the same swings), after `warmup` calls each.
+
+    Returns {name: {"median_ms", "min_ms", "max_ms", "compile_ms"}}; compile_ms is the first
+    call (compilation plus one run).
+    """
+    stats: dict[str, dict[str, float]] = {}
+    for name, fn in fns.items():
+        t = time.perf_counter()
+        _block(fn())
+        stats[name] = {"compile_ms": (time.perf_counter() - t) * 1e3}
+        for _ in range(warmup - 1):
+            _block(fn())
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            _block(fn())
+            samples[name].append((time.perf_counter() - t) * 1e3)
+    for name, s in samples.items():
+        stats[name].update(median_ms=statistics.median(s), min_ms=min(s), max_ms=max(s))
+    return stats
+
+
+def _git_commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, text=True,
+                              capture_output=True, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers came from: commit, versions, processor, cores, JAX device."""
+    import jax
+    import jaxlib
+    dev = jax.devices()[0]
+    return {"git_commit": _git_commit(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "cpu": cpu_model(), "cores": os.cpu_count(), "platform": dev.platform,
+            "device_kind": dev.device_kind, "device_count": jax.device_count()}
+
+
+# Set to a number (FLOP/s for the whole CPU) to use it instead of the cached measurement.
+CPU_PEAK_ENV = "DROPLESS_CPU_PEAK_FLOPS"
+
+
+def measure_cpu_peak(dtype: str = "float32", size: int = 1024, repeats: int = 10) -> float:
+    """Best-of-N FLOP/s of one jitted size^3 matmul on the default device (XLA:CPU spreads one
+    matmul over every core, so this is the whole machine's rate)."""
+    import jax
+    import jax.numpy as jnp
+    a = jnp.ones((size, size), dtype)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    f(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * size ** 3 / best
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dropless"
+
+
+def cpu_peak_flops(dtype: str = "float32", *, cache_dir: str | Path | None = None,
+                   measure: Callable[[str], float] = measure_cpu_peak) -> tuple[float, str]:
+    """The CPU peak MFU divides by: (FLOP/s for the whole machine, where it came from).
+
+    Measured once per (CPU model, usable cores, dtype) with `measure` and cached as one JSON
+    file per key in `cache_dir` (default `$XDG_CACHE_HOME/dropless/cpu_peak`, else
+    `~/.cache/dropless/cpu_peak`); every later run reads the cached figure, so two runs on one
+    machine divide by the same number. The file is created atomically and exclusively, so when
+    two processes measure at once the first one's figure is what both use. `$DROPLESS_CPU_PEAK_
+    FLOPS` overrides the cache. Delete the file to measure again (e.g. after a first measurement
+    on a busy machine). Raises ValueError for a non-numeric or non-positive override.
+    """
+    env = os.environ.get(CPU_PEAK_ENV)
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError(f"{CPU_PEAK_ENV}={env!r} must be a number of FLOP/s") from None
+        if not value > 0:
+            raise ValueError(f"{CPU_PEAK_ENV}={env!r} must be > 0")
+        return value, f"${CPU_PEAK_ENV}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    key = f"{cpu_model()} | {cores} cores | {dtype}"
+    folder = Path(cache_dir) if cache_dir is not None else _cache_dir() / "cpu_peak"
+    slug = "".join(c if c.isalnum() else "_" for c in key)[:80]
+    file = folder / f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
+    entry = _read_entry(file, key)
+    if entry is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        new = {"key": key, "flops": measure(dtype),
+               "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "how": "best of 10 jitted "
+               "1024^3 matmuls on one device"}
+        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(new, indent=1))
+        try:
+            os.link(tmp, file)          # fails if another run got there first: keep theirs
+        except FileExistsError:
+            if _read_entry(file, key) is None:   # unreadable leftover: replace it
+                os.replace(tmp, file)
+        tmp.unlink(missing_ok=True)
+        entry = _read_entry(file, key) or new
+    return float(entry["flops"]), f"CPU matmul peak measured {entry['measured']}, cached in {file}"
+
+
+def _read_entry(file: Path, key: str) -> dict | None:
+    try:
+        entry = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(entry, dict) and entry.get("key") == key and \
+        isinstance(entry.get("flops"), (int, float)) and entry["flops"] > 0
+    return entry if ok else None
+
+
+def peak_flops_per_device(dtype: str) -> tuple[float | None, str]:
+    """(peak FLOP/s per device for MFU, where it came from) for jax's default devices: the
+    profile table on GPUs (None for an unknown GPU), the cached CPU peak shared by the host
+    devices on CPU."""
+    import jax
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        peak, how = cpu_peak_flops(dtype)
+        return peak / max(1, jax.device_count()), how
+    return device_peak_flops(dev.device_kind, dtype), f"table: {dev.device_kind}"

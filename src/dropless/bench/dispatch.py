@@ -55,7 +55,7 @@ def _case(args, dispatchers, mesh):
     import jax.numpy as jnp
 
     from dropless import MoEConfig
-    from dropless.bench import harness
+    from dropless import machine
     from dropless.moe import dispatch as dsp
     from dropless.moe import layer, router
     from dropless.moe.dispatch.context import split_expert_axis
@@ -87,7 +87,7 @@ def _case(args, dispatchers, mesh):
         fwd_bwd = jax.jit(lambda x, w, ex, path=path: jax.vjp(path, x, w, ex)[1](dy))
         fns[f"{name}/forward"] = functools.partial(fwd, x, w, ex)
         fns[f"{name}/fwd+bwd"] = functools.partial(fwd_bwd, x, w, ex)
-    stats = harness.time_interleaved(fns, repeats=args.repeats)
+    stats = machine.time_interleaved(fns, repeats=args.repeats)
     records = []
     for name in dispatchers:
         med = {s: stats[f"{name}/{s}"]["median_ms"]
@@ -310,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
     _set_host_devices(args.host_devices)
     import jax
 
+    from dropless import machine, text_table
     from dropless.bench import harness
     from dropless.config import MeshConfig
     from dropless.parallel import make_mesh
@@ -321,8 +322,8 @@ def run(args: argparse.Namespace) -> int:
     if n % args.ep:
         raise SystemExit(f"--ep={args.ep} does not divide the {n} devices (on CPU, start a "
                          f"fresh process with --host-devices or XLA_FLAGS)")
-    info = harness.machine_info()
-    busy = harness.busy_fraction()
+    info = machine.machine_info()
+    busy = machine.busy_fraction()
     print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {n} {info['platform']} "
           f"devices; others' load before start: {busy}", flush=True)
     if args.projection_only:
@@ -332,17 +333,17 @@ def run(args: argparse.Namespace) -> int:
         records = rows_by_routing(args, args.dispatchers.split(","), mesh)
         for r in records:
             r.update(machine=info)
-        print(harness.format_table(records, [
+        print(text_table.format_table(records, [
             "routing", "dispatcher", "devices_per_node", "rows_routed", "rows_sent",
             "rows_inter_node", "rows_intra_node", "rows_inter_node_device_dedup",
             "rows_inter_node_no_dedup", "padding_rows", "rounds", "dropped_rows"]))
         harness.write_jsonl(args.out, records)
         return 0
     records = _case(args, args.dispatchers.split(","), mesh)
-    after = harness.busy_fraction(0.2)
+    after = machine.busy_fraction(0.2)
     for r in records:
         r.update(machine=info, busy_before=busy, busy_after=after)
-    print(harness.format_table(records, [
+    print(text_table.format_table(records, [
         "dispatcher", "dispatch_ms", "gmm_ms", "combine_ms", "forward_ms", "fwd_bwd_ms",
         "fwd_bwd_vs_allgather", "rows_sent", "padding_rows", "rows_routed",
         "dedup_saving_rows", "rounds", "rows_inter_node", "rows_intra_node",
@@ -351,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
         proj = deepseek_v3_projection(args.projection_tokens)
         proj.update(machine=info)
         records.append(proj)
-        print(harness.format_table([proj], [
+        print(text_table.format_table([proj], [
             "tokens_sampled", "devices_per_token", "nodes_per_token",
             "no_dedup_inter_node_rows_per_token", "device_dedup_inter_node_rows_per_token",
             "node_dedup_inter_node_rows_per_token", "device_dedup_inter_node_saving",
@@ -363,6 +364,7 @@ def run(args: argparse.Namespace) -> int:
 def _projection_only(args, info) -> int:
     import jax
 
+    from dropless import text_table
     from dropless.bench import harness
 
     proj = deepseek_v3_projection(args.projection_tokens)
@@ -377,6 +379,6 @@ def _projection_only(args, info) -> int:
               f"{PROJECTION['ep']} in a fresh process); projection only")
     for r in records:
         r.update(machine=info)
-    print(harness.format_table(records, ["bench"] + cols))
+    print(text_table.format_table(records, ["bench"] + cols))
     harness.write_jsonl(args.out, records)
     return 0

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dropless import machine, text_table
 from dropless.bench import dense, harness
 from dropless.ops import grouped_matmul, padding_stats, resolve_backend
 from dropless.ops.gmm import pallas_plan
@@ -93,7 +94,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
         fns_f["split_floor"] = lambda: floor_f(lhs, w0)
         fns_b["split_floor"] = lambda: floor_fb(lhs, w0, dy)
     # estimate from one dense call: skip baselines whose G-fold work would blow the budget
-    dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
+    dense_s = machine.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
     for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
         est = work_fb if mode == "fwd+bwd" else work
@@ -111,7 +112,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
         for nm, fn in fns.items():  # G-fold baselines: as many runs as the budget allows
             if nm not in cheap and 2 * est_s[nm] <= budget_s:
                 n_runs = max(1, min(repeats, int(budget_s / est_s[nm]) - 1))
-                stats[nm] = harness.time_interleaved({nm: fn}, repeats=n_runs)[nm]
+                stats[nm] = machine.time_interleaved({nm: fn}, repeats=n_runs)[nm]
                 stats[nm].update(interleaved=False, runs=n_runs)
         for name in fns:
             rec = {"bench": "gmm", "mode": mode, "backend": name,
@@ -174,8 +175,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.m, args.k, args.n, args.repeats = 2048, 256, 256, 3
         args.groups, args.routings = "8,64", "uniform,half"
-    info = harness.machine_info()
-    busy = harness.busy_fraction()
+    info = machine.machine_info()
+    busy = machine.busy_fraction()
     print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {info['platform']}; "
           f"others' load before start: {busy}")
     rows = []
@@ -188,19 +189,19 @@ def run(args: argparse.Namespace) -> int:
                     harness.write_jsonl(args.out, [model])
                     rows.append(model)
                     continue
-                print(harness.format_table([model], MODEL_COLUMNS), flush=True)
+                print(text_table.format_table([model], MODEL_COLUMNS), flush=True)
                 recs = _case(args.m, args.k, args.n, g, routing, dtype,
                              args.backends.split(","), args.repeats, args.budget_s, seed=g)
-                after = harness.busy_fraction(0.2)
+                after = machine.busy_fraction(0.2)
                 for r in recs:
                     r.update(machine=info, busy_before=busy, busy_after=after)
                 harness.write_jsonl(args.out, recs)
                 rows += recs
                 busy = after
-                print(harness.format_table(
+                print(text_table.format_table(
                     [r for r in recs if r["backend"] != "dense"],
                     ["dtype", "groups", "routing", "mode", "backend", "resolved",
                      "median_ms", "ratio_to_dense", "skipped"]), flush=True)
     if args.model_only:
-        print(harness.format_table(rows, MODEL_COLUMNS))
+        print(text_table.format_table(rows, MODEL_COLUMNS))
     return 0

@@ -66,9 +66,10 @@ def info_section(emit: Emitter, spec: dict) -> None:
     """Versions (jax, jaxlib, torch, triton, tokamax), the device, and what `auto` resolves to."""
     import subprocess
 
-    from dropless.bench import gpu_timing, harness
+    from dropless import machine
+    from dropless.bench import gpu_timing
     from dropless.ops import resolve_backend
-    rec = {**harness.machine_info(), **gpu_timing.torch_info()}
+    rec = {**machine.machine_info(), **gpu_timing.torch_info()}
     for mod in ("triton", "tokamax"):
         try:
             rec[mod] = __import__(mod).__version__

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dropless import MoEConfig, moe
+from dropless import MoEConfig, machine, moe, text_table
 from dropless.bench import dense, harness
 from dropless.ops import resolve_backend
 
@@ -68,7 +68,7 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s, fused
         fns_f[name] = lambda fwd=fwd, p=params_of[name]: fwd(p, x)
         fns_b[name] = lambda fb=fb, p=params_of[name]: fb(p, x, dy)
 
-    dense_s = harness.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
+    dense_s = machine.time_interleaved({"d": fns_b["dense"]}, repeats=1)["d"]["median_ms"] / 1e3
     records = []
     for mode, fns in (("fwd", fns_f), ("fwd+bwd", fns_b)):
         work = {nm: (e if nm.endswith("ragged_dot") and jax.default_backend() == "cpu" else 1)
@@ -127,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.rows, args.d_model, args.d_ff, args.repeats = 2048, 256, 256, 3
         args.experts, args.routings = "8:2", "uniform"
-    info = harness.machine_info()
-    busy = harness.busy_fraction()
+    info = machine.machine_info()
+    busy = machine.busy_fraction()
     print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {info['platform']}; "
           f"others' load before start: {busy}")
     cfs = [float(v) for v in args.capacity_factors.split(",") if v]
@@ -140,12 +140,12 @@ def run(args: argparse.Namespace) -> int:
                 recs = _case(t, args.d_model, args.d_ff, e, k, routing, dtype,
                              args.backends.split(","), cfs, args.repeats, args.budget_s,
                              fused=not args.no_fused)
-                after = harness.busy_fraction(0.2)
+                after = machine.busy_fraction(0.2)
                 for r in recs:
                     r.update(machine=info, busy_before=busy, busy_after=after)
                 harness.write_jsonl(args.out, recs)
                 busy = after
-                print(harness.format_table(recs, ["dtype", "experts", "top_k", "routing", "mode",
+                print(text_table.format_table(recs, ["dtype", "experts", "top_k", "routing", "mode",
                                                   "variant", "median_ms", "ratio_to_dense",
                                                   "drop_rate", "skipped"]), flush=True)
     return 0

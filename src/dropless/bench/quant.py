@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dropless import machine, text_table
 from dropless.bench import harness
 from dropless.ops.gmm import grouped_matmul
 from dropless.quant import MXFP8Config, fake_quantize, mxfp8_grouped_matmul
@@ -127,8 +128,8 @@ def cost_rows(m: int, k: int, n: int, g: int, backend: str, repeats: int
         fwdbwd = jax.jit(lambda x, w, dy, f=f: jax.vjp(f, x, w)[1](dy))
         fns[f"{name}/fwd"] = lambda fwd=fwd: fwd(xb, wb)
         fns[f"{name}/fwd+bwd"] = lambda fb=fwdbwd: fb(xb, wb, dy)
-    busy = harness.busy_fraction()
-    stats = harness.time_interleaved(fns, repeats=repeats)
+    busy = machine.busy_fraction()
+    stats = machine.time_interleaved(fns, repeats=repeats)
     rows = []
     for mode in ("fwd", "fwd+bwd"):
         base = stats[f"bf16/{mode}"]["median_ms"]
@@ -158,15 +159,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = harness.machine_info()
+    info = machine.machine_info()
     m, k, n, g = args.shape
     rows = error_rows(tuple(args.error_shape)) + gmm_error_rows(m, k, n, g, args.backend)
-    print(harness.format_table(rows, ["part", "data", "method", "rel_frobenius",
+    print(text_table.format_table(rows, ["part", "data", "method", "rel_frobenius",
                                       "worst_block_rel"]))
     if not args.skip_cost:
         cost = cost_rows(m, k, n, g, args.backend, args.repeats)
         print()
-        print(harness.format_table(cost, ["method", "mode", "shape", "median_ms", "min_ms",
+        print(text_table.format_table(cost, ["method", "mode", "shape", "median_ms", "min_ms",
                                           "max_ms", "ratio_vs_bf16", "busy_fraction"]))
         rows += cost
     if args.convergence:

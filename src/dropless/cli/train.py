@@ -81,7 +81,8 @@ def _train(args, stop) -> int:
     notes: list[str] = []
     cfg = config_from_args(args, notes=notes)
     from dropless.runtime.distributed import start
-    start(cfg, notes)   # XLA flags, environment, jax.distributed: before JAX starts
+    from dropless.train.overflow import startup_notes
+    start(cfg, notes, late_notes=startup_notes(cfg))   # XLA flags, env, jax.distributed: first
     from dropless.train.loop import train
     result = train(cfg, resume=bool(getattr(args, "resume", None)),
                    strict_resume=bool(getattr(args, "strict_resume", False)), stop=stop)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
+from dropless.runtime import environment as env_lib
 from dropless.runtime import xla_flags as xf
 
 # MaxText name -> our key(s); values copied unchanged
@@ -128,7 +129,7 @@ def is_xla_flag(name: str) -> bool:
 
 def is_env_key(name: str) -> bool:
     """An upper-case environment key a config may set (XLA_..., CUDA_..., NCCL_...)."""
-    return name.isupper() and name.startswith(xf.ENV_PREFIXES) and name != "XLA_FLAGS"
+    return name.isupper() and name.startswith(env_lib.ENV_PREFIXES) and name != "XLA_FLAGS"
 
 
 def is_known(name: str) -> bool:
@@ -174,7 +175,7 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
         if is_xla_flag(name):
             out.append(("xla_flags+", xf.flag_text(name, v)))
         elif is_env_key(name):
-            out.append(("environment+", xf.env_text(name, v)))
+            out.append(("environment+", env_lib.env_text(name, v)))
         elif name in ICI or name in DCN:
             axis = ICI.get(name) or DCN[name]
             ici = _int(f"ici_{axis}_parallelism", seen.get(f"ici_{axis}_parallelism", 1))

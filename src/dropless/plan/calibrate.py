@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from dropless.bench.harness import busy_fraction, format_table, machine_info, time_interleaved
-from dropless.machine import HardwareProfile
+from dropless.machine import HardwareProfile, busy_fraction, machine_info, time_interleaved
+from dropless.text_table import format_table
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import layer_times
 from dropless.config import ModelConfig

@@ -1,7 +1,7 @@
 """Human-readable text for a plan (the JSON is the plan dict itself)."""
 from __future__ import annotations
 
-from dropless.bench.harness import format_table
+from dropless.text_table import format_table
 from dropless.plan.memory import GiB, verdict
 
 GB = 1e9

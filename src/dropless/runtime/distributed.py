@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping
+from typing import Mapping, Sequence
 
 # cluster -> variables that must all be present for jax's auto-detection to find it
 CLUSTERS: dict[str, tuple[str, ...]] = {
@@ -72,17 +72,19 @@ def initialize(distributed: bool) -> str:
     return d.message
 
 
-def start(cfg, notes: list[str] = (), echo=print) -> None:
+def start(cfg, notes: Sequence[str] = (), echo=print, *,
+          late_notes: Sequence[str] = ()) -> None:
     """Process start-up for `dropless train`, in the order it must happen: XLA flags and
     environment variables (before any backend exists), jax.distributed (before devices are
-    listed), then one line for each accepted setting that changes nothing on this platform
-    (`notes` from config translation first).
+    listed), then one line for each accepted setting that changes nothing on this platform:
+    `notes` (from config translation) first, then the platform's, then `late_notes` (the
+    caller's own, e.g. the trainer's `train.overflow.startup_notes`: runtime imports nothing
+    above it, so whoever knows such a setting passes its line in).
 
     Raises ValueError for an XLA flag this XLA does not know, RuntimeError when a backend
     already exists or the coordinator cannot be reached.
     """
     from dropless.runtime import xla_flags
-    from dropless.train import overflow
     for line in xla_flags.apply_startup(cfg):
         echo(line)
     lines = list(notes)
@@ -92,6 +94,6 @@ def start(cfg, notes: list[str] = (), echo=print) -> None:
     elif d.message:
         lines.append(d.message)
     import jax
-    lines += xla_flags.platform_notes(cfg, jax.default_backend()) + overflow.startup_notes(cfg)
+    lines += xla_flags.platform_notes(cfg, jax.default_backend()) + list(late_notes)
     for text in dict.fromkeys(lines):   # once each
         echo(f"note: {text}")

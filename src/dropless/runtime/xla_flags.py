@@ -17,6 +17,9 @@ import re
 import subprocess
 import sys
 
+from dropless.runtime import environment
+from dropless.runtime.environment import check_scalar, parse_environment
+
 # name -> (XLA_FLAGS additions, other environment variables)
 RECIPES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "none": ((), {}),
@@ -77,22 +80,6 @@ def apply_recipe(name: str) -> dict[str, str]:
 
 
 _FLAG = re.compile(r"^--([A-Za-z0-9_]+)(=.*)?$")
-_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-# environment variables a config may set: these prefixes (XLA_FLAGS has its own key, xla_flags)
-ENV_PREFIXES = ("XLA_", "CUDA_", "NCCL_", "NVTE_", "JAX_", "TF_", "TPU_")
-# ... and the values some of them must have: name -> (check, what it must be)
-_ENV_RULES = {
-    "XLA_PYTHON_CLIENT_MEM_FRACTION": (lambda v: 0 < float(v) <= 1, "a fraction in (0, 1]"),
-    "CUDA_DEVICE_MAX_CONNECTIONS": (lambda v: int(v) >= 1, "a positive int"),
-    "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": (lambda v: float(v) > 0, "a positive number"),
-    "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE": (lambda v: v in ("true", "false"), "true or false"),
-    "XLA_PYTHON_CLIENT_PREALLOCATE": (lambda v: v in ("true", "false"), "true or false"),
-}
-# variables and flags only a GPU backend reads (on other platforms they change nothing)
-GPU_ONLY_ENV = ("CUDA_", "NCCL_", "NVTE_", "XLA_PJRT_GPU_")
-ACCELERATOR_ENV = ("XLA_PYTHON_CLIENT_",)   # the GPU/TPU memory allocator; not the CPU's
-
-
 def flag_text(name: str, value) -> str:
     """A MaxText `xla_*` key and its YAML value -> one XLA flag: booleans as true/false, None or
     '' as an empty value (`--xla_gpu_enable_command_buffer=` turns command buffers off)."""
@@ -100,22 +87,8 @@ def flag_text(name: str, value) -> str:
         value = "true" if value else "false"
     elif value is None:
         value = ""
-    _check_scalar(name, value)
+    check_scalar(name, value)
     return f"--{name}={value}"
-
-
-def _check_scalar(name: str, value) -> None:
-    if not isinstance(value, (str, int, float)) or any(c.isspace() for c in str(value)):
-        raise ValueError(f"{name}={value!r} must be one number, word or true/false "
-                         "(no lists, no spaces)")
-
-
-def env_text(name: str, value) -> str:
-    """An upper-case environment key and its YAML value -> NAME=value (booleans lower-case)."""
-    if isinstance(value, bool):
-        value = "true" if value else "false"
-    _check_scalar(name, value)
-    return f"{name}={value}"
 
 
 def parse_flags(text: str) -> dict[str, str]:
@@ -130,44 +103,11 @@ def parse_flags(text: str) -> dict[str, str]:
     return out
 
 
-def parse_environment(text: str) -> dict[str, str]:
-    """'A=1 B=x' -> {'A': '1', 'B': 'x'}. Raises ValueError naming the entry for a bad name or
-    value (see ENV_PREFIXES and the value rules)."""
-    out: dict[str, str] = {}
-    for word in text.split():
-        name, eq, value = word.partition("=")
-        if not eq or not _ENV_NAME.match(name):
-            raise ValueError(f"environment: {word!r} must look like NAME=value")
-        if name == "XLA_FLAGS":
-            raise ValueError("environment: XLA_FLAGS is set through xla_flags (or MaxText xla_* "
-                             "keys), not environment")
-        if not name.startswith(ENV_PREFIXES):
-            raise ValueError(f"environment variable {name}={value!r} is not one a config sets; "
-                             f"names start with one of {ENV_PREFIXES}")
-        if name in _ENV_RULES:
-            ok, what = _ENV_RULES[name]
-            try:
-                good = ok(value)
-            except ValueError:
-                good = False
-            if not good:
-                raise ValueError(f"environment variable {name}={value!r} must be {what}")
-        out[name] = value
-    return out
-
-
 def check_flags(text: str) -> None:
     """Validate TrainConfig.xla_flags' syntax (ValueError naming the bad word)."""
     if not isinstance(text, str):
         raise ValueError(f"TrainConfig.xla_flags={text!r} must be a string of --flags")
     parse_flags(text)
-
-
-def check_environment(text: str) -> None:
-    """Validate TrainConfig.environment (ValueError naming the variable and value)."""
-    if not isinstance(text, str):
-        raise ValueError(f"TrainConfig.environment={text!r} must be a string of NAME=value")
-    parse_environment(text)
 
 
 @functools.lru_cache(maxsize=32)
@@ -254,16 +194,11 @@ def apply_startup(cfg) -> list[str]:
 
 def platform_notes(cfg, platform: str) -> list[str]:
     """One line per flag or variable of `cfg` that changes nothing on `platform` ('cpu', 'gpu',
-    'tpu'): xla_gpu_* flags and GPU-only variables off GPU, xla_cpu_* off CPU, xla_tpu_* off
-    TPU."""
+    'tpu'): xla_gpu_* flags off GPU, xla_cpu_* off CPU, xla_tpu_* off TPU, then the
+    environment's (`environment.platform_notes`)."""
     out = []
     for name in parse_flags(cfg.xla_flags):
         target = name.split("_")[1] if name.count("_") >= 2 else ""
         if target in ("gpu", "cpu", "tpu") and target != platform:
             out.append(f"{name}: an XLA:{target.upper()} flag; changes nothing on {platform}")
-    for name in parse_environment(cfg.environment):
-        if name.startswith(GPU_ONLY_ENV) and platform != "gpu":
-            out.append(f"{name}: read by the GPU runtime only; changes nothing on {platform}")
-        elif name.startswith(ACCELERATOR_ENV) and platform == "cpu":
-            out.append(f"{name}: read by the GPU/TPU allocator only; changes nothing on cpu")
-    return out
+    return out + environment.platform_notes(cfg.environment, platform)

@@ -353,6 +353,14 @@ class Saver:
             self.pending = None
             raise explain(e, step=step, directory=self.directory) from e
 
+    def save_last_good(self, step: int, state: Any, meta: dict) -> None:
+        """Checkpoint `step` (a guard's last good one) unless it is a checkpoint already or
+        being written, then wait for the save and close the manager (the run stops next);
+        raises CheckpointError."""
+        if step != self.pending and step not in self.mngr.all_steps():
+            self.save(step, state, meta)
+        self.finish()
+
     def finish(self) -> None:
         """Wait for the save in flight (raises CheckpointError) and close the manager."""
         try:

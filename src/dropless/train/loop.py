@@ -19,23 +19,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
+from dropless import machine
 from dropless.config import TrainConfig
 from dropless.models.count import format_counts, param_counts
 from dropless.train import checkpoint as ckpt
 from dropless.train import data as data_lib
+from dropless.train import guards as guards_lib
 from dropless.train import mesh as mesh_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
 from dropless.train.nonfinite import NonFiniteGuard
+from dropless.train.outputs import Evaluator, MetricsWriter, Scalars
 from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
@@ -55,10 +57,6 @@ class RunResult:
     nothing_to_do: bool = False       # the checkpoint was already at or past the last step
 
 
-def _peak(cfg: TrainConfig) -> tuple[float | None, str]:
-    return met.peak_flops_per_device(cfg.model.dtype)
-
-
 def _fmt_step(r: dict) -> str:
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
     load = r.get("expert_load_max_over_mean")
@@ -66,17 +64,6 @@ def _fmt_step(r: dict) -> str:
             f"{r['tokens_per_s']:8.0f} tok/s | {r['tflops_per_device']:.4f} TFLOPS/dev | "
             f"MFU {mfu} | load max/mean {load if load is None else f'{load:.2f}'} | "
             f"dropped {r['dropped_tokens']}")
-
-
-class _Writer:
-    def __init__(self, path: Path, echo: Callable[[str], Any]):
-        self.path, self.echo = path, echo
-
-    def record(self, rec: dict, line: str | None = None) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(rec, default=float) + "\n")
-        if line:
-            self.echo(line)
 
 
 def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
@@ -201,16 +188,21 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         # lower to the same step (the persistent compilation cache serves the resume)
         shard = mesh_lib.state_shardings(state, mesh)
         state = jax.device_put(state, jax.devices()[0] if shard is None else shard)
-        guard = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
-        state = guard.attach(state)
+        overflow = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
+        state = overflow.attach(state)
         prog.line(_header(cfg, out_dir, corpus, counts, fpt, start))
-        nan_guard = NonFiniteGuard(cfg)   # check_nan: never apply a non-finite step
+        # check_nan: never apply a non-finite step (it wraps the step first, overflow outside)
+        guards = (NonFiniteGuard(cfg, opt=opt, mesh=model_mesh), overflow)
         step_fn, batch0, compile_s = _compile(cfg, opt, model_mesh, mesh, corpus, state, start,
-                                              prog, guard, nan_guard)
-        ctx = _Ctx(cfg, out_dir, corpus, fpt, model_mesh, mesh, prog, stop, saver, run, to_dict)
-        ctx.guard, ctx.nan_guard, ctx.opt = guard, nan_guard, opt
+                                              prog, guards)
         rec, line = _start_record(cfg, corpus, counts, fpt, compile_s, start)
-        ctx.peak = rec["peak_flops_per_device"]
+        ctx = _Ctx(cfg=cfg, out_dir=out_dir, corpus=corpus, fpt=fpt,
+                   peak=rec["peak_flops_per_device"], model_mesh=model_mesh,
+                   bshard=mesh_lib.batch_sharding(mesh), prog=prog, stop=stop, saver=saver,
+                   run=run, guards=guards,
+                   writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
+                   evaluator=Evaluator(cfg, corpus, model_mesh, prog),
+                   tb=Scalars(out_dir), config_json=to_dict(cfg))
         ctx.writer.record(rec, line)
         stop.begin_steps()        # start-up is over: a signal now stops after a step
         return _loop(ctx, state, step_fn, batch0, start, stop_at)
@@ -251,13 +243,14 @@ def _set_aside(plan, saver: ckpt.Saver, out_dir: Path, prog: Progress) -> None:
         prog.line(f"{d.text()}; resuming from step {plan.latest}, the newest intact checkpoint "
                   f"(the damaged step was moved to {dest})")
     saver.mngr.reload()               # orbax must not see the moved steps any more
-    _Writer(out_dir / "metrics.jsonl", prog.line).record(
+    MetricsWriter(out_dir / "metrics.jsonl", prog.line).record(
         {"event": "fallback", "resumed_from": plan.latest, "damaged": moved})
 
 
-def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard, nan_guard):
-    fn = guard.wrap(nan_guard.wrap(
-        functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)))
+def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guards):
+    fn = functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)
+    for guard in guards:              # the first guard wraps the step, the next wraps that
+        fn = guard.wrap(fn)
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
     bshard = mesh_lib.batch_sharding(mesh)
@@ -269,8 +262,7 @@ def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard, nan_
 
 
 def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str]:
-    from dropless.bench.harness import busy_fraction, machine_info
-    peak, peak_src = _peak(cfg)
+    peak, peak_src = machine.peak_flops_per_device(cfg.model.dtype)
     kernels = {}
     if cfg.time_kernels and cfg.model.moe is not None:
         from dropless.train.kernel_timing import time_moe_kernels
@@ -278,9 +270,9 @@ def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str
     rec = {"event": "start", "resumed_from": start, "preset": cfg.preset,
            "params": counts, "flops_per_token": fpt, "peak_flops_per_device": peak,
            "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
-           "corpus": corpus.fingerprint(), "busy_fraction": busy_fraction(0.2),
+           "corpus": corpus.fingerprint(), "busy_fraction": machine.busy_fraction(0.2),
            "moe_kernels": kernels, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-           "machine": machine_info()}
+           "machine": machine.machine_info()}
     line = (f"  peak {(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src})"
             + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "
                f"{kernels['gmm_ms']:.2f} ms, dispatch {kernels['dispatch_ms']:.2f} ms, "
@@ -288,41 +280,30 @@ def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str
     return rec, line
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Ctx:
-    """What the loop reads besides the state: config, run directory, outputs, stop request."""
+    """What the loop reads besides the state: config, run directory, outputs, stop request;
+    built once, when the step is compiled."""
 
-    def __init__(self, cfg, out_dir, corpus, fpt, model_mesh, mesh, prog, stop, saver, run,
-                 to_dict):
-        self.cfg, self.out_dir, self.corpus, self.fpt = cfg, out_dir, corpus, fpt
-        self.prog, self.stop, self.saver, self.run = prog, stop, saver, run
-        self.peak = None
-        self.guard = None                # the OverflowGuard of the compiled step
-        self.nan_guard = self.opt = None     # its NonFiniteGuard, and the optimizer
-        self.model_mesh = model_mesh
-        self.bshard = mesh_lib.batch_sharding(mesh)
-        self.writer = _Writer(out_dir / "metrics.jsonl", prog.line)
-        self.eval_batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
-                                                  batch_size=cfg.global_batch_size,
-                                                  seq_len=cfg.seq_len)
-        self.eval_jit = jax.jit(functools.partial(step_lib.eval_loss, cfg=cfg, mesh=model_mesh))
-        self.eval_fn = None
-        self.config_json = to_dict(cfg)
-        self.tb = None
+    cfg: TrainConfig
+    out_dir: Path
+    corpus: Any                       # data.Corpus
+    fpt: dict                         # flops_per_token: {"model", "executed"}
+    peak: float | None                # peak FLOP/s per device (None: no MFU)
+    model_mesh: Any
+    bshard: Any                       # the batch sharding (None on one device)
+    prog: Progress
+    stop: StopRequest
+    saver: ckpt.Saver
+    run: RunDir
+    guards: tuple[guards_lib.Guard, ...]   # the compiled step's guards (train/guards.py)
+    writer: MetricsWriter
+    evaluator: Evaluator
+    tb: Scalars
+    config_json: dict
 
     def meta(self, step: int) -> dict:
         return {"next_batch": step, "corpus": self.corpus.fingerprint()}
-
-    def evaluate(self, params) -> float:
-        if self.eval_fn is None:
-            with Timed(self.prog, "compiling eval", "compiled"):
-                self.eval_fn = self.eval_jit.lower(params, self.eval_batches[0]).compile()
-        return float(np.mean([float(self.eval_fn(params, b)) for b in self.eval_batches]))
-
-    def scalars(self, step: int, values: dict) -> None:
-        if self.tb is None:          # created at the first step: a refused run writes nothing
-            from dropless.train.tensorboard import ScalarWriter
-            self.tb = ScalarWriter(self.out_dir)
-        self.tb.scalars(step, values)
 
 
 def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) -> RunResult:
@@ -384,16 +365,23 @@ def _batch_at(ctx: _Ctx, i: int):
     return batch if ctx.bshard is None else jax.device_put(batch, ctx.bshard)
 
 
-def _saving(cfg: TrainConfig, n: int, end: int) -> bool:
-    return bool(cfg.checkpoint_every and n % cfg.checkpoint_every == 0) or n == end
+class _Due(NamedTuple):
+    checkpoint: bool                  # save step n
+    eval: bool                        # evaluate after step n
+
+
+def _due(cfg: TrainConfig, n: int, end: int) -> _Due:
+    """What step n (1-based) of a run ending at `end` is due for: the one place the
+    checkpoint and eval conditions are written (the last step does both)."""
+    return _Due(checkpoint=bool(cfg.checkpoint_every and n % cfg.checkpoint_every == 0)
+                or n == end, eval=n % cfg.eval_every == 0 or n == end)
 
 
 def _needs_state(ctx: _Ctx, n: int, end: int, profile: range) -> bool:
     """Whether finishing step n (1-based) reads its state, so the loop reads step n before it
     dispatches step n+1."""
     cfg = ctx.cfg
-    return (_saving(cfg, n, end) or n % cfg.eval_every == 0 or ctx.nan_guard.active
-            or ctx.guard.due(n) or ctx.stop.requested
+    return (any(_due(cfg, n, end)) or any(g.due(n) for g in ctx.guards) or ctx.stop.requested
             or bool(cfg.profile_steps and n in (profile.start, min(profile.stop, end))))
 
 
@@ -401,8 +389,9 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
             end: int, profile: range) -> None:
     """Read step n's metrics and record them (metrics.jsonl, terminal, TensorBoard). With
     `state` (step n's, not yet given to step n+1) also run what reads the state, in the order
-    the checks have always run: check_nan, the overflow check, eval, the checkpoint. Without
-    it (step n+1 already has the state) `_needs_state` was false for n."""
+    the checks have always run: the guards that decide before the step is recorded (check_nan),
+    those that decide after (overflow), eval, the checkpoint. Without it (step n+1 already has
+    the state) `_needs_state` was false for n."""
     cfg, prog, saver = ctx.cfg, ctx.prog, ctx.saver
     m = _read_metrics(m)
     now = time.perf_counter()
@@ -415,48 +404,42 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
         jax.profiler.stop_trace()
         prog.line(f"  profiler trace of steps {profile.start + 1}-{n} in {ctx.out_dir}/profile")
         clock.last = time.perf_counter()
-    # Per-step checks (overflow, non-finite values, ...) belong here: they read `m` and
-    # `rec` of the finished step and raise to stop the run before it is recorded.
+    due = _due(cfg, n, end)
+    check = functools.partial(guards_lib.check_all, ctx.guards, state=state, step=n, metrics=m,
+                              batch=batch, force=due.checkpoint or ctx.stop.requested,
+                              save=functools.partial(_save_last_good, ctx))
     if state is not None:
-        ctx.nan_guard.check(m, state, batch, n, opt=ctx.opt, mesh=ctx.model_mesh,
-                            save=lambda good: _save_last_good(ctx, state, good, result.start_step))
+        check(guards_lib.BEFORE_RECORD)   # raises to stop the run before step n is recorded
     result.losses[n] = rec["loss"]
     show = n % cfg.log_every == 0 or n == end
     ctx.writer.record(rec)
     prog.step(n, loss=rec["loss"], tokens_per_s=rec["tokens_per_s"],
               text=_fmt_step(rec) if show else None)
-    ctx.scalars(n, {k: v for k, v in rec.items() if isinstance(v, (int, float))
-                    and k not in ("step", "event")})
+    ctx.tb(n, {k: v for k, v in rec.items() if isinstance(v, (int, float))
+               and k not in ("step", "event")})
     if state is None:
         saver.poll()                      # a failed asynchronous save stops the run here
         return
-    saving = _saving(cfg, n, end)
-    ctx.guard.check(state, n, mngr=saver.mngr, meta=ctx.meta(n),
-                    force=bool(saving or ctx.stop.requested))
-    if n % cfg.eval_every == 0 or n == end:
-        ev = ctx.evaluate(state["params"])
+    check(guards_lib.AFTER_RECORD)
+    if due.eval:
+        ev = ctx.evaluator(state["params"])
         result.eval_losses[n] = ev
-        ctx.scalars(n, {"eval_loss": ev})
+        ctx.tb(n, {"eval_loss": ev})
         ctx.writer.record({"event": "eval", "step": n, "eval_loss": ev},
                           f"  eval loss {ev:.4f} at step {n}")
         clock.last = time.perf_counter()   # eval time is not step time
-    if saving:
-        saver.save(n, ctx.guard.strip(state), ctx.meta(n))
+    if due.checkpoint:
+        saver.save(n, OverflowGuard.strip(state), ctx.meta(n))
         clock.last = time.perf_counter()
     else:
         saver.poll()
 
 
-def _save_last_good(ctx: _Ctx, state, good: int, start: int) -> str:
-    """Checkpoint `state` as step `good` unless it is already saved; words for the message."""
-    saver = ctx.saver
-    if good == 0:
-        return "; no step had completed, nothing is checkpointed"
-    if good > start and good not in (saver.last_saved, saver.pending):
-        saver.save(good, ctx.guard.strip(state), ctx.meta(good))
-    saver.finish()
-    return (f"; step {good}, the last with finite values, is checkpointed in {ctx.out_dir} "
-            "(its parameters may already be on the way to diverging)")
+def _save_last_good(ctx: _Ctx, good: int, state) -> Path:
+    """A guard's `save`: checkpoint `state` as step `good` through the run's Saver (unless it
+    is a checkpoint already), wait for it; the run directory, for the guard's message."""
+    ctx.saver.save_last_good(good, OverflowGuard.strip(state), ctx.meta(good))
+    return ctx.out_dir
 
 
 def _stopped(ctx: _Ctx, result: RunResult, state, done: int) -> RunResult:
@@ -464,7 +447,7 @@ def _stopped(ctx: _Ctx, result: RunResult, state, done: int) -> RunResult:
     saver, name = ctx.saver, ctx.stop.name
     result.stopped_by = name
     if ctx.run.steps_done and done not in (saver.last_saved, saver.pending):
-        saver.save(done, ctx.guard.strip(state), ctx.meta(done))
+        saver.save(done, OverflowGuard.strip(state), ctx.meta(done))
     saver.finish()
     ctx.prog.close()
     if ctx.run.steps_done == 0 and ctx.run.created:

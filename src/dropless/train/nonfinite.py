@@ -15,6 +15,7 @@ piece by piece outside the compiled step, to say where the first non-finite valu
   3. else the backward pass: the parameters whose gradients are not finite, the one nearest the
      loss first (the backward pass reaches it first);
   4. else the optimizer update: gradients finite, the new parameters not.
+(The pattern, and the `check` the loop calls, are `train.guards`.)
 """
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ import jax
 import jax.numpy as jnp
 
 from dropless.config import TrainConfig
+from dropless.train.guards import BEFORE_RECORD, Guard, GuardStop, Tripped
 
 FLAG = "nonfinite"
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(GuardStop):
     """A step produced a non-finite loss, gradient or parameter under check_nan=true; the run
     stopped at the last good step, which was checkpointed."""
 
@@ -58,11 +60,17 @@ def _count_nonfinite(xs: list[jax.Array]) -> list[jax.Array]:
     return [jnp.sum(~jnp.isfinite(x)) for x in xs]
 
 
-class NonFiniteGuard:
-    """The loop's side of check_nan (inactive, every method a pass-through, otherwise)."""
+class NonFiniteGuard(Guard):
+    """The loop's side of check_nan (inactive, every method a pass-through, otherwise). Read
+    after every step, from its metrics, before the step is recorded: a refused step never is.
+    `opt` and `mesh` (the step's optimizer and model mesh) are what `locate` runs the step
+    again with."""
 
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
+    stage = BEFORE_RECORD
+    error = NonFiniteError
+
+    def __init__(self, cfg: TrainConfig, *, opt=None, mesh=None):
+        self.cfg, self.opt, self.mesh = cfg, opt, mesh
         self.active = cfg.check_nan
 
     def wrap(self, step_fn):
@@ -82,20 +90,21 @@ class NonFiniteGuard:
 
         return guarded
 
-    def check(self, m: dict, state: dict, batch_BS1: jax.Array, step: int, *, opt, mesh=None,
-              save=None) -> None:
-        """After `step` (1-based): when its metrics say it was not applied, call `save(good)`
-        for the last good step (when it ran in this process), find where the first non-finite
-        value came from and raise NonFiniteError with both."""
-        if not self.active or not int(m.get(FLAG, 0)):
-            return
-        good = step - 1
-        saved = save(good) if save is not None else ""
-        where = locate(state["params"], state["opt_state"], batch_BS1, cfg=self.cfg, opt=opt,
-                       mesh=mesh)
-        raise NonFiniteError(f"step {step}: loss {float(m['loss']):.4g}, grad_norm "
-                             f"{float(m['grad_norm']):.4g}; {where}; the step was not applied"
-                             + saved)
+    def tripped(self, state: dict, step: int, metrics) -> Tripped | None:
+        """Step `step` itself was refused when its metrics say so (read already: no sync)."""
+        return Tripped(bad=step) if int(metrics.get(FLAG, 0)) else None
+
+    def describe(self, found: Tripped, *, state, metrics, batch) -> str:
+        """The loss and grad_norm of the refused step and where its first non-finite value
+        came from (`locate`: runs the step again, piece by piece)."""
+        where = locate(state["params"], state["opt_state"], batch, cfg=self.cfg, opt=self.opt,
+                       mesh=self.mesh)
+        return (f"step {found.bad}: loss {float(metrics['loss']):.4g}, grad_norm "
+                f"{float(metrics['grad_norm']):.4g}; {where}; the step was not applied")
+
+    def saved_words(self, good: int, run_dir) -> str:
+        return (f"; step {good}, the last with finite values, is checkpointed in {run_dir} "
+                "(its parameters may already be on the way to diverging)")
 
 
 def _bad(x) -> bool:

@@ -16,7 +16,8 @@ keeps itself honest without the host: `OverflowGuard.wrap` makes the first overf
 and every step after it, return the state it was given (a select on device), and remembers that
 step's per-layer rows and sufficient buffer factors in `state["overflow"]`. When the loop finally
 looks, the state is still the last good step's: it is checkpointed under that step number
-(resumable as any other) and the run stops with BufferOverflowError.
+(resumable as any other) and the run stops with BufferOverflowError. (The pattern, and the
+`check` the loop calls, are `train.guards`.)
 
 `state["overflow"]` exists only in memory: `strip` removes it before a checkpoint, so runs with
 either policy read each other's checkpoints.
@@ -29,11 +30,12 @@ import jax
 import jax.numpy as jnp
 
 from dropless.config import TrainConfig
+from dropless.train.guards import AFTER_RECORD, Guard, GuardStop, Tripped
 
 KEY = "overflow"
 
 
-class BufferOverflowError(RuntimeError):
+class BufferOverflowError(GuardStop):
     """A receive buffer overflowed under overflow="error"; the run stopped at the last good
     step, which was checkpointed."""
 
@@ -57,8 +59,14 @@ def _per_layer(metrics: dict, name: str, size: int) -> jax.Array:
     return jnp.zeros((size,), jnp.float32).at[: v.shape[0]].set(v[:size])
 
 
-class OverflowGuard:
-    """The loop's side of overflow="error" (inactive, every method a pass-through, otherwise)."""
+class OverflowGuard(Guard):
+    """The loop's side of overflow="error" (inactive, every method a pass-through, otherwise).
+    Read every `overflow_check_every_n_steps` steps, after the step is recorded; a refused
+    first step leaves the initial state, which is checkpointed as step 0."""
+
+    stage = AFTER_RECORD
+    error = BufferOverflowError
+    save_initial = True
 
     def __init__(self, cfg: TrainConfig):
         moe = cfg.model.moe
@@ -109,26 +117,17 @@ class OverflowGuard:
         """Whether the loop reads the flag after `step` (1-based): every n-th step."""
         return self.active and step % self.every == 0
 
-    def check(self, state: dict, step: int, *, mngr=None, meta: dict | None = None,
-              force: bool = False) -> None:
-        """After `step`: when due (or `force`, e.g. before a checkpoint), read the flag; on
-        overflow save the unchanged state as the last good step (when `mngr` is given; `meta`
-        is the checkpoint's JSON record without next_batch) and raise BufferOverflowError."""
-        if not self.active or not (force or self.due(step)):
-            return
+    def tripped(self, state: dict, step: int, metrics) -> Tripped | None:
+        """Read the on-device record: the first overflowing step, if any (a host sync)."""
         rec = jax.device_get(state[KEY])
         bad = int(rec["step"])
-        if bad == 0:
-            return
-        good = bad - 1
-        where = ""
-        if mngr is not None and good not in mngr.all_steps():
-            from dropless.train import checkpoint as ckpt
-            ckpt.save(mngr, good, self.strip(state), {**(meta or {}), "next_batch": good})
-            mngr.wait_until_finished()
-        if mngr is not None:
-            where = f"; step {good} (the last good one) is checkpointed, resume from it"
-        raise BufferOverflowError(self.message(bad, rec["rows_L"], rec["factor_L"]) + where)
+        return Tripped(bad=bad, detail=rec) if bad else None
+
+    def describe(self, found: Tripped, *, state, metrics, batch) -> str:
+        return self.message(found.bad, found.detail["rows_L"], found.detail["factor_L"])
+
+    def saved_words(self, good: int, run_dir) -> str:
+        return f"; step {good} (the last good one) is checkpointed, resume from it"
 
     def message(self, bad: int, rows_L, factor_L) -> str:
         """The one-line stop message: layers, rows, the buffer factor that would have fitted."""

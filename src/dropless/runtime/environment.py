@@ -1,0 +1,86 @@
+"""Environment variables a config may set (`TrainConfig.environment`, MaxText's upper-case
+keys): which names are allowed, the values some must have, and which platform reads them.
+
+Applying them (before JAX creates its backend, beside the XLA flags) is
+`dropless.runtime.xla_flags.apply_startup`'s job; this module only parses and checks.
+"""
+from __future__ import annotations
+
+import re
+
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+# environment variables a config may set: these prefixes (XLA_FLAGS has its own key, xla_flags)
+ENV_PREFIXES = ("XLA_", "CUDA_", "NCCL_", "NVTE_", "JAX_", "TF_", "TPU_")
+# ... and the values some of them must have: name -> (check, what it must be)
+_ENV_RULES = {
+    "XLA_PYTHON_CLIENT_MEM_FRACTION": (lambda v: 0 < float(v) <= 1, "a fraction in (0, 1]"),
+    "CUDA_DEVICE_MAX_CONNECTIONS": (lambda v: int(v) >= 1, "a positive int"),
+    "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": (lambda v: float(v) > 0, "a positive number"),
+    "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE": (lambda v: v in ("true", "false"), "true or false"),
+    "XLA_PYTHON_CLIENT_PREALLOCATE": (lambda v: v in ("true", "false"), "true or false"),
+}
+# variables only a GPU backend reads (on other platforms they change nothing)
+GPU_ONLY_ENV = ("CUDA_", "NCCL_", "NVTE_", "XLA_PJRT_GPU_")
+ACCELERATOR_ENV = ("XLA_PYTHON_CLIENT_",)   # the GPU/TPU memory allocator; not the CPU's
+
+
+def check_scalar(name: str, value) -> None:
+    """Raise ValueError naming `name` unless `value` is one number or word (no list, no space):
+    what one XLA flag or one environment variable can hold."""
+    if not isinstance(value, (str, int, float)) or any(c.isspace() for c in str(value)):
+        raise ValueError(f"{name}={value!r} must be one number, word or true/false "
+                         "(no lists, no spaces)")
+
+
+def env_text(name: str, value) -> str:
+    """An upper-case environment key and its YAML value -> NAME=value (booleans lower-case)."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    check_scalar(name, value)
+    return f"{name}={value}"
+
+
+def parse_environment(text: str) -> dict[str, str]:
+    """'A=1 B=x' -> {'A': '1', 'B': 'x'}. Raises ValueError naming the entry for a bad name or
+    value (see ENV_PREFIXES and the value rules)."""
+    out: dict[str, str] = {}
+    for word in text.split():
+        name, eq, value = word.partition("=")
+        if not eq or not _ENV_NAME.match(name):
+            raise ValueError(f"environment: {word!r} must look like NAME=value")
+        if name == "XLA_FLAGS":
+            raise ValueError("environment: XLA_FLAGS is set through xla_flags (or MaxText xla_* "
+                             "keys), not environment")
+        if not name.startswith(ENV_PREFIXES):
+            raise ValueError(f"environment variable {name}={value!r} is not one a config sets; "
+                             f"names start with one of {ENV_PREFIXES}")
+        if name in _ENV_RULES:
+            ok, what = _ENV_RULES[name]
+            try:
+                good = ok(value)
+            except ValueError:
+                good = False
+            if not good:
+                raise ValueError(f"environment variable {name}={value!r} must be {what}")
+        out[name] = value
+    return out
+
+
+def check_environment(text: str) -> None:
+    """Validate TrainConfig.environment (ValueError naming the variable and value)."""
+    if not isinstance(text, str):
+        raise ValueError(f"TrainConfig.environment={text!r} must be a string of NAME=value")
+    parse_environment(text)
+
+
+def platform_notes(environment: str, platform: str) -> list[str]:
+    """One line per variable of `environment` (TrainConfig.environment) that changes nothing on
+    `platform` ('cpu', 'gpu', 'tpu'): GPU-only variables off GPU, the accelerator allocator's
+    on CPU."""
+    out = []
+    for name in parse_environment(environment):
+        if name.startswith(GPU_ONLY_ENV) and platform != "gpu":
+            out.append(f"{name}: read by the GPU runtime only; changes nothing on {platform}")
+        elif name.startswith(ACCELERATOR_ENV) and platform == "cpu":
+            out.append(f"{name}: read by the GPU/TPU allocator only; changes nothing on cpu")
+    return out

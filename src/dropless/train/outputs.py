@@ -1,0 +1,60 @@
+"""What the training loop writes and reads besides the state and checkpoints: the metrics.jsonl
+lines, TensorBoard scalars, and the eval loss over the run's fixed eval batches."""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from dropless.config import TrainConfig
+from dropless.train import data as data_lib
+from dropless.train import step as step_lib
+from dropless.train.progress import Progress, Timed
+
+
+class MetricsWriter:
+    """metrics.jsonl: one JSON object a line, and the line for the terminal when given."""
+
+    def __init__(self, path: Path, echo: Callable[[str], Any]):
+        self.path, self.echo = path, echo
+
+    def record(self, rec: dict, line: str | None = None) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(rec, default=float) + "\n")
+        if line:
+            self.echo(line)
+
+
+class Evaluator:
+    """The eval loss over the run's fixed eval batches; compiled at its first use."""
+
+    def __init__(self, cfg: TrainConfig, corpus, model_mesh, prog: Progress):
+        self.prog = prog
+        self.batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
+                                             batch_size=cfg.global_batch_size,
+                                             seq_len=cfg.seq_len)
+        self.jitted = jax.jit(functools.partial(step_lib.eval_loss, cfg=cfg, mesh=model_mesh))
+        self.compiled = None
+
+    def __call__(self, params) -> float:
+        if self.compiled is None:
+            with Timed(self.prog, "compiling eval", "compiled"):
+                self.compiled = self.jitted.lower(params, self.batches[0]).compile()
+        return float(np.mean([float(self.compiled(params, b)) for b in self.batches]))
+
+
+class Scalars:
+    """TensorBoard scalars, the writer created at the first step (a refused run writes none)."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.writer = out_dir, None
+
+    def __call__(self, step: int, values: dict) -> None:
+        if self.writer is None:
+            from dropless.train.tensorboard import ScalarWriter
+            self.writer = ScalarWriter(self.out_dir)
+        self.writer.scalars(step, values)

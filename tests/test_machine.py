@@ -1,0 +1,54 @@
+"""dropless.machine, the one machine module: the CPU model read one way (x86, ARM and other
+/proc/cpuinfo dialects), contention, and the record of where a number came from; and the plain
+text table the benches, the planner and calibration print."""
+from dropless import machine
+from dropless.text_table import format_table
+
+X86 = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480C
+stepping\t: 8
+"""
+ARM = """processor\t: 0
+BogoMIPS\t: 108.00
+CPU implementer\t: 0x41
+
+Hardware\t: BCM2835
+Model\t\t: Raspberry Pi 4 Model B Rev 1.4
+"""
+MIPS = "system type\t\t: MT7621\ncpu model\t\t: MIPS 1004Kc V2.15\n"
+
+
+def test_cpu_model_reads_each_cpuinfo_dialect():
+    # 'model\t\t: 143' (the x86 model number) is not 'model name' and is skipped
+    assert machine.parse_cpu_model(X86) == "Intel(R) Xeon(R) Platinum 8480C"
+    assert machine.parse_cpu_model(ARM) == "Raspberry Pi 4 Model B Rev 1.4"
+    assert machine.parse_cpu_model(MIPS) == "MIPS 1004Kc V2.15"
+    assert machine.parse_cpu_model("processor\t: 0\nBogoMIPS\t: 108.00\n") is None
+
+
+def test_cpu_model_falls_back_without_cpuinfo(tmp_path):
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(X86)
+    assert machine.cpu_model(str(fake)) == "Intel(R) Xeon(R) Platinum 8480C"
+    fallback = machine.cpu_model(str(tmp_path / "missing"))
+    assert isinstance(fallback, str) and fallback
+
+
+def test_machine_info_names_the_cpu_the_cpu_peak_is_keyed_by():
+    info = machine.machine_info()
+    assert info["cpu"] == machine.cpu_model()
+    assert {"git_commit", "jax", "jaxlib", "cores", "platform", "device_kind",
+            "device_count"} <= set(info)
+
+
+def test_busy_fraction_is_a_share():
+    busy = machine.busy_fraction(0.05)
+    assert busy is None or 0.0 <= busy <= 1.0
+
+
+def test_format_table_aligns_and_rounds():
+    rows = [{"a": 1.23456, "b": "x"}, {"a": 1234.5}]
+    assert format_table(rows, ["a", "b"]).splitlines() == ["   a  b", "1.23  x", "1234   "]
