@@ -1,0 +1,140 @@
+"""A run's metrics, read and drawn (`dropless report`'s library): RUN_DIR/metrics.jsonl read
+back (`read_metrics`), summarised (`summary`), and drawn to PNG files in RUN_DIR (`draw`: loss
+train and eval, throughput tokens/s and MFU, an expert-load heatmap; matplotlib, an optional
+dependency: pip install 'dropless[report]'; `make run` and `make test` install it)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def _records(path: Path, skipped: list[str]):
+    """(line number, record) of every complete JSON object line of `path`; a torn line (a
+    process killed mid-write, or a resume that appended onto it) is skipped and named in
+    `skipped` with its line number in the file (1-based, blank lines counted)."""
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            rec = None
+        if not isinstance(rec, dict):
+            skipped.append(f"{path} line {n} is not a complete JSON record (torn by an "
+                           f"interrupted write?): {raw[:60].decode(errors='replace')!r}")
+            continue
+        yield n, rec
+
+
+def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
+                 ) -> dict[str, list[dict]]:
+    """metrics.jsonl grouped by event ("start", "step", "eval", "end"). A resumed run's steps
+    replace the earlier records of the same step. Lines that are not complete records are
+    skipped, each named (with its line number) in `skipped`. Raises ValueError when the file is
+    missing."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl")
+    out: dict[str, list[dict]] = {"start": [], "step": [], "eval": [], "end": []}
+    steps: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    for _, rec in _records(path, [] if skipped is None else skipped):
+        ev = rec.get("event")
+        if ev == "step":
+            steps[rec["step"]] = rec
+        elif ev == "eval":
+            evals[rec["step"]] = rec
+        elif ev in out:
+            out[ev].append(rec)
+    out["step"] = [steps[k] for k in sorted(steps)]
+    out["eval"] = [evals[k] for k in sorted(evals)]
+    return out
+
+
+def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
+    """Median step time, tokens/s, TFLOPS/device and MFU (first `skip` steps left out), first and
+    last loss, worst expert load, total dropped tokens."""
+    steps = m["step"]
+    if not steps:
+        return {}
+    body = steps[skip:] or steps
+    med = lambda k: float(np.median([r[k] for r in body if r.get(k) is not None]))  # noqa: E731
+    return {"steps": len(steps), "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"],
+            "last_eval_loss": m["eval"][-1]["eval_loss"] if m["eval"] else None,
+            "median_step_time_s": med("step_time_s"), "median_tokens_per_s": med("tokens_per_s"),
+            "median_tflops_per_device": med("tflops_per_device"),
+            "median_mfu": med("mfu") if any(r.get("mfu") for r in body) else None,
+            "max_expert_load_max_over_mean": max(
+                (r.get("expert_load_max_over_mean", 0) for r in steps), default=None),
+            "dropped_tokens": sum(r["dropped_tokens"] for r in steps)}
+
+
+def draw(run_dir: str | Path) -> list[Path]:
+    """Write loss.png, throughput.png and expert_load.png into run_dir; returns their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    run_dir = Path(run_dir)
+    m = read_metrics(run_dir)
+    steps = m["step"]
+    x = [r["step"] for r in steps]
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [r["loss"] for r in steps], label="train loss")
+    if m["eval"]:
+        ax.plot([r["step"] for r in m["eval"]], [r["eval_loss"] for r in m["eval"]], "o-",
+                label="eval loss")
+    ax.axhline(np.log(256), ls=":", c="gray", label="ln 256")
+    ax.set_xlabel("step"), ax.set_ylabel("nats/token"), ax.legend(), ax.grid(alpha=.3)
+    paths.append(_save(fig, run_dir / "loss.png"))
+
+    paths.append(_save(_throughput_figure(plt, steps), run_dir / "throughput.png"))
+
+    loads = [np.asarray(r["tokens_per_expert"], float) for r in steps if "tokens_per_expert" in r]
+    if loads:
+        arr = np.stack(loads)                     # [steps, layers, experts]
+        rel = arr / np.maximum(arr.mean(-1, keepdims=True), 1e-9)
+        fig, axes = plt.subplots(arr.shape[1], 1, figsize=(7, 1.8 * arr.shape[1] + .6),
+                                 squeeze=False)
+        for li, a in enumerate(axes[:, 0]):
+            im = a.imshow(rel[:, li].T, aspect="auto", cmap="viridis",
+                          extent=(x[0], x[-1], arr.shape[2] - .5, -.5))
+            a.set_ylabel(f"MoE layer {li}\nexpert")
+            fig.colorbar(im, ax=a, label="load / mean")
+        axes[-1, 0].set_xlabel("step")
+        paths.append(_save(fig, run_dir / "expert_load.png"))
+    return paths
+
+
+def _throughput_figure(plt, steps: list[dict]):
+    """tokens/s and MFU on two stacked axes sharing the step axis (one y scale each, so neither
+    curve is drawn over the other), each with its median and a legend."""
+    x = [r["step"] for r in steps]
+    has_mfu = any(r.get("mfu") is not None for r in steps)
+    fig, axes = plt.subplots(2 if has_mfu else 1, 1, figsize=(7, 6 if has_mfu else 3.4),
+                             sharex=True, squeeze=False)
+    series = [("tokens_per_s", 1.0, "tokens/s", "C0", "{:,.0f}")]
+    if has_mfu:
+        series.append(("mfu", 100.0, "MFU %", "C1", "{:.1f}"))
+    for ax, (key, scale, label, color, fmt) in zip(axes[:, 0], series):
+        pts = [(s, scale * r[key]) for s, r in zip(x, steps) if r.get(key) is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, label=label)
+        if pts:
+            med = float(np.median([p[1] for p in pts]))
+            ax.axhline(med, ls=":", c="gray", label="median " + fmt.format(med))
+        # above the axes, never over the curve
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
+        ax.set_ylabel(label), ax.grid(alpha=.3)
+    axes[-1, 0].set_xlabel("step")
+    return fig
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
