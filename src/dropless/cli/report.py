@@ -4,7 +4,6 @@ RUN_DIR by `dropless.report` (matplotlib, an optional dependency: pip install
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,8 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """Print the run's summary as JSON, then draw the plots. Without matplotlib the numbers are
     still printed and the missing plots explained (exit status 0). Output cut short by a closed
-    pipe (`dropless report DIR | head`) ends quietly, as other command-line tools do."""
+    pipe (`dropless report DIR | head`) ends quietly with 141, as other command-line tools do
+    (`cli.main` handles the BrokenPipeError)."""
     skipped: list[str] = []
     m = report.read_metrics(args.run_dir, skipped)
     for line in skipped:
@@ -27,19 +27,12 @@ def run(args) -> int:
         raise ValueError(f"{Path(args.run_dir) / 'metrics.jsonl'} has no step records (the run "
                          "stopped before its first step): nothing to report, no plots drawn")
     s = report.summary(m)
+    print(json.dumps(s, indent=2), flush=True)
     try:
-        print(json.dumps(s, indent=2), flush=True)
-        try:
-            paths = report.draw(args.run_dir)
-        except ImportError as e:
-            print(f"no plots: {e.name or 'matplotlib'} is not installed (pip install "
-                  f"'dropless[report]'; `make run` and `make test` install it)", file=sys.stderr)
-            return 0
-        print("wrote " + ", ".join(str(p) for p in paths), flush=True)
-    except BrokenPipeError:
-        # the reader went away: point stdout at /dev/null so the interpreter's final flush
-        # does not raise again (the recipe in Python's `signal` docs), and exit like SIGPIPE
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + 13
+        paths = report.draw(args.run_dir)
+    except ImportError as e:
+        print(f"no plots: {e.name or 'matplotlib'} is not installed (pip install "
+              f"'dropless[report]'; `make run` and `make test` install it)", file=sys.stderr)
+        return 0
+    print("wrote " + ", ".join(str(p) for p in paths), flush=True)
     return 0
