@@ -105,10 +105,10 @@ def test_import_killed_over_a_dropless_dir_leaves_it_intact(qwen_dropless, tmp_p
     assert snapshot(dst) == before
     [part] = _partials(dst)
     assert (part / "params").is_dir() and not (part / "config.json").exists()
-    from dropless.train.init_from import load_dropless
+    from dropless.model_dir.weights import load_dropless
     with pytest.raises(ValueError, match="no config.json"):
         load_dropless(part)
-    from dropless.train.init_from import load_model
+    from dropless.model_dir.weights import load_model
     cfg, params = load_model(str(dst))         # the old folder still loads, and is qwen
     assert cfg == hf.read_config(FIX / "qwen3_moe")[0]
 
@@ -154,7 +154,7 @@ def test_tokenizer_travels_both_ways(tmp_path):
     dl = tmp_path / "dl"
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (dl / name).read_bytes() == (src / name).read_bytes(), name
-    from dropless.train.init_from import folder_tokenizer
+    from dropless.model_dir import folder_tokenizer
     assert folder_tokenizer(str(dl)) == str(dl / "tokenizer.json")
     assert cli.main(["convert", str(dl), str(tmp_path / "back")]) == 0
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
@@ -177,7 +177,7 @@ def test_hf_save_refuses_a_non_empty_folder_unless_overwrite(tmp_path):
 
 
 def test_dtype_is_honoured_for_a_dropless_directory(qwen_dropless):
-    from dropless.train.init_from import load_model
+    from dropless.model_dir.weights import load_model
     cfg, params = load_model(str(qwen_dropless), dtype="bfloat16")
     assert cfg.dtype == cfg.weight_dtype == cfg.moe.weight_dtype == "bfloat16"
     ref_cfg, ref = hf.load(FIX / "qwen3_moe", dtype="bfloat16")   # what hf.load gives

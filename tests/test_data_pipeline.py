@@ -98,7 +98,7 @@ def test_jsonl_lines_are_split_at_newlines_only(tmp_path):
     (tmp_path / "u.jsonl").write_text(
         "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
         encoding="utf-8")
-    got = [t for _, t in data._text_documents(str(tmp_path / "u.jsonl"))]
+    got = [t for _, t in data.text_documents(str(tmp_path / "u.jsonl"))]
     assert got == texts
 
 

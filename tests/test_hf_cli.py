@@ -74,7 +74,7 @@ def test_eval_matches_forward(tmp_path, capsys):
 
 
 def test_generate_greedy_and_sampled(capsys):
-    from dropless.cli.generate import generate
+    from dropless.models.generate import generate
     cfg, params = hf.load(FIX / "qwen3_moe")
     prompt = np.frombuffer(b"abcd", np.uint8).astype(np.int32)
     ids = generate(cfg, params, prompt, max_new_tokens=3)
@@ -121,8 +121,8 @@ def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_
     """Fine-tune the converted Mixtral fixture on text; the held-out loss (different sentences
     of the same kind) falls, measured with the converted and the trained weights."""
     from dropless.config_file import build_config
-    from dropless.cli.eval import evaluate
-    from dropless.train.init_from import load_dropless, load_model
+    from dropless.models.evaluate import evaluate
+    from dropless.model_dir.weights import load_dropless, load_model
     from dropless.train.loop import train
     data = tmp_path / "train.txt"
     data.write_text(TEXT * 40)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dropless.train import report
+from dropless import report
+from dropless.cli import report as report_cli
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -29,12 +30,12 @@ def run_dir(tmp_path_factory):
 
 def args_for(d):
     p = argparse.ArgumentParser()
-    report.add_arguments(p)
+    report_cli.add_arguments(p)
     return p.parse_args([str(d)])
 
 
 def test_report_draws_the_three_plots(run_dir, capsys):
-    assert report.run(args_for(run_dir)) == 0
+    assert report_cli.run(args_for(run_dir)) == 0
     out = capsys.readouterr().out
     assert json.loads(out[:out.rindex("}") + 1])["steps"] == 8
     for name in ("loss.png", "throughput.png", "expert_load.png"):
@@ -62,7 +63,7 @@ def test_throughput_has_one_axis_per_quantity_with_legends(run_dir):
 
 def test_report_without_matplotlib_prints_numbers_and_explains(run_dir, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` -> ImportError
-    assert report.run(args_for(run_dir)) == 0
+    assert report_cli.run(args_for(run_dir)) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["median_tokens_per_s"] == 4055.0
     assert "no plots: matplotlib is not installed" in captured.err
@@ -95,7 +96,7 @@ def test_report_reads_past_a_torn_line_and_names_its_line(tmp_path, capsys):
     monkey_draw = report.draw
     try:
         report.draw = lambda d: []          # the plots are the other tests' business
-        assert report.run(args_for(tmp_path)) == 0
+        assert report_cli.run(args_for(tmp_path)) == 0
     finally:
         report.draw = monkey_draw
     err = capsys.readouterr().err
@@ -105,5 +106,5 @@ def test_report_reads_past_a_torn_line_and_names_its_line(tmp_path, capsys):
 def test_report_refuses_a_run_without_steps_and_draws_nothing(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "start"}) + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl has no step records .*no plots drawn"):
-        report.run(args_for(tmp_path))
+        report_cli.run(args_for(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

@@ -82,11 +82,12 @@ def test_bad_special_token_files_name_file_and_key(tmp_path, tc, match):
 
 
 def test_folder_tokenizer_refuses_missing_and_sentencepiece_only(tmp_path):
+    from dropless.model_dir import hf_tokenizer
     with pytest.raises(ValueError, match="no tokenizer.json.*pass --tokenizer byte"):
-        tl.folder_tokenizer(tmp_path, override="--tokenizer byte")
+        hf_tokenizer(tmp_path, override="--tokenizer byte")
     (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x00")
     with pytest.raises(ValueError, match="only a SentencePiece tokenizer.model.*AutoTokenizer"):
-        tl.folder_tokenizer(tmp_path, override="tokenizer=byte")
+        hf_tokenizer(tmp_path, override="tokenizer=byte")
 
 
 def test_init_from_takes_the_folders_tokenizer_and_never_bytes(folders, tmp_path):
@@ -166,7 +167,7 @@ def test_tokenizer_bigger_than_the_model_is_refused(tmp_path, capsys):
 
 
 def test_generate_stops_at_the_models_eos():
-    from dropless.cli.generate import generate
+    from dropless.models.generate import generate
     cfg, params = hf.load(FIX / "qwen3_moe")
     prompt = np.asarray([5, 6, 7], np.int32)
     full = generate(cfg, params, prompt, max_new_tokens=4)

@@ -6,7 +6,7 @@ import pytest
 
 from dropless.cli import config as config_cli
 from dropless.cli import train as train_cli
-from dropless.train import report
+from dropless import report
 
 
 def parse(argv):

@@ -25,6 +25,7 @@ import yaml
 from dropless.compat import maxtext
 from dropless.config import (ModelConfig, MoEConfig, TrainConfig, scalar_fields,
                              scalar_type_error)
+from dropless.model_dir import init_from_defaults
 from dropless.presets import get_preset
 
 DEFAULT_PRESET = "tiny"
@@ -93,11 +94,13 @@ def to_dict(cfg: TrainConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+def flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested plain data (a YAML file, a saved config.json) -> (dotted key, value) items:
+    {"model": {"moe": {"top_k": 2}}} -> [("model.moe.top_k", 2)]."""
     out = []
     for k, v in d.items():
         if isinstance(v, dict):
-            out += _flatten(v, f"{prefix}{k}.")
+            out += flatten(v, f"{prefix}{k}.")
         else:
             out.append((f"{prefix}{k}", v))
     return out
@@ -180,7 +183,7 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
         loaded = load_yaml(yaml_path) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {yaml_path!r} must hold a mapping of key: value")
-        pairs += _flatten(loaded)
+        pairs += flatten(loaded)
     pairs += list(items)
     ours = set(known_keys())
     for k, _ in pairs:
@@ -193,8 +196,7 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
     for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
         resolved += groups[i] if i in groups else [pair]
     resolved = [(k, _coerce(k, v)) for k, v in resolved]
-    from dropless.train.init_from import config_defaults   # init_from implies model, tokenizer
-    resolved = [(k, _coerce(k, v)) for k, v in config_defaults(resolved)] + resolved
+    resolved = [(k, _coerce(k, v)) for k, v in init_from_items(resolved)] + resolved
     preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
     base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
     tree = to_dict(base)
@@ -211,6 +213,20 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
             _set(tree, "model.moe.d_model", value)
     _node_size(tree, explicit=any(k == "model.moe.devices_per_node" for k, _ in resolved))
     return from_dict(tree)
+
+
+def init_from_items(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The (key, value) items `init_from` implies, placed before the user's: the folder's model
+    (as the preset) and tokenizer, where the user gave none (`model_dir.init_from_defaults`)."""
+    spec = next((v for k, v in reversed(pairs) if k == "init_from"), "")
+    if not spec:
+        return []
+    keys = {k for k, _ in pairs}
+    preset, model, tok = init_from_defaults(spec, preset_given="preset" in keys,
+                                            tokenizer_given="tokenizer" in keys)
+    out: list[tuple[str, Any]] = [] if preset is None else [("preset", preset)]
+    out += [] if model is None else flatten({"model": model})
+    return out + ([] if tok is None else [("tokenizer", tok)])
 
 
 def _add_word(text: str, word: str) -> str:

@@ -3,12 +3,14 @@ counts, sharded init on a mesh), not for CPU training.
 
 Sources for the published shapes: DeepSeek-V3 technical report (arXiv:2412.19437) and its
 config.json; Mixtral-8x7B-v0.1 config.json; Qwen3-30B-A3B config.json. `get_preset("hf:DIR")`
-reads the model config of a local Hugging Face folder (see dropless.hf).
+reads the model config of a local Hugging Face folder (through `dropless.model_dir`, which
+imports `dropless.hf` only then).
 """
 from __future__ import annotations
 
 from typing import Callable
 
+from dropless import model_dir
 from dropless.config import ModelConfig, MoEConfig
 
 
@@ -97,9 +99,8 @@ PUBLISHED_COUNTS = {
 def get_preset(name: str) -> ModelConfig:
     """The named preset's ModelConfig, or "hf:DIR" for a Hugging Face folder's config; raises
     ValueError listing the known names."""
-    if name.startswith("hf:"):
-        from dropless.hf import read_config
-        return read_config(name[3:])[0]
+    if model_dir.is_hf(name):
+        return model_dir.hf_model_config(name)
     if name not in PRESETS:
         import difflib
         close = difflib.get_close_matches(name, list(PRESETS), n=1)

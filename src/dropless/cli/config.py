@@ -6,8 +6,8 @@ from __future__ import annotations
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = sub.add_parser("show", help="print the effective config (YAML) and parameter counts")
-    from dropless.cli.train import add_arguments as train_args
-    train_args(p)
+    from dropless.cli.train import add_config_arguments
+    add_config_arguments(p)   # what describes a config; not train's run options (--resume)
     sub.add_parser("keys", help="list every accepted key, ours and MaxText's")
 
 

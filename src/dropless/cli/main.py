@@ -20,7 +20,7 @@ COMMANDS = {
     "train": ("dropless.cli.train", "train a model (no arguments: the tiny preset on the "
                                     "Python stdlib's source, into runs/)"),
     "config": ("dropless.cli.config", "show the effective config, or list the accepted keys"),
-    "report": ("dropless.train.report", "draw loss, throughput and expert load of a run to PNG"),
+    "report": ("dropless.cli.report", "draw loss, throughput and expert load of a run to PNG"),
     "plan": ("dropless.cli.plan", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
     "convert": ("dropless.cli.convert", "Hugging Face checkpoint -> dropless directory, and back"),
     "eval": ("dropless.cli.eval", "loss and perplexity of a model on a text or JSONL file"),

@@ -2,10 +2,9 @@
 is read or compiled; each error names the command and the argument (`--seq-len=0 ...`)."""
 from __future__ import annotations
 
+import contextlib
 import math
-from pathlib import Path
-
-HF_PREFIX = "hf:"
+from typing import Iterator
 
 
 def at_least(cmd: str, flag: str, value: int, low: int) -> None:
@@ -37,31 +36,35 @@ def check_temperature(cmd: str, value: float) -> None:
 def check_model(cmd: str, spec: str) -> None:
     """MODEL is hf:DIR with a config.json, or a dropless directory (config.json holding a
     model); an HF folder named without hf: is refused with the spelling to use."""
-    import json
-    folder = Path(spec[len(HF_PREFIX):] if spec.startswith(HF_PREFIX) else spec)
+    from dropless.model_dir import parse_spec, read_dropless_config
+    what = f"dropless {cmd} {spec}"
+    folder = parse_spec(spec).folder
     if not folder.is_dir():
-        raise ValueError(f"dropless {cmd} {spec}: no such folder")
-    conf = folder / "config.json"
-    if not conf.is_file():
-        raise ValueError(f"dropless {cmd} {spec}: no config.json in {folder} (want hf:DIR, a "
-                         "Hugging Face folder, or a `dropless convert` / run directory)")
-    if spec.startswith(HF_PREFIX):
-        return
-    try:
-        saved = json.loads(conf.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"dropless {cmd} {spec}: {conf} is not valid JSON ({e})") from None
-    if not isinstance(saved, dict) or "model" not in saved:
-        raise ValueError(f"dropless {cmd} {spec}: {folder} looks like a Hugging Face folder; "
-                         f"write dropless {cmd} hf:{spec}")
+        raise ValueError(f"{what}: no such folder")
+    if not parse_spec(spec).hf:
+        read_dropless_config(folder, what=what, as_hf=f"dropless {cmd} hf:{spec}")
+    elif not (folder / "config.json").is_file():
+        raise ValueError(f"{what}: no config.json in {folder} (want a Hugging Face folder as "
+                         "hf:DIR, or a `dropless convert` / run directory)")
 
 
 def model_tokenizer(cmd: str, spec: str, override: str | None):
     """The tokenizer for MODEL: `override` ('byte' or a tokenizer.json), else the folder's
-    (an HF folder without tokenizer.json is refused, see `train.tokenizer.folder_tokenizer`)."""
-    from dropless.train.init_from import folder_tokenizer
+    (an HF folder without tokenizer.json is refused, see `model_dir.hf_tokenizer`)."""
+    from dropless.model_dir import folder_tokenizer
     from dropless.train.tokenizer import make_tokenizer
     try:
         return make_tokenizer(override or folder_tokenizer(spec, override="--tokenizer byte"))
     except ValueError as e:
         raise ValueError(f"dropless {cmd} {spec}: {e}") from None
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """A model folder that lacks a file (no config.json, no *.safetensors: the HF reader's
+    FileNotFoundError) is a mistake in the command's arguments: re-raised as ValueError with
+    the same text, so `cli.main` prints it as one line with exit status 2."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from e

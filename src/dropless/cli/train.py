@@ -7,13 +7,19 @@ flag recipe is applied in `run` before the first JAX computation.
 from __future__ import annotations
 
 
-def add_arguments(parser) -> None:
+def add_config_arguments(parser) -> None:
+    """The arguments that describe a config (shared with `dropless config show`): KEY=VALUE
+    overrides, --config FILE, --preset NAME."""
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides: our keys (steps=100, model.moe.top_k=4) or "
                              "MaxText names (per_device_batch_size=8, ici_expert_parallelism=4)")
     parser.add_argument("--config", help="YAML config file (nested or flat keys)")
     parser.add_argument("--preset", help="model preset (tiny, deepseek3-test, deepseek3-671b, "
                                          "mixtral-8x7b, qwen3-30b-a3b); default tiny")
+
+
+def add_arguments(parser) -> None:
+    add_config_arguments(parser)
     parser.add_argument("--profile-steps", type=int, metavar="N",
                         help="write a JAX profiler trace of N steps to RUN_DIR/profile")
     parser.add_argument("--resume", metavar="RUN_DIR",
@@ -35,38 +41,17 @@ def config_from_args(args, notes: list[str] | None = None):
     if getattr(args, "profile_steps", None):
         items.append(("profile_steps", args.profile_steps))
     if getattr(args, "resume", None):
-        import json
         from pathlib import Path
-        from dropless.config_file import _flatten
+        from dropless.config_file import flatten
+        from dropless.model_dir import read_run_config, saved_preset
         run = Path(args.resume)
-        saved = _run_config(run)
+        saved = read_run_config(run)
         saved.update(run_dir=str(run.parent), run_name=run.name)
         model = saved.pop("model")
-        items = [("preset", saved.pop("preset") or "tiny")] + _flatten(saved) + \
-            _flatten({"model": model}) + items
+        preset = saved_preset(saved)
+        saved.pop("preset", None)
+        items = [("preset", preset)] + flatten(saved) + flatten({"model": model}) + items
     return build_config(items, yaml_path=args.config, notes=notes)
-
-
-def _run_config(run) -> dict:
-    """The config.json of run directory `run`; ValueError (one line, saying what to use
-    instead) when `run` is not a training run's directory."""
-    import json
-    if not (run / "config.json").is_file():
-        what = "is not a run directory (no config.json)" if run.is_dir() else "does not exist"
-        raise ValueError(f"--resume {run}: {what}; `ls {run.parent}` lists the runs, or "
-                         "drop --resume to start a new run")
-    try:
-        saved = json.loads((run / "config.json").read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"--resume {run}: {run / 'config.json'} is not readable JSON "
-                         f"({type(e).__name__}); it is not a run this version can resume, "
-                         "drop --resume to start a new run") from None
-    if not isinstance(saved, dict) or not {"model", "steps"} <= set(saved) or \
-            (run / "params").is_dir():
-        raise ValueError(f"--resume {run}: a model directory (`dropless convert` output or a "
-                         "Hugging Face folder), not a training run; to train from its weights "
-                         f"use init_from={run} and drop --resume")
-    return saved
 
 
 def run(args) -> int:

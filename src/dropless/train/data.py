@@ -140,14 +140,14 @@ def _directory_files(path: Path, source: str) -> list[Path]:
                      + "; token files (.npy, .bin) are given one at a time: data=FILE")
 
 
-def _text_documents(source: str) -> list[tuple[str, str]]:
+def text_documents(source: str) -> list[tuple[str, str]]:
     """(name, text) documents of a text/JSONL source or directory, in sorted order. Text files
     of a known suffix are read with undecodable bytes replaced (as the stdlib corpus is); a file
     of another suffix must be UTF-8 text. Raises ValueError for a .json file, a directory with
     nothing to read, and a bad JSONL line."""
     path = Path(source)
     if path.is_dir():
-        return [doc for f in _directory_files(path, source) for doc in _text_documents(str(f))]
+        return [doc for f in _directory_files(path, source) for doc in text_documents(str(f))]
     if path.suffix == ".jsonl":
         return _jsonl_documents(path, source)
     if path.suffix == ".json":
@@ -248,7 +248,7 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
         docs = [(p.relative_to(root).as_posix(), p) for p in stdlib_files()]
         read = lambda p: p.read_text(encoding="utf-8", errors="replace")  # noqa: E731
     else:
-        docs = _text_documents(source)
+        docs = text_documents(source)
         read = lambda t: t  # noqa: E731
     if not any(d.strip() if isinstance(d, str) else True for _, d in docs):
         raise ValueError(f"data={source!r} holds no text (every document in it is empty)")

@@ -18,11 +18,11 @@ refused: it would otherwise start again from step 1 inside the old run.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from dropless.config import TrainConfig
+from dropless.model_dir import saved_run_config
 from dropless.train import checkpoint as ckpt
 from dropless.train import integrity
 
@@ -104,8 +104,7 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
     when the checkpoint was made on other data, when `resume` (asked for with --resume) finds
     no intact checkpoint, and with `strict` when the newest step is damaged. `skip`: steps a
     failed restore found damaged, with why."""
-    cfg_path = run_dir / "config.json"
-    saved = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
+    saved = saved_run_config(run_dir)
     latest, damaged = newest_intact(run_dir / "checkpoints", skip or {})
     if damaged and strict:
         raise strict_refusal(damaged[0], run_dir, latest)

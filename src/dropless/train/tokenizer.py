@@ -1,11 +1,11 @@
 """Tokenizers: UTF-8 bytes, or a Hugging Face `tokenizer.json` with the special tokens its folder
 declares. Read by training data (`data.load_corpus`), `init_from`, `eval`, `generate`, `convert`.
 
-A model folder's tokenizer (`folder_tokenizer`): its `tokenizer.json`. A folder that holds only a
-SentencePiece `tokenizer.model` is refused with the one command that writes `tokenizer.json`
-(transformers' converter needs sentencepiece and protobuf, which training does not), and a folder
-with no tokenizer at all is refused too: an HF model is never fed byte tokens unless the user
-asks for `byte`.
+Which tokenizer a model folder implies is `dropless.model_dir`'s (`folder_tokenizer`,
+`hf_tokenizer`): its `tokenizer.json`. A folder that holds only a SentencePiece `tokenizer.model`
+is refused with the one command that writes `tokenizer.json` (transformers' converter needs
+sentencepiece and protobuf, which training does not), and a folder with no tokenizer at all is
+refused too: an HF model is never fed byte tokens unless the user asks for `byte`.
 
 Special tokens, as transformers reads them from the files beside `tokenizer.json`:
 * BOS / EOS: `tokenizer_config.json`'s `bos_token` / `eos_token` (a string or an AddedToken
@@ -179,26 +179,6 @@ def make_tokenizer(name: str):
                          "without tokenizer.json); choose one: --tokenizer byte|PATH (eval, "
                          "generate), tokenizer=byte|PATH (train)")
     raise ValueError(f"tokenizer={name!r} must be 'byte' or an existing tokenizer.json path")
-
-
-def sentencepiece_howto(folder: Path) -> str:
-    return (f"python -c \"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained("
-            f"'{folder}').save_pretrained('{folder}')\" (needs transformers, sentencepiece, "
-            "protobuf)")
-
-
-def folder_tokenizer(folder: str | Path, *, override: str) -> str:
-    """The tokenizer.json of a Hugging Face folder. Raises ValueError, naming `override` (how
-    the user picks another: "--tokenizer byte", "tokenizer=byte"), when there is none, or only a
-    SentencePiece tokenizer.model (with the command that writes tokenizer.json)."""
-    folder = Path(folder)
-    if (folder / "tokenizer.json").is_file():
-        return str(folder / "tokenizer.json")
-    if (folder / "tokenizer.model").is_file():
-        raise ValueError(f"{folder} has only a SentencePiece tokenizer.model; write its "
-                         f"tokenizer.json with: {sentencepiece_howto(folder)}; or pass {override}")
-    raise ValueError(f"{folder} has no tokenizer.json; copy the model's tokenizer.json there, or "
-                     f"pass {override} (bytes) or a tokenizer.json path")
 
 
 def check_fits(tok, vocab_size: int, *, what: str) -> None:

@@ -1,11 +1,10 @@
-"""`dropless report RUN_DIR`: loss (train and eval), throughput (tokens/s, MFU) and an
-expert-load heatmap from RUN_DIR/metrics.jsonl, drawn to PNG files in RUN_DIR (matplotlib, an
-optional dependency: pip install 'dropless[report]'; `make run` and `make test` install it)."""
+"""A run's metrics, read and drawn (`dropless report`'s library): RUN_DIR/metrics.jsonl read
+back (`read_metrics`), summarised (`summary`), and drawn to PNG files in RUN_DIR (`draw`: loss
+train and eval, throughput tokens/s and MFU, an expert-load heatmap; matplotlib, an optional
+dependency: pip install 'dropless[report]'; `make run` and `make test` install it)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -139,37 +138,3 @@ def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
     plt.close(fig)
     return path
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
-
-
-def run(args) -> int:
-    """Print the run's summary as JSON, then draw the plots. Without matplotlib the numbers are
-    still printed and the missing plots explained (exit status 0). Output cut short by a closed
-    pipe (`dropless report DIR | head`) ends quietly, as other command-line tools do."""
-    skipped: list[str] = []
-    m = read_metrics(args.run_dir, skipped)
-    for line in skipped:
-        print(f"dropless: warning: {line}; skipped", file=sys.stderr)
-    if not m["step"]:
-        raise ValueError(f"{Path(args.run_dir) / 'metrics.jsonl'} has no step records (the run "
-                         "stopped before its first step): nothing to report, no plots drawn")
-    s = summary(m)
-    try:
-        print(json.dumps(s, indent=2), flush=True)
-        try:
-            paths = draw(args.run_dir)
-        except ImportError as e:
-            print(f"no plots: {e.name or 'matplotlib'} is not installed (pip install "
-                  f"'dropless[report]'; `make run` and `make test` install it)", file=sys.stderr)
-            return 0
-        print("wrote " + ", ".join(str(p) for p in paths), flush=True)
-    except BrokenPipeError:
-        # the reader went away: point stdout at /dev/null so the interpreter's final flush
-        # does not raise again (the recipe in Python's `signal` docs), and exit like SIGPIPE
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + 13
-    return 0
