@@ -10,8 +10,8 @@ import sys
 from dropless.plan import report
 from dropless.machine import PROFILES, get_profile
 from dropless.plan.from_train import MESH_KEYS, plan_config, split_settings, train_config
-from dropless.plan.layout import (ATTENTION_IMPLS, DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS,
-                                  REMAT_POLICIES)
+from dropless.config import GMM_QUANTIZATIONS, REMAT_POLICIES
+from dropless.plan.layout import ATTENTION_IMPLS, DISPATCHERS, OVERLAPS
 from dropless.plan.model import predict
 from dropless.plan.sweep import SWEEP_AXES, suggest, sweep_gpus
 from dropless.presets import PRESETS

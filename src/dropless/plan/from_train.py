@@ -29,8 +29,8 @@ MESH_KEYS = {"data": "data_parallelism", "fsdp": "fsdp_parallelism", "ep": "expe
 # The trainer's dispatcher -> the planner's model of it: "auto" is ragged_a2a on GPUs; "local"
 # (no expert axis) moves nothing, so any model will do; node_a2a's two hops are planned as a2a
 # (static per-peer chunks, one hop).
-DISPATCHERS = {"auto": "ragged_a2a", "local": "ragged_a2a", "a2a": "a2a",
-               "ragged_a2a": "ragged_a2a", "allgather": "allgather", "node_a2a": "a2a"}
+PLANNED_DISPATCHER = {"auto": "ragged_a2a", "local": "ragged_a2a", "a2a": "a2a",
+                      "ragged_a2a": "ragged_a2a", "allgather": "allgather", "node_a2a": "a2a"}
 
 
 def _moved() -> dict[str, str]:
@@ -128,7 +128,7 @@ def plan_config(cfg: TrainConfig, *, gpus: int | None = None, **planner: Any) ->
     as `--gpus 256 --fsdp 16` always did."""
     mesh = mesh_sizes(cfg)
     moe: MoEConfig | None = cfg.model.moe
-    dispatcher = DISPATCHERS[moe.dispatcher] if moe is not None else "ragged_a2a"
+    dispatcher = PLANNED_DISPATCHER[moe.dispatcher] if moe is not None else "ragged_a2a"
     data = mesh.data
     if gpus is None:
         gpus = mesh.num_devices
