@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dropless.hf import config_map as cm
-from dropless.models.count import param_counts
+from dropless.models.arithmetic import param_counts
 from dropless.presets import get_preset
 
 RELEASED = Path(__file__).parent / "fixtures" / "hf" / "released"

@@ -7,11 +7,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dropless.plan import comm, flops, memory
+from dropless.config import ModelConfig, MoEConfig
 from dropless.machine import get_profile
+from dropless.models import arithmetic as ar
+from dropless.plan import comm, flops, memory
 from dropless.plan.layout import PlanConfig, group, groups, node_size
-from dropless.config import ModelConfig
-from dropless.plan.shape import model_config
+
+
+def model_config(*, num_experts=0, top_k=0, moe_d_ff=0, num_shared_experts=0, n_groups=1,
+                 topk_groups=1, **model) -> ModelConfig:
+    """A ModelConfig with an MoE layer from flat test arguments (none without num_experts)."""
+    moe = MoEConfig(num_experts=num_experts, top_k=top_k, d_model=model["d_model"],
+                    d_ff=moe_d_ff, num_shared_experts=num_shared_experts, n_groups=n_groups,
+                    topk_groups=topk_groups) if num_experts else None
+    return ModelConfig(**model, moe=moe)
 
 TINY = model_config(vocab_size=10, d_model=8, num_layers=2, num_heads=2, num_kv_heads=1,
                   head_dim=4, d_ff=16, attention="mha", first_k_dense=1, num_experts=4,
@@ -20,14 +29,14 @@ TINY = model_config(vocab_size=10, d_model=8, num_layers=2, num_heads=2, num_kv_
 
 def test_layer_flops_hand_count():
     # per token forward, S=8: projections 2*192=384; causal attention 2*(8/2)*H2*(4+4)=128
-    dense = flops.layer_forward_flops(TINY, 8, False)
+    dense = ar.layer_forward_flops(TINY, 8, False)
     assert dense == {"gemm": 384 + 2 * 3 * 8 * 16, "gmm": 0.0, "attention": 128.0}
-    moe = flops.layer_forward_flops(TINY, 8, True)
+    moe = ar.layer_forward_flops(TINY, 8, True)
     # router 2*8*4=64, shared 2*3*8*6=288, routed 2*3*8*6*K2=576
     assert moe == {"gemm": 384 + 64 + 288, "gmm": 576.0, "attention": 128.0}
     # model: both layers + head 2*8*10=160, x3 for training
     total = sum(dense.values()) + sum(moe.values()) + 160
-    assert flops.model_flops_per_token(TINY, 8) == 3 * total
+    assert ar.model_flops_per_token(TINY, 8) == 3 * total
 
 
 def test_ffn_flops_match_xla_cost_analysis():
@@ -118,7 +127,7 @@ def test_group_limited_routing_caps_devices():
     s = model_config(vocab_size=2, d_model=2, num_layers=1, num_heads=1, d_ff=2,
                    num_experts=256, top_k=8, moe_d_ff=2, n_groups=8, topk_groups=4)
     assert 3.5 < comm.expected_devices_per_token(s, 8) <= 4.0
-    s1 = model_config(s, n_groups=1, topk_groups=1)
+    s1 = s.replace(moe=s.moe.replace(n_groups=1, topk_groups=1))
     assert comm.expected_devices_per_token(s1, 8) > 4.5   # unrestricted: ~5.3
 
 
@@ -193,6 +202,6 @@ def test_ep_rows_match_the_measured_a2a_dispatcher():
     assert rows["intra"] * 4096 == pytest.approx(8261, rel=0.03)
     assert rows["inter"] * 4096 == pytest.approx(11166, rel=0.03)
     # and its DeepSeek-V3 projection from a routing sample: 7.47 devices per token at EP 64
-    from dropless.plan.presets import get_shape
-    ds = get_shape("deepseek3-671b")
+    from dropless.presets import get_preset
+    ds = get_preset("deepseek3-671b")
     assert comm.expected_devices_per_token(ds, 64) == pytest.approx(7.473, rel=0.02)

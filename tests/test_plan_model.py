@@ -9,10 +9,10 @@ from dropless.cli import plan as cli
 from dropless.machine import PROFILES, get_profile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import predict
-from dropless.plan.presets import PRESETS, get_shape
 from dropless.plan.sweep import suggest, sweep_gpus
+from dropless.presets import PRESETS, get_preset
 
-DSV3 = get_shape("deepseek3-671b")
+DSV3 = get_preset("deepseek3-671b")
 REF = PlanConfig(gpus=128, fsdp=16, ep=8, per_device_batch=6, seq_len=4096, remat="offload",
                  gmm_quantization="mxfp8")
 
@@ -26,7 +26,7 @@ def _parse(argv):
 def test_every_preset_on_every_profile_is_fast_and_consistent():
     t = time.perf_counter()
     for name in PRESETS:
-        s = get_shape(name)
+        s = get_preset(name)
         ep = 8 if s.moe.num_experts % 8 == 0 else 1
         for hw_name in PROFILES:
             hw = get_profile(hw_name)
@@ -129,18 +129,65 @@ def test_cli_maxtext_overrides_and_config_file(tmp_path, capsys):
     cfg.write_text("preset: deepseek3-671b\nhardware: gb300\nici_expert_parallelism: 8\n"
                    "ici_fsdp_parallelism: 8\ndcn_fsdp_parallelism: 2\n")
     argv = ["--config", str(cfg), "per_device_batch_size=6", "max_target_length=4096",
-            "remat_policy=custom", "ragged_buffer_factor=1.5", "--json"]
+            "remat_policy=minimal_offloaded", "ragged_buffer_factor=1.5", "--json"]
     assert cli.run(_parse(argv)) == 0
     lay = json.loads(capsys.readouterr().out)["layout"]
     assert (lay["gpus"], lay["fsdp"], lay["ep"], lay["per_device_batch"], lay["remat"],
-            lay["ragged_buffer_factor"]) == (128, 16, 8, 6, "offload", 1.5)
+            lay["ragged_buffer_factor"], lay["devices_per_node"]) == \
+        (128, 16, 8, 6, "offload", 1.5, 64)
+
+
+@pytest.mark.parametrize("remat_policy, remat", [("save_qkv_proj", "minimal"),
+                                                 ("qkv_proj_offloaded", "offload"),
+                                                 ("custom", None), ("save_dot_except_mlp", None)])
+def test_maxtext_remat_policies_mean_what_they_mean_to_the_trainer(remat_policy, remat, capsys):
+    """One MaxText edge: the planner takes a remat policy exactly when `dropless train` does,
+    and plans the policy the trainer would run."""
+    from dropless.config_file import build_config
+    code = cli.run(_parse([f"remat_policy={remat_policy}", "--json"]))
+    out = capsys.readouterr()
+    if remat is None:
+        assert code == 2 and f"remat_policy={remat_policy!r} is not supported" in out.err
+        with pytest.raises(ValueError, match="is not supported"):
+            build_config([("remat_policy", remat_policy)])
+    else:
+        assert code == 0 and json.loads(out.out)["layout"]["remat"] == remat
+        assert build_config([("remat_policy", remat_policy)]).remat == remat
+
+
+def test_plan_settings_are_the_trainers_keys(capsys):
+    argv = ["--preset", "deepseek3-test", "model.moe.top_k=4", "model.d_model=32",
+            "expert_parallelism=4", "model.moe.ragged_buffer_factor=1.25", "steps=9", "--json"]
+    assert cli.run(_parse(argv)) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["model"] == "deepseek3-test (modified)"
+    assert (r["layout"]["gpus"], r["layout"]["ep"], r["layout"]["ragged_buffer_factor"]) == \
+        (4, 4, 1.25)
+    shape, plan, _, _ = cli.build(_parse(["--preset", "deepseek3-test", "model.moe.top_k=4",
+                                          "model.d_model=32"]))
+    assert (shape.moe.top_k, shape.moe.d_model, shape.d_model) == (4, 32, 32)
+
+
+@pytest.mark.parametrize("item, new", [("moe_d_ff=64", "model.moe.d_ff"),
+                                       ("top_k=4", "model.moe.top_k"),
+                                       ("d_model=64", "model.d_model"),
+                                       ("per_device_batch=2", "per_device_batch_size"),
+                                       ("fsdp=2", "fsdp_parallelism"),
+                                       ("data=2", "data_parallelism"),
+                                       ("gmm_quantization=mxfp8", "model.moe.gmm_quantization")])
+def test_the_planners_old_flat_names_name_the_key_to_use(item, new, capsys):
+    assert cli.run(_parse([item])) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("dropless: error: ") and f"moved; use {new} " in err
 
 
 def test_cli_errors_are_clear(capsys):
     assert cli.run(_parse(["--hardware", "tpu9"])) == 2
     assert "hardware='tpu9' is unknown" in capsys.readouterr().err
-    assert cli.run(_parse(["--ep", "7", "--gpus", "7"])) == 2
-    assert "does not divide num_experts=256" in capsys.readouterr().err
+    assert cli.run(_parse(["--ep", "7", "--gpus", "7"])) == 2   # the trainer's check
+    assert "expert_parallelism=7 must divide model.moe.num_experts=256" in \
+        capsys.readouterr().err
     assert cli.run(_parse(["per_device_bach_size=6"])) == 2
     assert "did you mean 'per_device_batch_size'" in capsys.readouterr().err
 

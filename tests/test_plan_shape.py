@@ -1,17 +1,27 @@
-"""Parameter counts: hand counts, the real arrays of the MoE layer, published big-model counts."""
+"""Parameter counts the planner reads (dropless.models.arithmetic, the one arithmetic model):
+hand counts, the real arrays of the MoE layer, published big-model counts."""
 import math
 
 import jax
 import pytest
 
-from dropless.plan.presets import PRESETS, PUBLISHED_PARAMS, get_shape
-from dropless.plan.shape import (attention_params, layer_params, model_config, num_moe_layers,
-                                 param_counts)
+from dropless.config import ModelConfig, MoEConfig
+from dropless.models.arithmetic import attention_params, layer_params, param_counts
+from dropless.presets import PRESETS, PUBLISHED_COUNTS, get_preset
+
+
+def model_config(*, num_experts=0, top_k=0, moe_d_ff=0, num_shared_experts=0, n_groups=1,
+                 topk_groups=1, **model) -> ModelConfig:
+    """A ModelConfig with an MoE layer from flat test arguments (none without num_experts)."""
+    moe = MoEConfig(num_experts=num_experts, top_k=top_k, d_model=model["d_model"],
+                    d_ff=moe_d_ff, num_shared_experts=num_shared_experts, n_groups=n_groups,
+                    topk_groups=topk_groups) if num_experts else None
+    return ModelConfig(**model, moe=moe)
 
 
 def test_big_presets_match_published_counts():
-    for name, (total, active) in PUBLISHED_PARAMS.items():
-        c = param_counts(get_shape(name))
+    for name, (total, active) in PUBLISHED_COUNTS.items():
+        c = param_counts(get_preset(name))
         # published figures are rounded to 2-3 significant digits
         assert abs(c["total"] - total) / total < 0.01, (name, c["total"])
         assert abs(c["active"] - active) / active < 0.03, (name, c["active"])
@@ -20,9 +30,9 @@ def test_big_presets_match_published_counts():
 def test_deepseek_v3_with_mtp_is_about_685b():
     # The released checkpoint is 685B: 671B main model + 14B MTP module (which, by the report,
     # counts the shared embedding and output head again: 2 x 129280 x 7168 = 1.85B).
-    c = param_counts(get_shape("deepseek3-671b"))
-    assert abs(c["mtp"] + c["embedding"] + c["head"] - 14e9) / 14e9 < 0.05
-    assert 682e9 < c["total_with_mtp"] + c["embedding"] + c["head"] < 687e9
+    c = param_counts(get_preset("deepseek3-671b"))
+    assert abs(c["mtp"] + c["embedding"] + c["lm_head"] - 14e9) / 14e9 < 0.05
+    assert 682e9 < c["total"] + c["mtp"] + c["embedding"] + c["lm_head"] < 687e9
 
 
 def test_hand_count_mha_moe():
@@ -49,38 +59,37 @@ def test_hand_count_mla():
                    attention="mla", q_lora_rank=4, kv_lora_rank=6, qk_nope_head_dim=3,
                    qk_rope_head_dim=2, v_head_dim=5)
     p = attention_params(s)
-    assert p == {"q_down": 16 * 4 + 4, "query": 4 * 2 * 5, "kv_down": 16 * 8 + 6,
-                 "key": 6 * 2 * 3, "value": 6 * 2 * 5, "out": 2 * 5 * 16}
+    assert p == {"q_down": 16 * 4, "q_norm": 4, "query": 4 * 2 * 5, "kv_down": 16 * 8,
+                 "kv_norm": 6, "key": 6 * 2 * 3, "value": 6 * 2 * 5, "out": 2 * 5 * 16}
 
 
 def test_moe_layer_counts_match_real_arrays():
     from dropless.moe import init_params
-    s = get_shape("deepseek3-test")
+    s = get_preset("deepseek3-test")
     params = init_params(jax.random.key(0), s.moe)
     real = {k: sum(math.prod(a.shape) for a in v.values()) for k, v in params.items()}
     p = layer_params(s, True)
-    assert real == {"router": p["router"], "experts": p["experts"], "shared": p["shared"]}
+    assert real == {"router": p["router"], "experts": p["routed_experts"],
+                    "shared": p["shared_experts"]}
 
 
 def test_every_preset_builds():
     for name in PRESETS:
-        c = param_counts(get_shape(name))
+        c = param_counts(get_preset(name))
         assert 0 < c["active"] <= c["total"]
 
 
-def test_model_config_from_flat_planner_names():
-    s = model_config(vocab_size=100, d_model=16, num_layers=2, num_heads=2, d_ff=64,
-                     attention="mha", first_k_dense=1, tie_embeddings=True, num_experts=8,
-                     top_k=2, moe_d_ff=32)
-    assert (s.moe.num_experts, s.moe.d_ff, s.moe.d_model, s.tie_embeddings) == (8, 32, 16, True)
-    assert num_moe_layers(s) == 1
-    wider = model_config(s, d_model=32, top_k=4)
+def test_model_settings_are_the_trainers_dotted_keys():
+    """The planner's model settings go through config_file, as `dropless train`'s do (the
+    planner's own flat names and `plan.shape.model_config` are gone)."""
+    from dropless.plan.from_train import train_config
+    base = [("preset", "deepseek3-test")]
+    wider = train_config(base + [("model.d_model", 32), ("model.moe.top_k", 4)]).model
     assert (wider.moe.d_model, wider.moe.top_k, wider.moe.num_experts) == (32, 4, 8)
-    assert model_config(s, num_experts=0).moe is None
-    with pytest.raises(ValueError, match="'moe_dff' is not a model setting"):
-        model_config(s, moe_dff=3)
-    with pytest.raises(ValueError, match=r"no MoE layers: give \['top_k', 'moe_d_ff'\]"):
-        model_config(model_config(s, num_experts=0), num_experts=4)
+    dense = train_config(base + [("model.moe", None)]).model
+    assert dense.moe is None and dense.num_moe_layers == 0
+    with pytest.raises(ValueError, match="unknown config key 'model.moe.dff'"):
+        train_config(base + [("model.moe.dff", 3)])
 
 
 def test_the_layer_pattern_reaches_the_planner():
@@ -96,10 +105,10 @@ def test_the_layer_pattern_reaches_the_planner():
         def is_moe_layer(self, layer: int) -> bool:
             return self.moe is not None and layer % 2 == 1
 
-    base = get_shape("deepseek3-test")
+    base = get_preset("deepseek3-test")
     cfg = EveryOther(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
     cfg = cfg.replace(num_layers=5, first_k_dense=0)
-    assert num_moe_layers(cfg) == 2
+    assert cfg.num_moe_layers == 2
     mine, theirs = param_counts(cfg), model_counts(cfg)
     assert (mine["total"], mine["active"], mine["mtp"]) == (theirs["total"], theirs["active"],
                                                             theirs["mtp"])
@@ -120,16 +129,15 @@ def test_bad_shapes_name_field_and_value(kw, match):
 
 def test_unknown_preset_lists_known():
     with pytest.raises(ValueError, match="preset='gpt5' is not known.*; known: "):
-        get_shape("gpt5")
+        get_preset("gpt5")
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_counts_agree_with_the_trainers_model(name):
     """Two independent counts: the planner's arithmetic vs the shapes of the trainer's
     `init_params` (dropless.models.count)."""
-    presets = pytest.importorskip("dropless.presets")
     from dropless.models.count import param_counts as model_counts
-    cfg = presets.get_preset(name)
+    cfg = get_preset(name)
     mine = param_counts(cfg)
     theirs = model_counts(cfg)
     assert mine["total"] == theirs["total"]
@@ -138,13 +146,14 @@ def test_counts_agree_with_the_trainers_model(name):
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_flops_agree_with_the_trainers_metrics(name):
-    presets = pytest.importorskip("dropless.presets")
-    from dropless.plan.flops import model_flops_per_token
-    from dropless.train.metrics import flops_per_token
-    cfg = presets.get_preset(name)
+def test_the_planners_model_flops_are_the_trainers(name):
+    """One FLOP model: the planner's model FLOPs per token are exactly the trainer's metric."""
+    from dropless.machine import get_profile
+    from dropless.models.arithmetic import flops_per_token
+    from dropless.plan import PlanConfig, predict
+    cfg = get_preset(name)
     seq = 4096
-    theirs = flops_per_token(cfg, seq)["model"]
-    mine = model_flops_per_token(cfg, seq)
-    # the trainer counts causal attention over (S + 1) / 2 keys, the planner over S / 2
-    assert mine == pytest.approx(theirs, rel=2e-3)
+    ep = 8 if cfg.moe is not None else 1
+    r = predict(cfg, PlanConfig(gpus=ep, ep=ep, seq_len=seq), get_profile("h200"))
+    assert r["flops"]["model_per_token"] == pytest.approx(flops_per_token(cfg, seq)["model"],
+                                                          rel=1e-12)

@@ -171,19 +171,22 @@ def _coerce(key: str, value: Any) -> Any:
 
 
 def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None = None,
-                 notes: list[str] | None = None) -> TrainConfig:
-    """Preset (default 'tiny') <- YAML file <- items, validated once at the end.
+                 notes: list[str] | None = None, mapping: dict | None = None,
+                 defaults: Iterable[tuple[str, Any]] = ()) -> TrainConfig:
+    """Preset (default 'tiny') <- defaults <- YAML file (or `mapping`, one already loaded) <-
+    items, validated once at the end.
 
     `notes`, when given, receives one line per accepted key that changes nothing (see
     dropless.compat.maxtext); the caller prints them at start-up. Raises ValueError naming the
     key and value for anything wrong.
     """
-    pairs: list[tuple[str, Any]] = []
+    pairs: list[tuple[str, Any]] = list(defaults)
     if yaml_path:
         loaded = load_yaml(yaml_path) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {yaml_path!r} must hold a mapping of key: value")
         pairs += flatten(loaded)
+    pairs += flatten(mapping or {})
     pairs += list(items)
     ours = set(known_keys())
     for k, _ in pairs:

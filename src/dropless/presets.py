@@ -88,7 +88,11 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "qwen3-30b-a3b": qwen3_30b_a3b,
 }
 
-# Published (total, active) parameter counts, for the tests and the report.
+# Published (total, active) parameter counts as their authors state them (rounded), the one
+# copy the tests, README and docs/training.md quote: DeepSeek-V3 report (arXiv:2412.19437,
+# "671B total parameters with 37B activated"), Mistral's Mixtral-8x7B announcement ("46.7B
+# total parameters but only uses 12.9B"), the Qwen3-30B-A3B model card ("30.5B in total and
+# 3.3B activated"). Ours (models/arithmetic) are 671.03B / 37.55B, 46.70B / 12.88B, 30.53B / 3.35B.
 PUBLISHED_COUNTS = {
     "deepseek3-671b": (671e9, 37e9),
     "mixtral-8x7b": (46.7e9, 12.9e9),

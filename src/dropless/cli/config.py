@@ -23,9 +23,8 @@ def run(args) -> int:
               "NCCL_*, ...)")
         return 0
     from dropless.config_file import show
-    from dropless.models.count import format_counts, param_counts
+    from dropless.models.arithmetic import flops_per_token, format_counts, param_counts
     from dropless.cli.train import config_from_args
-    from dropless.train.metrics import flops_per_token
     notes: list[str] = []
     cfg = config_from_args(args, notes=notes)
     print(show(cfg), end="")

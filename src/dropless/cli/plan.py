@@ -9,26 +9,31 @@ import sys
 
 from dropless.plan import report
 from dropless.machine import PROFILES, get_profile
-from dropless.plan.layout import (ATTENTION_IMPLS, DISPATCHERS, GMM_QUANTIZATIONS, OVERLAPS,
-                                  REMAT_POLICIES, PlanConfig)
+from dropless.plan.from_train import MESH_KEYS, plan_config, split_settings, train_config
+from dropless.config import GMM_QUANTIZATIONS, REMAT_POLICIES
+from dropless.plan.layout import ATTENTION_IMPLS, DISPATCHERS, OVERLAPS
 from dropless.plan.model import predict
-from dropless.plan.overrides import apply_model_overrides, parse_overrides, split_settings
-from dropless.plan.presets import PRESETS, get_shape
 from dropless.plan.sweep import SWEEP_AXES, suggest, sweep_gpus
+from dropless.presets import PRESETS
 
-# flag dest -> PlanConfig field (flags default to None so a config file can set them).
-_FLAG_FIELDS = {"gpus": "gpus", "fsdp": "fsdp", "ep": "ep", "data": "data",
-                "per_device_batch": "per_device_batch", "seq": "seq_len", "remat": "remat",
-                "gmm_quantization": "gmm_quantization", "dispatcher": "dispatcher",
-                "ragged_buffer_factor": "ragged_buffer_factor", "overlap": "overlap",
-                "weight_dtype": "weight_dtype", "optimizer_dtype": "optimizer_dtype",
-                "devices_per_node": "devices_per_node", "attention_impl": "attention_impl"}
+# flag dest -> the setting it gives: the trainer's key, or a planner knob (flags default to None
+# so a config file can set them; they come after the file and before key=value).
+_FLAG_KEYS = {"gpus": "gpus", "fsdp": MESH_KEYS["fsdp"], "ep": MESH_KEYS["ep"],
+              "data": MESH_KEYS["data"], "per_device_batch": "per_device_batch_size",
+              "seq": "seq_len", "remat": "remat",
+              "gmm_quantization": "model.moe.gmm_quantization",
+              "dispatcher": "model.moe.dispatcher",
+              "ragged_buffer_factor": "model.moe.ragged_buffer_factor", "overlap": "overlap",
+              "weight_dtype": "weight_dtype", "optimizer_dtype": "optimizer_dtype",
+              "devices_per_node": "devices_per_node", "attention_impl": "attention_impl",
+              "offload": "offload", "preset": "preset", "hardware": "hardware"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="settings by our names or MaxText's (per_device_batch_size=6, "
-                        "ici_expert_parallelism=8, ragged_buffer_factor=1.5, num_experts=64 ...)")
+                   help="the trainer's keys or MaxText's (per_device_batch_size=6, "
+                        "ici_expert_parallelism=8, model.moe.top_k=4, num_experts=64 ...) "
+                        "and the planner's own (gpus, overlap, offload, ...)")
     p.add_argument("--preset", default=None, help=f"model: {', '.join(PRESETS)} "
                    "(default deepseek3-671b)")
     p.add_argument("--hardware", default=None, help=f"profile: {', '.join(PROFILES)} "
@@ -113,27 +118,28 @@ def check_arguments(args) -> None:
 
 
 def build(args) -> tuple:
-    """(ModelConfig, PlanConfig, HardwareProfile, model name) from defaults, file, flags and
-    overrides."""
-    settings = dict(_load_file(args.config))
-    for dest, field in _FLAG_FIELDS.items():
-        if getattr(args, dest) is not None:
-            settings[field] = getattr(args, dest)
-    if args.offload is not None:
-        settings["offload"] = args.offload
+    """(ModelConfig, PlanConfig, HardwareProfile, model name) from the planner's defaults, the
+    --config file, flags and key=value overrides, read as `dropless train` reads them (into a
+    TrainConfig, `plan.from_train`) plus the planner's own knobs."""
+    from dropless.config_file import parse_override
+    from dropless.models.arithmetic import param_counts
+    from dropless.presets import get_preset
+    data = _load_file(args.config)
+    nested = {k: v for k, v in data.items() if isinstance(v, dict)}
+    settings = [(k, v) for k, v in data.items() if not isinstance(v, dict)]
+    settings += [(key, getattr(args, dest)) for dest, key in _FLAG_KEYS.items()
+                 if getattr(args, dest) is not None]
     if args.no_dedup:
-        settings["dedup"] = False
-    for k in ("preset", "hardware"):
-        if getattr(args, k) is not None:
-            settings[k] = getattr(args, k)
-    settings.update(parse_overrides(args.overrides))
-    plan, model, extra = split_settings(settings)
-    name = extra.get("preset", "deepseek3-671b")
-    shape = apply_model_overrides(get_shape(name), model)
-    hw = get_profile(extra.get("hardware", "h200"))
-    if "gpus" not in plan:
-        plan["gpus"] = plan.get("fsdp", 1) * plan.get("ep", 1) * max(plan.get("data", 1), 1)
-    return shape, PlanConfig(**plan), hw, (name if not model else f"{name} (modified)")
+        settings.append(("dedup", False))
+    settings += [parse_override(item) for item in args.overrides]
+    planner, pairs = split_settings(settings)
+    cfg = train_config(pairs, mapping=nested)
+    hw = get_profile(planner.pop("hardware", "h200"))
+    plan = plan_config(cfg, **planner)
+    name = cfg.preset
+    if param_counts(cfg.model) != param_counts(get_preset(name)):
+        name = f"{name} (modified)"
+    return cfg.model, plan, hw, name
 
 
 def _compute(args) -> tuple[dict, str]:

@@ -1,5 +1,7 @@
-"""Parameter counts per model config, read from the shapes `init_params` would create (no
-memory is allocated), so the count can never drift from the model.
+"""The test oracle of `dropless.models.arithmetic`: parameter counts read from the shapes
+`init_params` really creates (under `jax.eval_shape`, no memory is allocated). Nothing in the
+library calls it; the tests check that the arithmetic model equals it, part by part, for every
+preset and for small variants (tests/test_models_arithmetic.py).
 
 Published conventions: `total` is the main model (embedding and output head included, MTP
 modules excluded and reported as `mtp`); `active` counts the parameters one token touches:
@@ -62,11 +64,3 @@ def _mtp_matmul_active(module, cfg: ModelConfig) -> int:
     else:
         n += _size(blk["ffn"])
     return n
-
-
-def format_counts(counts: dict[str, int]) -> str:
-    """One line: total and active in billions (or millions when small)."""
-    def fmt(n: int) -> str:
-        return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
-    return f"total {fmt(counts['total'])}, active {fmt(counts['active'])} per token" + (
-        f", MTP {fmt(counts['mtp'])}" if counts["mtp"] else "")

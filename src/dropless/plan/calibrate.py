@@ -30,8 +30,8 @@ from dropless.machine import HardwareProfile, busy_fraction, machine_info, time_
 from dropless.text_table import format_table
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import layer_times
-from dropless.config import ModelConfig
-from dropless.plan.shape import model_config
+from dropless.config import ModelConfig, MoEConfig
+from dropless.plan.from_train import plan_config
 
 # The calibration workload: big enough that matmuls, not dispatch overheads, dominate.
 WORKLOAD = dict(d_model=256, moe_d_ff=512, num_experts=8, top_k=2, num_shared_experts=1)
@@ -170,11 +170,8 @@ def train_workload(mesh: Mesh):
 
 def _train_plan(n: int) -> tuple[ModelConfig, PlanConfig]:
     cfg = _train_config(n)
-    m = cfg.model
-    return m, PlanConfig(
-        gpus=n, data=n, per_device_batch=TRAIN_BATCH, seq_len=cfg.seq_len, remat=cfg.remat,
-        activation_dtype=m.dtype, weight_dtype=m.weight_dtype, optimizer_dtype="float32",
-        overlap="none", gmm_tile=1, attention_impl="naive")
+    return cfg.model, plan_config(cfg, optimizer_dtype="float32", overlap="none", gmm_tile=1,
+                                  attention_impl="naive")
 
 
 def profile_from(rates: dict[str, float], n: int) -> HardwareProfile:
@@ -204,8 +201,10 @@ def _ram_bytes() -> float:
 
 def _workload_plan(n: int) -> tuple[ModelConfig, PlanConfig]:
     w = WORKLOAD
-    s = model_config(vocab_size=2, num_layers=1, num_heads=1, d_ff=w["moe_d_ff"],
-                     attention="mha", **w)
+    moe = MoEConfig(num_experts=w["num_experts"], top_k=w["top_k"], d_model=w["d_model"],
+                    d_ff=w["moe_d_ff"], num_shared_experts=w["num_shared_experts"])
+    s = ModelConfig(vocab_size=2, d_model=w["d_model"], num_layers=1, num_heads=1,
+                    d_ff=w["moe_d_ff"], attention="mha", moe=moe)
     cfg = PlanConfig(gpus=n, data=n, per_device_batch=TOKENS_PER_DEVICE // SEQ, seq_len=SEQ,
                      remat="none", activation_dtype="float32", weight_dtype="float32",
                      overlap="none", gmm_tile=1)

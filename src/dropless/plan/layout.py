@@ -12,12 +12,10 @@ import dataclasses
 import math
 
 from dropless.machine import HardwareProfile
-from dropless.config import ModelConfig
+from dropless.config import GMM_QUANTIZATIONS, REMAT_POLICIES, ModelConfig  # the trainer's
 
-REMAT_POLICIES = ("none", "minimal", "full", "offload")
 DISPATCHERS = ("a2a", "ragged_a2a", "allgather")
 OVERLAPS = ("none", "fsdp", "full")
-GMM_QUANTIZATIONS = ("none", "mxfp8")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OFFLOADABLE = ("query", "key", "value")
 ATTENTION_IMPLS = ("flash", "naive")

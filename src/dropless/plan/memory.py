@@ -1,6 +1,6 @@
 """Memory per device: weights, gradients, optimizer state, activations, EP buffers.
 
-Legend as in shape.py; T tokens per device, b bytes per activation element.
+Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element.
 
 Activations are a catalogue of the tensors one layer produces per token (name, elements,
 bytes, kind). A remat policy decides which are kept for the backward pass:
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from dropless.config import ModelConfig
+from dropless.machine import HardwareProfile
+from dropless.models.arithmetic import layer_params, param_counts
 from dropless.plan import comm
 from dropless.plan.layout import DTYPE_BYTES, PlanConfig
-from dropless.machine import HardwareProfile
-from dropless.config import ModelConfig
-from dropless.plan.shape import layer_params, num_dense_layers, num_moe_layers, param_counts
 
 GiB = 2 ** 30
 
@@ -117,9 +117,10 @@ def all_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
 def weight_split(s: ModelConfig) -> tuple[float, float]:
     """(routed-expert parameters, everything else), MTP modules included."""
     c = param_counts(s)
-    mtp_experts = s.mtp_depth * (layer_params(s, True)["experts"] if s.moe is not None else 0)
+    mtp_experts = s.mtp_depth * (layer_params(s, True)["routed_experts"] if s.moe is not None
+                                 else 0)
     experts = c["routed_experts"] + mtp_experts
-    return experts, c["total_with_mtp"] - experts
+    return experts, c["total"] + c["mtp"] - experts
 
 
 def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
@@ -144,13 +145,13 @@ def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> d
            "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
     moe_l, dense_l = layer_params(s, True) if s.moe is not None else None, layer_params(s, False)
     biggest = max(sum(dense_l.values()),
-                  (sum(moe_l.values()) - moe_l["experts"] + moe_l["experts"] / cfg.ep)
-                  if moe_l else 0)
+                  (sum(moe_l.values()) - moe_l["routed_experts"]
+                   + moe_l["routed_experts"] / cfg.ep) if moe_l else 0)
     out["gathered_weights"] = 2 * biggest * ab
     ns = naive_seq(cfg)
-    layers = [(num_dense_layers(s), layer_tensors(s, ab, False, ns))]
-    if num_moe_layers(s):
-        layers.append((num_moe_layers(s) + s.mtp_depth, layer_tensors(s, ab, True, ns)))
+    layers = [(s.num_layers - s.num_moe_layers, layer_tensors(s, ab, False, ns))]
+    if s.num_moe_layers:
+        layers.append((s.num_moe_layers + s.mtp_depth, layer_tensors(s, ab, True, ns)))
     dev = host = work = 0.0
     for count, tensors in layers:
         d_, h_ = saved_bytes_per_token(tensors, cfg.remat, cfg.offloaded, f)

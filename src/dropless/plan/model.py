@@ -15,11 +15,12 @@ compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too.
 """
 from __future__ import annotations
 
-from dropless.plan import comm, flops, memory
-from dropless.machine import HardwareProfile
-from dropless.plan.layout import DTYPE_BYTES, PlanConfig, check_fits_model, groups
 from dropless.config import ModelConfig
-from dropless.plan.shape import layer_params, num_dense_layers, num_moe_layers
+from dropless.machine import HardwareProfile
+from dropless.models import arithmetic as ar
+from dropless.models.arithmetic import KINDS, layer_params
+from dropless.plan import comm, flops, memory
+from dropless.plan.layout import DTYPE_BYTES, PlanConfig, check_fits_model, groups
 
 # Each activation byte is touched ~6 times by memory-bound kernels in a training step: written
 # and read in the forward pass, its gradient written and read, and once more by the
@@ -41,7 +42,7 @@ def _recompute_flops(s: ModelConfig, cfg: PlanConfig, fwd: dict[str, float]) -> 
         return {k: 0.0 for k in fwd}
     out = dict(fwd)
     skip = {"query": ("query", "q_down"), "key": ("key",), "value": ("value",)}
-    proj = flops.attention_proj_flops(s)
+    proj = ar.attention_proj_flops(s)
     for name in cfg.offloaded:
         for p in skip[name]:
             out["gemm"] -= proj.get(p, 0.0)
@@ -53,7 +54,7 @@ def _layer_weight_bytes(s: ModelConfig, cfg: PlanConfig, moe: bool, attention: b
     """(non-expert bytes, local-expert bytes) one layer all-gathers, in the compute dtype."""
     b = DTYPE_BYTES[cfg.activation_dtype]
     p = layer_params(s, moe)
-    experts = p.pop("experts", 0)
+    experts = p.pop("routed_experts", 0)
     if not attention:
         p.pop("attention")
         p.pop("norms")
@@ -69,15 +70,15 @@ def layer_times(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, moe: bool,
     """
     t = cfg.tokens_per_device
     rates = _rates(hw, cfg)
-    fwd = flops.layer_forward_flops(s, cfg.seq_len, moe)
+    fwd = ar.layer_forward_flops(s, cfg.seq_len, moe)
     if not attention:
-        fwd["gemm"] -= sum(flops.attention_proj_flops(s).values())
+        fwd["gemm"] -= sum(ar.attention_proj_flops(s).values())
         fwd["attention"] = 0.0
     rec = _recompute_flops(s, cfg, fwd)
     pad = 1.0 + flops.padding_fraction(s, t, cfg.ep, cfg.gmm_tile) if moe else 1.0
     out = {}
     waste = {"gmm": pad, "attention": 2.0 if cfg.attention_impl == "naive" else 1.0}
-    for k in flops.KINDS:
+    for k in KINDS:
         executed = (3 * fwd[k] + rec[k]) * waste.get(k, 1.0)
         out[k] = executed * t / rates[k]
     ab = DTYPE_BYTES[cfg.activation_dtype]
@@ -108,7 +109,7 @@ def layer_times(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, moe: bool,
 def _exposed(parts: dict[str, float], overlap: str, cost: float) -> dict[str, float]:
     """What each part adds to the step: a hidden part shows where it outlasts the layer's
     compute, plus `cost` x the overlapped time (the SMs and HBM the collective takes)."""
-    compute = sum(parts[k] for k in (*flops.KINDS, "elementwise"))
+    compute = sum(parts[k] for k in (*KINDS, "elementwise"))
     hidden = {"none": (), "fsdp": ("fsdp", "data", "offload"),
               "full": ("fsdp", "data", "offload", "ep")}[overlap]
     out = {}
@@ -120,7 +121,7 @@ def _exposed(parts: dict[str, float], overlap: str, cost: float) -> dict[str, fl
 def head_times(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     """Output head (and MTP heads): logits matmul forward + backward, loss elementwise."""
     t = cfg.tokens_per_device
-    f = 3 * flops.head_forward_flops(s) * t * (1 + s.mtp_depth)
+    f = 3 * ar.head_forward_flops(s) * t * (1 + s.mtp_depth)
     logits = t * s.vocab_size * (DTYPE_BYTES[cfg.activation_dtype] + 4) * (1 + s.mtp_depth)
     return {"gemm": f / _rates(hw, cfg)["gemm"],
             "elementwise": 3 * logits / (hw.hbm_bw * hw.hbm_efficiency)}
@@ -143,8 +144,8 @@ def predict(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, name: str =
     Raises ValueError when the layout does not suit the model (EP not dividing the experts).
     """
     check_fits_model(cfg, s, name)
-    n_moe = num_moe_layers(s) + (s.mtp_depth if s.moe is not None else 0)
-    n_dense = num_dense_layers(s) + (s.mtp_depth if s.moe is None else 0)
+    n_moe = s.num_moe_layers + (s.mtp_depth if s.moe is not None else 0)
+    n_dense = s.num_layers - s.num_moe_layers + (s.mtp_depth if s.moe is None else 0)
     per_type = [(n_dense, layer_times(s, cfg, hw, False))]
     if n_moe:
         per_type.append((n_moe, layer_times(s, cfg, hw, True)))
@@ -162,16 +163,16 @@ def predict(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, name: str =
     step = sum(exposed.values())
     total_kernel = sum(kernel.values())
     t = cfg.tokens_per_device
-    model_flops = flops.model_flops_per_token(s, cfg.seq_len) * t
-    executed = sum(kernel[k] * _rates(hw, cfg)[k] for k in flops.KINDS)
+    model_flops = ar.model_flops_per_token(s, cfg.seq_len) * t
+    executed = sum(kernel[k] * _rates(hw, cfg)[k] for k in KINDS)
     comm_kernel = sum(kernel[k] for k in COMM_PARTS)
     return {
         "model": name, "hardware": hw.name, "layout": layout_summary(cfg, hw),
         "memory": memory.memory_per_device(s, cfg, hw),
         "flops": {"model_per_device": model_flops, "executed_per_device": executed,
                   "model_per_token": model_flops / t,
-                  "six_n_per_token": flops.six_n_flops_per_token(s),
-                  "by_kind_forward_per_token": flops.model_forward_flops(s, cfg.seq_len)},
+                  "six_n_per_token": ar.six_n_flops_per_token(s),
+                  "by_kind_forward_per_token": ar.forward_flops(s, cfg.seq_len)},
         "bytes": bytes_per_step(s, cfg, hw),
         "time": {"step_s": step, "kernel_s": kernel, "exposed_s": exposed,
                  "kernel_total_s": total_kernel},
@@ -206,8 +207,8 @@ def bytes_per_step(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict
     fsdp = {"intra": 0.0, "inter": 0.0}
     data = {"intra": 0.0, "inter": 0.0}
     grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
-    n_moe = num_moe_layers(s) + (s.mtp_depth if s.moe is not None else 0)
-    for count, moe in ((num_dense_layers(s), False), (n_moe, True)):
+    n_moe = s.num_moe_layers + (s.mtp_depth if s.moe is not None else 0)
+    for count, moe in ((s.num_layers - s.num_moe_layers, False), (n_moe, True)):
         if not count:
             continue
         rest_b, exp_b = _layer_weight_bytes(s, cfg, moe)

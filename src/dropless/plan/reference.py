@@ -11,8 +11,8 @@ from __future__ import annotations
 from dropless.machine import get_profile
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import COMM_PARTS, predict
-from dropless.plan.presets import get_shape
 from dropless.plan.sweep import sweep_gpus
+from dropless.presets import get_preset
 
 FIGURES = {"optimised_tflops": 1068.0, "baseline_tflops": 103.0,
            "baseline_comm_share": 0.84, "scaling_efficiency_1024": 0.97,
@@ -49,7 +49,7 @@ VARIANTS = {
 def comparison() -> dict:
     """Predictions for the reference configuration and its variants, the sweep to 1,024 GPUs,
     and what the reported baseline implies about its collectives."""
-    s, hw = get_shape("deepseek3-671b"), get_profile("gb300")
+    s, hw = get_preset("deepseek3-671b"), get_profile("gb300")
     rows = {}
     for name, (what, change) in VARIANTS.items():
         r = predict(s, REFERENCE.replace(**change), hw)

@@ -29,7 +29,7 @@ import numpy as np
 
 from dropless import machine
 from dropless.config import TrainConfig
-from dropless.models.count import format_counts, param_counts
+from dropless.models.arithmetic import flops_per_token, format_counts, param_counts
 from dropless.train import checkpoint as ckpt
 from dropless.train import data as data_lib
 from dropless.train import guards as guards_lib
@@ -162,8 +162,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     mesh = mesh_lib.make_mesh(cfg)
     model_mesh = mesh_lib.model_mesh(cfg, mesh)
     moe = cfg.model.moe
-    fpt = met.flops_per_token(cfg.model, cfg.seq_len,
-                              capacity_factor=moe.capacity_factor if moe else None)
+    fpt = flops_per_token(cfg.model, cfg.seq_len,
+                          capacity_factor=moe.capacity_factor if moe else None)
     counts = param_counts(cfg.model)
     state, opt = step_lib.init_state(cfg)
     if cfg.init_from:   # fine-tuning: start from existing weights (see train/init_from.py)
