@@ -41,7 +41,7 @@ def test_maxtext_reference_recipe():
     assert moe.n_groups == 1 and moe.overflow_check_every_n_steps == 10
     assert (cfg.per_device_batch_size, cfg.seq_len, cfg.remat) == (6, 4096, "offload")
     assert cfg.model.weight_dtype == moe.weight_dtype == "bfloat16"
-    assert (cfg.expert_parallelism, cfg.fsdp_parallelism, cfg.global_batch_size) == (8, 2, 96)
+    assert (cfg.mesh.expert, cfg.mesh.fsdp, cfg.global_batch_size) == (8, 2, 96)
 
 
 def test_maxtext_dense_path_capacity():
@@ -88,9 +88,11 @@ def test_maxtext_gmm_flags_never_pick_the_padded_path():
 def test_validation_names_field_and_value():
     with pytest.raises(ValueError, match="TrainConfig.remat='some'"):
         build_config([("remat", "some")])
-    with pytest.raises(ValueError, match="TrainConfig.expert_parallelism=3 must divide "
+    with pytest.raises(ValueError, match="TrainConfig.mesh.expert=3 must divide "
                                          "model.moe.num_experts=8"):
-        build_config([("expert_parallelism", 3)])
+        build_config([("expert_parallelism", 3)])   # the former flat key, translated
+    with pytest.raises(ValueError, match="TrainConfig.mesh.expert=3 must divide"):
+        build_config([("mesh.expert", 3)])
     with pytest.raises(ValueError, match="TrainConfig.xla_recipe='tpu'"):
         build_config([("xla_recipe", "tpu")])
     with pytest.raises(ValueError, match="MoEConfig.top_k=9 must be <= num_experts=8"):

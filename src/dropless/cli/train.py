@@ -37,9 +37,9 @@ def config_from_args(args, notes: list[str] | None = None):
     if getattr(args, "resume", None):
         import json
         from pathlib import Path
-        from dropless.config_file import _flatten
+        from dropless.config_file import _flatten, upgrade
         run = Path(args.resume)
-        saved = _run_config(run)
+        saved = upgrade(_run_config(run))   # a run saved in the former flat form resumes too
         saved.update(run_dir=str(run.parent), run_name=run.name)
         model = saved.pop("model")
         items = [("preset", saved.pop("preset") or "tiny")] + _flatten(saved) + \

@@ -62,8 +62,8 @@ def config_defaults(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 
 def _dropless_model_items(folder: Path) -> list[tuple[str, Any]]:
-    from dropless.config_file import _flatten
-    saved = _read_train_config(folder)
+    from dropless.config_file import _flatten, upgrade
+    saved = upgrade(_read_train_config(folder))
     return [("preset", saved.get("preset") or "tiny")] + _flatten({"model": saved["model"]})
 
 

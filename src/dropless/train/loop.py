@@ -30,9 +30,10 @@ import numpy as np
 
 from dropless.config import TrainConfig
 from dropless.models.count import format_counts, param_counts
+from dropless.parallel.mesh import batch_sharding, train_mesh
+from dropless.parallel.sharding import state_shardings
 from dropless.train import checkpoint as ckpt
 from dropless.train import data as data_lib
-from dropless.train import mesh as mesh_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
 from dropless.train.nonfinite import NonFiniteGuard
@@ -172,8 +173,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     cfg, start = plan.cfg, plan.start
     if run.created:
         run.write_json("config.json", to_dict(cfg))
-    mesh = mesh_lib.make_mesh(cfg)
-    model_mesh = mesh_lib.model_mesh(cfg, mesh)
+    mesh = train_mesh(cfg.mesh)
+    model_mesh = mesh   # the MoE layer sees any mesh of > 1 device (see train_mesh)
     moe = cfg.model.moe
     fpt = met.flops_per_token(cfg.model, cfg.seq_len,
                               capacity_factor=moe.capacity_factor if moe else None)
@@ -199,7 +200,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
             prog.line(note)
         # committed on one device too, as a restored state is: a fresh run and its resume then
         # lower to the same step (the persistent compilation cache serves the resume)
-        shard = mesh_lib.state_shardings(state, mesh)
+        shard = state_shardings(state, mesh)
         state = jax.device_put(state, jax.devices()[0] if shard is None else shard)
         guard = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
         state = guard.attach(state)
@@ -260,7 +261,7 @@ def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guard, nan_
         functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)))
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
-    bshard = mesh_lib.batch_sharding(mesh)
+    bshard = batch_sharding(mesh)
     if bshard is not None:
         batch0 = jax.device_put(batch0, bshard)
     with Timed(prog, "compiling (first step)", "compiled") as t:
@@ -299,7 +300,7 @@ class _Ctx:
         self.guard = None                # the OverflowGuard of the compiled step
         self.nan_guard = self.opt = None     # its NonFiniteGuard, and the optimizer
         self.model_mesh = model_mesh
-        self.bshard = mesh_lib.batch_sharding(mesh)
+        self.bshard = batch_sharding(mesh)
         self.writer = _Writer(out_dir / "metrics.jsonl", prog.line)
         self.eval_batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
                                                   batch_size=cfg.global_batch_size,

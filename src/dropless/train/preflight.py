@@ -18,9 +18,9 @@ from dropless.config import TrainConfig
 
 GiB = 2 ** 30
 _HINTS = {
-    "parameters": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
-    "gradients": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
-    "optimizer_state": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
+    "parameters": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
+    "gradients": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
+    "optimizer_state": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "gathered_weights": "use a smaller model",
     "activations": "lower seq_len or per_device_batch_size, or set remat=full",
     "layer_workspace": "lower seq_len or per_device_batch_size",
@@ -64,8 +64,8 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
     from dropless.plan.memory import memory_per_device
     m = cfg.model
     dt = lambda d: d if d in DTYPE_BYTES else "float32"   # noqa: E731 (float64 -> 4 bytes)
-    plan = PlanConfig(gpus=cfg.num_devices, fsdp=cfg.fsdp_parallelism,
-                      ep=cfg.expert_parallelism, data=cfg.data_parallelism,
+    plan = PlanConfig(gpus=cfg.num_devices, fsdp=cfg.mesh.fsdp,
+                      ep=cfg.mesh.expert, data=cfg.mesh.data,
                       per_device_batch=cfg.per_device_batch_size, seq_len=cfg.seq_len,
                       remat=cfg.remat, weight_dtype=dt(m.weight_dtype),
                       activation_dtype=dt(m.dtype), optimizer_dtype=dt(m.weight_dtype),
