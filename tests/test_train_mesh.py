@@ -88,3 +88,17 @@ def test_train_mesh_from_ici_dcn_keys():
     from dropless.parallel.mesh import mesh_nodes
     assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 4}
     assert sorted(np.unique(mesh_nodes(mesh, 4)[0, :, :2])) == [0]
+
+
+def test_mesh_config_validates_and_derives():
+    from dropless.config import MESH_AXES, MeshConfig
+    m = MeshConfig(data=2, fsdp=2, expert=4, dcn_expert=2)
+    assert (m.shape, m.ici_shape, m.dcn_shape) == ((2, 2, 4), (2, 2, 2), (1, 1, 2))
+    assert (m.num_devices, m.num_nodes, m.devices_per_node) == (16, 2, 8)
+    assert MESH_AXES == ("data", "fsdp", "expert")
+    with pytest.raises(ValueError, match="MeshConfig.dcn_fsdp=3 must divide fsdp=4"):
+        MeshConfig(fsdp=4, dcn_fsdp=3)
+    with pytest.raises(ValueError, match="MeshConfig.expert=0 must be a positive int"):
+        MeshConfig(expert=0)
+    with pytest.raises(ValueError, match="MeshConfig.dcn_data=True must be an int"):
+        MeshConfig(dcn_data=True)
