@@ -15,7 +15,6 @@ import jax.numpy as jnp
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
-DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a", "node_a2a")
 OVERFLOW_POLICIES = ("rounds", "error")
 
 
@@ -179,13 +178,15 @@ class MoEConfig:
         for name in ("load_balance_coef", "seq_aux_coef", "z_loss_coef", "bias_update_speed"):
             if getattr(self, name) < 0:
                 _fail(c, name, getattr(self, name), "must be >= 0")
-        _one_of(c, self, "dispatcher", DISPATCHERS)
         if not self.ragged_buffer_factor >= 1.0:
             _fail(c, "ragged_buffer_factor", self.ragged_buffer_factor, "must be >= 1.0")
         _one_of(c, self, "overflow", OVERFLOW_POLICIES)
-        # the backend name is checked against the registry lazily (backends register on import)
+        # names are checked against their registries, the one list of each, read at call time:
+        # importing this module imports neither (they import it; backends register on import)
         from dropless.ops.gmm.registry import check_backend_name
         check_backend_name(self.gmm_backend, where="MoEConfig.gmm_backend")
+        from dropless.moe.dispatch.registry import dispatcher_names
+        _one_of(c, self, "dispatcher", dispatcher_names())
 
     def replace(self, **changes: Any) -> "MoEConfig":
         return dataclasses.replace(self, **changes)
