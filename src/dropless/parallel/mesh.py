@@ -19,7 +19,7 @@ from dropless.config import MESH_AXES, MeshConfig
 
 # logical axis -> mesh axes carrying it (in order); axes absent from a mesh are skipped.
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp", "expert"),  # tokens are split over every axis
+    "batch": MESH_AXES,                    # tokens are split over every axis (batch_axes)
     "expert": ("expert",),                 # expert weights: one slice of experts per EP rank
     "embed": ("fsdp",),                    # model dim of weights: FSDP shards it
     "vocab": ("fsdp",),                    # vocabulary dim of the embedding / head: FSDP
