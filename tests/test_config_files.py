@@ -41,7 +41,7 @@ def test_maxtext_reference_recipe():
     assert moe.n_groups == 1 and moe.overflow_check_every_n_steps == 10
     assert (cfg.per_device_batch_size, cfg.seq_len, cfg.remat) == (6, 4096, "offload")
     assert cfg.model.weight_dtype == moe.weight_dtype == "bfloat16"
-    assert (cfg.expert_parallelism, cfg.fsdp_parallelism, cfg.global_batch_size) == (8, 2, 96)
+    assert (cfg.mesh.expert, cfg.mesh.fsdp, cfg.global_batch_size) == (8, 2, 96)
 
 
 def test_maxtext_dense_path_capacity():
@@ -88,9 +88,11 @@ def test_maxtext_gmm_flags_never_pick_the_padded_path():
 def test_validation_names_field_and_value():
     with pytest.raises(ValueError, match="TrainConfig.remat='some'"):
         build_config([("remat", "some")])
-    with pytest.raises(ValueError, match="TrainConfig.expert_parallelism=3 must divide "
+    with pytest.raises(ValueError, match="TrainConfig.mesh.expert=3 must divide "
                                          "model.moe.num_experts=8"):
-        build_config([("expert_parallelism", 3)])
+        build_config([("expert_parallelism", 3)])   # the former flat key, translated
+    with pytest.raises(ValueError, match="TrainConfig.mesh.expert=3 must divide"):
+        build_config([("mesh.expert", 3)])
     with pytest.raises(ValueError, match="TrainConfig.xla_recipe='tpu'"):
         build_config([("xla_recipe", "tpu")])
     with pytest.raises(ValueError, match="MoEConfig.top_k=9 must be <= num_experts=8"):
@@ -184,3 +186,61 @@ def test_yaml_duplicate_keys_refused_merge_keys_allowed(tmp_path):
 def test_misplaced_option(argv, found):
     from dropless.cli import misplaced_option
     assert misplaced_option(argv) == found
+
+
+def _old_form(cfg) -> dict:
+    """`cfg` as a config.json written before the mesh became `mesh: MeshConfig`: flat
+    parallelism keys, and the node size under model.moe."""
+    from dropless.config_file import to_dict
+    tree = to_dict(cfg)
+    mesh = tree.pop("mesh")
+    tree.update({f"{a}_parallelism": mesh[a] for a in ("data", "fsdp", "expert")})
+    tree.update({f"dcn_{a}": mesh[f"dcn_{a}"] for a in ("data", "fsdp", "expert")})
+    tree["model"]["moe"]["devices_per_node"] = cfg.mesh.devices_per_node if \
+        cfg.mesh.num_nodes > 1 else 8
+    return tree
+
+
+def test_config_show_and_config_json_write_the_mesh_form():
+    from dropless.config_file import show, to_dict
+    cfg = build_config([("ici_fsdp_parallelism", 2), ("ici_expert_parallelism", 2),
+                        ("dcn_expert_parallelism", 2)])
+    assert to_dict(cfg)["mesh"] == {"data": 1, "fsdp": 2, "expert": 4, "dcn_data": 1,
+                                    "dcn_fsdp": 1, "dcn_expert": 2}
+    text = show(cfg)
+    assert "mesh:\n  data: 1\n  fsdp: 2\n  expert: 4\n" in text
+    assert "_parallelism" not in text and "devices_per_node" not in text
+    # the same mesh in our dotted keys and in the former flat keys
+    assert build_config([("mesh.fsdp", 2), ("mesh.expert", 4), ("mesh.dcn_expert", 2)]) == cfg
+    assert build_config([("fsdp_parallelism", 2), ("expert_parallelism", 4),
+                         ("dcn_expert", 2)]) == cfg
+
+
+@pytest.mark.parametrize("items", [[], [("mesh.fsdp", 2), ("mesh.expert", 4),
+                                         ("mesh.dcn_expert", 2)]])
+def test_a_config_json_of_the_former_form_still_loads(tmp_path, items):
+    import argparse
+    import json
+
+    from dropless.cli.train import config_from_args
+    from dropless.config_file import from_dict, to_dict, upgrade
+    cfg = build_config(items + [("steps", 7)])
+    old = _old_form(cfg)
+    assert from_dict(old) == cfg and upgrade(to_dict(cfg)) == to_dict(cfg)
+    run = tmp_path / "runs" / "old"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(old))
+    args = argparse.Namespace(overrides=[], preset=None, config=None, profile_steps=None,
+                              resume=str(run))
+    resumed = config_from_args(args)   # a resume of a run saved in the former form
+    assert resumed == cfg.replace(run_dir=str(run.parent), run_name="old")
+
+
+def test_the_former_node_size_key_is_a_one_line_error_naming_the_mesh_keys(capsys):
+    from dropless.cli import main
+    with pytest.raises(ValueError, match="'model.moe.devices_per_node' \\(4\\) is gone: .*"
+                                         "mesh.dcn_expert"):
+        build_config([("model.moe.devices_per_node", 4)])
+    assert main(["config", "show", "model.moe.devices_per_node=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mesh.dcn_data, mesh.dcn_fsdp, mesh.dcn_expert" in err

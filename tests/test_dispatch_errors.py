@@ -149,8 +149,8 @@ def test_param_specs_table():
                                                                     None)
     with pytest.raises(ValueError, match="'extra/w' has no entry in PARAM_AXES"):
         param_specs({"extra": {"w": jnp.ones(2)}}, mesh)
-    with pytest.raises(ValueError, match="logical axis 'heads' has no rule"):
-        logical_to_spec(("heads",), mesh)
+    with pytest.raises(ValueError, match="logical axis 'sequence' has no rule"):
+        logical_to_spec(("sequence",), mesh)   # ('heads' has a rule now: unsharded)
 
 
 def test_local_dispatcher_with_mesh_runs_unsharded_path():

@@ -3,7 +3,8 @@
 Legend: E experts, K top-k, D model dim, F expert hidden, T tokens, P = 8 EP peers, El = 2
 experts per peer, G devices per node, M = P/G nodes.
 
-8 host devices, EP 8, arranged as 4 nodes of 2 or 2 nodes of 4 (`devices_per_node`), under
+8 host devices, EP 8, arranged as 4 nodes of 2 or 2 nodes of 4 (`devices_per_node`, which the
+caller passes next to the mesh), under
 uniform, Zipf and all-to-one-node routing (experts 0-3, all on node 0 in both layouts). The
 buffer factor is 1.0 so skewed routing needs extra hop-1 rounds. One compiled function per
 layout covers the three routings (they differ only through the router bias).
@@ -29,10 +30,9 @@ TOL = dict(rtol=2e-5, atol=2e-5)
 ROUTINGS = ("uniform", "zipf", "one_node")
 
 
-def _cfg(devices_per_node: int, dispatcher: str = "node_a2a") -> MoEConfig:
+def _cfg(dispatcher: str = "node_a2a") -> MoEConfig:
     return MoEConfig(num_experts=E, top_k=K, d_model=D, d_ff=F, gmm_backend="ragged_dot",
-                     dispatcher=dispatcher, ragged_buffer_factor=1.0,
-                     devices_per_node=devices_per_node)
+                     dispatcher=dispatcher, ragged_buffer_factor=1.0)
 
 
 def _bias(kind: str):
@@ -43,20 +43,20 @@ def _bias(kind: str):
     return jnp.asarray([5.0] * 4 + [0.0] * (E - 4), jnp.float32)   # node 0 in both layouts
 
 
-def _loss(params, x, cfg, mesh):
-    y, aux = layer.apply(params, x, cfg, mesh=mesh)
+def _loss(params, x, cfg, mesh, nodes=None):
+    y, aux = layer.apply(params, x, cfg, mesh=mesh, devices_per_node=nodes)
     return jnp.sum(y * jnp.sin(jnp.arange(y.size, dtype=jnp.float32)).reshape(y.shape)), (y, aux)
 
 
 @functools.lru_cache(maxsize=None)
-def _step(cfg: MoEConfig, with_mesh: bool):
+def _step(cfg: MoEConfig, with_mesh: bool, nodes: int | None = None):
     mesh = make_mesh(MeshConfig(expert=P)) if with_mesh else None
-    return mesh, jax.jit(jax.value_and_grad(lambda p, x: _loss(p, x, cfg, mesh),
+    return mesh, jax.jit(jax.value_and_grad(lambda p, x: _loss(p, x, cfg, mesh, nodes),
                                             argnums=(0, 1), has_aux=True))
 
 
 def _inputs(routing: str):
-    params = layer.init_params(jax.random.key(0), _cfg(2))
+    params = layer.init_params(jax.random.key(0), _cfg())
     params["router"]["bias_E"] = _bias(routing)
     return params, jax.random.normal(jax.random.key(1), (T, D), jnp.float32)
 
@@ -64,10 +64,10 @@ def _inputs(routing: str):
 @functools.lru_cache(maxsize=None)
 def _reference(routing: str):
     params, x = _inputs(routing)
-    _, step = _step(_cfg(2), False)
+    _, step = _step(_cfg(), False)
     (_, (y, aux)), grads = step(params, x)
     ids = jax.jit(lambda p, x: layer.rt.route(layer.rt.router_logits(x, p["router"]["w_DE"]),
-                                               p["router"]["bias_E"], _cfg(2)).ids_TK)(params, x)
+                                               p["router"]["bias_E"], _cfg()).ids_TK)(params, x)
     return y, grads, aux["tokens_per_expert"], np.asarray(ids)
 
 
@@ -88,8 +88,7 @@ def _rows_by_loop(ids_TK: np.ndarray, g: int) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("devices_per_node", [2, 4])
 def test_node_dedup_matches_single_device(devices_per_node):
-    cfg = _cfg(devices_per_node)
-    mesh, step = _step(cfg, True)
+    mesh, step = _step(_cfg(), True, devices_per_node)
     assert node_layout(mesh, devices_per_node) == (P // devices_per_node, devices_per_node)
     for routing in ROUTINGS:
         params, x = _inputs(routing)
@@ -116,14 +115,15 @@ def test_node_dedup_matches_single_device(devices_per_node):
 
 def test_auto_picks_node_a2a_only_across_nodes():
     mesh = make_mesh(MeshConfig(expert=P))
-    assert multi_node_groups(mesh, _cfg(2)) == 4 and multi_node_groups(mesh, _cfg(4)) == 2
-    assert multi_node_groups(mesh, _cfg(8)) == 1 and multi_node_groups(mesh, _cfg(1)) == 1
+    assert multi_node_groups(mesh, 2) == 4 and multi_node_groups(mesh, 4) == 2
+    assert multi_node_groups(mesh, 8) == 1 and multi_node_groups(mesh, 1) == 1
+    assert multi_node_groups(mesh, None) == 1   # no node size given: one node
     assert resolve_dispatcher("auto", "cpu", num_nodes=2) == "node_a2a"
     assert resolve_dispatcher("auto", "cpu", num_nodes=1) == "a2a"
 
 
 def test_misaligned_nodes_are_a_clear_error():
-    with pytest.raises(ValueError, match=r"MoEConfig.devices_per_node=3 does not split the "
-                                         r"expert axis \(8 peers\)"):
-        layer.apply(layer.init_params(jax.random.key(0), _cfg(3)), jnp.ones((T, D)), _cfg(3),
-                    mesh=make_mesh(MeshConfig(expert=P)))
+    with pytest.raises(ValueError, match=r"devices_per_node=3 \(MeshConfig: mesh.dcn_\*\) does "
+                                         r"not split the expert axis \(8 peers\)"):
+        layer.apply(layer.init_params(jax.random.key(0), _cfg()), jnp.ones((T, D)), _cfg(),
+                    mesh=make_mesh(MeshConfig(expert=P)), devices_per_node=3)

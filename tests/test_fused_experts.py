@@ -32,17 +32,17 @@ def _cfg(**kw) -> MoEConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def _grad_fn(cfg: MoEConfig, mesh_name: str | None):
+def _grad_fn(cfg: MoEConfig, mesh_name: str | None, nodes: int | None = None):
     mesh = make_mesh(MeshConfig(data=2, expert=4)) if mesh_name else None
 
     def loss(p, x):
-        y, aux = layer.apply(p, x, cfg, mesh=mesh)
+        y, aux = layer.apply(p, x, cfg, mesh=mesh, devices_per_node=nodes)
         return jnp.sum(y * jnp.cos(jnp.arange(y.size, dtype=jnp.float32)).reshape(y.shape)), y
     return mesh, jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
 
 
-def _run(cfg, mesh_name=None):
-    mesh, f = _grad_fn(cfg, mesh_name)
+def _run(cfg, mesh_name=None, nodes=None):
+    mesh, f = _grad_fn(cfg, mesh_name, nodes)
     params = layer.init_params(jax.random.key(0), cfg)
     params["router"]["bias_E"] = 0.3 / (jnp.arange(E, dtype=jnp.float32) + 1)   # skewed
     x = jax.random.normal(jax.random.key(1), (T, D), jnp.float32)
@@ -52,9 +52,9 @@ def _run(cfg, mesh_name=None):
     return params, y, g_params, g_x
 
 
-def _assert_fused_matches(unfused_cfg, mesh_name=None, tol=TOL):
-    p_u, y_u, g_u, gx_u = _run(unfused_cfg, mesh_name)
-    p_f, y_f, g_f, gx_f = _run(unfused_cfg.replace(prefuse_moe_weights=True), mesh_name)
+def _assert_fused_matches(unfused_cfg, mesh_name=None, tol=TOL, nodes=None):
+    p_u, y_u, g_u, gx_u = _run(unfused_cfg, mesh_name, nodes)
+    p_f, y_f, g_f, gx_f = _run(unfused_cfg.replace(prefuse_moe_weights=True), mesh_name, nodes)
     assert sorted(p_f["experts"]) == ["w_down_EFD", "w_gate_up_ED2F"]
     np.testing.assert_array_equal(p_f["experts"]["w_gate_up_ED2F"],
                                   fuse_expert_weights(p_u)["experts"]["w_gate_up_ED2F"])
@@ -74,8 +74,8 @@ def test_fused_equals_unfused_single_device(variant):
 
 @pytest.mark.parametrize("dispatcher", ["allgather", "a2a", "node_a2a"])
 def test_fused_equals_unfused_expert_parallel(dispatcher):
-    _assert_fused_matches(_cfg(dispatcher=dispatcher, devices_per_node=2,
-                               ragged_buffer_factor=1.0), "ep4")
+    _assert_fused_matches(_cfg(dispatcher=dispatcher, ragged_buffer_factor=1.0), "ep4",
+                          nodes=2)   # nodes of 2 devices (the node size the caller passes)
 
 
 def test_fused_mxfp8_expert_parallel():

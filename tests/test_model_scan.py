@@ -165,7 +165,8 @@ def test_scan_equals_unrolled_expert_parallel():
     """On the 8-host-device mesh (expert 4 x fsdp 2), stacked weights placed by state_shardings,
     the MoE layers expert-parallel inside the scan: loss and gradients as unrolled."""
     from dropless.config_file import build_config
-    from dropless.train import mesh as mesh_lib
+    from dropless.parallel.mesh import batch_sharding, train_mesh
+    from dropless.parallel.sharding import state_shardings
     from dropless.train import step
     if jax.device_count() < 8:
         pytest.skip("needs 8 host devices (tests/conftest.py)")
@@ -176,12 +177,12 @@ def test_scan_equals_unrolled_expert_parallel():
     out = []
     for scanned in (False, True):
         cfg = build_config(list({**settings, "model.scan_layers": scanned}.items()))
-        mesh = mesh_lib.make_mesh(cfg)
+        mesh = train_mesh(cfg.mesh)
         params = deepseek.init_params(jax.random.key(0), cfg.model)
-        params = jax.device_put(params, mesh_lib.state_shardings(params, mesh))
+        params = jax.device_put(params, state_shardings(params, mesh))
         fn = jax.jit(jax.value_and_grad(functools.partial(
-            step.loss_fn, cfg=cfg, mesh=mesh_lib.model_mesh(cfg, mesh)), has_aux=True))
-        (loss, aux), grads = fn(params, jax.device_put(batch, mesh_lib.batch_sharding(mesh)))
+            step.loss_fn, cfg=cfg, mesh=mesh), has_aux=True))
+        (loss, aux), grads = fn(params, jax.device_put(batch, batch_sharding(mesh)))
         out.append((float(loss), aux, scan.to_layout(grads, False)))
     (l1, a1, g1), (l2, a2, g2) = out
     assert l1 == pytest.approx(l2, rel=1e-6) and sorted(a1) == sorted(a2)

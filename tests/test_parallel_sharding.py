@@ -1,32 +1,190 @@
-"""Whole-train-state placement: MoE weights by the table, other matrices FSDP, rest replicated."""
+"""The placement table (parallel/sharding.py): every parameter of every model has an entry; the
+dense FFN and the shared expert have their own; unknown paths are an error naming them; a whole
+train state places parameters and optimizer moments alike; and on 8-device host meshes the
+placement equals the trainer's earlier one (MoE weights by name, every other matrix FSDP on its
+largest divisible dim), written below as the oracle.
+
+Legend: D model dim, F hidden dim, E experts.
+"""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from dropless import MeshConfig
+from dropless.config import ModelConfig
+from dropless.models import deepseek
 from dropless.parallel import sharding
-from dropless.parallel.mesh import make_mesh
+from dropless.parallel.mesh import logical_to_spec, make_mesh
+from dropless.presets import PRESETS
+
+EIGHT = [MeshConfig(fsdp=2, expert=4), MeshConfig(data=2, fsdp=2, expert=2), MeshConfig(fsdp=8)]
+
+
+def _small(cfg: ModelConfig) -> ModelConfig:
+    """A preset at toy sizes, keeping its kind: attention, q_lora, qk-norm, layer pattern,
+    dense-first layers, shared experts, MTP."""
+    kw = dict(vocab_size=64, d_model=32, num_layers=min(cfg.num_layers, 4), d_ff=48, num_heads=4)
+    if cfg.attention == "mla":
+        kw.update(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                  q_lora_rank=min(cfg.q_lora_rank, 16))
+    else:
+        kw.update(head_dim=8 if cfg.head_dim else 0, num_kv_heads=min(cfg.num_kv_heads or 4, 2))
+    if cfg.layer_pattern:
+        kw["layer_pattern"] = cfg.layer_pattern[:kw["num_layers"]]
+    else:
+        kw["first_k_dense"] = min(cfg.first_k_dense, 1)
+    if cfg.moe is not None:
+        kw["moe"] = cfg.moe.replace(d_model=32, d_ff=16, num_experts=8, top_k=2,
+                                    n_groups=min(cfg.moe.n_groups, 2), topk_groups=1)
+    return cfg.replace(**kw)
+
+
+def _variants():
+    """Tiny variants of every preset: dense-first MLA, q_lora_rank=0, MHA (GQA, qk-norm,
+    layer pattern), MTP, shared experts, a dense model, fused expert weights; each unrolled and
+    scanned."""
+    out = {name: _small(f()) for name, f in PRESETS.items()}
+    ds = out["deepseek3-test"]
+    out["dense"] = ds.replace(moe=None, first_k_dense=0, mtp_depth=1)
+    out["mla-no-q-lora"] = ds.replace(q_lora_rank=0)
+    out["fused"] = ds.replace(moe=ds.moe.replace(prefuse_moe_weights=True))
+    out["mha-mtp"] = out["qwen3-30b-a3b"].replace(mtp_depth=1)
+    return {f"{name}/{'scan' if s else 'unrolled'}": c.replace(scan_layers=s)
+            for name, c in out.items() for s in (False, True)}
+
+
+VARIANTS = _variants()
+
+
+def _shapes(cfg):
+    return jax.eval_shape(lambda k: deepseek.init_params(k, cfg), jax.random.key(0))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_parameter_of_every_model_has_an_entry(name):
+    mesh = make_mesh(MeshConfig(fsdp=2, expert=4))
+    shapes = _shapes(VARIANTS[name])
+    specs = sharding.param_specs(shapes, mesh)   # raises for a path the table does not know
+    assert jax.tree.structure(specs, is_leaf=lambda x: isinstance(x, P)) == \
+        jax.tree.structure(shapes)
+
+
+def test_the_variants_cover_every_kind_of_parameter():
+    seen = set()
+    for cfg in VARIANTS.values():
+        for keys, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg))[0]:
+            seen.add(sharding.param_entry(sharding.param_path(keys)))
+    unused = set(sharding.MODEL_AXES) - seen
+    assert not unused, f"table entries no variant exercises: {sorted(unused)}"
+
+
+def test_dense_ffn_and_shared_expert_have_their_own_rules():
+    assert sharding.param_entry("layers/0/ffn/w_gate_DF") == "layers/*/ffn/w_gate_DF"
+    assert sharding.param_entry("layers/1/moe/shared/w_gate_DF") == \
+        "layers/*/moe/shared/w_gate_DF"
+    assert sharding.param_entry("opt_state/0/mu/layers/1/moe/shared/w_gate_DF") == \
+        "layers/*/moe/shared/w_gate_DF"
+    assert sharding.param_entry("shared/w_gate_DF") == "shared/w_gate_DF"   # a bare MoE layer
+
+
+def test_unknown_paths_are_an_error_naming_them():
+    mesh = make_mesh(MeshConfig(fsdp=2, expert=4))
+    with pytest.raises(ValueError, match="'layers/0/attn/w_new' has no entry in PARAM_AXES"):
+        sharding.param_specs({"layers": [{"attn": {"w_new": jnp.ones((4, 4))}}]}, mesh)
+    with pytest.raises(ValueError, match="'params/layers/0/attn/w_new' has no entry"):
+        sharding.state_shardings({"params": {"layers": [{"attn": {"w_new": jnp.ones(4)}}]}},
+                                 mesh)
+    with pytest.raises(ValueError, match="'embed/w_VD' has 3 dims but PARAM_AXES"):
+        sharding.param_specs({"embed": {"w_VD": jnp.ones((2, 2, 2))}}, mesh)
+
+
+def test_an_axis_that_does_not_divide_is_dropped():
+    mesh = make_mesh(MeshConfig(fsdp=2, expert=4))
+    assert logical_to_spec(("expert", "embed", "mlp"), mesh, shape=(8, 6, 4)) == \
+        P("expert", "fsdp", None)
+    assert logical_to_spec(("expert", "embed", "mlp"), mesh, shape=(6, 5, 4)) == \
+        P(None, None, None)
+    assert logical_to_spec(("embed", "vocab"), mesh, shape=(4, 4)) == P("fsdp", None)  # once
 
 
 def test_state_shardings_split_params_and_moments():
-    mesh = make_mesh(MeshConfig(data=2, fsdp=2, expert=2))
-    params = {"layer0": {"moe": {"experts": {"w_gate_EDF": jnp.zeros((4, 8, 6)),
-                                             "w_down_EFD": jnp.zeros((4, 6, 8))},
-                                 "router": {"w_DE": jnp.zeros((8, 4)), "bias_E": jnp.zeros(4)}},
-                         "attn": {"wq": jnp.zeros((8, 12)), "odd": jnp.zeros((3, 5))}}}
-    state = {"params": params, "opt": {"mu": params, "count": jnp.zeros((), jnp.int32)}}
+    from dropless.config_file import build_config
+    from dropless.train import step
+    cfg = build_config([("preset", "deepseek3-test"), ("mesh.data", 2), ("mesh.fsdp", 2),
+                        ("mesh.expert", 2)])
+    state = jax.eval_shape(lambda: step.init_state(cfg)[0])
+    mesh = make_mesh(cfg.mesh)
     specs = jax.tree.map(lambda s: s.spec, sharding.state_shardings(state, mesh))
-    for tree in (specs["params"], specs["opt"]["mu"]):
-        assert tree["layer0"]["moe"]["experts"]["w_gate_EDF"] == P("expert", "fsdp", None)
-        assert tree["layer0"]["moe"]["experts"]["w_down_EFD"] == P("expert", None, "fsdp")
-        assert tree["layer0"]["moe"]["router"]["w_DE"] == P(None, None)
-        assert tree["layer0"]["moe"]["router"]["bias_E"] == P(None)
-        assert tree["layer0"]["attn"]["wq"] == P(None, "fsdp")   # largest dim divisible by 2
-        assert tree["layer0"]["attn"]["odd"] == P()              # nothing divides: replicated
-    assert specs["opt"]["count"] == P()
-    placed = jax.device_put(state, sharding.state_shardings(state, mesh))
-    shard = placed["params"]["layer0"]["moe"]["experts"]["w_gate_EDF"].addressable_shards[0]
-    assert shard.data.shape == (2, 4, 6)  # really split: experts over 2, D over 2
-    np.testing.assert_array_equal(np.asarray(placed["params"]["layer0"]["attn"]["wq"]),
-                                  np.zeros((8, 12)))
+    assert sharding.state_shardings(state, None) is None
+    mu = [v for k, v in jax.tree_util.tree_flatten_with_path(
+        specs["opt_state"], is_leaf=lambda x: isinstance(x, P))[0]
+        if "mu" in jax.tree_util.keystr(k) and "layers" in jax.tree_util.keystr(k)]
+    moe = specs["params"]["layers"][1]["moe"]
+    assert moe["experts"]["w_gate_EDF"] == P("expert", "fsdp", None)
+    assert moe["experts"]["w_down_EFD"] == P("expert", None, "fsdp")
+    assert moe["router"]["w_DE"] == P(None, None) and moe["router"]["bias_E"] == P(None)
+    assert specs["params"]["layers"][0]["attn"]["wq_a_DQ"] == P("fsdp", None)
+    assert P("expert", "fsdp", None) in mu and P("fsdp", None) in mu   # moments mirror params
+    assert specs["step"] == P() and specs["rng"] == P()
+    placed = jax.device_put(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state),
+                            sharding.state_shardings(state, mesh))
+    shard = placed["params"]["layers"][1]["moe"]["experts"]["w_gate_EDF"].addressable_shards[0]
+    e, d, f = state["params"]["layers"][1]["moe"]["experts"]["w_gate_EDF"].shape
+    assert shard.data.shape == (e // 2, d // 2, f)   # really split: experts over 2, D over 2
+
+
+# --- the trainer's earlier placement, as the oracle (parallel/sharding.leaf_spec until #19) ---
+_MOE_NAMES = {"w_DE": (None, "router"), "bias_E": ("router",),
+              "w_gate_EDF": ("expert", "embed", "mlp"), "w_up_EDF": ("expert", "embed", "mlp"),
+              "w_gate_up_ED2F": ("expert", "embed", "mlp"),
+              "w_down_EFD": ("expert", "mlp", "embed"), "w_gate_DF": ("embed", "mlp"),
+              "w_up_DF": ("embed", "mlp"), "w_down_FD": ("mlp", "embed")}
+
+
+def _old_leaf_spec(name, shape, mesh):
+    axes = _MOE_NAMES.get(name)
+    if axes is not None and len(axes) == len(shape):
+        spec = logical_to_spec(axes, mesh)
+        if all(n % int(np.prod([mesh.shape[a] for a in
+                                (() if s is None else (s if isinstance(s, tuple) else (s,)))]))
+               == 0 for n, s in zip(shape, spec)):
+            return spec
+    fsdp = mesh.shape.get("fsdp", 1)
+    if len(shape) >= 2 and fsdp > 1:
+        dims = [i for i in range(len(shape)) if shape[i] % fsdp == 0]
+        if dims:
+            best = max(dims, key=lambda i: shape[i])
+            return P(*[("fsdp" if i == best else None) for i in range(len(shape))])
+    return P()
+
+
+def _used_axes(spec, mesh):
+    """Per dim, the mesh axes of size > 1 (P() and P(None, None) place alike)."""
+    out = []
+    for d in tuple(spec):
+        names = () if d is None else (d if isinstance(d, tuple) else (d,))
+        out.append(tuple(a for a in names if mesh.shape[a] > 1))
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_placement_equals_the_earlier_one_on_8_devices(preset):
+    """Every preset at its real shape (eval_shape), unrolled and scanned (the stacked layer
+    dim unsharded), on three 8-device meshes."""
+    for scan in (False, True):
+        shapes = _shapes(PRESETS[preset]().replace(scan_layers=scan))
+        for mc in EIGHT:
+            mesh = make_mesh(mc)
+            got = sharding.state_shardings({"params": shapes}, mesh)["params"]
+            for (keys, leaf), new in zip(jax.tree_util.tree_flatten_with_path(shapes)[0],
+                                         jax.tree.leaves(got)):
+                name, shape = str(keys[-1].key), tuple(leaf.shape)
+                stacked = keys[0].key == sharding.STACKED_GROUP
+                old = (P(None, *_old_leaf_spec(name, shape[1:], mesh)) if stacked
+                       else _old_leaf_spec(name, shape, mesh))
+                assert _used_axes(new.spec, mesh) == _used_axes(old, mesh), \
+                    (preset, scan, mc.shape, jax.tree_util.keystr(keys), new.spec, old)

@@ -25,8 +25,8 @@ def test_recipe_means_what_it_says():
     assert (moe.ragged_buffer_factor, moe.overflow_check_every_n_steps) == (2.0, 20)
     assert cfg.distributed is True                                            # gpu_multiprocess
     # FSDP 16 = ICI 8 x DCN 2, EP 8: 128 devices in 2 nodes (NVLink domains) of 64
-    assert (cfg.fsdp_parallelism, cfg.dcn_fsdp, cfg.expert_parallelism) == (16, 2, 8)
-    assert cfg.num_devices == 128 and cfg.devices_per_node == moe.devices_per_node == 64
+    assert (cfg.mesh.fsdp, cfg.mesh.dcn_fsdp, cfg.mesh.expert) == (16, 2, 8)
+    assert cfg.num_devices == 128 and cfg.mesh.devices_per_node == 64
     flags = xf.parse_flags(cfg.xla_flags)
     assert flags["xla_gpu_all_gather_combine_threshold_bytes"] == \
         "--xla_gpu_all_gather_combine_threshold_bytes=6442450944"
@@ -65,7 +65,7 @@ def test_later_flag_and_variable_win():
 def test_mesh_keys_are_order_free():
     a = build_config([("dcn_expert_parallelism", 2), ("ici_expert_parallelism", 4)])
     b = build_config([("ici_expert_parallelism", 4), ("dcn_expert_parallelism", 2)])
-    assert a == b and (a.expert_parallelism, a.dcn_expert, a.model.moe.devices_per_node) == (8, 2, 4)
+    assert a == b and (a.mesh.expert, a.mesh.dcn_expert, a.mesh.devices_per_node) == (8, 2, 4)
 
 
 @pytest.mark.parametrize("items,message", [
@@ -77,9 +77,11 @@ def test_mesh_keys_are_order_free():
     ([("xla_flags", "xla_gpu_foo=1")], "'xla_gpu_foo=1' is not an XLA flag"),
     ([("xla_gpu_foo", [1, 2])], "xla_gpu_foo=\\[1, 2\\] must be one number, word"),
     ([("dcn_fsdp_parallelism", -1)], "dcn_fsdp_parallelism=-1 must be >= 1"),
-    ([("expert_parallelism", 4), ("dcn_expert", 3)], "TrainConfig.dcn_expert=3 must divide"),
+    ([("expert_parallelism", 4), ("dcn_expert", 3)], "MeshConfig.dcn_expert=3 must divide"),
+    ([("mesh.expert", 4), ("mesh.dcn_expert", 3)], "MeshConfig.dcn_expert=3 must divide"),
     ([("dcn_expert_parallelism", 2), ("ici_expert_parallelism", 4),
-      ("model.moe.devices_per_node", 8)], "devices_per_node=8 must equal the devices per node"),
+      ("model.moe.devices_per_node", 8)], "'model.moe.devices_per_node' \\(8\\) is gone: the "
+     "node size follows from the mesh; set .* mesh.dcn_data, mesh.dcn_fsdp, mesh.dcn_expert"),
     ([("environment", "HOME=/tmp")], "HOME='/tmp' is not one a config sets"),
 ])
 def test_config_errors_are_one_line_naming_key_and_value(items, message):

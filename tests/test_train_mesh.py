@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from dropless.config_file import build_config
+from dropless.parallel.mesh import batch_sharding, train_mesh
+from dropless.parallel.sharding import state_shardings
 from dropless.train import data, step
-from dropless.train import mesh as mesh_lib
 
 # deepseek3-test without its MTP module: compiling twice for 8 devices is the cost here
 MINI = {"preset": "deepseek3-test", "seq_len": 16, "model.moe.gmm_backend": "ragged_dot",
@@ -16,13 +17,12 @@ MINI = {"preset": "deepseek3-test", "seq_len": 16, "model.moe.gmm_backend": "rag
 
 
 def first_step(cfg, batch):
-    mesh = mesh_lib.make_mesh(cfg)
+    mesh = train_mesh(cfg.mesh)
     state, opt = step.init_state(cfg)
     if mesh is not None:
-        state = jax.device_put(state, mesh_lib.state_shardings(state, mesh))
-        batch = jax.device_put(batch, mesh_lib.batch_sharding(mesh))
-    fn = jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt,
-                                   mesh=mesh_lib.model_mesh(cfg, mesh)))
+        state = jax.device_put(state, state_shardings(state, mesh))
+        batch = jax.device_put(batch, batch_sharding(mesh))
+    fn = jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt, mesh=mesh))
     _, m = fn(state, batch)
     return float(m["loss"]), np.asarray(m["tokens_per_expert_LE"])
 
@@ -57,7 +57,7 @@ def test_mesh_first_step_equals_one_device(one_device, axes):
 def test_mesh_needs_enough_devices():
     cfg = build_config([("data_parallelism", 64)])
     with pytest.raises(ValueError, match="parallelism = 64 but JAX sees"):
-        mesh_lib.make_mesh(cfg)
+        train_mesh(cfg.mesh)
 
 
 def test_hybrid_mesh_groups_devices_into_nodes():
@@ -82,9 +82,23 @@ def test_train_mesh_from_ici_dcn_keys():
         pytest.skip("needs 8 host devices (tests/conftest.py)")
     cfg = build_config([("ici_fsdp_parallelism", 2), ("ici_expert_parallelism", 2),
                         ("dcn_expert_parallelism", 2)])
-    assert (cfg.fsdp_parallelism, cfg.expert_parallelism, cfg.dcn_expert) == (2, 4, 2)
-    assert cfg.devices_per_node == cfg.model.moe.devices_per_node == 4
-    mesh = mesh_lib.make_mesh(cfg)
+    assert (cfg.mesh.fsdp, cfg.mesh.expert, cfg.mesh.dcn_expert) == (2, 4, 2)
+    assert cfg.mesh.devices_per_node == 4
+    mesh = train_mesh(cfg.mesh)
     from dropless.parallel.mesh import mesh_nodes
     assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 4}
     assert sorted(np.unique(mesh_nodes(mesh, 4)[0, :, :2])) == [0]
+
+
+def test_mesh_config_validates_and_derives():
+    from dropless.config import MESH_AXES, MeshConfig
+    m = MeshConfig(data=2, fsdp=2, expert=4, dcn_expert=2)
+    assert (m.shape, m.ici_shape, m.dcn_shape) == ((2, 2, 4), (2, 2, 2), (1, 1, 2))
+    assert (m.num_devices, m.num_nodes, m.devices_per_node) == (16, 2, 8)
+    assert MESH_AXES == ("data", "fsdp", "expert")
+    with pytest.raises(ValueError, match="MeshConfig.dcn_fsdp=3 must divide fsdp=4"):
+        MeshConfig(fsdp=4, dcn_fsdp=3)
+    with pytest.raises(ValueError, match="MeshConfig.expert=0 must be a positive int"):
+        MeshConfig(expert=0)
+    with pytest.raises(ValueError, match="MeshConfig.dcn_data=True must be an int"):
+        MeshConfig(dcn_data=True)

@@ -104,7 +104,7 @@ def test_overflow_stops_with_a_resumable_checkpoint_then_the_cpu_recipe_resumes(
     # resume the same run with the CPU recipe as shipped: rounds, factor 2.0, nothing dropped
     ok = build_config(small + [("steps", good + 2)], yaml_path=CPU8)
     assert ok.model.moe.gmm_quantization == "mxfp8"
-    assert ok.model.moe.devices_per_node == 4 and ok.dcn_expert == 2
+    assert ok.mesh.devices_per_node == 4 and ok.mesh.dcn_expert == 2
     result = train(ok, echo=lambda s: None)
     assert result.start_step == good and sorted(result.losses) == [good + 1, good + 2]
     recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -18,7 +18,6 @@ from dropless.runtime.xla_flags import RECIPES, check_flags
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
-DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a", "node_a2a")
 OVERFLOW_POLICIES = ("rounds", "error")
 
 
@@ -81,6 +80,21 @@ def _check_types(obj: Any) -> None:
             _fail(cls.__name__, name, getattr(obj, name), why)
 
 
+def _positive_ints(cls: str, obj: Any, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
+    """Each field in `names` holds an int > 0 (>= 0 with `allow_zero`); bools are not ints."""
+    for name in names:
+        v = getattr(obj, name)
+        ok = isinstance(v, int) and not isinstance(v, bool) and (v >= 0 if allow_zero else v > 0)
+        if not ok:
+            _fail(cls, name, v, "must be an int >= 0" if allow_zero else "must be a positive int")
+
+
+def _one_of(cls: str, obj: Any, name: str, choices: tuple[str, ...]) -> None:
+    """Field `name` holds one of `choices`."""
+    if getattr(obj, name) not in choices:
+        _fail(cls, name, getattr(obj, name), f"must be one of {choices}")
+
+
 def _check_dtype(cls: str, field: str, value: str) -> None:
     try:
         dt = jnp.dtype(value)
@@ -130,25 +144,18 @@ class MoEConfig:
     ragged_buffer_factor: float = 2.0
     overflow: str = "rounds"
     overflow_check_every_n_steps: int = 1
-    devices_per_node: int = 8
 
     def __post_init__(self) -> None:
         c = "MoEConfig"
         _check_types(self)
-        for name in ("num_experts", "top_k", "d_model", "d_ff"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                _fail(c, name, v, "must be a positive int")
+        _positive_ints(c, self, ("num_experts", "top_k", "d_model", "d_ff", "n_groups",
+                                 "overflow_check_every_n_steps"))
+        _positive_ints(c, self, ("num_shared_experts",), allow_zero=True)
         if self.top_k > self.num_experts:
             _fail(c, "top_k", self.top_k, f"must be <= num_experts={self.num_experts}")
-        if not isinstance(self.num_shared_experts, int) or self.num_shared_experts < 0:
-            _fail(c, "num_shared_experts", self.num_shared_experts, "must be an int >= 0")
-        if self.score_func not in SCORE_FUNCS:
-            _fail(c, "score_func", self.score_func, f"must be one of {SCORE_FUNCS}")
+        _one_of(c, self, "score_func", SCORE_FUNCS)
         if not self.routed_scaling_factor > 0:
             _fail(c, "routed_scaling_factor", self.routed_scaling_factor, "must be > 0")
-        if not isinstance(self.n_groups, int) or self.n_groups <= 0:
-            _fail(c, "n_groups", self.n_groups, "must be a positive int")
         if self.num_experts % self.n_groups:
             _fail(c, "n_groups", self.n_groups,
                   f"must divide num_experts={self.num_experts}")
@@ -161,13 +168,9 @@ class MoEConfig:
                       f"leaves {reachable} selectable experts, fewer than top_k={self.top_k}")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             _fail(c, "capacity_factor", self.capacity_factor, "must be > 0, or None for dropless")
-        if self.gmm_quantization not in GMM_QUANTIZATIONS:
-            _fail(c, "gmm_quantization", self.gmm_quantization,
-                  f"must be one of {GMM_QUANTIZATIONS}")
-        if self.mx_scale_rounding not in ("floor", "up"):
-            _fail(c, "mx_scale_rounding", self.mx_scale_rounding, "must be 'floor' or 'up'")
-        if self.mx_grad_elem not in ("e4m3", "e5m2"):
-            _fail(c, "mx_grad_elem", self.mx_grad_elem, "must be 'e4m3' or 'e5m2'")
+        _one_of(c, self, "gmm_quantization", GMM_QUANTIZATIONS)
+        _one_of(c, self, "mx_scale_rounding", ("floor", "up"))
+        _one_of(c, self, "mx_grad_elem", ("e4m3", "e5m2"))
         if not isinstance(self.prefuse_moe_weights, bool):
             _fail(c, "prefuse_moe_weights", self.prefuse_moe_weights, "must be a bool")
         _check_dtype(c, "dtype", self.dtype)
@@ -178,20 +181,15 @@ class MoEConfig:
         for name in ("load_balance_coef", "seq_aux_coef", "z_loss_coef", "bias_update_speed"):
             if getattr(self, name) < 0:
                 _fail(c, name, getattr(self, name), "must be >= 0")
-        if self.dispatcher not in DISPATCHERS:
-            _fail(c, "dispatcher", self.dispatcher, f"must be one of {DISPATCHERS}")
         if not self.ragged_buffer_factor >= 1.0:
             _fail(c, "ragged_buffer_factor", self.ragged_buffer_factor, "must be >= 1.0")
-        if self.overflow not in OVERFLOW_POLICIES:
-            _fail(c, "overflow", self.overflow, f"must be one of {OVERFLOW_POLICIES}")
-        if self.overflow_check_every_n_steps <= 0:
-            _fail(c, "overflow_check_every_n_steps", self.overflow_check_every_n_steps,
-                  "must be >= 1")
-        if self.devices_per_node <= 0:
-            _fail(c, "devices_per_node", self.devices_per_node, "must be >= 1")
-        # the backend name is checked against the registry lazily (backends register on import)
+        _one_of(c, self, "overflow", OVERFLOW_POLICIES)
+        # names are checked against their registries, the one list of each, read at call time:
+        # importing this module imports neither (they import it; backends register on import)
         from dropless.ops.gmm.registry import check_backend_name
         check_backend_name(self.gmm_backend, where="MoEConfig.gmm_backend")
+        from dropless.moe.dispatch.registry import dispatcher_names
+        _one_of(c, self, "dispatcher", dispatcher_names())
 
     def replace(self, **changes: Any) -> "MoEConfig":
         return dataclasses.replace(self, **changes)
@@ -201,53 +199,76 @@ class MoEConfig:
         return self.num_experts // self.n_groups
 
 
-MESH_AXES = ("data", "fsdp", "expert")
+MESH_AXES = ("data", "fsdp", "expert")   # the one axes tuple, in mesh order
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
-    """The device mesh: sizes of the `data`, `fsdp` and `expert` axes (product = device count).
+    """The device mesh: sizes of the `data`, `fsdp` and `expert` axes (product = device count),
+    and of each, how many nodes (ICI domains, MaxText's dcn_*) it spans; the rest of the axis is
+    inside one node.
 
     Tokens are sharded over all three axes; expert weights over `expert` (their first dim) and,
-    with fsdp > 1, over `fsdp` (their model dim). `devices_per_node` only informs byte accounting
-    and the order devices are laid out in (the expert axis varies fastest, so an expert group
-    stays inside a node when expert <= devices_per_node).
+    with fsdp > 1, over `fsdp` (their model dim). Devices are grouped into nodes of
+    `devices_per_node` consecutive ids (`parallel.mesh.make_mesh`); the expert axis varies
+    fastest, so an expert group stays inside a node when dcn_expert = 1. The node size is read
+    from here only (the dispatcher gets it from its caller; the planner has its own layout).
     """
 
     data: int = 1
     fsdp: int = 1
     expert: int = 1
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+    dcn_expert: int = 1
 
     def __post_init__(self) -> None:
+        c = "MeshConfig"
         _check_types(self)
-        for name in MESH_AXES:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                _fail("MeshConfig", name, v, "must be a positive int")
+        _positive_ints(c, self, MESH_AXES + tuple(f"dcn_{a}" for a in MESH_AXES))
+        for axis in MESH_AXES:
+            total, dcn = getattr(self, axis), getattr(self, f"dcn_{axis}")
+            if total % dcn:
+                _fail(c, f"dcn_{axis}", dcn, f"must divide {axis}={total}")
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """Axis sizes in MESH_AXES order."""
         return tuple(getattr(self, a) for a in MESH_AXES)
 
     @property
+    def dcn_shape(self) -> tuple[int, ...]:
+        """Nodes each axis spans, in MESH_AXES order."""
+        return tuple(getattr(self, f"dcn_{a}") for a in MESH_AXES)
+
+    @property
+    def ici_shape(self) -> tuple[int, ...]:
+        """The in-node part of each axis (shape / dcn_shape), in MESH_AXES order."""
+        return tuple(n // d for n, d in zip(self.shape, self.dcn_shape))
+
+    @property
     def num_devices(self) -> int:
-        return self.data * self.fsdp * self.expert
+        return math.prod(self.shape)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes (ICI domains) the mesh spans: the product of the dcn_* sizes."""
+        return math.prod(self.dcn_shape)
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices inside one node: num_devices // num_nodes (the product of the ICI parts)."""
+        return self.num_devices // self.num_nodes
 
     def replace(self, **changes: Any) -> "MeshConfig":
         return dataclasses.replace(self, **changes)
+
 
 ATTENTION_KINDS = ("mla", "mha")
 ROPE_TYPES = ("default", "yarn")
 LAYER_KINDS = {"D": "dense", "M": "moe"}
 REMAT_POLICIES = ("none", "full", "minimal", "offload")
 
-
-def _positive_ints(cls: str, obj: Any, names: tuple[str, ...], *, allow_zero: bool = False) -> None:
-    for name in names:
-        v = getattr(obj, name)
-        ok = isinstance(v, int) and not isinstance(v, bool) and (v >= 0 if allow_zero else v > 0)
-        if not ok:
-            _fail(cls, name, v, "must be an int >= 0" if allow_zero else "must be a positive int")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -315,8 +336,7 @@ class ModelConfig:
         _positive_ints(c, self, ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"))
         _positive_ints(c, self, ("first_k_dense", "num_kv_heads", "head_dim", "q_lora_rank",
                                  "mtp_depth"), allow_zero=True)
-        if self.attention not in ATTENTION_KINDS:
-            _fail(c, "attention", self.attention, f"must be one of {ATTENTION_KINDS}")
+        _one_of(c, self, "attention", ATTENTION_KINDS)
         if self.first_k_dense > self.num_layers:
             _fail(c, "first_k_dense", self.first_k_dense,
                   f"must be <= num_layers={self.num_layers}")
@@ -367,8 +387,7 @@ class ModelConfig:
 
     def _check_rope(self) -> None:
         c = "ModelConfig"
-        if self.rope_type not in ROPE_TYPES:
-            _fail(c, "rope_type", self.rope_type, f"must be one of {ROPE_TYPES}")
+        _one_of(c, self, "rope_type", ROPE_TYPES)
         if self.rope_type == "yarn":
             if not self.rope_factor >= 1:
                 _fail(c, "rope_factor", self.rope_factor, "must be >= 1 for yarn")
@@ -424,10 +443,11 @@ class TrainConfig:
     """One training run: the model, optimizer, data, parallelism, checkpoints and metrics.
 
     The global batch is `per_device_batch_size * number of devices in the mesh`
-    (data * fsdp * expert), as in MaxText.
+    (data * fsdp * expert, `mesh`), as in MaxText.
     """
 
     model: ModelConfig
+    mesh: MeshConfig = MeshConfig()   # parallelism (MaxText ici_* x dcn_*)
     preset: str = ""                 # the preset the model came from (informational)
     steps: int = 400
     per_device_batch_size: int = 16
@@ -456,14 +476,6 @@ class TrainConfig:
     eval_fraction: float = 0.02
     eval_every: int = 50
     eval_batches: int = 2
-    # parallelism (ici_* in MaxText)
-    data_parallelism: int = 1
-    fsdp_parallelism: int = 1
-    expert_parallelism: int = 1
-    # of each axis, how many nodes (ICI domains) it spans (MaxText dcn_*); the rest is inside one
-    dcn_data: int = 1
-    dcn_fsdp: int = 1
-    dcn_expert: int = 1
     # output
     run_dir: str = "runs"
     run_name: str = ""               # "" = a timestamped name
@@ -480,11 +492,11 @@ class TrainConfig:
         c = "TrainConfig"
         if not isinstance(self.model, ModelConfig):
             _fail(c, "model", type(self.model).__name__, "must be a ModelConfig")
+        if not isinstance(self.mesh, MeshConfig):
+            _fail(c, "mesh", type(self.mesh).__name__, "must be a MeshConfig")
         _check_types(self)
         _positive_ints(c, self, ("steps", "per_device_batch_size", "seq_len", "eval_every",
-                                 "eval_batches", "log_every", "keep_checkpoints",
-                                 "data_parallelism", "fsdp_parallelism", "expert_parallelism",
-                                 "dcn_data", "dcn_fsdp", "dcn_expert"))
+                                 "eval_batches", "log_every", "keep_checkpoints"))
         _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps",
                                  "lr_decay_steps"),
                        allow_zero=True)
@@ -498,26 +510,15 @@ class TrainConfig:
         for name in ("adam_b1", "adam_b2"):
             if not 0 <= getattr(self, name) < 1:
                 _fail(c, name, getattr(self, name), "must be in [0, 1)")
-        if self.remat not in REMAT_POLICIES:
-            _fail(c, "remat", self.remat, f"must be one of {REMAT_POLICIES}")
+        _one_of(c, self, "remat", REMAT_POLICIES)
         if not 0 < self.eval_fraction < 1:
             _fail(c, "eval_fraction", self.eval_fraction, "must be in (0, 1)")
-        if self.bin_dtype not in ("uint8", "uint16", "int32", "uint32"):
-            _fail(c, "bin_dtype", self.bin_dtype, "must be one of uint8, uint16, int32, uint32")
-        if self.xla_recipe not in RECIPES:
-            _fail(c, "xla_recipe", self.xla_recipe, f"must be one of {tuple(RECIPES)}")
+        _one_of(c, self, "bin_dtype", ("uint8", "uint16", "int32", "uint32"))
+        _one_of(c, self, "xla_recipe", tuple(RECIPES))
         moe = self.model.moe
-        if moe is not None and moe.num_experts % self.expert_parallelism:
-            _fail(c, "expert_parallelism", self.expert_parallelism,
+        if moe is not None and moe.num_experts % self.mesh.expert:
+            _fail(c, "mesh.expert", self.mesh.expert,
                   f"must divide model.moe.num_experts={moe.num_experts}")
-        for axis in ("data", "fsdp", "expert"):
-            total, dcn = getattr(self, f"{axis}_parallelism"), getattr(self, f"dcn_{axis}")
-            if total % dcn:
-                _fail(c, f"dcn_{axis}", dcn, f"must divide {axis}_parallelism={total}")
-        if self.num_nodes > 1 and moe is not None and moe.devices_per_node != self.devices_per_node:
-            _fail(c, "model.moe.devices_per_node", moe.devices_per_node,
-                  f"must equal the devices per node of the mesh ({self.devices_per_node} = "
-                  f"data*fsdp*expert / dcn_data*dcn_fsdp*dcn_expert)")
         for name in ("distributed", "check_nan"):
             if not isinstance(getattr(self, name), bool):
                 _fail(c, name, getattr(self, name), "must be true or false")
@@ -529,17 +530,8 @@ class TrainConfig:
 
     @property
     def num_devices(self) -> int:
-        return self.data_parallelism * self.fsdp_parallelism * self.expert_parallelism
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes (ICI domains) the mesh spans: the product of the dcn_* sizes."""
-        return self.dcn_data * self.dcn_fsdp * self.dcn_expert
-
-    @property
-    def devices_per_node(self) -> int:
-        """Devices inside one node: the product of the ICI parts of the axes."""
-        return self.num_devices // self.num_nodes
+        """Devices of the mesh (`mesh.num_devices`)."""
+        return self.mesh.num_devices
 
     @property
     def global_batch_size(self) -> int:

@@ -1,9 +1,11 @@
 """Building a TrainConfig from a preset, a YAML file and `key=value` overrides.
 
-Keys are dotted paths into TrainConfig (`steps`, `model.d_model`, `model.moe.top_k`), `preset`,
-or MaxText flag names (translated by `dropless.compat.maxtext`). Later items win. Setting
-`model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer dense; with
-`dcn_*` > 1, `model.moe.devices_per_node` follows from the mesh unless given. MaxText `xla_*`
+Keys are dotted paths into TrainConfig (`steps`, `mesh.fsdp`, `model.d_model`,
+`model.moe.top_k`), `preset`, or MaxText flag names and our former flat mesh names
+(`fsdp_parallelism`, `dcn_fsdp`, ...), both translated by `dropless.compat.maxtext`. Later items
+win. Setting `model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer
+dense; the node size follows from the mesh (`mesh.dcn_*`), and the former
+`model.moe.devices_per_node` is refused naming those keys. MaxText `xla_*`
 keys and environment keys add to `xla_flags` / `environment` (a later value of the same flag or
 variable wins). An unknown key is a ValueError that names it and suggests the closest known
 key; a YAML syntax error or a key given twice in one mapping is a one-line ValueError naming
@@ -23,7 +25,7 @@ from typing import Any, Iterable
 import yaml
 
 from dropless.compat import maxtext
-from dropless.config import (ModelConfig, MoEConfig, TrainConfig, scalar_fields,
+from dropless.config import (MeshConfig, ModelConfig, MoEConfig, TrainConfig, scalar_fields,
                              scalar_type_error)
 from dropless.model_dir import init_from_defaults
 from dropless.presets import get_preset
@@ -31,14 +33,23 @@ from dropless.presets import get_preset
 DEFAULT_PRESET = "tiny"
 
 
+# the nested configs: path of dotted-key prefixes -> their class
+SECTIONS = {(): TrainConfig, ("mesh",): MeshConfig, ("model",): ModelConfig,
+            ("model", "moe"): MoEConfig}
+# the MoE layer's former node size: now MeshConfig's (derived from mesh.dcn_*)
+GONE_NODE_SIZE = "model.moe.devices_per_node"
+
+
 def _fields(cls, prefix: str) -> list[str]:
-    return [prefix + f.name for f in dataclasses.fields(cls) if f.name not in ("model", "moe")]
+    return [prefix + f.name for f in dataclasses.fields(cls)
+            if f.name not in ("model", "moe", "mesh")]
 
 
 def known_keys() -> list[str]:
     """Every key `build_config` accepts in our spelling, each once (MaxText names come on top)."""
-    keys = (["preset", "model.moe"] + _fields(TrainConfig, "") + _fields(ModelConfig, "model.")
-            + _fields(MoEConfig, "model.moe."))
+    keys = ["preset", "model.moe"]
+    for path, cls in SECTIONS.items():
+        keys += _fields(cls, "".join(p + "." for p in path))
     return list(dict.fromkeys(keys))
 
 
@@ -137,7 +148,7 @@ def _field_type(key: str) -> tuple[type, bool] | None:
     """(type, None allowed) of a dotted key's field; None for keys that are not a scalar field
     (`model.moe`, `xla_flags+`)."""
     *path, leaf = key.split(".")
-    cls = {(): TrainConfig, ("model",): ModelConfig, ("model", "moe"): MoEConfig}.get(tuple(path))
+    cls = SECTIONS.get(tuple(path))
     return None if cls is None else scalar_fields(cls).get(leaf)
 
 
@@ -189,7 +200,11 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
     pairs += flatten(mapping or {})
     pairs += list(items)
     ours = set(known_keys())
-    for k, _ in pairs:
+    for k, v in pairs:
+        if k == GONE_NODE_SIZE:
+            raise ValueError(f"config key {k!r} ({v!r}) is gone: the node size follows from the "
+                             "mesh; set how many nodes each axis spans with mesh.dcn_data, "
+                             "mesh.dcn_fsdp, mesh.dcn_expert (MaxText dcn_*_parallelism)")
         if k not in ours and not maxtext.is_known(k):
             raise _unknown(k)
     mt_idx = [i for i, (k, _) in enumerate(pairs) if k not in ours]
@@ -214,7 +229,6 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
         _set(tree, key, value)
         if key == "model.d_model" and tree["model"]["moe"] is not None:
             _set(tree, "model.moe.d_model", value)
-    _node_size(tree, explicit=any(k == "model.moe.devices_per_node" for k, _ in resolved))
     return from_dict(tree)
 
 
@@ -228,7 +242,7 @@ def init_from_items(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     preset, model, tok = init_from_defaults(spec, preset_given="preset" in keys,
                                             tokenizer_given="tokenizer" in keys)
     out: list[tuple[str, Any]] = [] if preset is None else [("preset", preset)]
-    out += [] if model is None else flatten({"model": model})
+    out += [] if model is None else flatten(upgrade({"model": model}))   # a former-form folder too
     return out + ([] if tok is None else [("tokenizer", tok)])
 
 
@@ -238,24 +252,6 @@ def _add_word(text: str, word: str) -> str:
     name = word.split("=", 1)[0]
     kept = [w for w in text.split() if w.split("=", 1)[0] != name]
     return " ".join(kept + [word])
-
-
-def _node_size(tree: dict, *, explicit: bool) -> None:
-    """With dcn_* > 1 the mesh says how many devices share a node; the MoE layer's
-    devices_per_node follows unless the user set it (then TrainConfig checks they agree)."""
-    nodes = 1
-    for axis in ("data", "fsdp", "expert"):
-        v = tree.get(f"dcn_{axis}")
-        nodes *= v if isinstance(v, int) and v > 0 else 1
-    moe = tree["model"].get("moe")
-    if nodes == 1 or moe is None or explicit:
-        return
-    total = 1
-    for axis in ("data", "fsdp", "expert"):
-        v = tree.get(f"{axis}_parallelism")
-        total *= v if isinstance(v, int) and v > 0 else 1
-    if total % nodes == 0:
-        moe["devices_per_node"] = total // nodes
 
 
 def _set(tree: dict, key: str, value: Any) -> None:
@@ -269,13 +265,35 @@ def _set(tree: dict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
+def upgrade(tree: dict) -> dict:
+    """A saved config (a run's or a converted model's config.json) in the current form: the
+    former flat mesh keys (`fsdp_parallelism`, `dcn_fsdp`, ...) moved under `mesh`, and the MoE
+    layer's former `devices_per_node` dropped (the mesh says it now). A new-form tree comes
+    back equal; `tree` is not changed."""
+    out = {k: v for k, v in tree.items() if k not in maxtext.FORMER_KEYS}
+    mesh = dict(out.get("mesh") or {})
+    for old, new in maxtext.FORMER_KEYS.items():
+        if old in tree:
+            mesh.setdefault(new.split(".", 1)[1], tree[old])
+    if mesh:
+        out["mesh"] = mesh
+    model = out.get("model")
+    if isinstance(model, dict) and isinstance(model.get("moe"), dict) \
+            and "devices_per_node" in model["moe"]:
+        moe = {k: v for k, v in model["moe"].items() if k != "devices_per_node"}
+        out["model"] = {**model, "moe": moe}
+    return out
+
+
 def from_dict(tree: dict) -> TrainConfig:
-    """Nested plain data (as `to_dict` writes) -> a validated TrainConfig."""
+    """Nested plain data (as `to_dict` writes, or the former flat form, see `upgrade`) -> a
+    validated TrainConfig."""
+    tree = upgrade(tree)
     m = dict(tree["model"])
     moe = m.pop("moe", None)
     model = ModelConfig(**m, moe=None if moe is None else MoEConfig(**moe))
-    rest = {k: v for k, v in tree.items() if k != "model"}
-    return TrainConfig(**rest, model=model)
+    rest = {k: v for k, v in tree.items() if k not in ("model", "mesh")}
+    return TrainConfig(**rest, model=model, mesh=MeshConfig(**tree.get("mesh", {})))
 
 
 def show(cfg: TrainConfig) -> str:

@@ -62,8 +62,8 @@ def _case(args, dispatchers, mesh):
     from dropless.parallel import shard_params
 
     cfg = MoEConfig(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model,
-                    d_ff=args.d_ff, ragged_buffer_factor=args.buffer_factor,
-                    devices_per_node=args.devices_per_node)
+                    d_ff=args.d_ff, ragged_buffer_factor=args.buffer_factor)
+    nodes = args.devices_per_node
     params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
     x = jax.random.normal(jax.random.key(1), (args.tokens, args.d_model), jnp.float32)
     routing = router.route(router.router_logits(x, params["router"]["w_DE"]),
@@ -74,15 +74,15 @@ def _case(args, dispatchers, mesh):
     for name in dispatchers:
         c = cfgs[name] = cfg.replace(dispatcher=name)
         spec = dsp.DISPATCHERS[dsp.resolve_dispatcher(name)]
-        m = split_expert_axis(mesh, c.devices_per_node) if spec.split_nodes else mesh
-        ctx = dsp.make_context(c, m, args.tokens, x.dtype)
+        m = split_expert_axis(mesh, nodes) if spec.split_nodes else mesh
+        ctx = dsp.make_context(c, m, args.tokens, x.dtype, devices_per_node=nodes)
         for stage in ("dispatch", "gmm", "round"):
             f = _stage_fn(spec, ctx, m, stage)
             fns[f"{name}/{stage}"] = functools.partial(f, x, w, ids, ex)
 
         def path(x, w, ex, c=c):
             r = routing._replace(weights_TK=w)
-            return dsp.expert_parallel_experts(x, r, ex, c, mesh)[0]
+            return dsp.expert_parallel_experts(x, r, ex, c, mesh, devices_per_node=nodes)[0]
         fwd = jax.jit(path)
         fwd_bwd = jax.jit(lambda x, w, ex, path=path: jax.vjp(path, x, w, ex)[1](dy))
         fns[f"{name}/forward"] = functools.partial(fwd, x, w, ex)
@@ -93,11 +93,11 @@ def _case(args, dispatchers, mesh):
         med = {s: stats[f"{name}/{s}"]["median_ms"]
                for s in ("dispatch", "gmm", "round", "forward", "fwd+bwd")}
         aux = jax.jit(lambda x, c=cfgs[name]: dsp.expert_parallel_experts(
-            x, routing, ex, c, mesh)[2])(x)
+            x, routing, ex, c, mesh, devices_per_node=nodes)[2])(x)
         aux = {k: float(v) for k, v in aux.items()}
         spec = dsp.DISPATCHERS[dsp.resolve_dispatcher(name)]
-        m = split_expert_axis(mesh, args.devices_per_node) if spec.split_nodes else mesh
-        ctx = dsp.make_context(cfgs[name], m, args.tokens, x.dtype)
+        m = split_expert_axis(mesh, nodes) if spec.split_nodes else mesh
+        ctx = dsp.make_context(cfgs[name], m, args.tokens, x.dtype, devices_per_node=nodes)
         rec = {"bench": "dispatch", "dispatcher": name, "tokens": args.tokens,
                "d_model": args.d_model, "d_ff": args.d_ff, "experts": args.experts,
                "top_k": args.top_k, "ep": int(mesh.shape["expert"]),
@@ -166,8 +166,7 @@ def measured_v3_rows(tokens: int, seed: int = 0) -> dict:
     order = np.arange(tokens).reshape(t_local, ep).T.reshape(-1)
     ids_TK = jnp.asarray(ids[order], jnp.int32)
     cfg = MoEConfig(num_experts=p["num_experts"], top_k=p["top_k"], d_model=8, d_ff=8,
-                    dispatcher="node_a2a", devices_per_node=p["devices_per_node"],
-                    ragged_buffer_factor=2.0, gmm_backend="ragged_dot")
+                    dispatcher="node_a2a", ragged_buffer_factor=2.0, gmm_backend="ragged_dot")
     mesh = make_mesh(MeshConfig(data=jax.device_count() // ep, expert=ep))
     if mesh.size != ep:
         raise ValueError(f"measured_v3_rows wants exactly {ep} devices; got {mesh.size}")
@@ -176,7 +175,8 @@ def measured_v3_rows(tokens: int, seed: int = 0) -> dict:
     routing = Routing(w_TK, ids_TK, None, None)
     x = jnp.ones((tokens, cfg.d_model), jnp.float32)
     aux = jax.jit(lambda x, w: expert_parallel_experts(
-        x, routing._replace(weights_TK=w), experts, cfg, mesh)[2])(x, w_TK)
+        x, routing._replace(weights_TK=w), experts, cfg, mesh,
+        devices_per_node=p["devices_per_node"])[2])(x, w_TK)
     aux = {k: float(v) for k, v in aux.items()}
     row = p["d_model"] * p["bytes_per_value"]
     out = {"bench": "dispatch_projection_measured", "model": "deepseek-v3",
@@ -207,7 +207,7 @@ def rows_by_routing(args, dispatchers, mesh) -> list[dict]:
 
     cfg = MoEConfig(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model,
                     d_ff=args.d_ff, ragged_buffer_factor=args.buffer_factor,
-                    devices_per_node=args.devices_per_node, gmm_backend="ragged_dot")
+                    gmm_backend="ragged_dot")
     params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
     x = jax.random.normal(jax.random.key(1), (args.tokens, args.d_model), jnp.float32)
     records = []
@@ -218,7 +218,8 @@ def rows_by_routing(args, dispatchers, mesh) -> list[dict]:
         for name in dispatchers:
             c = cfg.replace(dispatcher=name)
             aux = jax.jit(lambda x, c=c: dsp.expert_parallel_experts(
-                x, routing, params["experts"], c, mesh)[2])(x)
+                x, routing, params["experts"], c, mesh,
+                devices_per_node=args.devices_per_node)[2])(x)
             rec = {"bench": "dispatch_rows", "dispatcher": name, "routing": routing_name,
                    "tokens": args.tokens, "experts": args.experts, "top_k": args.top_k,
                    "ep": int(mesh.shape["expert"]), "devices_per_node": args.devices_per_node,

@@ -42,10 +42,10 @@ def config_from_args(args, notes: list[str] | None = None):
         items.append(("profile_steps", args.profile_steps))
     if getattr(args, "resume", None):
         from pathlib import Path
-        from dropless.config_file import flatten
+        from dropless.config_file import flatten, upgrade
         from dropless.model_dir import read_run_config, saved_preset
         run = Path(args.resume)
-        saved = read_run_config(run)
+        saved = upgrade(read_run_config(run))   # a run saved in the former flat form resumes too
         saved.update(run_dir=str(run.parent), run_name=run.name)
         model = saved.pop("model")
         preset = saved_preset(saved)

@@ -1,4 +1,5 @@
-"""MaxText flag names (the MoE and training subset) translated to dropless config keys.
+"""MaxText flag names (the MoE and training subset), and our own former flat mesh names,
+translated to dropless config keys: the one edge where other spellings become ours.
 
 `translate(items)` takes (name, value) pairs in MaxText spelling and returns (key, value) pairs
 in ours (dotted paths into TrainConfig, e.g. "model.moe.top_k"). A MaxText name whose value we
@@ -19,9 +20,13 @@ Semantics worth knowing:
   have one MoE block).
 - `hardware: gpu_multiprocess` -> distributed=true (jax.distributed from the cluster
   environment); cpu / gpu / tpu -> distributed=false (the platform is whatever JAX finds).
-- `ici_<axis>_parallelism` x `dcn_<axis>_parallelism` -> <axis>_parallelism (the mesh axis
-  size), and the dcn part -> dcn_<axis> (how many nodes the axis spans); the mesh groups
-  devices into nodes of the ICI product and model.moe.devices_per_node follows.
+- `ici_<axis>_parallelism` x `dcn_<axis>_parallelism` -> mesh.<axis> (the mesh axis size), and
+  the dcn part -> mesh.dcn_<axis> (how many nodes the axis spans); the mesh groups devices into
+  nodes of the ICI product (MeshConfig.devices_per_node).
+- our former flat keys (`data_parallelism`, `fsdp_parallelism`, `expert_parallelism`,
+  `dcn_data`, `dcn_fsdp`, `dcn_expert`: TrainConfig fields before the mesh became a MeshConfig)
+  -> mesh.data, mesh.fsdp, ... (`FORMER_KEYS`), so old commands, YAML files and a run's old
+  config.json keep working.
 - `xla_*` keys -> XLA flags (`--name=value`, appended to TrainConfig.xla_flags); upper-case
   environment keys (XLA_PYTHON_CLIENT_MEM_FRACTION, CUDA_DEVICE_MAX_CONNECTIONS,
   XLA_PJRT_GPU_HOST_MEMORY_*, NCCL_*...) -> TrainConfig.environment; both applied before JAX
@@ -33,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
+from dropless.config import MESH_AXES
 from dropless.runtime import environment as env_lib
 from dropless.runtime import xla_flags as xf
 
@@ -106,7 +112,6 @@ NOOP_ONLY = {
     "dcn_context_parallelism": 1, "dcn_autoregressive_parallelism": 1,
     "dcn_tensor_sequence_parallelism": 1,
 }
-MESH_AXES = ("data", "fsdp", "expert")   # ici_<axis>_parallelism / dcn_<axis>_parallelism
 ICI = {f"ici_{a}_parallelism": a for a in MESH_AXES}
 DCN = {f"dcn_{a}_parallelism": a for a in MESH_AXES}
 HARDWARE = ("cpu", "gpu", "gpu_multiprocess", "tpu")
@@ -118,6 +123,11 @@ SPECIAL = ("sparse_matmul", "megablox", "use_tokamax_gmm", "te_gmm_quantization"
 OUR_XLA_KEYS = ("xla_recipe", "xla_flags")
 
 KNOWN = tuple(RENAMES) + tuple(NOOP_ONLY) + SPECIAL
+# our own former flat mesh keys (TrainConfig fields until the mesh became `mesh: MeshConfig`)
+FORMER_KEYS: dict[str, str] = {
+    **{f"{a}_parallelism": f"mesh.{a}" for a in MESH_AXES},
+    **{f"dcn_{a}": f"mesh.dcn_{a}" for a in MESH_AXES},
+}
 # fused gate/up expert weights: the MoEConfig field that holds them, when this build has one
 PREFUSE_FIELD = "prefuse_moe_weights"   # helper branch "moe" adds it
 
@@ -134,7 +144,7 @@ def is_env_key(name: str) -> bool:
 
 def is_known(name: str) -> bool:
     """Whether `translate_each` accepts `name`."""
-    return name in KNOWN or is_xla_flag(name) or is_env_key(name)
+    return name in KNOWN or name in FORMER_KEYS or is_xla_flag(name) or is_env_key(name)
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -185,7 +195,9 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
                                                       else f"dcn_{axis}_parallelism")
                 raise ValueError(f"MaxText {bad}={seen.get(bad, v)!r} must be >= 1 (MaxText's "
                                  "-1, 'fill the rest', is not supported: give the size)")
-            out += [(f"{axis}_parallelism", ici * dcn), (f"dcn_{axis}", dcn)]
+            out += [(f"mesh.{axis}", ici * dcn), (f"mesh.dcn_{axis}", dcn)]
+        elif name in FORMER_KEYS:
+            out.append((FORMER_KEYS[name], v))
         elif name == "te_moe_block":
             if _bool(name, v):
                 out.append(("model.moe.dispatcher", "auto"))

@@ -1,9 +1,9 @@
-"""`load` a Hugging Face checkpoint folder into our parameters and `save` them back.
+"""`load` a Hugging Face checkpoint folder into our parameters (saving is `hf/save.py`).
 
 Streaming: tensors are read, converted and placed one at a time, so host memory holds about one
 tensor (one stacked expert tensor of ours, [E, D, F], is the largest) rather than the model. With
 a `mesh`, each parameter is placed shard by shard with `jax.make_array_from_callback` using the
-training placement (`parallel.sharding.leaf_spec`); stacked expert weights read only the experts
+training placement (`parallel.sharding.param_spec`, the path table); stacked expert weights read only the experts
 each shard holds.
 """
 from __future__ import annotations
@@ -69,8 +69,9 @@ def _transfer(reader: CheckpointReader, leaf: Leaf, like: jax.ShapeDtypeStruct, 
     if mesh is None:
         return jax.device_put(_host(reader, leaf, shape, dtype))
     from jax.sharding import NamedSharding
-    from dropless.parallel.sharding import leaf_spec
-    sharding = NamedSharding(mesh, leaf_spec(str(leaf.path[-1]), shape, mesh))
+    from dropless.parallel.sharding import param_spec
+    path = "/".join(map(str, leaf.path))
+    sharding = NamedSharding(mesh, param_spec(path, shape, mesh))
     if not leaf.stacked:
         host = _host(reader, leaf, shape, dtype)
         return jax.make_array_from_callback(shape, sharding, lambda idx: host[idx])

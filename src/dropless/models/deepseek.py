@@ -1,6 +1,7 @@
 """The model: DeepSeek-V3-style decoder (MLA, dense-first layers, MoE layers with shared experts,
 optional multi-token prediction) and, through the same blocks, the Mixtral / Qwen3-MoE shape
-(standard attention, softmax routing). Math only: the mesh is passed through to the MoE layer.
+(standard attention, softmax routing). Math only: the mesh (and its node size,
+`devices_per_node`) is passed through to the MoE layer.
 
 Legend: B batch, S sequence, D model dim, F dense hidden, V vocabulary, E experts, Lm MoE layers.
 
@@ -86,14 +87,14 @@ REMAT_POLICIES = {
 }
 
 
-def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig, mesh: Any = None
-          ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig, mesh: Any = None,
+          devices_per_node: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Pre-norm block: x + attn(norm(x)), then + ffn(norm(.)) (dense SwiGLU or MoE layer).
 
     Returns (y_BSD, aux); aux is empty for dense blocks and the MoE layer's aux otherwise.
     """
     h = attention_residual(p, x_BSD, cos_SR2, sin_SR2, cfg=cfg)
-    return ffn_residual(p, h, cfg=cfg, mesh=mesh)
+    return ffn_residual(p, h, cfg=cfg, mesh=mesh, devices_per_node=devices_per_node)
 
 
 def attention_residual(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig
@@ -105,22 +106,23 @@ def attention_residual(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: Mo
                                cos_SR2, sin_SR2)
 
 
-def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: Any = None
-                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: Any = None,
+                 devices_per_node: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The block's second half: h + ffn(norm(h)), and the MoE layer's aux (empty if dense)."""
     z = rms_norm(h, p["ffn_norm_D"], cfg.norm_eps)
     if "moe" in p:
         with jax.named_scope("moe"):
-            y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh)
+            y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh,
+                                   devices_per_node=devices_per_node)
         return h + y.astype(h.dtype), aux
     with jax.named_scope("dense_ffn"):
         return h + swiglu_ffn(p["ffn"], z, z.dtype).astype(z.dtype), {}
 
 
-def _block_fn(cfg: ModelConfig, mesh: Any, remat: str):
+def _block_fn(cfg: ModelConfig, mesh: Any, remat: str, devices_per_node: int | None = None):
     if remat not in REMAT_POLICIES:
         raise ValueError(f"remat={remat!r} must be one of {tuple(REMAT_POLICIES)}")
-    fn = functools.partial(block, cfg=cfg, mesh=mesh)
+    fn = functools.partial(block, cfg=cfg, mesh=mesh, devices_per_node=devices_per_node)
     if remat == "none":
         return fn
     return jax.checkpoint(fn, policy=REMAT_POLICIES[remat]())
@@ -172,7 +174,8 @@ def logits_from_hidden(params: Params, h_BSD: jax.Array, norm_w_D: jax.Array,
 
 
 def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any = None,
-            remat: str = "none") -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+            remat: str = "none", devices_per_node: int | None = None
+            ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """Token ids [B, S] -> (logits_BSV float32, last hidden h_BSD, aux).
 
     aux: `moe_loss` (the summed weighted balance losses to add to the objective),
@@ -188,13 +191,14 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
-    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat), cos, sin)
+    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat, devices_per_node), cos, sin)
     logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
     return logits, x, _merge_aux(auxes)
 
 
 def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: ModelConfig, *,
-               mesh: Any = None, remat: str = "none") -> tuple[list[jax.Array], dict]:
+               mesh: Any = None, remat: str = "none", devices_per_node: int | None = None
+               ) -> tuple[list[jax.Array], dict]:
     """DeepSeek-V3 multi-token prediction. Module k (1-based) at position i combines the previous
     depth's hidden state with the embedding of token i+k and predicts token i+k+1.
 
@@ -203,7 +207,7 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
     """
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
-    fn = _block_fn(cfg, mesh, remat)
+    fn = _block_fn(cfg, mesh, remat, devices_per_node)
     out, auxes = [], []
     for k, m in enumerate(params.get("mtp", []), start=1):
         e = params["embed"]["w_VD"][jnp.roll(tokens_BS, -k, axis=1)].astype(dt)

@@ -100,13 +100,14 @@ def check_input(x: jax.Array, cfg: MoEConfig) -> None:
                          f"{cfg.d_model}]; got {x.shape}")
 
 
-def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: Any = None
-          ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: Any = None,
+          devices_per_node: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The MoE layer on x of shape [T, D] or [B, S, D]; returns (y like x, aux).
 
     aux: `tokens_per_expert` [E], `dropped_tokens` (0 when dropless), `load_balance_loss`,
     `seq_aux_loss`, `z_loss`, and `loss` = the coefficient-weighted sum to add to the objective.
-    With `mesh` (a jax.sharding.Mesh with an `expert` axis) the experts run expert-parallel.
+    With `mesh` (a jax.sharding.Mesh with an `expert` axis) the experts run expert-parallel;
+    `devices_per_node` is its devices' node size (MeshConfig.devices_per_node; None: one node).
     """
     check_input(x, cfg)
     x_TD = x.reshape(-1, cfg.d_model)
@@ -115,7 +116,7 @@ def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: Any = None
     extra: dict[str, jax.Array] = {}
     if mesh is not None:
         y_TD, sizes_E, extra = expert_parallel_experts(x_TD, routing, params["experts"], cfg,
-                                                       mesh)
+                                                       mesh, devices_per_node=devices_per_node)
         dropped = jnp.zeros((), jnp.int32)
     elif cfg.capacity_factor is None:
         y_TD, sizes_E = dropless_experts(x_TD, routing, params["experts"], cfg)

@@ -1,7 +1,9 @@
 """Meshes and parameter placement: the only place that maps logical axes to mesh axes."""
-from dropless.parallel.mesh import (LOGICAL_RULES, batch_axes, logical_to_spec, make_mesh,
-                                    mesh_axis_size)
-from dropless.parallel.sharding import PARAM_AXES, param_shardings, param_specs, shard_params
+from dropless.parallel.mesh import (LOGICAL_RULES, batch_axes, batch_sharding, logical_to_spec,
+                                    make_mesh, mesh_axis_size, train_mesh)
+from dropless.parallel.sharding import (PARAM_AXES, param_axes, param_shardings, param_specs,
+                                        shard_params, state_shardings)
 
-__all__ = ["LOGICAL_RULES", "PARAM_AXES", "batch_axes", "logical_to_spec", "make_mesh",
-           "mesh_axis_size", "param_shardings", "param_specs", "shard_params"]
+__all__ = ["LOGICAL_RULES", "PARAM_AXES", "batch_axes", "batch_sharding", "logical_to_spec",
+           "make_mesh", "mesh_axis_size", "param_axes", "param_shardings", "param_specs",
+           "shard_params", "state_shardings", "train_mesh"]

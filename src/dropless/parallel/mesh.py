@@ -1,4 +1,5 @@
-"""Mesh construction from a MeshConfig, and the logical-axis -> mesh-axis rules.
+"""Mesh construction from a MeshConfig (the one builder: trainer, benches, tests), and the
+logical-axis -> mesh-axis rules.
 
 Math code names logical axes only ("batch", "expert", "embed", "mlp"); this module is the one
 place that says which mesh axes carry them. Meshes use `AxisType.Auto` axes, so jit may
@@ -12,26 +13,32 @@ from typing import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from dropless.config import MESH_AXES, MeshConfig
 
 # logical axis -> mesh axes carrying it (in order); axes absent from a mesh are skipped.
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp", "expert"),  # tokens are split over every axis
+    "batch": MESH_AXES,                    # tokens are split over every axis (batch_axes)
     "expert": ("expert",),                 # expert weights: one slice of experts per EP rank
     "embed": ("fsdp",),                    # model dim of weights: FSDP shards it
-    "mlp": (),                             # expert hidden dim: not sharded (no tensor parallel)
+    "vocab": ("fsdp",),                    # vocabulary dim of the embedding / head: FSDP
+    "q_lora": ("fsdp",),                   # MLA query latent dim (of wq_b): FSDP
+    "kv_lora": ("fsdp",),                  # MLA key/value latent dim (of wkv_b): FSDP
+    "mlp": (),                             # hidden dim: not sharded (no tensor parallel)
+    "heads": (),                           # attention heads: not sharded (no tensor parallel)
     "router": (),                          # router columns: replicated
+    "layers": (),                          # scan-stacked layer dim: each scan step takes one
 }
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A Mesh with axes (data, fsdp, expert) of the configured sizes over `devices`.
+    """A Mesh with axes MESH_AXES (data, fsdp, expert) of the configured sizes over `devices`.
 
     `devices` defaults to all of `jax.devices()` (every process's, under jax.distributed), in
-    their global order; `expert` varies fastest so an EP group spans neighbouring devices, which
-    stay on one node when expert <= devices per node. Raises ValueError when the product of the
+    their global order; `expert` varies fastest so an EP group spans neighbouring devices. With
+    a dcn_* size > 1 the mesh is built over nodes (`make_hybrid_mesh`: nodes of
+    cfg.devices_per_node consecutive device ids). Raises ValueError when the product of the
     axis sizes differs from the device count.
     """
     devices = list(jax.devices() if devices is None else devices)
@@ -39,8 +46,31 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
         raise ValueError(
             f"MeshConfig(data={cfg.data}, fsdp={cfg.fsdp}, expert={cfg.expert}) needs "
             f"{cfg.num_devices} devices (data*fsdp*expert) but {len(devices)} are available")
+    if cfg.num_nodes > 1:
+        return make_hybrid_mesh(cfg.ici_shape, cfg.dcn_shape, devices)
     grid = np.asarray(devices, dtype=object).reshape(cfg.shape)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def train_mesh(cfg: MeshConfig) -> Mesh | None:
+    """The trainer's mesh: None for one device (plain jit), else `make_mesh` over the first
+    cfg.num_devices of `jax.devices()`. Any mesh of more than one device goes to the MoE layer
+    too: with an expert axis of 1 the dispatcher still runs each device's tokens shard-locally
+    (left to GSPMD, every device's routed rows were gathered and all-reduced: an 8-device step
+    measured 1.7x its shard-local time). Raises ValueError when JAX sees fewer devices."""
+    if cfg.num_devices == 1:
+        return None
+    have = jax.device_count()
+    if cfg.num_devices > have:
+        raise ValueError(f"mesh data*fsdp*expert parallelism = {cfg.num_devices} but JAX sees "
+                         f"{have} devices (on a CPU, try xla_recipe=cpu8)")
+    return make_mesh(cfg, jax.devices()[:cfg.num_devices])
+
+
+def batch_sharding(mesh: Mesh | None) -> NamedSharding | None:
+    """The batch's placement: its first (batch) dim split over every mesh axis (`batch_axes`);
+    None without a mesh."""
+    return None if mesh is None else NamedSharding(mesh, PartitionSpec(batch_axes(mesh)))
 
 
 def make_hybrid_mesh(ici_shape: Sequence[int], dcn_shape: Sequence[int],
@@ -94,13 +124,17 @@ def batch_axes(mesh: Mesh) -> tuple[str, ...]:
     return tuple(mesh.axis_names)
 
 
-def logical_to_spec(logical: Sequence[str | None], mesh: Mesh) -> PartitionSpec:
+def logical_to_spec(logical: Sequence[str | None], mesh: Mesh,
+                    shape: Sequence[int] | None = None) -> PartitionSpec:
     """PartitionSpec for an array whose dims have these logical axis names (None: replicated).
 
+    With `shape`, a mesh axis that does not divide its dim (after the axes before it on that
+    dim) is dropped, so that dim is replicated over it instead of failing to place; a mesh axis
+    an earlier dim already carries is dropped too (an array uses each mesh axis once).
     Raises ValueError for a logical name missing from LOGICAL_RULES.
     """
-    dims = []
-    for name in logical:
+    dims, used = [], set()
+    for i, name in enumerate(logical):
         if name is None:
             dims.append(None)
             continue
@@ -108,5 +142,13 @@ def logical_to_spec(logical: Sequence[str | None], mesh: Mesh) -> PartitionSpec:
             raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(LOGICAL_RULES)}")
         axes = tuple(batch_axes(mesh)) if name == "batch" else tuple(
             a for a in LOGICAL_RULES[name] if a in mesh.axis_names)
-        dims.append(axes if len(axes) > 1 else (axes[0] if axes else None))
+        kept, size = [], 1
+        for a in axes:
+            n = int(mesh.shape[a])
+            if a in used or (shape is not None and shape[i] % (size * n)):
+                continue
+            kept.append(a)
+            size *= n
+        used.update(kept)
+        dims.append(tuple(kept) if len(kept) > 1 else (kept[0] if kept else None))
     return PartitionSpec(*dims)

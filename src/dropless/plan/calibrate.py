@@ -149,22 +149,23 @@ def train_workload(mesh: Mesh):
     forward, backward, AdamW, bias update) of the tiny preset, data-parallel over the mesh's
     devices exactly as the trainer places it."""
     import functools
-    from dropless.train import mesh as mesh_lib
+    from dropless.parallel.mesh import batch_sharding, train_mesh
+    from dropless.parallel.sharding import state_shardings
     from dropless.train import step as step_lib
     n = mesh.size
     cfg = _train_config(n)
     state, opt = step_lib.init_state(cfg)
-    tmesh = mesh_lib.make_mesh(cfg)
-    shard = mesh_lib.state_shardings(state, tmesh)
+    tmesh = train_mesh(cfg.mesh)
+    shard = state_shardings(state, tmesh)
     if shard is not None:
         state = jax.device_put(state, shard)
     batch = np.random.default_rng(0).integers(0, cfg.model.vocab_size,
                                               (cfg.global_batch_size, cfg.seq_len + 1),
                                               dtype=np.int32)
-    bshard = mesh_lib.batch_sharding(tmesh)
+    bshard = batch_sharding(tmesh)
     batch = jax.device_put(batch, bshard) if bshard is not None else jnp.asarray(batch)
     fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt,
-                                   mesh=mesh_lib.model_mesh(cfg, tmesh)))
+                                   mesh=tmesh))
     return lambda: fn(state, batch)
 
 

@@ -11,7 +11,7 @@ flat names (`moe_d_ff`, `per_device_batch`, `fsdp`, ...) are refused with the do
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable
 
 from dropless.config import ModelConfig, MoEConfig, TrainConfig, scalar_fields, scalar_type_error
 from dropless.plan.layout import PlanConfig
@@ -25,7 +25,7 @@ PLANNER_KEYS = ("hardware", "gpus", "offload", "dedup", "overlap", "optimizer_dt
                 "master_weights", "devices_per_node", "gmm_tile", "shard_non_expert_over_ep",
                 "attention_impl")
 # The trainer's keys of the mesh axis sizes (the one place that names them here).
-MESH_KEYS = {"data": "data_parallelism", "fsdp": "fsdp_parallelism", "ep": "expert_parallelism"}
+MESH_KEYS = {"data": "mesh.data", "fsdp": "mesh.fsdp", "ep": "mesh.expert"}
 # The trainer's dispatcher -> the planner's model of it: "auto" is ragged_a2a on GPUs; "local"
 # (no expert axis) moves nothing, so any model will do; node_a2a's two hops are planned as a2a
 # (static per-peer chunks, one hop).
@@ -104,29 +104,13 @@ def train_config(pairs: Iterable[tuple[str, Any]], *, mapping: dict | None = Non
     return build_config(list(pairs), mapping=mapping, defaults=PLAN_DEFAULTS, notes=notes)
 
 
-class MeshSizes(NamedTuple):
-    data: int
-    fsdp: int
-    expert: int
-    num_devices: int
-    num_nodes: int
-    devices_per_node: int
-
-
-def mesh_sizes(cfg: TrainConfig) -> MeshSizes:
-    """The trainer's mesh as the planner reads it: the one place that asks TrainConfig for its
-    parallel sizes."""
-    return MeshSizes(cfg.data_parallelism, cfg.fsdp_parallelism, cfg.expert_parallelism,
-                     cfg.num_devices, cfg.num_nodes, cfg.devices_per_node)
-
-
 def plan_config(cfg: TrainConfig, *, gpus: int | None = None, **planner: Any) -> PlanConfig:
     """The PlanConfig of `cfg`: mesh, per-device batch, sequence, remat, the MoE layer's
     quantization, dispatcher and buffer factor, the model's dtypes; `planner` sets the
     planner-only fields (`PLANNER_KEYS`) or overrides a derived one. With `gpus` other than the
     mesh's device count and a data axis of 1, the data axis fills the rest (gpus / fsdp x ep),
     as `--gpus 256 --fsdp 16` always did."""
-    mesh = mesh_sizes(cfg)
+    mesh = cfg.mesh   # the trainer's mesh (config.MeshConfig)
     moe: MoEConfig | None = cfg.model.moe
     dispatcher = PLANNED_DISPATCHER[moe.dispatcher] if moe is not None else "ragged_a2a"
     data = mesh.data

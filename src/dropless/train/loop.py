@@ -30,10 +30,11 @@ import numpy as np
 from dropless import machine
 from dropless.config import TrainConfig
 from dropless.models.arithmetic import flops_per_token, format_counts, param_counts
+from dropless.parallel.mesh import batch_sharding, train_mesh
+from dropless.parallel.sharding import state_shardings
 from dropless.train import checkpoint as ckpt
 from dropless.train import data as data_lib
 from dropless.train import guards as guards_lib
-from dropless.train import mesh as mesh_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
 from dropless.train.nonfinite import NonFiniteGuard
@@ -159,8 +160,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     cfg, start = plan.cfg, plan.start
     if run.created:
         run.write_json("config.json", to_dict(cfg))
-    mesh = mesh_lib.make_mesh(cfg)
-    model_mesh = mesh_lib.model_mesh(cfg, mesh)
+    mesh = train_mesh(cfg.mesh)
+    model_mesh = mesh   # the MoE layer sees any mesh of > 1 device (see train_mesh)
     moe = cfg.model.moe
     fpt = flops_per_token(cfg.model, cfg.seq_len,
                           capacity_factor=moe.capacity_factor if moe else None)
@@ -186,7 +187,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
             prog.line(note)
         # committed on one device too, as a restored state is: a fresh run and its resume then
         # lower to the same step (the persistent compilation cache serves the resume)
-        shard = mesh_lib.state_shardings(state, mesh)
+        shard = state_shardings(state, mesh)
         state = jax.device_put(state, jax.devices()[0] if shard is None else shard)
         overflow = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
         state = overflow.attach(state)
@@ -198,7 +199,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         rec, line = _start_record(cfg, corpus, counts, fpt, compile_s, start)
         ctx = _Ctx(cfg=cfg, out_dir=out_dir, corpus=corpus, fpt=fpt,
                    peak=rec["peak_flops_per_device"], model_mesh=model_mesh,
-                   bshard=mesh_lib.batch_sharding(mesh), prog=prog, stop=stop, saver=saver,
+                   bshard=batch_sharding(mesh), prog=prog, stop=stop, saver=saver,
                    run=run, guards=guards,
                    writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
                    evaluator=Evaluator(cfg, corpus, model_mesh, prog),
@@ -253,7 +254,7 @@ def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guards):
         fn = guard.wrap(fn)
     batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
                                seq_len=cfg.seq_len, seed=cfg.seed)
-    bshard = mesh_lib.batch_sharding(mesh)
+    bshard = batch_sharding(mesh)
     if bshard is not None:
         batch0 = jax.device_put(batch0, bshard)
     with Timed(prog, "compiling (first step)", "compiled") as t:

@@ -140,7 +140,8 @@ def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfi
     bad = nonfinite_leaves(canon)
     if bad:
         return f"parameters were already non-finite before the step: {_first(bad)}"
-    forward = _locate_forward(canon, batch_BS1[:, :-1], cfg.model, mesh)
+    forward = _locate_forward(canon, batch_BS1[:, :-1], cfg.model, mesh,
+                              cfg.mesh.devices_per_node)
     if forward:
         return f"first non-finite value in the forward pass: {forward}"
     loss = functools.partial(step_lib.loss_fn, cfg=cfg, mesh=mesh)
@@ -161,7 +162,7 @@ def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfi
     return "not reproduced when the step was run again piece by piece"
 
 
-def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh) -> str:
+def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh, nodes: int | None) -> str:
     """The first non-finite output of the forward pass, in words ("" when all are finite).
     Each piece is jitted on its own; same-kind layers share one compiled function."""
     from dropless.models import deepseek
@@ -172,7 +173,8 @@ def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh) -> str:
     if _bad(x):
         return "the embedding of the batch's tokens"
     attn = jax.jit(functools.partial(deepseek.attention_residual, cfg=m))
-    ffn = jax.jit(functools.partial(deepseek.ffn_residual, cfg=m, mesh=mesh))
+    ffn = jax.jit(functools.partial(deepseek.ffn_residual, cfg=m, mesh=mesh,
+                                    devices_per_node=nodes))
     for i, p in enumerate(params["layers"]):
         x = attn(p, x, cos, sin)
         if _bad(x):
@@ -186,7 +188,8 @@ def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh) -> str:
     if _bad(logits):
         return "the output head (final_norm, lm_head)"
     if params.get("mtp"):
-        outs, _ = jax.jit(functools.partial(deepseek.mtp_logits, cfg=m, mesh=mesh))(
+        outs, _ = jax.jit(functools.partial(deepseek.mtp_logits, cfg=m, mesh=mesh,
+                                            devices_per_node=nodes))(
             params, x, tokens_BS)
         for k, lg in enumerate(outs, start=1):
             if _bad(lg):

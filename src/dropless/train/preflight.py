@@ -18,9 +18,9 @@ from dropless.config import TrainConfig
 
 GiB = 2 ** 30
 _HINTS = {
-    "parameters": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
-    "gradients": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
-    "optimizer_state": "use a smaller model or shard it (fsdp_parallelism, expert_parallelism)",
+    "parameters": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
+    "gradients": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
+    "optimizer_state": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "gathered_weights": "use a smaller model",
     "activations": "lower seq_len or per_device_batch_size, or set remat=full",
     "layer_workspace": "lower seq_len or per_device_batch_size",

@@ -78,12 +78,15 @@ def loss_fn(params, batch_BS1: jax.Array, cfg: TrainConfig, mesh: Any = None
     """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed)."""
     m = cfg.model
     inputs, targets = batch_BS1[:, :-1], batch_BS1[:, 1:]
-    logits, h, aux = deepseek.forward(params, inputs, m, mesh=mesh, remat=cfg.remat)
+    nodes = cfg.mesh.devices_per_node   # the node size of the mesh's devices (MeshConfig)
+    logits, h, aux = deepseek.forward(params, inputs, m, mesh=mesh, remat=cfg.remat,
+                                      devices_per_node=nodes)
     ce = cross_entropy(logits, targets)
     total = ce + aux["moe_loss"]
     metrics = {"ce_loss": ce, **aux}
     if m.mtp_depth:
-        mtp, mtp_aux = deepseek.mtp_logits(params, h, inputs, m, mesh=mesh, remat=cfg.remat)
+        mtp, mtp_aux = deepseek.mtp_logits(params, h, inputs, m, mesh=mesh, remat=cfg.remat,
+                                           devices_per_node=nodes)
         s = inputs.shape[1]
         losses = []
         for k, lg in enumerate(mtp, start=1):
@@ -143,5 +146,6 @@ def train_step(state: State, batch_BS1: jax.Array, *, cfg: TrainConfig,
 
 def eval_loss(params, batch_BS1: jax.Array, *, cfg: TrainConfig, mesh: Any = None) -> jax.Array:
     """Held-out next-token cross-entropy (no MTP, no balance losses)."""
-    logits, _, _ = deepseek.forward(params, batch_BS1[:, :-1], cfg.model, mesh=mesh)
+    logits, _, _ = deepseek.forward(params, batch_BS1[:, :-1], cfg.model, mesh=mesh,
+                                    devices_per_node=cfg.mesh.devices_per_node)
     return cross_entropy(logits, batch_BS1[:, 1:])

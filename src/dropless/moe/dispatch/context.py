@@ -3,8 +3,8 @@
 Legend: T tokens, K top-k, E experts, P peers on the `expert` mesh axis, El = E/P local experts,
 J = min(K, El) entries a row can carry, M nodes an EP group spans, G = P/M peers per node.
 
-Nodes: device id // devices_per_node (from the config, which the mesh builder sets from its
-ici/dcn shape). The `expert` axis varies fastest in our meshes, so an EP group is M blocks of G
+Nodes: device id // devices_per_node, which the caller passes next to the mesh (the trainer
+reads it from MeshConfig, whose ici/dcn shape the mesh builder used); None: one node. The `expert` axis varies fastest in our meshes, so an EP group is M blocks of G
 neighbouring devices. `split_expert_axis` re-expresses the same devices, in the same order, with
 the `expert` axis split into (`expert_node`, `expert_local`) so the two-hop dispatcher
 (`node_a2a`) can run one collective across nodes and one inside a node.
@@ -34,7 +34,13 @@ def _device_ids(mesh) -> np.ndarray:
     return np.vectorize(lambda d: int(d.id), otypes=[np.int64])(devices)
 
 
-def node_layout(mesh, devices_per_node: int) -> tuple[int, int]:
+def _node_ids(mesh, devices_per_node: int | None) -> np.ndarray:
+    """Node of each mesh position: device id // devices_per_node; all 0 for None (one node)."""
+    ids = _device_ids(mesh)
+    return np.zeros_like(ids) if devices_per_node is None else ids // devices_per_node
+
+
+def node_layout(mesh, devices_per_node: int | None) -> tuple[int, int]:
     """(M nodes, G peers per node) of every EP group on `mesh`'s `expert` axis.
 
     Raises ValueError naming devices_per_node when the groups do not split into equal blocks of
@@ -42,19 +48,20 @@ def node_layout(mesh, devices_per_node: int) -> tuple[int, int]:
     """
     names = tuple(mesh.axis_names)
     ax = names.index(EXPERT_AXIS)
-    nodes = np.moveaxis(_device_ids(mesh) // devices_per_node, ax, -1)
+    nodes = np.moveaxis(_node_ids(mesh, devices_per_node), ax, -1)
     nodes = nodes.reshape(-1, nodes.shape[-1])
     p = nodes.shape[1]
     g = int(np.sum(nodes[0] == nodes[0, 0]))
     blocks = nodes.reshape(nodes.shape[0], p // g, g) if p % g == 0 else None
     if blocks is None or not (blocks == blocks[..., :1]).all():
-        raise ValueError(f"MoEConfig.devices_per_node={devices_per_node} does not split the "
+        raise ValueError(f"devices_per_node={devices_per_node} (MeshConfig: mesh.dcn_*) does "
+                         f"not split the "
                          f"expert axis ({p} peers) into equal blocks of neighbouring devices on "
                          f"one node: node of each peer {nodes[0].tolist()}")
     return p // g, g
 
 
-def split_expert_axis(mesh: Mesh, devices_per_node: int) -> Mesh:
+def split_expert_axis(mesh: Mesh, devices_per_node: int | None) -> Mesh:
     """The same devices, same order, with `expert` split into (`expert_node`, `expert_local`)."""
     m, g = node_layout(mesh, devices_per_node)
     names = tuple(mesh.axis_names)
@@ -91,8 +98,10 @@ class EPContext:
         return self.budget.max_rounds
 
 
-def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContext:
+def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype, *,
+                 devices_per_node: int | None = None) -> EPContext:
     """Validate the mesh against the config and the token count; build the EPContext.
+    `devices_per_node`: the node size (device id // it is a device's node); None: one node.
 
     Raises ValueError when the mesh has no `expert` axis, num_experts is not divisible by it,
     or the tokens do not split evenly over the devices.
@@ -112,9 +121,10 @@ def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContex
     t_local = num_tokens // mesh.size
     el = cfg.num_experts // ep
     j = sp.slots_per_row(cfg.top_k, el)
-    nodes = tuple(int(i) // cfg.devices_per_node for i in _device_ids(mesh).flat)
+    nodes = tuple(int(i) for i in _node_ids(mesh, devices_per_node).flat)
     m, g = ((int(mesh.shape[NODE_AXES[0]]), int(mesh.shape[NODE_AXES[1]])) if split
-            else node_layout(mesh, cfg.devices_per_node) if _aligned(mesh, cfg) else (1, ep))
+            else node_layout(mesh, devices_per_node) if _aligned(mesh, devices_per_node)
+            else (1, ep))
     return EPContext(
         cfg=cfg, expert_axis=axis, all_axes=names,
         mesh_shape=tuple(int(mesh.shape[a]) for a in names), node_of_position=nodes,
@@ -124,18 +134,18 @@ def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype) -> EPContex
         num_nodes=m, node_size=g)
 
 
-def multi_node_groups(mesh, cfg: MoEConfig) -> int:
+def multi_node_groups(mesh, devices_per_node: int | None) -> int:
     """M when every EP group spans M > 1 nodes of G > 1 devices each (node dedup can help),
     else 1. A mesh without an `expert` axis or not aligned to nodes gives 1."""
-    if EXPERT_AXIS not in tuple(mesh.axis_names) or not _aligned(mesh, cfg):
+    if EXPERT_AXIS not in tuple(mesh.axis_names) or not _aligned(mesh, devices_per_node):
         return 1
-    m, g = node_layout(mesh, cfg.devices_per_node)
+    m, g = node_layout(mesh, devices_per_node)
     return m if g > 1 else 1
 
 
-def _aligned(mesh, cfg: MoEConfig) -> bool:
+def _aligned(mesh, devices_per_node: int | None) -> bool:
     try:
-        node_layout(mesh, cfg.devices_per_node)
+        node_layout(mesh, devices_per_node)
         return True
     except ValueError:
         return False

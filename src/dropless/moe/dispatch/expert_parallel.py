@@ -151,16 +151,17 @@ def _platform_dependent(*args, default, per_platform):
 
 
 def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str, jax.Array],
-                            cfg: MoEConfig, mesh: Mesh):
+                            cfg: MoEConfig, mesh: Mesh, *, devices_per_node: int | None = None):
     """The routed experts of the MoE layer, expert-parallel over `mesh`'s `expert` axis.
 
     x_TD [T, D] and the routing are split over all mesh axes (tokens); experts [E, ...] over
     `expert`. Returns (y_TD f32, tokens_per_expert_E, aux) where aux holds the traffic stats
     (rows_sent, padding_rows, rounds, buffer_headroom, overflow_rows, dropped_rows,
     sufficient_buffer_factor, rows/bytes intra- and inter-node, with and without dedup).
-    Raises ValueError for a bad mesh, token count or dispatcher (see make_context).
+    `devices_per_node`: the node size of `mesh`'s devices (MeshConfig.devices_per_node); None:
+    one node. Raises ValueError for a bad mesh, token count or dispatcher (see make_context).
     """
-    num_nodes = multi_node_groups(mesh, cfg)
+    num_nodes = multi_node_groups(mesh, devices_per_node)
     name = resolve_dispatcher(cfg.dispatcher, num_nodes=num_nodes)   # this host's backend
     sizes_E = expert_counts(routing.ids_TK, cfg.num_experts)
     if name == LOCAL:
@@ -168,8 +169,8 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
         return y_TD, sizes_E, {}
     spec = DISPATCHERS[name]
     if spec.split_nodes:
-        mesh = split_expert_axis(mesh, cfg.devices_per_node)
-    ctx = make_context(cfg, mesh, x_TD.shape[0], x_TD.dtype)
+        mesh = split_expert_axis(mesh, devices_per_node)
+    ctx = make_context(cfg, mesh, x_TD.shape[0], x_TD.dtype, devices_per_node=devices_per_node)
     tok = PartitionSpec(ctx.all_axes)
     exp_specs = {k: PartitionSpec(ctx.expert_axis) for k in experts}
     body = functools.partial(_per_device, spec=spec, ctx=ctx)
