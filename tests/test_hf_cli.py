@@ -122,7 +122,8 @@ def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_
     of the same kind) falls, measured with the converted and the trained weights."""
     from dropless.config_file import build_config
     from dropless.models.evaluate import evaluate
-    from dropless.model_dir.weights import load_dropless, load_model
+    from dropless.model_dir.weights import load_model
+    from dropless.train.init_from import load_dropless
     from dropless.train.loop import train
     data = tmp_path / "train.txt"
     data.write_text(TEXT * 40)

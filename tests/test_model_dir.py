@@ -132,8 +132,9 @@ def test_dropless_directory_reads_back_what_was_written(tmp_path):
     tokenizer; and to an HF folder and back: the same parameters."""
     import jax
     from dropless import hf
-    from dropless.model_dir.weights import (dropless_to_hf, hf_to_dropless, load_dropless,
-                                            load_model, write_dropless)
+    from dropless.model_dir.weights import (dropless_to_hf, hf_to_dropless, load_model,
+                                            write_dropless)
+    from dropless.train.init_from import load_dropless
     cfg, params = hf.load(QWEN, dtype="float32")
     out = write_dropless(tmp_path / "dl", cfg, params)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "params"]

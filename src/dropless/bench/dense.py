@@ -33,16 +33,16 @@ def _transposed_tiles_drhs(a_MK, dy_MN, rows=1024):
     these plain [K, B] @ [B, N] tiles do not (8192x1024 bf16: 93 -> 48 ms on the 2-core Xeon).
     The grouped kernel uses the same trick, so the dense baseline must too.
     """
-    from dropless.ops.gmm.tiled import _bits, _unbits
+    from dropless.ops.gmm.tiled import as_bits, from_bits
     m = a_MK.shape[0]
     if m % rows:
         return lax.dot_general(a_MK, dy_MN, (((0,), (0,)), ((), ())),
                                preferred_element_type=jnp.float32)
-    aT_bits, dy_bits = _bits(a_MK).T, _bits(dy_MN)
+    aT_bits, dy_bits = as_bits(a_MK).T, as_bits(dy_MN)
 
     def body(t, acc_KN):
-        aT_KB = _unbits(lax.dynamic_slice_in_dim(aT_bits, t * rows, rows, 1), a_MK.dtype)
-        dy_BN = _unbits(lax.dynamic_slice_in_dim(dy_bits, t * rows, rows, 0), dy_MN.dtype)
+        aT_KB = from_bits(lax.dynamic_slice_in_dim(aT_bits, t * rows, rows, 1), a_MK.dtype)
+        dy_BN = from_bits(lax.dynamic_slice_in_dim(dy_bits, t * rows, rows, 0), dy_MN.dtype)
         return acc_KN + jnp.dot(aT_KB, dy_BN, preferred_element_type=jnp.float32)
     return lax.fori_loop(0, m // rows, body,
                          jnp.zeros((a_MK.shape[1], dy_MN.shape[1]), jnp.float32))
@@ -90,20 +90,20 @@ def split_floor(groups: int):
     [K, N] result per chunk, as a grouped drhs must. It is what any kernel that issues one
     XLA:CPU dot per group cannot beat on uniform routing: the cost of the shapes alone.
     """
-    from dropless.ops.gmm.tiled import _bits, _slice, _unbits  # the kernel's own slicing
+    from dropless.ops.gmm.tiled import as_bits, slice_bits, from_bits  # the kernel's own slicing
 
     def loop(a_MK, b, dims):
         m, g = a_MK.shape[0], groups
         c = m // g
         n = b.shape[1] if dims == (1, 0) else b.shape[0]
-        a_bits = _bits(a_MK)
+        a_bits = as_bits(a_MK)
 
         def body(t, out_bits):
-            y = lax.dot_general(_slice(a_bits, t * c, c, a_MK.dtype), b, ((dims[:1], dims[1:]),
+            y = lax.dot_general(slice_bits(a_bits, t * c, c, a_MK.dtype), b, ((dims[:1], dims[1:]),
                                 ((), ())), preferred_element_type=jnp.float32)
-            return lax.dynamic_update_slice_in_dim(out_bits, _bits(y.astype(a_MK.dtype)),
+            return lax.dynamic_update_slice_in_dim(out_bits, as_bits(y.astype(a_MK.dtype)),
                                                    t * c, 0)
-        return _unbits(lax.fori_loop(0, g, body, _bits(jnp.zeros((m, n), a_MK.dtype))),
+        return from_bits(lax.fori_loop(0, g, body, as_bits(jnp.zeros((m, n), a_MK.dtype))),
                        a_MK.dtype)
 
     def fwd(a_MK, b_KN):
@@ -111,19 +111,19 @@ def split_floor(groups: int):
 
     def fwd_bwd(a_MK, b_KN, dy_MN):
         c = a_MK.shape[0] // groups
-        a_bits, dy_bits = _bits(a_MK), _bits(dy_MN)
+        a_bits, dy_bits = as_bits(a_MK), as_bits(dy_MN)
 
         aT_bits = a_bits.T  # 16-bit: plain [K, c] @ [c, N] tiles, as the kernel's drhs does
 
         def drhs(_, t):
-            dy_cN = _slice(dy_bits, t * c, c, dy_MN.dtype)
+            dy_cN = slice_bits(dy_bits, t * c, c, dy_MN.dtype)
             if a_MK.dtype.itemsize == 2:
-                aT_Kc = _unbits(lax.dynamic_slice_in_dim(aT_bits, t * c, c, 1), a_MK.dtype)
+                aT_Kc = from_bits(lax.dynamic_slice_in_dim(aT_bits, t * c, c, 1), a_MK.dtype)
                 dw = jnp.dot(aT_Kc, dy_cN, preferred_element_type=jnp.float32)
             else:
-                dw = lax.dot_general(_slice(a_bits, t * c, c, a_MK.dtype), dy_cN,
+                dw = lax.dot_general(slice_bits(a_bits, t * c, c, a_MK.dtype), dy_cN,
                                      (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-            return None, _bits(dw.astype(b_KN.dtype))
+            return None, as_bits(dw.astype(b_KN.dtype))
         db = lax.scan(drhs, None, jnp.arange(groups, dtype=jnp.int32))[1]
-        return fwd(a_MK, b_KN), (loop(dy_MN, b_KN, (1, 1)), _unbits(db, b_KN.dtype))
+        return fwd(a_MK, b_KN), (loop(dy_MN, b_KN, (1, 1)), from_bits(db, b_KN.dtype))
     return fwd, fwd_bwd

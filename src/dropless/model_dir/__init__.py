@@ -4,15 +4,15 @@
   directory's config.json (`read_dropless_config`), a run's config.json (`read_run_config`,
   `saved_run_config`), the tokenizer a folder implies (`folder_tokenizer`, `hf_tokenizer`) and
   what `init_from=` implies (`init_from_defaults`). File formats only: no weights, no JAX.
-* `model_dir.weights`: the weights: the one reader (`load_dropless`, `load_model`) and the one
-  writer (`write_dropless`) of a dropless directory, and the converters HF <-> dropless
-  (`hf_to_dropless`, `dropless_to_hf`).
+* `model_dir.weights`: the weights of a model folder: the loader of either kind (`load_model`),
+  the one writer of a dropless directory (`write_dropless`), and the converters HF <-> dropless
+  (`hf_to_dropless`, `dropless_to_hf`). The one reader of a dropless directory's weights is
+  `train.init_from.load_dropless`: a run directory's weights are a training checkpoint, read by
+  the trainer's restore.
 
-Layers: `folder` sits above `hf` and below `presets` / `config_file` (which read folders through
-it); `weights` sits above `config_file`, `models` and `hf`, and imports `train.checkpoint` and
-`train.step` to restore a run directory's orbax checkpoint (it is imported by `train.init_from`
-and the CLI, never by `folder`, `presets` or `config_file`: no import circle). This package
-module imports `folder` only, so `config_file` can import it.
+Layers (docs/architecture.md): `folder` sits above `hf` and below `presets` / `config_file`
+(which read folders through it); `weights` sits above `train` (it is imported by the CLI only).
+This package module imports `folder` only, so `config_file` can import it.
 """
 from dropless.model_dir.folder import (HF_PREFIX, ModelSpec, folder_tokenizer, hf_model_config,
                                        hf_tokenizer, init_from_defaults, is_hf,

@@ -7,9 +7,11 @@ A dropless directory (see `model_dir.folder`) holds config.json (a TrainConfig a
 orbax StandardCheckpointer tree), or, for a run directory, checkpoints/ (the newest step's
 parameters are read). The tokenizer (tokenizer.json and its side files) travels along.
 
-Layer: above `config_file`, `models` and `hf`; imports `train.checkpoint` and `train.step` to
-restore a run directory's checkpoint (the one restore, with its checks). JAX and orbax are
-imported when a function needs them.
+Layer: above `train` (see docs/architecture.md): a dropless directory may be a run directory,
+whose weights are a training checkpoint, so its weights are read by `train.init_from.
+load_dropless` (the trainer's one restore, with its integrity checks and layout conversion),
+which this module calls; nothing in `train` imports this module. JAX and orbax are imported when
+a function needs them.
 """
 from __future__ import annotations
 
@@ -18,41 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dropless.model_dir.folder import folder_tokenizer, parse_spec, read_dropless_config
-
-
-def load_dropless(folder: str | Path, *, what: str = ""):
-    """(TrainConfig, params) of a `dropless convert` output (params/) or a run (its newest
-    checkpoint's parameters). Errors start with `what` (see `folder.read_dropless_config`)."""
-    import jax
-    from dropless.config_file import from_dict
-    folder = Path(folder).absolute()
-    cfg = from_dict(read_dropless_config(folder, what=what))
-    if (folder / "params").is_dir():
-        import orbax.checkpoint as ocp
-        from dropless.models.deepseek import init_params
-        like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
-        return cfg, ocp.StandardCheckpointer().restore(folder / "params", like)
-    from dropless.train import checkpoint as ckpt
-    from dropless.train import step as step_lib
-    step = ckpt.latest_step(folder / "checkpoints")
-    if step is None:
-        raise ValueError(f"{what or folder}: neither params/ nor a checkpoint under "
-                         f"{folder / 'checkpoints'}")
-    mngr = ckpt.manager(folder / "checkpoints", keep=1, async_save=False)
-    like = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
-    state, _ = ckpt.restore(mngr, step, like)
-    mngr.close()
-    return cfg, state["params"]
-
-
-def cast_like(params: Any, cfg) -> Any:
-    """`params` cast leaf by leaf to the dtypes `init_params(cfg)` gives (cfg a ModelConfig)."""
-    import jax
-    import jax.numpy as jnp
-    from dropless.models.deepseek import init_params
-    like = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
-    return jax.tree.map(lambda x, l: jnp.asarray(x, l.dtype), params, like)
+from dropless.model_dir.folder import folder_tokenizer, parse_spec
+from dropless.train.init_from import cast_like, load_dropless
 
 
 def load_model(spec: str, *, dtype: str | None = None, what: str = ""):

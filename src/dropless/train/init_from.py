@@ -10,7 +10,10 @@ the loop its parameters in the configured layout and dtypes.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
+
+from dropless.model_dir import parse_spec, read_dropless_config
 
 # fields that do not change the parameter tree (dtypes are cast, the layout is converted)
 _FREE_FIELDS = ("dtype", "weight_dtype", "mtp_loss_coef", "moe", "scan_layers")
@@ -40,8 +43,6 @@ def model_differences(a, b) -> list[str]:
 def initial_params(cfg) -> Any:
     """The parameters `cfg.init_from` names, cast to cfg.model's weight dtype. Raises
     ValueError naming the fields where cfg.model differs from the folder's model."""
-    from dropless.model_dir import parse_spec
-    from dropless.model_dir.weights import cast_like, load_dropless
     spec = parse_spec(cfg.init_from)
     if spec.hf:
         from dropless import hf
@@ -57,3 +58,37 @@ def initial_params(cfg) -> Any:
     from dropless.models.scan import to_canonical_layout, to_config_layout
     params = to_config_layout(to_canonical_layout(params), cfg.model)
     return cast_like(params, cfg.model)
+
+
+def load_dropless(folder: str | Path, *, what: str = ""):
+    """(TrainConfig, params) of a `dropless convert` output (params/) or a run (its newest
+    checkpoint's parameters). Errors start with `what` (see `model_dir.read_dropless_config`)."""
+    import jax
+    from dropless.config_file import from_dict
+    folder = Path(folder).absolute()
+    cfg = from_dict(read_dropless_config(folder, what=what))
+    if (folder / "params").is_dir():
+        import orbax.checkpoint as ocp
+        from dropless.models.deepseek import init_params
+        like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
+        return cfg, ocp.StandardCheckpointer().restore(folder / "params", like)
+    from dropless.train import checkpoint as ckpt
+    from dropless.train import step as step_lib
+    step = ckpt.latest_step(folder / "checkpoints")
+    if step is None:
+        raise ValueError(f"{what or folder}: neither params/ nor a checkpoint under "
+                         f"{folder / 'checkpoints'}")
+    mngr = ckpt.manager(folder / "checkpoints", keep=1, async_save=False)
+    like = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
+    state, _ = ckpt.restore(mngr, step, like)
+    mngr.close()
+    return cfg, state["params"]
+
+
+def cast_like(params: Any, cfg) -> Any:
+    """`params` cast leaf by leaf to the dtypes `init_params(cfg)` gives (cfg a ModelConfig)."""
+    import jax
+    import jax.numpy as jnp
+    from dropless.models.deepseek import init_params
+    like = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+    return jax.tree.map(lambda x, l: jnp.asarray(x, l.dtype), params, like)

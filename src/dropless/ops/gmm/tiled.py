@@ -109,48 +109,49 @@ def _window(tc: TileClass, t, m: int):
     return start, (rows_B >= row) & (rows_B < tc.end_P[t])
 
 
-def _bits(x):
-    """16-bit floats as uint16 bits (see _slice): XLA:CPU then keeps them 16-bit inside loops."""
+def as_bits(x):
+    """16-bit floats as uint16 bits (see slice_bits): XLA:CPU keeps them 16-bit inside loops."""
     if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize == 2:
         return lax.bitcast_convert_type(x, jnp.uint16)
     return x
 
 
-def _unbits(x, dtype):
+def from_bits(x, dtype):
+    """The inverse of `as_bits`: `x` back as `dtype`."""
     return lax.bitcast_convert_type(x, dtype) if x.dtype != dtype else x
 
 
-def _slice(x_bits, start, size, dtype):
-    """Rows [start, start+size) of a `_bits` array, as `dtype`.
+def slice_bits(x_bits, start, size, dtype):
+    """Rows [start, start+size) of an `as_bits` array, as `dtype`.
 
     Why bits: given a bf16 operand sliced inside a while loop, XLA:CPU's float normalisation
     converts the whole loop-invariant operand to f32 before the loop and each slice back to bf16
     inside it, costing about 1.5x. Integer slices are left alone (measured on this CPU: a loop of
     1024-row bf16 tiles went from 44 ms to 30 ms, the dense dot taking 30 ms).
     """
-    return _unbits(lax.dynamic_slice_in_dim(x_bits, start, size, axis=0), dtype)
+    return from_bits(lax.dynamic_slice_in_dim(x_bits, start, size, axis=0), dtype)
 
 
 def _forward(lhs_MK, rhs_GKN, classes, out_dtype, transpose_rhs: bool):
     m, _ = lhs_MK.shape
     n = rhs_GKN.shape[1] if transpose_rhs else rhs_GKN.shape[2]
     contract = 1 if transpose_rhs else 0
-    lhs_bits, rhs_bits = _bits(lhs_MK), _bits(rhs_GKN)
-    out_bits = _bits(jnp.zeros((m, n), out_dtype))
+    lhs_bits, rhs_bits = as_bits(lhs_MK), as_bits(rhs_GKN)
+    out_bits = as_bits(jnp.zeros((m, n), out_dtype))
     for tc in classes:
         def body(t, out_bits, tc=tc):
             start, mask_B = _window(tc, t, m)
-            x_BK = _slice(lhs_bits, start, tc.size, lhs_MK.dtype)
-            w = _unbits(lax.dynamic_index_in_dim(rhs_bits, tc.group_P[t], 0, keepdims=False),
+            x_BK = slice_bits(lhs_bits, start, tc.size, lhs_MK.dtype)
+            w = from_bits(lax.dynamic_index_in_dim(rhs_bits, tc.group_P[t], 0, keepdims=False),
                         rhs_GKN.dtype)
-            y_BN = _bits(lax.dot_general(x_BK, w, (((1,), (contract,)), ((), ())),
+            y_BN = as_bits(lax.dot_general(x_BK, w, (((1,), (contract,)), ((), ())),
                                          preferred_element_type=jnp.float32).astype(out_dtype))
             if mask_B is not None:
                 old_BN = lax.dynamic_slice_in_dim(out_bits, start, tc.size, axis=0)
                 y_BN = jnp.where(mask_B[:, None], y_BN, old_BN)
             return lax.dynamic_update_slice_in_dim(out_bits, y_BN, start, axis=0)
         out_bits = lax.fori_loop(0, tc.count, body, out_bits)
-    return _unbits(out_bits, jnp.dtype(out_dtype))
+    return from_bits(out_bits, jnp.dtype(out_dtype))
 
 
 def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
@@ -177,7 +178,7 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
     # branch j handles a remainder in (sizes[j+1], sizes[j]]; branch len(sizes) means none
     branch_G = jnp.sum(rem_G[:, None] <= jnp.asarray(sizes)[None, :], axis=1) - 1
     branch_G = jnp.where(rem_G == 0, len(sizes), branch_G)
-    lhs_bits, dy_bits = _bits(lhs_MK), _bits(dy_MN)
+    lhs_bits, dy_bits = as_bits(lhs_MK), as_bits(dy_MN)
     transposed = lhs_MK.dtype.itemsize == 2
     lhsT_bits = lhs_bits.T if transposed else None
 
@@ -185,16 +186,16 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
         # A masked tile's window holds rows of other groups (or past the sum). Both operands are
         # zeroed there by selection: zeroing one is not enough, as a NaN or Inf in the other
         # would still reach this group's sum (NaN * 0 = NaN).
-        dy_BN = _slice(dy_bits, start, size, dy_MN.dtype)
+        dy_BN = slice_bits(dy_bits, start, size, dy_MN.dtype)
         if mask_B is not None:
             dy_BN = jnp.where(mask_B[:, None], dy_BN, jnp.zeros_like(dy_BN))
         if transposed:
-            xT_KB = _unbits(lax.dynamic_slice_in_dim(lhsT_bits, start, size, axis=1),
+            xT_KB = from_bits(lax.dynamic_slice_in_dim(lhsT_bits, start, size, axis=1),
                             lhs_MK.dtype)
             if mask_B is not None:
                 xT_KB = jnp.where(mask_B[None, :], xT_KB, jnp.zeros_like(xT_KB))
             return jnp.dot(xT_KB, dy_BN, preferred_element_type=jnp.float32)
-        x_BK = _slice(lhs_bits, start, size, lhs_MK.dtype)
+        x_BK = slice_bits(lhs_bits, start, size, lhs_MK.dtype)
         if mask_B is not None:
             x_BK = jnp.where(mask_B[:, None], x_BK, jnp.zeros_like(x_BK))
         return lax.dot_general(x_BK, dy_BN, (((0,), (0,)), ((), ())),
@@ -220,12 +221,12 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
         def full_body(t, acc_KN):
             return acc_KN + tile_dw(starts_G[grp] + t * full, full, None)
         acc_KN = lax.fori_loop(0, nfull_G[grp], full_body, acc_KN)
-        return carry, _bits(acc_KN.astype(out_dtype))
+        return carry, as_bits(acc_KN.astype(out_dtype))
 
     # a scan's stacked outputs are written once each: no zero-filled [G, K, N] buffer first;
-    # as bits, since a bf16 stacked output hits the float-normalisation round trip (_slice)
+    # as bits, since a bf16 stacked output hits the float-normalisation round trip (slice_bits)
     ys = lax.scan(group_body, None, jnp.arange(g, dtype=jnp.int32))[1]
-    return _unbits(ys, jnp.dtype(out_dtype))
+    return from_bits(ys, jnp.dtype(out_dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
