@@ -54,8 +54,10 @@ class MoE(nnx.Module):
                                 "w_down_FD": self.w_shared_down_FD[...]}
         return params
 
-    def __call__(self, x: jax.Array, *, mesh: Any = None) -> tuple[jax.Array, dict]:
-        return layer.apply(self.params_dict(), x, self.cfg, mesh=mesh)
+    def __call__(self, x: jax.Array, *, mesh: Any = None, devices_per_node: int | None = None
+                 ) -> tuple[jax.Array, dict]:
+        return layer.apply(self.params_dict(), x, self.cfg, mesh=mesh,
+                           devices_per_node=devices_per_node)
 
     def update_bias(self, tokens_per_expert_E: jax.Array) -> None:
         """Apply the DeepSeek-V3 bias rule with `cfg.bias_update_speed` (call once per step)."""
