@@ -10,7 +10,7 @@ benchmarks/results/plan_calibration.jsonl.
 import pytest
 
 from dropless.machine import busy_fraction
-from dropless.plan import calibrate as cal
+from dropless.bench import calibrate as cal
 
 
 def test_profile_from_measured_rates():

@@ -18,6 +18,10 @@ from dropless.runtime.xla_flags import RECIPES, check_flags
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
+# MoEConfig.dispatcher's values: "auto", "local" (no dispatcher), then one per strategy of
+# moe/dispatch/registry.py, which is keyed by exactly these (checked when it is imported):
+# config sits below moe, so it names the values and the registry holds what they mean
+DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a", "node_a2a")
 OVERFLOW_POLICIES = ("rounds", "error")
 
 
@@ -184,12 +188,10 @@ class MoEConfig:
         if not self.ragged_buffer_factor >= 1.0:
             _fail(c, "ragged_buffer_factor", self.ragged_buffer_factor, "must be >= 1.0")
         _one_of(c, self, "overflow", OVERFLOW_POLICIES)
-        # names are checked against their registries, the one list of each, read at call time:
-        # importing this module imports neither (they import it; backends register on import)
+        # the backend name is checked against its registry (below config), read at call time
         from dropless.ops.gmm.registry import check_backend_name
         check_backend_name(self.gmm_backend, where="MoEConfig.gmm_backend")
-        from dropless.moe.dispatch.registry import dispatcher_names
-        _one_of(c, self, "dispatcher", dispatcher_names())
+        _one_of(c, self, "dispatcher", DISPATCHERS)
 
     def replace(self, **changes: Any) -> "MoEConfig":
         return dataclasses.replace(self, **changes)

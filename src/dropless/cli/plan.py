@@ -149,7 +149,7 @@ def _compute(args) -> tuple[dict, str]:
         result = comparison()
         text = format_markdown(result)
     elif args.calibrate:
-        from dropless.plan.calibrate import run_calibration
+        from dropless.bench.calibrate import run_calibration
         result = run_calibration(devices=args.calibrate_devices,
                                  workload=args.calibrate_workload)
         text = result.pop("text")

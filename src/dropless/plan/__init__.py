@@ -4,8 +4,8 @@
 the trainer's `dropless.config.ModelConfig` (e.g. `get_preset("deepseek3-671b")`), counted by
 the one arithmetic model (`dropless.models.arithmetic`); `plan_config(train_config)` is the
 PlanConfig of a trainer's `TrainConfig`; `dropless plan` is its command line. Pure Python
-arithmetic: nothing is compiled or allocated on a device (calibrate.py, which times real runs,
-is imported only by `--calibrate`).
+arithmetic: nothing is compiled or allocated on a device. `dropless plan --calibrate` times real
+runs against it; that is a benchmark (`bench/calibrate.py`, above the trainer it times).
 """
 from dropless.machine import PROFILES, HardwareProfile, get_profile
 from dropless.models.arithmetic import param_counts

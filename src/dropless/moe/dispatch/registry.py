@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dropless import config
 from dropless.moe.dispatch import a2a, allgather as ag, node_a2a as na, ragged_a2a as ra
 from dropless.moe.dispatch.send_plan import SendPlan
 
@@ -105,6 +106,11 @@ GPU_PLATFORMS = ("cuda", "rocm", "tpu")
 def dispatcher_names() -> tuple[str, ...]:
     """Names accepted by MoEConfig.dispatcher with a mesh: auto, local, then the registry."""
     return ("auto", LOCAL) + tuple(DISPATCHERS)
+
+
+if dispatcher_names() != config.DISPATCHERS:   # the values config accepts are these strategies
+    raise ImportError(f"moe/dispatch/registry.py registers {dispatcher_names()} but "
+                      f"config.DISPATCHERS accepts {config.DISPATCHERS}: make them equal")
 
 
 @functools.lru_cache(maxsize=None)

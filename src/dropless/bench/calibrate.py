@@ -189,7 +189,7 @@ def profile_from(rates: dict[str, float], n: int) -> HardwareProfile:
         attention_efficiency=gemm, link_efficiency=1.0, hbm_efficiency=1.0,
         nvlink_latency_s=max(rates.get("latency_s", 1e-6), 1e-9),
         ib_latency_s=1e-6, overlap_cost=1.0, usable_memory_fraction=0.9,
-        sources=("measured at start-up by dropless.plan.calibrate",))
+        sources=("measured at start-up by dropless.bench.calibrate",))
 
 
 def _ram_bytes() -> float:
