@@ -57,11 +57,11 @@ def test_every_spec_has_the_fields_the_boundary_reads():
 def test_state_and_metadata_are_the_specs_namedtuples(name):
     spec = DISPATCHERS[name]
     cfg = MoEConfig(num_experts=E, top_k=K, d_model=D, d_ff=F, gmm_backend="ragged_dot",
-                    dispatcher=name, devices_per_node=G)
+                    dispatcher=name)
     mesh = make_mesh(MeshConfig(expert=P))
     if spec.split_nodes:
         mesh = split_expert_axis(mesh, G)
-    ctx = make_context(cfg, mesh, T, jnp.float32)
+    ctx = make_context(cfg, mesh, T, jnp.float32, devices_per_node=G)
     experts = layer.init_params(jax.random.key(0), cfg)["experts"]
     seen = {}
 

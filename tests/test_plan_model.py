@@ -172,8 +172,8 @@ def test_plan_settings_are_the_trainers_keys(capsys):
                                        ("top_k=4", "model.moe.top_k"),
                                        ("d_model=64", "model.d_model"),
                                        ("per_device_batch=2", "per_device_batch_size"),
-                                       ("fsdp=2", "fsdp_parallelism"),
-                                       ("data=2", "data_parallelism"),
+                                       ("fsdp=2", "mesh.fsdp"),
+                                       ("data=2", "mesh.data"),
                                        ("gmm_quantization=mxfp8", "model.moe.gmm_quantization")])
 def test_the_planners_old_flat_names_name_the_key_to_use(item, new, capsys):
     assert cli.run(_parse([item])) == 2
@@ -186,7 +186,7 @@ def test_cli_errors_are_clear(capsys):
     assert cli.run(_parse(["--hardware", "tpu9"])) == 2
     assert "hardware='tpu9' is unknown" in capsys.readouterr().err
     assert cli.run(_parse(["--ep", "7", "--gpus", "7"])) == 2   # the trainer's check
-    assert "expert_parallelism=7 must divide model.moe.num_experts=256" in \
+    assert "TrainConfig.mesh.expert=7 must divide model.moe.num_experts=256" in \
         capsys.readouterr().err
     assert cli.run(_parse(["per_device_bach_size=6"])) == 2
     assert "did you mean 'per_device_batch_size'" in capsys.readouterr().err
