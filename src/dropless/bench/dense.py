@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dropless.moe import ffn
+
 
 @jax.custom_vjp
 def matmul(a_MK: jax.Array, b_KN: jax.Array) -> jax.Array:
@@ -68,7 +70,7 @@ def swiglu(x_MD, w_gate_DF, w_up_DF, w_down_FD):
     """down(silu(x @ gate) * (x @ up)), with the same casts as the MoE layer's expert FFN."""
     gate_MF = matmul(x_MD, w_gate_DF)
     up_MF = matmul(x_MD, w_up_DF)
-    h_MF = (jax.nn.silu(gate_MF.astype(jnp.float32)) * up_MF.astype(jnp.float32)).astype(x_MD.dtype)
+    h_MF = ffn.swiglu(gate_MF, up_MF, x_MD.dtype)
     return matmul(h_MF, w_down_FD)
 
 

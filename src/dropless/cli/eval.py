@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dropless.cli.model_args import add_model_options
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="hf:DIR (a Hugging Face folder) or a dropless directory")
@@ -20,10 +22,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per window (>= 1)")
     parser.add_argument("--batch-size", type=int, default=8, help="windows per batch (>= 1)")
     parser.add_argument("--max-batches", type=int, default=0, help="0 = the whole file")
-    parser.add_argument("--tokenizer", help="'byte' or a tokenizer.json (default: the model "
-                                            "folder's tokenizer.json; an HF folder without one "
-                                            "is refused)")
-    parser.add_argument("--dtype", help="parameter/activation dtype (default: the model's)")
+    add_model_options(parser)
 
 
 def _check_args(args) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dropless.cli.model_args import add_model_options
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="hf:DIR (a Hugging Face folder) or a dropless directory")
@@ -19,10 +21,7 @@ def add_arguments(parser) -> None:
                         "(>= 1); generation stops at the model's end-of-sequence token")
     parser.add_argument("--temperature", type=float, default=0.0, help="finite, >= 0; 0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tokenizer", help="'byte' or a tokenizer.json (default: the model "
-                                            "folder's tokenizer.json; an HF folder without one "
-                                            "is refused)")
-    parser.add_argument("--dtype", help="parameter/activation dtype (default: the model's)")
+    add_model_options(parser)
 
 
 def _check_args(args) -> None:

@@ -7,6 +7,14 @@ import math
 from typing import Iterator
 
 
+def add_model_options(parser) -> None:
+    """--tokenizer and --dtype, as eval and generate take them (after their own options)."""
+    parser.add_argument("--tokenizer", help="'byte' or a tokenizer.json (default: the model "
+                                            "folder's tokenizer.json; an HF folder without one "
+                                            "is refused)")
+    parser.add_argument("--dtype", help="parameter/activation dtype (default: the model's)")
+
+
 def at_least(cmd: str, flag: str, value: int, low: int) -> None:
     if value < low:
         raise ValueError(f"dropless {cmd}: {flag}={value} must be >= {low}")
