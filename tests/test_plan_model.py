@@ -23,6 +23,12 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
+def _plan_status(argv) -> int:
+    """`dropless plan ARGV` through the command line's one error edge (cli/main)."""
+    from dropless.cli import main
+    return main(["plan", *argv])
+
+
 def test_every_preset_on_every_profile_is_fast_and_consistent():
     t = time.perf_counter()
     for name in PRESETS:
@@ -176,19 +182,19 @@ def test_plan_settings_are_the_trainers_keys(capsys):
                                        ("data=2", "mesh.data"),
                                        ("gmm_quantization=mxfp8", "model.moe.gmm_quantization")])
 def test_the_planners_old_flat_names_name_the_key_to_use(item, new, capsys):
-    assert cli.run(_parse([item])) == 2
+    assert _plan_status([item]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert err.startswith("dropless: error: ") and f"moved; use {new} " in err
 
 
 def test_cli_errors_are_clear(capsys):
-    assert cli.run(_parse(["--hardware", "tpu9"])) == 2
+    assert _plan_status(["--hardware", "tpu9"]) == 2
     assert "hardware='tpu9' is unknown" in capsys.readouterr().err
-    assert cli.run(_parse(["--ep", "7", "--gpus", "7"])) == 2   # the trainer's check
+    assert _plan_status(["--ep", "7", "--gpus", "7"]) == 2   # the trainer's check
     assert "TrainConfig.mesh.expert=7 must divide model.moe.num_experts=256" in \
         capsys.readouterr().err
-    assert cli.run(_parse(["per_device_bach_size=6"])) == 2
+    assert _plan_status(["per_device_bach_size=6"]) == 2
     assert "did you mean 'per_device_batch_size'" in capsys.readouterr().err
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 
 from dropless.plan import report
 from dropless.machine import PROFILES, get_profile
@@ -171,13 +170,9 @@ def _compute(args) -> tuple[dict, str]:
 
 
 def run(args) -> int:
-    """Print (and with --out write) the plan. A bad argument, setting or file is one line naming
-    it, `dropless: error: ...`, exit 2, before anything is computed."""
-    try:
-        result, text = _compute(args)
-    except ValueError as e:
-        print(f"dropless: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        return 2
+    """Print (and with --out write) the plan. A bad argument, setting or file raises ValueError
+    naming it before anything is computed (cli/main prints it as one line, exit 2)."""
+    result, text = _compute(args)
     from dropless import json_out   # never a NaN token: null plus `<key>_nonfinite`
     print(json_out.dumps(result, indent=1, default=_jsonable) if args.json else text)
     if args.out:
