@@ -51,8 +51,8 @@ test-main: setup
 # GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist.
 JAX_LEG_OLD := 0.11.2
 JAX_LEG_NEW := 0.12.0.1
-export GPU_TESTS := $(wildcard tests/test_cuda_lowering.py tests/test_gpu_*.py \
-                      tests/test_gmm_pallas_gpu.py tests/test_gmm_tokamax*.py tests/test_bench_gpu.py)
+export GPU_TESTS := $(wildcard tests/ops/gmm/test_triton_check*.py \
+                      tests/ops/gmm/test_pallas_gpu.py tests/ops/gmm/test_tokamax_backend.py tests/bench/test_gpu.py)
 setup-gpu-lowering:
 	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) setup
 	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) setup

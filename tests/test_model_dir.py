@@ -8,8 +8,9 @@ import pytest
 
 from dropless import model_dir
 from dropless.config_file import build_config, from_dict, to_dict
+from tests._support.paths import HF_FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "hf"
+FIX = HF_FIXTURES
 QWEN = FIX / "qwen3_moe"
 
 

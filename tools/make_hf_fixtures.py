@@ -30,7 +30,7 @@ Also written, merged over both versions:
   * `transformers_defaults.json`: the class defaults of the config keys dropless reads when a
     config.json leaves them out (dropless.hf.config_formats.DEFAULTS is checked against it);
   * `save_compat.json`: for each config dropless's `hf.save` writes (`saved_configs/`, which
-    tests/test_hf_config_formats.py keeps equal to what hf.save writes today), the largest
+    tests/hf/test_config_formats.py keeps equal to what hf.save writes today), the largest
     logit difference from the reference when this version loads it with the fixture weights.
 """
 from __future__ import annotations
@@ -301,7 +301,7 @@ def class_defaults() -> None:
 
 def save_compat() -> None:
     """Each config.json dropless's hf.save writes (tests/fixtures/hf/saved_configs, committed by
-    tests/test_hf_config_formats.py) loaded by this version with both versions' fixture weights:
+    tests/hf/test_config_formats.py) loaded by this version with both versions' fixture weights:
     the largest logit difference from the reference goes to save_compat.json."""
     out = {}
     for saved in sorted((ROOT / "saved_configs").glob("*.json")):

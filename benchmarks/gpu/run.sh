@@ -7,7 +7,7 @@
 # gmm.log, moe.log, train.log, tests.log (each section's output). Extra arguments go to
 # `dropless bench gpu`, e.g. --sections gmm --shapes G8,G64. Each section runs in its own
 # process with a time cap; the whole check gets what is left of HARD_S after the wheels install.
-# Check it on a CPU first: `dropless bench gpu --dry-run` (tests/test_bench_gpu.py runs that).
+# Check it on a CPU first: `dropless bench gpu --dry-run` (tests/bench/test_gpu.py runs that).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-gpu_bench_out}"

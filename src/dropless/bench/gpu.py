@@ -39,8 +39,8 @@ from dropless.bench import gpu_plan as plan
 
 # the GPU-relevant tests (those present), run on the device; the hypothesis soak and the
 # 1,600-row tiled case exercise CPU code paths, not the GPU's
-TEST_PATTERNS = ("tests/test_gmm_pallas_gpu.py", "tests/test_gmm.py", "tests/test_cuda_lowering.py",
-                 "tests/test_gpu_*.py", "tests/test_gmm_tokamax*.py")
+TEST_PATTERNS = ("tests/ops/gmm/test_pallas_gpu.py", "tests/ops/gmm/test_registry.py",
+                 "tests/ops/gmm/test_triton_check*.py", "tests/ops/gmm/test_tokamax_backend.py")
 TEST_DESELECT = "not property and not default_tiles"
 FAULT_KINDS = ("raise", "hang", "exit")
 

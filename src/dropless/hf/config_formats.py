@@ -21,7 +21,7 @@ takes `rope_scaling` over `rope_parameters` and `dtype` over `torch_dtype`).
 `Fields` reads the canonical dict: a required key that is missing, a value of the wrong type or
 a null where a number goes is a `BadConfig` naming the file, the key and the value. Missing
 optional keys take transformers' class defaults (`DEFAULTS`, the same in 4.57.6 and 5.24.0;
-tests/test_hf_config_formats.py checks them against tests/fixtures/hf/transformers_defaults.json,
+tests/hf/test_config_formats.py checks them against tests/fixtures/hf/transformers_defaults.json,
 which tools/make_hf_fixtures.py writes from both versions).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The test oracle of `dropless.models.arithmetic`: parameter counts read from the shapes
 `init_params` really creates (under `jax.eval_shape`, no memory is allocated). Nothing in the
 library calls it; the tests check that the arithmetic model equals it, part by part, for every
-preset and for small variants (tests/test_models_arithmetic.py).
+preset and for small variants (tests/models/test_arithmetic.py).
 
 Published conventions: `total` is the main model (embedding and output head included, MTP
 modules excluded and reported as `mtp`); `active` counts the parameters one token touches:

@@ -5,7 +5,7 @@ Cr row slots and Ce entry slots per peer per round, S = P*Cr, Q = P*Ce, R = S re
 
 Same plan, same buffers and same receiver expansion as `a2a`; each peer's chunk travels with its
 real length only. XLA:CPU cannot compile ragged-all-to-all, so this strategy is GPU/TPU only
-(it lowers for CUDA on any machine: tests/test_dispatch_ragged.py). Plain autodiff: the
+(it lowers for CUDA on any machine: tests/moe/dispatch/test_ragged_a2a.py). Plain autodiff: the
 transpose of ragged_all_to_all is a ragged_all_to_all. Runs inside the dispatcher's shard_map.
 """
 from __future__ import annotations

@@ -85,7 +85,7 @@ def smem_bytes(kernel: str, blocks: Blocks, dtype) -> int:
 
     Per stage one tile of each operand: fwd/dlhs [bm, bk] + [bk, bn], drhs [bm, bk] + [bm, bn].
     Triton keeps num_stages buffers on the wgmma path and num_stages - 1 on the others (as
-    triton 3.6 compiles these kernels for cuda:90; tests/test_gpu_sm90_compile.py checks it).
+    triton 3.6 compiles these kernels for cuda:90; tests/ops/gmm/test_triton_check_sm90.py checks it).
     """
     b = blocks
     a_tile = b.bm * b.bk

@@ -1,0 +1,65 @@
+"""Fault rows: command-line arguments refused before anything runs (no compile, no benchmark),
+each in one line naming the argument and its value. Rows past argparse run in-process."""
+from pathlib import Path
+
+from tests._support.fault import Fault
+
+
+def _yaml(text: str):
+    def setup(case: Path, _artifacts) -> None:
+        (case / "c.yaml").write_text(text)
+    return setup
+
+
+def arg(id_, argv, words, **kw):
+    """A row refused with exit 2, in-process; the timeout bounds a benchmark that would run."""
+    return Fault(id_, argv, rc=2, words=words, in_process=True, timeout=120, **kw)
+
+
+ROWS = [
+    Fault("cli-unknown-command", ["nosuchcommand"], rc=2, words=("invalid choice",)),
+    # plan
+    arg("plan-gpus-zero", ["plan", "--gpus", "0"], ("gpus=0", "positive")),
+    arg("plan-sweep-gpus-not-int", ["plan", "--sweep-gpus", "8,x"], ("--sweep-gpus", "'x'")),
+    arg("plan-sweep-gpus-zero", ["plan", "--sweep-gpus", "0,8"], ("--sweep-gpus", "0")),
+    arg("plan-suggest-top-zero", ["plan", "--suggest", "--top", "0"], ("--top", "0")),
+    arg("plan-min-buffer-factor-below-one", ["plan", "--suggest", "--min-buffer-factor", "0.5"],
+        ("--min-buffer-factor", "0.5")),
+    arg("plan-calibrate-devices-zero", ["plan", "--calibrate", "--calibrate-devices", "0"],
+        ("--calibrate-devices", "0")),
+    arg("plan-override-not-int", ["plan", "seq_len=abc"], ("seq_len", "'abc'")),
+    arg("plan-ragged-buffer-factor-nan", ["plan", "--ragged-buffer-factor", "nan"],
+        ("ragged_buffer_factor", "nan")),
+    arg("plan-config-missing", ["plan", "--config", "nope.yaml"], ("nope.yaml",)),
+    arg("plan-config-duplicate-key", ["plan", "--config", "c.yaml"],
+        ("c.yaml", "'seq_len'", "twice"), setup=_yaml("seq_len: 4096\nseq_len: 2048\n"),
+        unchanged=("c.yaml",)),
+    arg("plan-config-not-mapping", ["plan", "--config", "c.yaml"], ("c.yaml", "mapping"),
+        setup=_yaml("- 1\n- 2\n")),
+    # bench
+    arg("bench-gmm-m-zero", ["bench", "gmm", "--m", "0"], ("--m", "0")),
+    arg("bench-gmm-groups-not-int", ["bench", "gmm", "--groups", "8,x"], ("--groups", "'x'")),
+    arg("bench-gmm-dtype-unknown", ["bench", "gmm", "--dtypes", "float99"],
+        ("--dtypes", "float99")),
+    arg("bench-gmm-backend-unknown", ["bench", "gmm", "--backends", "nosuch"],
+        ("--backends", "nosuch", "ragged_dot")),
+    arg("bench-gmm-routing-unknown", ["bench", "gmm", "--routings", "nosuch"],
+        ("--routings", "nosuch", "uniform")),
+    arg("bench-gmm-repeats-zero", ["bench", "gmm", "--repeats", "0"], ("--repeats", "0")),
+    arg("bench-gmm-budget-negative", ["bench", "gmm", "--budget-s", "-1"], ("--budget-s", "-1")),
+    arg("bench-moe-top-k-above-experts", ["bench", "moe", "--experts", "8:9"],
+        ("--experts", "8:9", "top_k")),
+    arg("bench-moe-experts-format", ["bench", "moe", "--experts", "8-2"],
+        ("--experts", "'8-2'", "e:k")),
+    arg("bench-moe-capacity-negative", ["bench", "moe", "--capacity-factors", "-1"],
+        ("--capacity-factors", "-1")),
+    arg("bench-dispatch-ep-not-dividing", ["bench", "dispatch", "--ep", "3"],
+        ("--ep=3", "--host-devices=8")),
+    arg("bench-dispatch-unknown-dispatcher", ["bench", "dispatch", "--dispatchers", "nosuch"],
+        ("--dispatchers", "nosuch", "a2a")),
+    arg("bench-quant-shape-zero", ["bench", "quant", "--shape", "0", "512", "512", "8"],
+        ("--shape", "0")),
+    # checked by bench/gpu.py itself, before any section runs
+    arg("bench-gpu-section-unknown", ["bench", "gpu", "--sections", "nosuch", "--dry-run"],
+        ("--sections", "nosuch", "gmm")),
+]

@@ -1,0 +1,101 @@
+"""Fault rows: training data files that are wrong, refused in one line naming the file (and the
+line or byte offset) before anything is compiled, leaving the data and the run folder as they
+were. Every row runs `dropless train` in-process (the refusal comes before any JAX computation).
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tests._support.fault import Fault, Result
+
+# one step, no kernel timing: were a row's data accepted, the run stays short
+TRAIN = ["train", "steps=1", "time_kernels=false", "eval_every=1", "run_dir=runs",
+         "run_name=r"]
+ENOUGH = "def f(x):\n    return x + 1\n" * 200   # ~5,800 bytes: every split is long enough
+
+
+def _write(name: str, content):
+    def setup(case: Path, _artifacts) -> None:
+        path = case / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif isinstance(content, str):
+            path.write_text(content)
+        else:
+            np.save(path, content)
+    return setup
+
+
+def _files(files: dict):
+    def setup(case: Path, artifacts) -> None:
+        for name, content in files.items():
+            _write(name, content)(case, artifacts)
+    return setup
+
+
+def _no_run_left(case: Path, res: Result) -> None:
+    runs = case / "runs"
+    left = sorted(p.name for p in runs.iterdir()) if runs.is_dir() else []
+    assert not left, f"a refused run left {left} under runs/"
+    assert not runs.exists(), "a refused run left the run_dir it created (runs/)"
+    assert "compil" not in (res.out + res.err).lower(), "refused only after compiling"
+
+
+def _not_line_1(case: Path, res: Result) -> None:
+    _no_run_left(case, res)
+    assert "line 1" not in res.err, f"blames line 1: {res.err}"
+
+
+def _jsonl(*lines: str) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
+OK_LINE = json.dumps({"text": ENOUGH})
+
+
+def row(id_, files, words, data, *extra, check=_no_run_left):
+    return Fault(id_, TRAIN + [f"data={data}", *extra], rc=2, words=words,
+                 setup=_files(files), unchanged=tuple(files), check=check, in_process=True,
+                 timeout=300)
+
+
+ROWS = [
+    row("data-jsonl-text-number", {"d.jsonl": _jsonl(OK_LINE, '{"text": 5}')},
+        ("d.jsonl", "line 2", "'text'", "string", "int"), "d.jsonl"),
+    row("data-jsonl-text-null", {"d.jsonl": _jsonl(OK_LINE, '{"text": null}')},
+        ("d.jsonl", "line 2", "'text'", "string", "null"), "d.jsonl"),
+    row("data-jsonl-line-is-string", {"d.jsonl": _jsonl('"just a string"', OK_LINE)},
+        ("d.jsonl", "line 1", "object", "'text'"), "d.jsonl"),
+    row("data-jsonl-bad-json-line-2", {"d.jsonl": _jsonl(OK_LINE, '{"text": ', OK_LINE)},
+        ("d.jsonl", "line 2", "json"), "d.jsonl", check=_not_line_1),
+    # '{"text": "ok"}\n' is 15 bytes, '{"text": "' 10 more: the bad byte is at offset 25
+    row("data-jsonl-invalid-utf8",
+        {"d.jsonl": b'{"text": "ok"}\n{"text": "\xff"}\n' + OK_LINE.encode() + b"\n"},
+        ("d.jsonl", "utf-8", "byte 25", "line 2"), "d.jsonl"),
+    row("data-bin-odd-size", {"t.bin": bytes(range(7))},
+        ("t.bin", "7 bytes", "uint16", "multiple of 2"), "t.bin"),
+    row("data-bin-empty", {"t.bin": b""}, ("t.bin", "empty"), "t.bin"),
+    row("data-npy-negative-ids", {"t.npy": np.array([5, 3, -1] + [7] * 5000, np.int32)},
+        ("t.npy", "-1", "negative", "position 2"), "t.npy"),
+    row("data-npy-float-ids", {"t.npy": np.arange(5000, dtype=np.float32)},
+        ("t.npy", "float32", "integer"), "t.npy"),
+    row("data-npy-id-beyond-vocab", {"t.npy": np.array([1] * 3000 + [300] + [2] * 2000,
+                                                       np.int32)},
+        ("t.npy", "300", "position 3000", "model.vocab_size=256"), "t.npy"),
+    row("data-bin-id-beyond-vocab",
+        {"t.bin": np.array([1] * 3000 + [999] + [2] * 2000, np.uint16).tobytes()},
+        ("t.bin", "999", "model.vocab_size=256"), "t.bin"),
+    row("data-json-file", {"d.json": json.dumps([{"text": ENOUGH}])},
+        ("d.json", "jsonl", "one json object per line"), "d.json"),
+    row("data-dir-without-text-files", {"d/a.csv": "a,b\n1,2\n" * 500,
+                                        "d/b.json": json.dumps({"text": ENOUGH})},
+        ("'d'", "no file", ".csv", ".json", ".jsonl"), "d"),
+    row("data-dir-empty-jsonl-only", {"d/a.jsonl": "\n\n"}, ("'d'", "no text"), "d"),
+    row("data-eval-split-shorter-than-seq-len", {"one.txt": ENOUGH},
+        ("one.txt", "eval split", "seq_len=128", "eval_fraction"), "one.txt",
+        "eval_fraction=0.01"),
+    row("data-train-split-shorter-than-seq-len", {"one.txt": "x = 1\n" * 30},
+        ("one.txt", "train split", "seq_len=128"), "one.txt", "eval_fraction=0.5"),
+]

@@ -1,0 +1,121 @@
+"""Fault rows: broken Hugging Face checkpoints (issue 17's "Why" list), each through
+`dropless convert BAD OUT`: exit 2, one line naming the file and the key or tensor, the source
+folder unchanged and nothing written."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from tests._support.fault import Fault
+from tests._support.paths import HF_FIXTURES
+
+FIX = HF_FIXTURES
+
+
+def _copy(name: str, case: Path) -> Path:
+    d = case / "bad"
+    shutil.copytree(FIX / name, d, ignore=shutil.ignore_patterns("grads.safetensors",
+                                                                 "reference.npz"))
+    return d
+
+
+def _config(name: str, edit):
+    def setup(case, _artifacts):
+        d = _copy(name, case)
+        c = json.loads((d / "config.json").read_text())
+        edit(c)
+        (d / "config.json").write_text(json.dumps(c, indent=2))
+    return setup
+
+
+def _file(name: str, edit):
+    def setup(case, _artifacts):
+        edit(_copy(name, case))
+    return setup
+
+
+def _truncate(rel: str, keep: int | None = None, cut: int | None = None):
+    def edit(d: Path):
+        p = d / rel
+        data = p.read_bytes()
+        p.write_bytes(data[:keep] if keep is not None else data[:-cut])
+    return edit
+
+
+def _int32_weight(d: Path):
+    from safetensors.numpy import load_file, save_file
+    p = d / "model.safetensors"
+    t = load_file(str(p))
+    w = t["model.layers.0.self_attn.q_proj.weight"]
+    t["model.layers.0.self_attn.q_proj.weight"] = (w * 1e9).astype(np.int32)
+    save_file(t, str(p), metadata={"format": "pt"})
+
+
+def _drop_tensor(d: Path):
+    from safetensors.numpy import load_file, save_file
+    p = d / "model.safetensors"
+    t = load_file(str(p))
+    del t["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(t, str(p), metadata={"format": "pt"})
+
+
+def _index(edit):
+    def run(d: Path):
+        p = d / "model.safetensors.index.json"
+        doc = json.loads(p.read_text())
+        edit(doc)
+        p.write_text(json.dumps(doc))
+    return run
+
+
+def _write(rel: str, text: str):
+    return lambda d: (d / rel).write_text(text)
+
+
+def _drop(key):
+    return lambda c: c.pop(key)
+
+
+def _row(id_, setup, words, src="bad"):
+    return Fault(id_, ["convert", src, "out"], rc=2, words=words, setup=setup,
+                 unchanged=("bad", "out"))
+
+
+Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
+ROWS = [
+    _row("hf-truncated-shard", _file("mixtral", _truncate("model-00006-of-00006.safetensors",
+                                                          cut=100)),
+         ("model-00006-of-00006.safetensors", "tensor", "truncated")),
+    _row("hf-truncated-header", _file("qwen3_moe", _truncate("model.safetensors", keep=60)),
+         ("model.safetensors", "header", "truncated")),
+    _row("hf-int32-weight", _file("qwen3_moe", _int32_weight),
+         ("model.safetensors", Q_PROJ, "I32", "expected a float")),
+    _row("hf-missing-tensor", _file("tf5/qwen3_moe", _drop_tensor),
+         ("model.layers.1.mlp.experts.3.up_proj.weight", "not in the checkpoint")),
+    _row("hf-rope-scaling-string", _config("deepseek_v3_yarn",
+                                           lambda c: c.update(rope_scaling="yarn")),
+         ("config.json", "rope_scaling='yarn'")),
+    _row("hf-yarn-without-factor", _config("deepseek_v3_yarn",
+                                           lambda c: c["rope_scaling"].pop("factor")),
+         ("config.json", "rope_scaling.factor is missing")),
+    _row("hf-no-hidden-size", _config("mixtral", _drop("hidden_size")),
+         ("config.json", "hidden_size is missing")),
+    _row("hf-topk-null", _config("qwen3_moe", lambda c: c.update(num_experts_per_tok=None)),
+         ("config.json", "num_experts_per_tok=None")),
+    _row("hf-index-without-weight-map", _file("mixtral", _index(lambda i: i.pop("weight_map"))),
+         ("model.safetensors.index.json", "weight_map")),
+    _row("hf-config-not-json", _file("mixtral", _write("config.json", '{"architectures": [')),
+         ("config.json", "not valid JSON"), src="hf:bad"),
+    _row("hf-index-not-json", _file("mixtral", _write("model.safetensors.index.json", "{oops")),
+         ("model.safetensors.index.json", "not valid JSON")),
+    _row("hf-model-type-contradicts", _config("mixtral",
+                                              lambda c: c.update(model_type="qwen3_moe")),
+         ("config.json", "model_type='qwen3_moe'", "architectures")),
+    _row("hf-tensor-not-in-weight-map", _file("mixtral", _index(
+        lambda i: i["weight_map"].pop("model.norm.weight"))),
+         ("model.safetensors.index.json", "model.norm.weight", "missing from weight_map")),
+    _row("hf-tf5-rope-theta-contradicts", _config("tf5/mixtral",
+                                                  lambda c: c.update(rope_theta=10000.0)),
+         ("config.json", "rope_theta=10000.0", "rope_parameters.rope_theta=1000000.0")),
+]

@@ -1,0 +1,79 @@
+"""The Makefile's setup: a .venv made by another (or an unsupported) Python is rebuilt with a
+message, never reused; an unsupported $(PYTHON) is refused before anything is created.
+
+Fake interpreters (shell scripts printing what the Makefile's version probe prints) stand in for
+other Python versions; `make -n` shows what would run without installing anything.
+"""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests._support.paths import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def fake_python(path: Path, answer: str) -> Path:
+    """An 'interpreter' that answers the Makefile's probe ("major.minor ok") and nothing else."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\necho "{answer}"\n')
+    path.chmod(0o755)
+    return path
+
+
+def real_python(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def make(project, *args):
+    return subprocess.run(["make", *args], cwd=project, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_an_installed_venv_of_the_same_python_is_reused(project):
+    real_python(project / ".venv/bin/python")
+    (project / ".venv/.installed").touch()
+    r = make(project, "-q", "setup", f"PYTHON={sys.executable}")
+    assert r.returncode == 0, r.stdout + r.stderr  # up to date: nothing would run
+
+
+def test_a_venv_of_another_python_is_recreated_with_a_message(project):
+    fake_python(project / ".venv/bin/python", "3.9 0")
+    (project / ".venv/.installed").touch()  # even when it looks installed
+    r = make(project, "-n", "setup", f"PYTHON={sys.executable}")
+    v = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert r.returncode == 0, r.stderr
+    assert f"was made by Python 3.9, not {sys.executable} ({v}): recreating it" in r.stdout
+    assert "rm -rf .venv" in r.stdout and "-m venv .venv" in r.stdout
+    assert "pip install -q -e '.[test,report]'" in r.stdout  # report plots are installed too
+
+
+def test_a_broken_venv_is_recreated(project):
+    (project / ".venv/bin").mkdir(parents=True)
+    (project / ".venv/bin/python").symlink_to(project / "removed-interpreter")
+    (project / ".venv/.installed").touch()
+    r = make(project, "-n", "setup", f"PYTHON={sys.executable}")
+    assert "that no longer runs" in r.stdout and "rm -rf .venv" in r.stdout, r.stdout
+
+
+def test_an_unsupported_python_is_refused_before_creating_anything(project):
+    old = fake_python(project / "bin/python3.10", "3.10 0")
+    r = make(project, "test", f"PYTHON={old}")
+    assert r.returncode != 0
+    assert f"dropless needs Python >= 3.11, but {old} is 3.10" in r.stdout
+    assert "make PYTHON=python3.12 test" in r.stdout
+    assert not (project / ".venv").exists()
+    r = make(project, "run", "PYTHON=no-such-python3")
+    assert "no-such-python3 is not runnable" in r.stdout and r.returncode != 0

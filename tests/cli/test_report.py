@@ -1,0 +1,108 @@
+"""`dropless report`: plots drawn (matplotlib is installed by `make test`), a readable throughput
+plot, the numbers printed without matplotlib, and a closed pipe ending quietly."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dropless import report
+from dropless.cli import report as report_cli
+from tests._support.paths import SRC
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    recs = [{"event": "start"}] + [
+        {"event": "step", "step": s, "loss": 5.0 - s / 10, "step_time_s": 0.5,
+         "tokens_per_s": 4000.0 + 10 * s, "tflops_per_device": 0.02, "mfu": 0.1 + s / 1000,
+         "dropped_tokens": 0, "expert_load_max_over_mean": 1.2,
+         "tokens_per_expert": [[3, 5, 4, 4], [6, 2, 4, 4]]}
+        for s in range(1, 9)] + [{"event": "eval", "step": 8, "eval_loss": 4.5}]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    return d
+
+
+def args_for(d):
+    p = argparse.ArgumentParser()
+    report_cli.add_arguments(p)
+    return p.parse_args([str(d)])
+
+
+def test_report_draws_the_three_plots(run_dir, capsys):
+    assert report_cli.run(args_for(run_dir)) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[:out.rindex("}") + 1])["steps"] == 8
+    for name in ("loss.png", "throughput.png", "expert_load.png"):
+        assert (run_dir / name).stat().st_size > 1000, name
+        assert str(run_dir / name) in out
+
+
+def test_throughput_has_one_axis_per_quantity_with_legends(run_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = report._throughput_figure(plt, report.read_metrics(run_dir)["step"])
+    tokens, mfu = fig.axes  # two axes, no twin drawn over the first
+    assert tokens.get_ylabel() == "tokens/s" and mfu.get_ylabel() == "MFU %"
+    for ax, label in ((tokens, "tokens/s"), (mfu, "MFU %")):
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert texts[0] == label and texts[1].startswith("median"), texts
+    assert mfu.get_lines()[0].get_ydata()[0] == pytest.approx(10.1)  # percent
+    plt.close(fig)
+    no_mfu = [dict(r, mfu=None) for r in report.read_metrics(run_dir)["step"]]
+    fig = report._throughput_figure(plt, no_mfu)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["tokens/s"]
+    plt.close(fig)
+
+
+def test_report_without_matplotlib_prints_numbers_and_explains(run_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` -> ImportError
+    assert report_cli.run(args_for(run_dir)) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["median_tokens_per_s"] == 4055.0
+    assert "no plots: matplotlib is not installed" in captured.err
+    assert "dropless[report]" in captured.err
+
+
+def test_report_into_a_closed_pipe_ends_quietly(run_dir):
+    # `dropless report DIR | head`: the reader is gone before the report writes
+    proc = subprocess.Popen([sys.executable, "-m", "dropless.cli", "report", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": SRC})
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_report_reads_past_a_torn_line_and_names_its_line(tmp_path, capsys):
+    good = [{"event": "step", "step": s, "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 1.0,
+             "tflops_per_device": 0.0, "mfu": None, "dropped_tokens": 0} for s in (1, 2, 3)]
+    lines = [json.dumps({"event": "start"}), json.dumps(good[0]), "",
+             '{"event": "step", "step": 2, "lo' + json.dumps({"event": "start"}),
+             json.dumps(good[1]), json.dumps(good[2])]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    skipped = []
+    m = report.read_metrics(tmp_path, skipped)
+    assert [r["step"] for r in m["step"]] == [1, 2, 3]
+    assert len(skipped) == 1 and "metrics.jsonl line 4 is not a complete JSON record" in \
+        skipped[0], skipped
+    monkey_draw = report.draw
+    try:
+        report.draw = lambda d: []          # the plots are the other tests' business
+        assert report_cli.run(args_for(tmp_path)) == 0
+    finally:
+        report.draw = monkey_draw
+    err = capsys.readouterr().err
+    assert err.startswith("dropless: warning: ") and "line 4" in err and "skipped" in err
+
+
+def test_report_refuses_a_run_without_steps_and_draws_nothing(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "start"}) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl has no step records .*no plots drawn"):
+        report_cli.run(args_for(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

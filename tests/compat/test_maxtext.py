@@ -1,0 +1,116 @@
+"""The published DeepSeek-V3 GB300 recipe: every key accepted with its meaning, in a YAML file,
+on the command line and by `dropless plan --config`; config errors are one line naming the key
+and value; `dropless config keys` lists each key once."""
+from pathlib import Path
+
+import pytest
+
+from dropless.cli import main
+from dropless.compat import maxtext
+from dropless.config_file import build_config, known_keys, parse_override
+from dropless.runtime import xla_flags as xf
+from tests._support.paths import EXAMPLES
+
+GB300 = str(EXAMPLES / "deepseek3_671b_gb300.yml")
+CPU8 = str(EXAMPLES / "deepseek3_cpu8.yml")
+
+
+def test_recipe_means_what_it_says():
+    notes: list[str] = []
+    cfg = build_config(yaml_path=GB300, notes=notes)
+    moe = cfg.model.moe
+    assert cfg.preset == "deepseek3-671b" and (cfg.seq_len, cfg.per_device_batch_size) == (4096, 6)
+    assert moe.dispatcher == "auto" and moe.gmm_quantization == "mxfp8"       # te_moe_block
+    assert moe.capacity_factor is None                                        # still dropless
+    assert (moe.ragged_buffer_factor, moe.overflow_check_every_n_steps) == (2.0, 20)
+    assert cfg.distributed is True                                            # gpu_multiprocess
+    # FSDP 16 = ICI 8 x DCN 2, EP 8: 128 devices in 2 nodes (NVLink domains) of 64
+    assert (cfg.mesh.fsdp, cfg.mesh.dcn_fsdp, cfg.mesh.expert) == (16, 2, 8)
+    assert cfg.num_devices == 128 and cfg.mesh.devices_per_node == 64
+    flags = xf.parse_flags(cfg.xla_flags)
+    assert flags["xla_gpu_all_gather_combine_threshold_bytes"] == \
+        "--xla_gpu_all_gather_combine_threshold_bytes=6442450944"
+    assert flags["xla_gpu_enable_command_buffer"] == "--xla_gpu_enable_command_buffer="
+    assert flags["xla_gpu_experimental_enable_nccl_symmetric_buffers"].endswith("=false")
+    assert xf.parse_environment(cfg.environment) == {
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.88", "CUDA_DEVICE_MAX_CONNECTIONS": "16",
+        "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE": "false", "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB": "180"}
+    assert any(n.startswith("capacity_factor=1.0 changes nothing") for n in notes)
+
+
+def test_recipe_keys_on_the_command_line_equal_the_file():
+    lines = [ln for ln in Path(GB300).read_text().splitlines() if ln and not ln.startswith("#")]
+    items = [parse_override(ln.replace(": ", "=", 1)) for ln in lines]
+    assert build_config(items) == build_config(yaml_path=GB300)
+
+
+@pytest.mark.parametrize("path", [GB300, CPU8])
+def test_examples_load_in_config_show_and_plan(path, capsys):
+    assert main(["config", "show", "--config", path]) == 0
+    out = capsys.readouterr().out
+    assert "distributed: true" in out and "# note: capacity_factor=1.0 changes nothing" in out
+    assert main(["plan", "--config", path, "--hardware", "gb300"]) == 0
+    out = capsys.readouterr().out
+    assert "fsdp 16 x ep 8 (64 GPUs per node" in out if path == GB300 else "ep 4" in out
+
+
+def test_later_flag_and_variable_win():
+    cfg = build_config([("xla_gpu_enable_command_buffer", ""), ("CUDA_DEVICE_MAX_CONNECTIONS", 1),
+                        ("xla_gpu_enable_command_buffer", "FUSION"),
+                        ("CUDA_DEVICE_MAX_CONNECTIONS", 16)])
+    assert cfg.xla_flags == "--xla_gpu_enable_command_buffer=FUSION"
+    assert cfg.environment == "CUDA_DEVICE_MAX_CONNECTIONS=16"
+
+
+def test_mesh_keys_are_order_free():
+    a = build_config([("dcn_expert_parallelism", 2), ("ici_expert_parallelism", 4)])
+    b = build_config([("ici_expert_parallelism", 4), ("dcn_expert_parallelism", 2)])
+    assert a == b and (a.mesh.expert, a.mesh.dcn_expert, a.mesh.devices_per_node) == (8, 2, 4)
+
+
+@pytest.mark.parametrize("items,message", [
+    ([("hardware", "gpu_multi")], "MaxText hardware='gpu_multi' is not supported"),
+    ([("te_moe_block", "yes")], "MaxText te_moe_block='yes' must be true or false"),
+    ([("XLA_PYTHON_CLIENT_MEM_FRACTION", 1.5)],
+     "XLA_PYTHON_CLIENT_MEM_FRACTION='1.5' must be a fraction in \\(0, 1\\]"),
+    ([("CUDA_DEVICE_MAX_CONNECTIONS", "many")], "CUDA_DEVICE_MAX_CONNECTIONS='many' must be"),
+    ([("xla_flags", "xla_gpu_foo=1")], "'xla_gpu_foo=1' is not an XLA flag"),
+    ([("xla_gpu_foo", [1, 2])], "xla_gpu_foo=\\[1, 2\\] must be one number, word"),
+    ([("dcn_fsdp_parallelism", -1)], "dcn_fsdp_parallelism=-1 must be >= 1"),
+    ([("expert_parallelism", 4), ("dcn_expert", 3)], "MeshConfig.dcn_expert=3 must divide"),
+    ([("mesh.expert", 4), ("mesh.dcn_expert", 3)], "MeshConfig.dcn_expert=3 must divide"),
+    ([("dcn_expert_parallelism", 2), ("ici_expert_parallelism", 4),
+      ("model.moe.devices_per_node", 8)], "'model.moe.devices_per_node' \\(8\\) is gone: the "
+     "node size follows from the mesh; set .* mesh.dcn_data, mesh.dcn_fsdp, mesh.dcn_expert"),
+    ([("environment", "HOME=/tmp")], "HOME='/tmp' is not one a config sets"),
+])
+def test_config_errors_are_one_line_naming_key_and_value(items, message):
+    with pytest.raises(ValueError, match=message) as e:
+        build_config(items)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_yaml_is_one_line_with_file_line_column(tmp_path):
+    p = tmp_path / "bad.yml"
+    p.write_text("steps: 3\nmodel:\n  d_model: [32\nseq_len: 8\n")
+    with pytest.raises(ValueError, match=r"bad.yml:4:\d+: invalid YAML") as e:
+        build_config(yaml_path=str(p))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="cannot be read"):
+        build_config(yaml_path=str(tmp_path / "missing.yml"))
+
+
+def test_unknown_key_points_at_config_keys_which_lists_each_once(capsys):
+    with pytest.raises(ValueError, match="`dropless config keys` lists the keys"):
+        build_config([("te_moe_blok", True)])
+    assert main(["config", "keys"]) == 0
+    names = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    assert len(names) == len(set(names)) and "te_moe_block" in names
+    assert set(known_keys()) <= set(names)
+
+
+def test_maxtext_docstring_keys_are_known():
+    for key in ("te_moe_block", "hardware", "prefuse_moe_weights", "dcn_fsdp_parallelism",
+                "xla_gpu_enable_command_buffer", "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"):
+        assert maxtext.is_known(key)
+    assert not maxtext.is_known("xla_recipe") and not maxtext.is_known("XLA_FLAGS")

@@ -1,0 +1,116 @@
+"""Unsupported Hugging Face checkpoints and configs: each error names the key and its value."""
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from dropless import hf
+from dropless.config import ModelConfig, MoEConfig
+from dropless.models.deepseek import init_params
+from tests._support.paths import HF_FIXTURES
+
+FIX = HF_FIXTURES
+
+
+def _copy(name: str, tmp_path: Path, **changes) -> Path:
+    d = tmp_path / name
+    shutil.copytree(FIX / name, d)
+    conf = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None and k in conf and k != "rope_scaling":
+            del conf[k]
+        else:
+            conf[k] = v
+    (d / "config.json").write_text(json.dumps(conf))
+    return d
+
+
+@pytest.mark.parametrize("name,changes,match", [
+    ("mixtral", {"architectures": ["LlamaForCausalLM"]}, "architectures=\\['LlamaForCausalLM'\\]"),
+    ("mixtral", {"sliding_window": 4096}, "sliding_window=4096"),
+    ("mixtral", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("qwen3_moe", {"attention_bias": True}, "attention_bias=True"),
+    ("qwen3_moe", {"use_sliding_window": True, "sliding_window": 128}, "sliding_window=128"),
+    ("qwen3_moe", {"rope_scaling": {"type": "linear", "factor": 2.0}},
+     "rope_scaling.type='linear'"),
+    ("qwen3_moe", {"mlp_only_layers": [9]}, "mlp_only_layers=\\[9\\]"),
+    ("deepseek_v3_yarn", {"scoring_func": "softmax"}, "scoring_func='softmax'"),
+    ("deepseek_v3_yarn", {"moe_layer_freq": 2}, "moe_layer_freq=2"),
+    ("deepseek_v3_yarn", {"rope_scaling": {"type": "yarn", "factor": 4.0,
+                                           "attention_factor": 2.0}},
+     "rope_scaling.attention_factor=2.0"),
+    ("deepseek_v3_yarn", {"rope_scaling": {"type": "yarn", "factor": 4.0, "low_freq": 1}},
+     "rope_scaling.low_freq=1"),
+    ("deepseek_v3_fp8", {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+     "quantization_config="),
+])
+def test_unsupported_config_names_key(name, changes, match, tmp_path):
+    d = _copy(name, tmp_path, **changes)
+    with pytest.raises(hf.UnsupportedCheckpoint, match=match):
+        hf.load(d)
+
+
+def test_shape_mismatch_names_tensor(tmp_path):
+    d = _copy("mixtral", tmp_path, intermediate_size=32)
+    with pytest.raises(ValueError, match="block_sparse_moe.experts.0.w1.weight"):
+        hf.load(d)
+
+
+def test_unmapped_tensor_is_an_error(tmp_path):
+    from safetensors.numpy import save_file
+    from safetensors.numpy import load_file
+    d = _copy("qwen3_moe", tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(32, np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match="q_proj.bias"):
+        hf.load(d)
+
+
+def test_missing_folder_or_weights(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        hf.load(tmp_path)
+    shutil.copy(FIX / "mixtral" / "config.json", tmp_path / "config.json")
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        hf.load(tmp_path)
+
+
+def test_mtp_depth_beyond_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="mtp_depth=2"):
+        hf.load(FIX / "deepseek_v3_yarn", mtp_depth=2)
+
+
+def _zeros(cfg):
+    """Zero parameters of cfg's shapes (no compilation: values do not matter here)."""
+    shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
+def _gqa(**moe):
+    m = dict(num_experts=4, top_k=2, d_model=16, d_ff=8, score_func="softmax")
+    m.update(moe)
+    return ModelConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2, d_ff=8,
+                       attention="mha", moe=MoEConfig(**m))
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (_gqa(num_shared_experts=1), "moe.num_shared_experts=1 cannot be saved as Mixtral"),
+    (_gqa(score_func="sigmoid"), "moe.score_func='sigmoid'"),
+    (_gqa().replace(layer_pattern="DM"), "layer_pattern='DM'"),
+    (_gqa().replace(qk_norm=True, mtp_depth=1), "mtp_depth=1"),
+])
+def test_save_refuses_what_the_architecture_cannot_hold(cfg, match, tmp_path):
+    params = _zeros(cfg)
+    with pytest.raises(hf.UnsupportedCheckpoint, match=match):
+        hf.save(cfg, params, tmp_path)
+
+
+def test_save_refuses_nonzero_bias_for_softmax(tmp_path):
+    cfg = _gqa()
+    params = _zeros(cfg)
+    params["layers"][1]["moe"]["router"]["bias_E"][0] = 0.5
+    with pytest.raises(hf.UnsupportedCheckpoint, match="layers/1/moe/router/bias_E"):
+        hf.save(cfg, params, tmp_path)

@@ -1,0 +1,189 @@
+"""Writes that never destroy (issue 17 item 6): `dropless convert` killed part-way over an
+existing folder of another model leaves that folder byte-identical and the source intact, and
+what it half-wrote does not load; a later convert replaces the folder whole.
+
+The convert runs in a subprocess that is made to stall once it has written some of its files
+(a wrapper around safetensors' `save_file` / orbax's save, not a hook in dropless), and is then
+killed with SIGKILL, as a user's Ctrl-\\ or the OOM killer would.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests._support.fault import SRC, snapshot
+from dropless import cli, hf
+from dropless.hf import destination
+from tests._support.paths import HF_FIXTURES
+
+FIX = HF_FIXTURES
+
+STALL = r"""
+import os, sys, time
+mark, stage = sys.argv[1], sys.argv[2]
+def stall():
+    open(mark, "w").close()
+    time.sleep(600)
+if stage == "shards":            # after the second safetensors shard
+    import safetensors.numpy as sn
+    orig, count = sn.save_file, [0]
+    def save_file(*a, **k):
+        orig(*a, **k)
+        count[0] += 1
+        if count[0] == 2:
+            stall()
+    sn.save_file = save_file
+else:                            # after orbax has written params/, before config.json
+    import orbax.checkpoint as ocp
+    orig, count = ocp.StandardCheckpointer.wait_until_finished, [0]
+    def wait(self):              # save() itself waits first, for earlier saves
+        orig(self)
+        count[0] += 1
+        if count[0] == 2:
+            stall()
+    ocp.StandardCheckpointer.wait_until_finished = wait
+from dropless import cli
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def _killed_convert(tmp_path, stage, argv) -> None:
+    """Run `dropless convert argv` until it stalls at `stage`, then SIGKILL it."""
+    mark = tmp_path / "stalled"
+    env = dict(os.environ, PYTHONPATH=SRC, JAX_PLATFORMS="cpu")
+    p = subprocess.Popen([sys.executable, "-c", STALL, str(mark), stage, "convert", *argv],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while not mark.exists():
+        assert p.poll() is None, p.stdout.read().decode()
+        assert time.time() < deadline, "the convert never reached the stall point"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    p.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def qwen_dropless(tmp_path_factory):
+    out = tmp_path_factory.mktemp("conv") / "qwen"
+    assert cli.main(["convert", str(FIX / "qwen3_moe"), str(out)]) == 0
+    return out
+
+
+def _partials(dst: Path) -> list[Path]:
+    return sorted(dst.parent.glob(f".{dst.name}.partial-*"))
+
+
+def test_export_killed_over_another_hf_folder_leaves_it_intact(qwen_dropless, tmp_path):
+    dst = tmp_path / "hf_out"
+    shutil.copytree(FIX / "mixtral", dst)        # an HF folder of another model
+    before, src_before = snapshot(dst), snapshot(qwen_dropless)
+    _killed_convert(tmp_path, "shards", [str(qwen_dropless), str(dst), "--overwrite",
+                                         "--shard-size", "20000"])
+    assert snapshot(dst) == before and snapshot(qwen_dropless) == src_before
+    [part] = _partials(dst)
+    assert len(list(part.glob("*.safetensors"))) == 2 and not (part / "config.json").exists()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        hf.load(part)
+    # the next convert removes the dead writer's partial folder and replaces dst whole
+    assert cli.main(["convert", str(qwen_dropless), str(dst), "--overwrite"]) == 0
+    assert _partials(dst) == [] and not list(tmp_path.glob(".hf_out.old-*"))
+    assert hf.read_config(dst)[0] == hf.read_config(FIX / "qwen3_moe")[0]
+    assert not (dst / "model-00006-of-00006.safetensors").exists()   # nothing of mixtral's
+
+
+def test_import_killed_over_a_dropless_dir_leaves_it_intact(qwen_dropless, tmp_path):
+    dst = tmp_path / "dl"
+    shutil.copytree(qwen_dropless, dst)
+    before = snapshot(dst)
+    _killed_convert(tmp_path, "params", [str(FIX / "mixtral"), str(dst), "--overwrite"])
+    assert snapshot(dst) == before
+    [part] = _partials(dst)
+    assert (part / "params").is_dir() and not (part / "config.json").exists()
+    from dropless.train.init_from import load_dropless
+    with pytest.raises(ValueError, match="no config.json"):
+        load_dropless(part)
+    from dropless.model_dir.weights import load_model
+    cfg, params = load_model(str(dst))         # the old folder still loads, and is qwen
+    assert cfg == hf.read_config(FIX / "qwen3_moe")[0]
+
+
+def test_refusals_change_nothing(qwen_dropless, tmp_path, capsys):
+    hf_copy = tmp_path / "hfcopy"
+    shutil.copytree(FIX / "mixtral", hf_copy)
+    link = tmp_path / "link"
+    link.symlink_to(hf_copy)
+    cases = [([str(hf_copy), str(hf_copy)], "is the source"),
+             ([str(hf_copy), str(link)], "is the source"),
+             ([str(hf_copy), f"{tmp_path}/x/../hfcopy"], "is the source"),
+             ([str(hf_copy), str(hf_copy / "sub")], "inside the source"),
+             ([str(hf_copy), str(tmp_path), "--overwrite"], "holds the source"),
+             ([str(qwen_dropless), str(hf_copy)], "not empty; pass --overwrite")]
+    before = snapshot(tmp_path)
+    for argv, words in cases:
+        assert cli.main(["convert", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("dropless: error: dropless convert") and words in err, err
+        assert err.count("\n") == 1
+    assert snapshot(tmp_path) == before
+
+
+def test_exchange_replaces_in_one_step(tmp_path):
+    """commit() swaps a complete folder in (renameat2 RENAME_EXCHANGE) and removes the old."""
+    old, new = tmp_path / "dst", tmp_path / ".dst.partial-1"
+    old.mkdir()
+    (old / "a").write_text("old")
+    new.mkdir()
+    (new / "b").write_text("new")
+    destination.commit(new, old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]
+    assert [p.name for p in old.iterdir()] == ["b"]
+
+
+def test_tokenizer_travels_both_ways(tmp_path):
+    from tests._support.tokenizer_folders import FOLDERS, write_folder
+    src = tmp_path / "mix"
+    shutil.copytree(FIX / "mixtral", src)
+    write_folder(src, *FOLDERS["llama"])
+    assert cli.main(["convert", str(src), str(tmp_path / "dl")]) == 0
+    dl = tmp_path / "dl"
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (dl / name).read_bytes() == (src / name).read_bytes(), name
+    from dropless.model_dir import folder_tokenizer
+    assert folder_tokenizer(str(dl)) == str(dl / "tokenizer.json")
+    assert cli.main(["convert", str(dl), str(tmp_path / "back")]) == 0
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (tmp_path / "back" / name).read_bytes() == (src / name).read_bytes(), name
+    a, b = hf.load(src)[1], hf.load(tmp_path / "back")[1]
+    np.testing.assert_array_equal(np.asarray(a["embed"]["w_VD"]), np.asarray(b["embed"]["w_VD"]))
+
+
+def test_hf_save_refuses_a_non_empty_folder_unless_overwrite(tmp_path):
+    cfg, params = hf.load(FIX / "qwen3_moe")
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("mine")
+    with pytest.raises(hf.DestinationError, match="not empty"):
+        hf.save(cfg, params, dst)
+    assert [p.name for p in dst.iterdir()] == ["keep.txt"]
+    hf.save(cfg, params, dst, overwrite=True)           # replaced whole: keep.txt is gone
+    assert not (dst / "keep.txt").exists() and hf.read_config(dst)[0] == cfg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_dtype_is_honoured_for_a_dropless_directory(qwen_dropless):
+    from dropless.model_dir.weights import load_model
+    cfg, params = load_model(str(qwen_dropless), dtype="bfloat16")
+    assert cfg.dtype == cfg.weight_dtype == cfg.moe.weight_dtype == "bfloat16"
+    ref_cfg, ref = hf.load(FIX / "qwen3_moe", dtype="bfloat16")   # what hf.load gives
+    assert cfg == ref_cfg
+    import jax
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

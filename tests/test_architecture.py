@@ -1,0 +1,165 @@
+"""The package layout holds: docs/architecture.md's layer table names every package and top-level
+module of src/dropless, imports point only down that table (or sideways within a layer), no two
+modules or packages import each other in a circle, and no module imports another package's
+private (`_name`) module or function.
+
+Every import counts, also one inside a function (a lazy import is still a dependency)."""
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+from tests._support.paths import ROOT
+
+
+PKG = ROOT / "src" / "dropless"
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def layers() -> dict[str, int]:
+    """unit (a package or top-level module of dropless) -> its layer, from the table in
+    docs/architecture.md: the rows between the `<!-- layers -->` markers, `| N | unit, unit | ...`."""
+    text = DOC.read_text()
+    block = text.split("<!-- layers -->")[1]
+    out = {}
+    for row in re.finditer(r"^\|\s*(\d+)\s*\|([^|]+)\|", block, flags=re.M):
+        for unit in re.findall(r"`([a-z_.]+)/?`", row.group(2)):
+            out[unit] = int(row.group(1))
+    return out
+
+
+def modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+MODULES = modules()
+TABLE = layers()
+
+
+def unit_of(module: str) -> str:
+    """The table's unit a module belongs to: the longest entry that is the module or a package
+    above it (dropless.moe.dispatch.a2a -> moe; dropless.model_dir.weights -> model_dir.weights
+    when the table names it, else model_dir); dropless itself -> dropless."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in TABLE:
+            return ".".join(parts[:n])
+    return parts[0] if parts else "dropless"
+
+
+def imports(name: str, tree: ast.Module) -> list[tuple[str, str | None, int]]:
+    """(imported dropless module, imported name or None, line) for every import in `tree`."""
+    pkg = name if _is_package(name) else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno) for a in node.names if a.name.startswith("dropless")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if not base.startswith("dropless"):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((sub, None, node.lineno) if sub in MODULES else (base, a.name, node.lineno))
+    return out
+
+
+def _is_package(name: str) -> bool:
+    return (PKG.parent / name.replace(".", "/") / "__init__.py").exists()
+
+
+def edges() -> list[tuple[str, str, str | None, int]]:
+    return [(src, dst, what, line) for src, tree in MODULES.items()
+            for dst, what, line in imports(src, tree) if dst != src]
+
+
+def test_every_unit_has_a_layer_and_the_table_names_no_ghosts():
+    table = TABLE
+    units = {unit_of(m) for m in MODULES} - {"dropless"}
+    assert not units - set(table), f"add these to docs/architecture.md's layer table: " \
+                                   f"{sorted(units - set(table))}"
+    assert not set(table) - units, f"docs/architecture.md names units that do not exist: " \
+                                   f"{sorted(set(table) - units)}"
+
+
+def test_imports_point_down_the_layers():
+    table = TABLE
+    up = [f"{src}:{line} imports {dst} (layer {table[unit_of(dst)]} above {table[unit_of(src)]})"
+          for src, dst, _, line in edges()
+          if unit_of(src) != "dropless" and unit_of(dst) != "dropless"
+          and table[unit_of(dst)] > table[unit_of(src)]]
+    assert not up, "\n".join(up)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        state[n] = 2
+        stack.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("level", ["module", "unit"])
+def test_no_import_circle(level):
+    graph: dict[str, set[str]] = {}
+    for src, dst, _, _ in edges():
+        if level == "unit":
+            src, dst = unit_of(src), unit_of(dst)
+            if src == dst or "dropless" in (src, dst):
+                continue
+        elif dst == "dropless" or dst.startswith(src + ".") or src.startswith(dst + "."):
+            continue   # a package and its own modules (its __init__ re-exports them)
+        graph.setdefault(src, set()).add(dst)
+    found = _cycle(graph)
+    assert found is None, " -> ".join(found)
+
+
+def test_no_private_name_across_packages():
+    def package(module):
+        return module if _is_package(module) else module.rsplit(".", 1)[0]
+
+    bad = []
+    for src, dst, what, line in edges():
+        if package(src) == package(dst) or package(dst).startswith(package(src) + "."):
+            continue
+        private_module = any(p.startswith("_") and p != "__init__" for p in dst.split("."))
+        if private_module or (what or "").startswith("_"):
+            bad.append(f"{src}:{line} imports {dst}{'.' + what if what else ''}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_see_a_violation():
+    """The walker finds lazy imports and resolves relative ones (else the rules above prove
+    nothing)."""
+    tree = ast.parse("def f():\n    from dropless.train import loop\n    from . import rows\n")
+    found = {d for d, _, _ in imports("dropless.moe.dispatch.a2a", tree)}
+    assert {"dropless.train.loop", "dropless.moe.dispatch.rows"} <= found
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
