@@ -2,7 +2,6 @@
 
 No timing is asserted here (CI machines are noisy); the numbers live in benchmarks/results/.
 """
-import argparse
 import json
 
 import jax
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from dropless.bench import dense, gmm as bench_gmm, moe as bench_moe
+from tests._support.cli_args import parsed_args
 
 
 def _autodiff_matmul(a, b):
@@ -48,15 +48,6 @@ def test_dense_swiglu_gradients_match_autodiff():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def _args(module, **kw):
-    p = argparse.ArgumentParser()
-    module.add_arguments(p)
-    args = p.parse_args([])
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
-
-
 def test_group_sizes_for_every_routing():
     for routing in bench_gmm.ROUTINGS:
         sizes = bench_gmm.group_sizes_for(routing, 256, 8, seed=8)
@@ -71,7 +62,7 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
     # one routing: a routing changes only the group sizes (test_group_sizes_for_every_routing)
     # and whether split_floor runs (uniform only); the records are the same
     out = tmp_path / "gmm.jsonl"
-    args = _args(bench_gmm, m=256, k=32, n=32, groups="8", routings="uniform",
+    args = parsed_args(bench_gmm, m=256, k=32, n=32, groups="8", routings="uniform",
                  dtypes="float32", backends="auto,ragged_dot,padded,loop", repeats=1,
                  out=str(out))
     assert bench_gmm.run(args) == 0
@@ -91,7 +82,7 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
 def test_bench_moe_reports_drops_of_the_capacity_baseline(tmp_path):
     out = tmp_path / "moe.jsonl"
     # no fused/* rows: the GPU dry run below writes and checks them
-    args = _args(bench_moe, rows=256, d_model=32, d_ff=32, experts="8:2", routings="zipf",
+    args = parsed_args(bench_moe, rows=256, d_model=32, d_ff=32, experts="8:2", routings="zipf",
                  capacity_factors="1.0", backends="auto", repeats=1, no_fused=True,
                  out=str(out))
     assert bench_moe.run(args) == 0

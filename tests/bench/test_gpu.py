@@ -5,7 +5,6 @@ every measurement is a JSON line with a progress line; the plan fits 6 minutes o
 
 No speed is asserted (nothing here runs on a GPU); the sections' processes are real.
 """
-import argparse
 import contextlib
 import io
 import json
@@ -17,17 +16,12 @@ import pytest
 
 from dropless.bench import gpu as bench_gpu
 from dropless.bench import gpu_plan as plan
+from tests._support.cli_args import parsed_args
 from tests._support.paths import ROOT
 
 
-
 def _args(**kw):
-    p = argparse.ArgumentParser()
-    bench_gpu.add_arguments(p)
-    args = p.parse_args([])
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
+    return parsed_args(bench_gpu, **kw)
 
 
 def _records(out: Path) -> list[dict]:

@@ -1,5 +1,6 @@
-"""The fault table (issue 18): every row of every `tests/_support/faults_<area>.py` file, run and checked
-the same way (see `tests/_support/fault.py` for what a row is, what is checked and where a row runs).
+"""The fault table (issue 18): every row of every `tests/_support/faults_<area>.py` file, run and
+checked the same way (see `tests/_support/fault.py` for what a row is, what is checked and where
+a row runs).
 
 Areas (one rows file each; a new failure mode is one more row in its area's file):
 - cli: command-line arguments (unknown commands; `plan` and `bench` flags refused before

@@ -13,6 +13,7 @@ from dropless.models import arithmetic as ar
 from dropless.models import count
 from dropless.models.arithmetic import attention_params, layer_params, param_counts
 from dropless.presets import PRESETS, PUBLISHED_COUNTS, get_preset
+from tests._support.model_configs import model_config
 from tests._support.paths import ROOT
 
 
@@ -109,15 +110,6 @@ def test_format_counts():
         "total 671.03B, active 37.55B per token, MTP 11.")
 
 
-def model_config(*, num_experts=0, top_k=0, moe_d_ff=0, num_shared_experts=0, n_groups=1,
-                 topk_groups=1, **model) -> ModelConfig:
-    """A ModelConfig with an MoE layer from flat test arguments (none without num_experts)."""
-    moe = MoEConfig(num_experts=num_experts, top_k=top_k, d_model=model["d_model"],
-                    d_ff=moe_d_ff, num_shared_experts=num_shared_experts, n_groups=n_groups,
-                    topk_groups=topk_groups) if num_experts else None
-    return ModelConfig(**model, moe=moe)
-
-
 def test_big_presets_match_published_counts():
     for name, (total, active) in PUBLISHED_COUNTS.items():
         c = param_counts(get_preset(name))
@@ -189,28 +181,6 @@ def test_model_settings_are_the_trainers_dotted_keys():
     assert dense.moe is None and dense.num_moe_layers == 0
     with pytest.raises(ValueError, match="unknown config key 'model.moe.dff'"):
         train_config(base + [("model.moe.dff", 3)])
-
-
-def test_the_layer_pattern_reaches_the_planner():
-    """The planner asks ModelConfig.is_moe_layer(i) only: a non-prefix dense/MoE pattern is
-    counted as the trainer builds it."""
-    import dataclasses
-
-    from dropless.config import ModelConfig
-    from dropless.models.count import param_counts as model_counts
-
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class EveryOther(ModelConfig):
-        def is_moe_layer(self, layer: int) -> bool:
-            return self.moe is not None and layer % 2 == 1
-
-    base = get_preset("deepseek3-test")
-    cfg = EveryOther(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
-    cfg = cfg.replace(num_layers=5, first_k_dense=0)
-    assert cfg.num_moe_layers == 2
-    mine, theirs = param_counts(cfg), model_counts(cfg)
-    assert (mine["total"], mine["active"], mine["mtp"]) == (theirs["total"], theirs["active"],
-                                                            theirs["mtp"])
 
 
 @pytest.mark.parametrize("kw, match", [

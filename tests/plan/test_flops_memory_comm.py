@@ -7,20 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dropless.config import ModelConfig, MoEConfig
+from dropless.config import ModelConfig
 from dropless.machine import get_profile
 from dropless.models import arithmetic as ar
 from dropless.plan import comm, flops, memory
 from dropless.plan.layout import PlanConfig, group, groups, node_size
-
-
-def model_config(*, num_experts=0, top_k=0, moe_d_ff=0, num_shared_experts=0, n_groups=1,
-                 topk_groups=1, **model) -> ModelConfig:
-    """A ModelConfig with an MoE layer from flat test arguments (none without num_experts)."""
-    moe = MoEConfig(num_experts=num_experts, top_k=top_k, d_model=model["d_model"],
-                    d_ff=moe_d_ff, num_shared_experts=num_shared_experts, n_groups=n_groups,
-                    topk_groups=topk_groups) if num_experts else None
-    return ModelConfig(**model, moe=moe)
+from tests._support.model_configs import model_config
 
 TINY = model_config(vocab_size=10, d_model=8, num_layers=2, num_heads=2, num_kv_heads=1,
                   head_dim=4, d_ff=16, attention="mha", first_k_dense=1, num_experts=4,
