@@ -150,14 +150,14 @@ def test_maxtext_remat_policies_mean_what_they_mean_to_the_trainer(remat_policy,
     """One MaxText edge: the planner takes a remat policy exactly when `dropless train` does,
     and plans the policy the trainer would run."""
     from dropless.config_file import build_config
-    code = cli.run(_parse([f"remat_policy={remat_policy}", "--json"]))
-    out = capsys.readouterr()
     if remat is None:
-        assert code == 2 and f"remat_policy={remat_policy!r} is not supported" in out.err
+        assert _plan_status([f"remat_policy={remat_policy}", "--json"]) == 2
+        assert f"remat_policy={remat_policy!r} is not supported" in capsys.readouterr().err
         with pytest.raises(ValueError, match="is not supported"):
             build_config([("remat_policy", remat_policy)])
     else:
-        assert code == 0 and json.loads(out.out)["layout"]["remat"] == remat
+        code = cli.run(_parse([f"remat_policy={remat_policy}", "--json"]))
+        assert code == 0 and json.loads(capsys.readouterr().out)["layout"]["remat"] == remat
         assert build_config([("remat_policy", remat_policy)]).remat == remat
 
 
