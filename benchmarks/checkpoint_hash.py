@@ -40,8 +40,8 @@ def main(argv=None) -> int:
     from dropless.machine import busy_fraction, machine_info
     from dropless.config import TrainConfig
     from dropless.presets import get_preset
-    from dropless.train import checkpoint as ckpt
-    from dropless.train import integrity
+    from dropless.checkpoint import store as ckpt
+    from dropless.checkpoint import integrity
     from dropless.train import step as step_lib
 
     cfg = TrainConfig(model=get_preset(args.preset), preset=args.preset)

@@ -1,5 +1,5 @@
 """The arithmetic model (dropless.models.arithmetic) against its oracle, the shapes `init_params`
-creates (dropless.models.count), part by part; its FLOPs against hand counts; the published
+creates (tests/_support/param_count.py), part by part; its FLOPs against hand counts; the published
 counts quoted once (presets.PUBLISHED_COUNTS) and equal in the README; parameter counts by
 hand, against the real arrays of the MoE layer and against published big-model counts."""
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 
 from dropless.config import ModelConfig, MoEConfig
 from dropless.models import arithmetic as ar
-from dropless.models import count
+from tests._support import param_count as count
 from dropless.models.arithmetic import attention_params, layer_params, param_counts
 from dropless.presets import PRESETS, PUBLISHED_COUNTS, get_preset
 from tests._support.model_configs import model_config
@@ -204,8 +204,8 @@ def test_unknown_preset_lists_known():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_counts_agree_with_the_trainers_model(name):
     """Two independent counts: the planner's arithmetic vs the shapes of the trainer's
-    `init_params` (dropless.models.count)."""
-    from dropless.models.count import param_counts as model_counts
+    `init_params` (tests/_support/param_count.py)."""
+    from tests._support.param_count import param_counts as model_counts
     cfg = get_preset(name)
     mine = param_counts(cfg)
     theirs = model_counts(cfg)

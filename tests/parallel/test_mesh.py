@@ -9,7 +9,8 @@ import pytest
 from dropless.config_file import build_config
 from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
-from dropless.train import data, step
+from dropless.data import corpus as data
+from dropless.train import step
 
 # deepseek3-test without its MTP module: compiling twice for 8 devices is the cost here
 MINI = {"preset": "deepseek3-test", "seq_len": 16, "model.moe.gmm_backend": "ragged_dot",

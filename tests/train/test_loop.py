@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dropless.moe import update_bias
-from dropless.train import data, step
+from dropless.data import corpus as data
+from dropless.train import step
 from dropless.train.loop import train
 
 from tests._support.train_mini import TEXT, mini, shared_compilation_cache

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from dropless import cli
-from dropless.train import checkpoint as ckpt
+from dropless.checkpoint import store as ckpt
 from dropless.train import preflight, resume, rundir
 from dropless.train.loop import train
 from dropless.train.progress import Progress, Timed
@@ -218,7 +218,8 @@ def _flip_bits(step_dir):
 
 
 def test_flipped_bits_load_silently_without_the_hash_and_are_caught_with_it(tmp_path, base):
-    from dropless.train import integrity, step as step_lib
+    from dropless.checkpoint import integrity
+    from dropless.train import step as step_lib
     run = copy_run(base, tmp_path, "flip")
     _flip_bits(run / "checkpoints" / "4")
     like, _ = step_lib.init_state(base[0])

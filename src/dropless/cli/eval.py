@@ -38,7 +38,7 @@ def _check_args(args) -> None:
 
 def _tokens(args, tok) -> np.ndarray:
     """The documents of --data, each encoded (BOS as the tokenizer says) and followed by EOS."""
-    from dropless.train.data import text_documents
+    from dropless.data.corpus import text_documents
     docs = [tok.encode(text) for _, text in text_documents(args.data)]
     docs = [d for d in docs if d.size]
     if not docs:
@@ -51,7 +51,7 @@ def run(args) -> int:
     """Arguments, tokenizer and data are checked before the model is read or compiled; errors
     are raised (ValueError: one line, exit 2, from `cli.main`)."""
     from dropless.cli.model_args import model_tokenizer, usage_errors
-    from dropless.train.tokenizer import check_fits
+    from dropless.data.tokenizer import check_fits
     with usage_errors():
         _check_args(args)
         tok = model_tokenizer("eval", args.model, args.tokenizer)

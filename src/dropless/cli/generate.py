@@ -36,7 +36,7 @@ def run(args) -> int:
     """Arguments, tokenizer and prompt are checked before the model is read or compiled; errors
     are raised (ValueError: one line, exit 2, from `cli.main`)."""
     from dropless.cli.model_args import model_tokenizer, usage_errors
-    from dropless.train.tokenizer import check_fits
+    from dropless.data.tokenizer import check_fits
     with usage_errors():
         _check_args(args)
         tok = model_tokenizer("generate", args.model, args.tokenizer)

@@ -60,7 +60,7 @@ def model_tokenizer(cmd: str, spec: str, override: str | None):
     """The tokenizer for MODEL: `override` ('byte' or a tokenizer.json), else the folder's
     (an HF folder without tokenizer.json is refused, see `model_dir.hf_tokenizer`)."""
     from dropless.model_dir import folder_tokenizer
-    from dropless.train.tokenizer import make_tokenizer
+    from dropless.data.tokenizer import make_tokenizer
     try:
         return make_tokenizer(override or folder_tokenizer(spec, override="--tokenizer byte"))
     except ValueError as e:

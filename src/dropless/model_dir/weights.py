@@ -42,7 +42,7 @@ def load_model(spec: str, *, dtype: str | None = None, what: str = ""):
 
 def tokenizer_files(tok: str) -> list[Path]:
     """tokenizer.json and its side files when `tok` names one ('byte' and '' name none)."""
-    from dropless.train.tokenizer import side_files
+    from dropless.data.tokenizer import side_files
     return side_files(tok) if tok not in ("byte", "") and Path(tok).is_file() else []
 
 
@@ -79,7 +79,7 @@ def hf_to_dropless(src: str, dst: str, *, dtype: str | None = None,
     from dropless import hf
     from dropless.hf.destination import check_destination
     from dropless.model_dir.folder import hf_tokenizer
-    from dropless.train import tokenizer as tok_lib
+    from dropless.data import tokenizer as tok_lib
     folder = parse_spec(src).folder
     check_destination(dst, sources=(folder,), overwrite=overwrite)
     tok = str(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else ""

@@ -1,7 +1,7 @@
 """The one arithmetic model of the network: parameters by part (total and active) and FLOPs per
 token (model and executed), read from `ModelConfig` alone. Pure arithmetic, no arrays; the
-trainer's metrics, `dropless config show` and the planner all read it. `models/count.py` counts
-the shapes `init_params` really creates and is kept as this module's test oracle.
+trainer's metrics, `dropless config show` and the planner all read it. Its test oracle,
+`tests/_support/param_count.py`, counts the shapes `init_params` really creates.
 
 Legend: V vocab, D model dim, H query heads, G key/value heads, Kh head dim (mha), Qr q low-rank
 dim, Lkv kv low-rank dim, N no-rope (content) qk dims, R rope dims, Vh value head dim, E routed
@@ -90,8 +90,8 @@ def mtp_module_params(s: ModelConfig) -> int:
 def param_counts(s: ModelConfig) -> dict[str, int]:
     """Parameter counts (not bytes): every part of `PARTS`, `total`, `active`, `router_bias`
     (inside `router`) and `mtp_matmul_active` (matmul weights one token uses in the MTP modules,
-    head excluded). Equal, key for key, to `dropless.models.count.param_counts` (the shapes
-    `init_params` creates), which the tests check for every preset."""
+    head excluded). Equal, key for key, to the shapes `init_params` creates, which the tests
+    check for every preset (tests/_support/param_count.py)."""
     c = dict.fromkeys(PARTS, 0)
     c["embedding"] = s.vocab_size * s.d_model
     c["lm_head"] = 0 if s.tie_embeddings else s.vocab_size * s.d_model

@@ -1,1 +1,1 @@
-"""Training: data, step, checkpoints, metrics and the loop."""
+"""Training: the step, the loop, resume, guards and metrics (data and checkpoints are `dropless.data` and `dropless.checkpoint`)."""

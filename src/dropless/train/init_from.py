@@ -72,7 +72,7 @@ def load_dropless(folder: str | Path, *, what: str = ""):
         from dropless.models.deepseek import init_params
         like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
         return cfg, ocp.StandardCheckpointer().restore(folder / "params", like)
-    from dropless.train import checkpoint as ckpt
+    from dropless.checkpoint import store as ckpt
     from dropless.train import step as step_lib
     step = ckpt.latest_step(folder / "checkpoints")
     if step is None:

@@ -32,8 +32,8 @@ from dropless.config import TrainConfig
 from dropless.models.arithmetic import flops_per_token, format_counts, param_counts
 from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
-from dropless.train import checkpoint as ckpt
-from dropless.train import data as data_lib
+from dropless.checkpoint import store as ckpt
+from dropless.data import corpus as data_lib
 from dropless.train import guards as guards_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
@@ -42,7 +42,7 @@ from dropless.train.outputs import Evaluator, MetricsWriter, Scalars
 from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
-from dropless.train import integrity
+from dropless.checkpoint import integrity
 from dropless.train.resume import newest_intact, plan_resume, strict_refusal
 from dropless.train.rundir import RunDir, heal_metrics, open_run_dir
 from dropless.train.signals import StopRequest, stop_on_signals

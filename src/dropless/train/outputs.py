@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from dropless.config import TrainConfig
-from dropless.train import data as data_lib
+from dropless.data import corpus as data_lib
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
 

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 from dropless.config import TrainConfig
 from dropless.model_dir import saved_run_config
-from dropless.train import checkpoint as ckpt
-from dropless.train import integrity
+from dropless.checkpoint import store as ckpt
+from dropless.checkpoint import integrity
 
 
 @dataclasses.dataclass(frozen=True)

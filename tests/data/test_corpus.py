@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from dropless.train import data
+from dropless.data import corpus as data
 
 
 def test_pack_and_batch_hand_worked(tmp_path):

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import jax
 import orbax.checkpoint as ocp
 
-from dropless.train import integrity
+from dropless.checkpoint import integrity
 
 
 class CheckpointError(RuntimeError):

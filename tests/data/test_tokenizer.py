@@ -13,7 +13,7 @@ import pytest
 from tests._support.tokenizer_folders import (DISAGREE, REFERENCE, VOCAB, build_folders, reference_tokenizer,
                                 train_tokenizer, write_folder)
 from dropless import cli, hf
-from dropless.train import tokenizer as tl
+from dropless.data import tokenizer as tl
 from tests._support.paths import HF_FIXTURES
 
 FIX = HF_FIXTURES
@@ -101,7 +101,7 @@ def test_init_from_takes_the_folders_tokenizer_and_never_bytes(folders, tmp_path
 
 
 def test_training_data_uses_bos_and_eos(folders, tmp_path):
-    from dropless.train.data import load_corpus
+    from dropless.data.corpus import load_corpus
     data = tmp_path / "d.jsonl"
     texts = ["one two three", "The quick brown fox."] * 6
     data.write_text("\n".join(json.dumps({"text": t}) for t in texts))

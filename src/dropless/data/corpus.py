@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dropless.train.tokenizer import (  # noqa: F401 - moved there; re-exported
+from dropless.data.tokenizer import (  # noqa: F401 - moved there; re-exported
     BYTE_EOS, BYTE_VOCAB, ByteTokenizer, HFTokenizer, make_tokenizer)
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
