@@ -3,13 +3,14 @@
 Streaming: tensors are read, converted and placed one at a time, so host memory holds about one
 tensor (one stacked expert tensor of ours, [E, D, F], is the largest) rather than the model. With
 a `mesh`, each parameter is placed shard by shard with `jax.make_array_from_callback` using the
-training placement (`parallel.sharding.param_spec`, the path table); stacked expert weights read only the experts
-each shard holds.
+training placement (`parallel.sharding.param_spec`, the path table); stacked expert weights
+read only the experts each shard holds.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -108,15 +109,25 @@ def _config_json(path: Path) -> tuple[dict, str]:
     return cm.canonical(read_json(conf), str(conf)), str(conf)
 
 
-def read_config(path: str | Path, *, dtype: str | None = None, mtp_depth: int | None = None
-                ) -> tuple[ModelConfig, Layout]:
-    """The ModelConfig (and layout) of a Hugging Face folder, without reading any weights."""
-    hf, where = _config_json(Path(path))
-    cm.model_config(hf, dtype=dtype, where=where)   # config errors before the files' ones
+@contextlib.contextmanager
+def _opened(path: Path, *, dtype: str | None, mtp_depth: int | None
+            ) -> Iterator[tuple[dict, ModelConfig, Layout, CheckpointReader]]:
+    """(config.json, ModelConfig, layout, open reader) of a Hugging Face folder; config.json's
+    errors are raised before the weight files are opened."""
+    hf, where = _config_json(path)
+    cm.model_config(hf, dtype=dtype, where=where)
     with CheckpointReader(path) as reader:
         depth = _mtp_depth(hf, reader, mtp_depth, where) if cm.architecture(hf) == cm.DEEPSEEK \
             else 0
-    return cm.model_config(hf, dtype=dtype, mtp_depth=depth, where=where)
+        cfg, lay = cm.model_config(hf, dtype=dtype, mtp_depth=depth, where=where)
+        yield hf, cfg, lay, reader
+
+
+def read_config(path: str | Path, *, dtype: str | None = None, mtp_depth: int | None = None
+                ) -> tuple[ModelConfig, Layout]:
+    """The ModelConfig (and layout) of a Hugging Face folder, without reading any weights."""
+    with _opened(Path(path), dtype=dtype, mtp_depth=mtp_depth) as (_, cfg, lay, _reader):
+        return cfg, lay
 
 
 def load(path: str | Path, *, dtype: str | None = None, mesh: Any = None,
@@ -131,13 +142,7 @@ def load(path: str | Path, *, dtype: str | None = None, mesh: Any = None,
     match config.json or a tensor the mapping does not consume.
     """
     from dropless.models.deepseek import init_params
-    path = Path(path)
-    hf, where = _config_json(path)
-    cm.model_config(hf, dtype=dtype, where=where)   # config errors before the files' ones
-    with CheckpointReader(path) as reader:
-        arch = cm.architecture(hf)
-        depth = _mtp_depth(hf, reader, mtp_depth, where) if arch == cm.DEEPSEEK else 0
-        cfg, lay = cm.model_config(hf, dtype=dtype, mtp_depth=depth, where=where)
+    with _opened(Path(path), dtype=dtype, mtp_depth=mtp_depth) as (hf, cfg, lay, reader):
         shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
         params = jax.tree.map(lambda _: None, shapes)
         used: set[str] = set()
