@@ -22,7 +22,7 @@ store zeros, so every output row is written exactly once (`ragged_dot`'s "zeros 
 
 Program order (see pallas_plan.py for the model and the figures the bench prints): the forward
 grid runs an item's O-blocks back to back, so its lhs tile is read from HBM once and then hit
-in L2 (the former order ran them W programs apart: lhs re-read O/bo times). drhs runs all
+in L2 (a work-items-fastest grid would run them W programs apart and re-read lhs O/bo times). drhs runs all
 (K, N) blocks of one group together (its rows stay in L2) and the largest group first, so
 under skew the long programs start early instead of forming the tail.
 

@@ -9,8 +9,8 @@ group sizes): nothing is traced, so it costs nothing at run time and is the same
 platform. The figures are a model, not a measurement: no device has timed these kernels yet.
 
 Work items (see pallas_gpu.py) start at each group's first row, so a group of s_g rows costs
-cdiv(s_g, bm) tiles; the former bm-aligned tiles cost one more visit at each group boundary
-inside a tile. Rows computed per useful row:
+cdiv(s_g, bm) tiles; bm-aligned tiles (the baseline the bench compares with) cost one more
+visit at each group boundary inside a tile. Rows computed per useful row:
   group_start = sum_g cdiv(s_g, bm) * bm / sum_g s_g
   aligned     = sum_g (tiles s_g's rows touch) * bm / sum_g s_g
 """
@@ -167,7 +167,7 @@ def gmm_traffic(sizes_G, k: int, n: int, blocks: Blocks, dtype, *, order: str = 
     """Modeled HBM bytes per useful FLOP of the forward kernel (dlhs: swap k and n).
 
     order 'new': each work item's N-blocks are adjacent (this kernel); 'old': work items
-    fastest (the former grid), so one lhs tile's N-blocks run W programs apart.
+    fastest (the baseline grid), so one lhs tile's N-blocks run W programs apart.
     """
     item = np.dtype(dtype).itemsize
     bm, bk, bn = blocks.bm, blocks.bk, blocks.bn
@@ -222,7 +222,7 @@ def model_figures(sizes_G, m: int, k: int, n: int, dtype) -> dict:
     d = DEFAULTS[dtype_class(dtype)]
     g = len(sizes_G)
     bm = choose_block_m(m, g, dtype)
-    old = Blocks(128, 64, 128, 4, 4)          # the former defaults, every dtype
+    old = Blocks(128, 64, 128, 4, 4)          # the baseline blocks, every dtype
     new = Blocks(bm, d["block_k"], d["block_n"], d["num_warps"], d["num_stages"])
     f_old, f_new = gmm_traffic(sizes_G, k, n, old, dtype, order="old"), \
         gmm_traffic(sizes_G, k, n, new, dtype)
