@@ -1,7 +1,8 @@
 """The package layout holds: docs/architecture.md's layer table names every package and top-level
 module of src/dropless, imports point only down that table (or sideways within a layer), no two
-modules or packages import each other in a circle, and no module imports another package's
-private (`_name`) module or function.
+modules or packages import each other in a circle, no module imports another package's
+private (`_name`) module or function, and the modules of `dropless eval`, `generate` and
+`convert` reach nothing of train/.
 
 Every import counts, also one inside a function (a lazy import is still a dependency)."""
 from __future__ import annotations
