@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from dropless.machine import busy_fraction, machine_info
     from dropless.config import TrainConfig
     from dropless.presets import get_preset
-    from dropless.checkpoint import store as ckpt
+    from dropless import checkpoint as ckpt
     from dropless.checkpoint import integrity
     from dropless.train import step as step_lib
 

@@ -1,7 +1,8 @@
 """The package layout holds: docs/architecture.md's layer table names every package and top-level
 module of src/dropless, imports point only down that table (or sideways within a layer), no two
-modules or packages import each other in a circle, and no module imports another package's
-private (`_name`) module or function.
+modules or packages import each other in a circle, no module imports another package's
+private (`_name`) module or function, and the modules of `dropless eval`, `generate` and
+`convert` reach nothing of train/.
 
 Every import counts, also one inside a function (a lazy import is still a dependency)."""
 from __future__ import annotations
@@ -163,3 +164,54 @@ def test_the_checks_see_a_violation():
     found = {d for d, _, _ in imports("dropless.moe.dispatch.a2a", tree)}
     assert {"dropless.train.loop", "dropless.moe.dispatch.rows"} <= found
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+
+
+# `dropless eval`, `generate` and `convert` load and write models without training: these
+# modules reach nothing of train/ through any import, lazy ones included.
+NO_TRAIN = ("dropless.cli.eval", "dropless.cli.generate", "dropless.cli.convert",
+            "dropless.cli.model_args", "dropless.models.evaluate", "dropless.models.generate")
+# the packages whose __init__ an import runs first; `dropless.cli` is left out: its __init__ is
+# the command table, which names every command (train too) and is shared by all of them
+SKIPPED_PACKAGES = ("dropless.cli",)
+
+
+def import_chain(start: tuple[str, ...], graph: dict[str, set[str]], banned: str
+                 ) -> list[str] | None:
+    """The shortest chain of imports from a module of `start` to a module in package `banned`
+    (None when there is none): what each module imports, transitively, and the packages above
+    each (their __init__ runs on import; `SKIPPED_PACKAGES` aside)."""
+    parent: dict[str, str | None] = {m: None for m in start}
+    todo = list(start)
+    while todo:
+        m = todo.pop(0)
+        if m == banned or m.startswith(banned + "."):
+            chain = [m]
+            while parent[chain[-1]] is not None:
+                chain.append(parent[chain[-1]])
+            return chain[::-1]
+        parts = m.split(".")
+        above = [".".join(parts[:n]) for n in range(2, len(parts))]
+        for n in sorted(graph.get(m, ())) + [p for p in above if p not in SKIPPED_PACKAGES]:
+            if n not in parent:
+                parent[n] = m
+                todo.append(n)
+    return None
+
+
+def test_eval_generate_and_convert_import_nothing_from_train():
+    graph: dict[str, set[str]] = {}
+    for src, dst, _, _ in edges():
+        graph.setdefault(src, set()).add(dst)
+    assert set(NO_TRAIN) <= set(MODULES)
+    chain = import_chain(NO_TRAIN, graph, "dropless.train")
+    assert chain is None, " -> ".join(chain)
+
+
+def test_the_train_check_sees_a_lazy_import():
+    """A lazy import two steps away (in a package __init__ above an imported module) is found."""
+    tree = ast.parse("def load():\n    from dropless.train.step import init_state\n")
+    graph = {"dropless.cli.eval": {"dropless.model_dir.weights"},
+             "dropless.model_dir": {dst for dst, _, _ in imports("dropless.model_dir", tree)}}
+    assert import_chain(("dropless.cli.eval",), graph, "dropless.train") == [
+        "dropless.cli.eval", "dropless.model_dir.weights", "dropless.model_dir",
+        "dropless.train.step"]

@@ -1,7 +1,8 @@
 """Config: YAML + overrides, MaxText translation and its errors, TrainConfig validation."""
 import pytest
 
-from dropless.config_file import build_config, from_dict, parse_override, show, to_dict
+from dropless.config_file import build_config, parse_override, show
+from dropless.model_dir import from_dict, to_dict
 from dropless.compat import maxtext
 from dropless.presets import get_preset
 
@@ -191,7 +192,6 @@ def test_misplaced_option(argv, found):
 def _old_form(cfg) -> dict:
     """`cfg` as a config.json written before the mesh became `mesh: MeshConfig`: flat
     parallelism keys, and the node size under model.moe."""
-    from dropless.config_file import to_dict
     tree = to_dict(cfg)
     mesh = tree.pop("mesh")
     tree.update({f"{a}_parallelism": mesh[a] for a in ("data", "fsdp", "expert")})
@@ -202,7 +202,7 @@ def _old_form(cfg) -> dict:
 
 
 def test_config_show_and_config_json_write_the_mesh_form():
-    from dropless.config_file import show, to_dict
+    from dropless.config_file import show
     cfg = build_config([("ici_fsdp_parallelism", 2), ("ici_expert_parallelism", 2),
                         ("dcn_expert_parallelism", 2)])
     assert to_dict(cfg)["mesh"] == {"data": 1, "fsdp": 2, "expert": 4, "dcn_data": 1,
@@ -223,7 +223,7 @@ def test_a_config_json_of_the_former_form_still_loads(tmp_path, items):
     import json
 
     from dropless.cli.train import config_from_args
-    from dropless.config_file import from_dict, to_dict, upgrade
+    from dropless.model_dir import upgrade
     cfg = build_config(items + [("steps", 7)])
     old = _old_form(cfg)
     assert from_dict(old) == cfg and upgrade(to_dict(cfg)) == to_dict(cfg)
@@ -244,3 +244,22 @@ def test_the_former_node_size_key_is_a_one_line_error_naming_the_mesh_keys(capsy
     assert main(["config", "show", "model.moe.devices_per_node=4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "mesh.dcn_data, mesh.dcn_fsdp, mesh.dcn_expert" in err
+
+
+def test_resume_items_rebuild_the_runs_config_where_it_is_now(tmp_path):
+    """The saved config.json, in the current form, with run_dir / run_name naming the folder
+    the run is in now; later items (the user's overrides) win."""
+    import json
+
+    from dropless.config_file import resume_items
+    cfg = build_config([("preset", "deepseek3-test"), ("steps", 9), ("mesh.fsdp", 2),
+                        ("run_dir", "/elsewhere"), ("run_name", "was")])
+    run = tmp_path / "runs" / "moved"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    items = resume_items(run)
+    assert items[0] == ("preset", "deepseek3-test")
+    assert build_config(items) == cfg.replace(run_dir=str(run.parent), run_name="moved")
+    assert build_config(items + [("steps", 12)]).steps == 12
+    with pytest.raises(ValueError, match="is not a run directory"):
+        resume_items(tmp_path)

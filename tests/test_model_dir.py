@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from dropless import model_dir
-from dropless.config_file import build_config, from_dict, to_dict
+from dropless.config_file import build_config
+from dropless.model_dir import from_dict, to_dict
 from tests._support.paths import HF_FIXTURES
 
 FIX = HF_FIXTURES
@@ -135,7 +136,7 @@ def test_dropless_directory_reads_back_what_was_written(tmp_path):
     from dropless import hf
     from dropless.model_dir.weights import (dropless_to_hf, hf_to_dropless, load_model,
                                             write_dropless)
-    from dropless.train.init_from import load_dropless
+    from dropless.model_dir import load_dropless
     cfg, params = hf.load(QWEN, dtype="float32")
     out = write_dropless(tmp_path / "dl", cfg, params)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "params"]

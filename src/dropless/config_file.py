@@ -1,11 +1,12 @@
 """Building a TrainConfig from a preset, a YAML file and `key=value` overrides.
 
 Keys are dotted paths into TrainConfig (`steps`, `mesh.fsdp`, `model.d_model`,
-`model.moe.top_k`), `preset`, or MaxText flag names and our former flat mesh names
+`model.moe.top_k`), `preset`, or MaxText flag names and the flat mesh names
 (`fsdp_parallelism`, `dcn_fsdp`, ...), both translated by `dropless.compat.maxtext`. Later items
 win. Setting `model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer
-dense; the node size follows from the mesh (`mesh.dcn_*`), and the former
-`model.moe.devices_per_node` is refused naming those keys. MaxText `xla_*`
+dense; the node size follows from the mesh (`mesh.dcn_*`), and `model.moe.devices_per_node` is
+refused naming those keys. A run's config.json is read back by `resume_items` (`--resume`);
+its form (`to_dict`, `from_dict`, `upgrade`) is `model_dir.run_config`'s. MaxText `xla_*`
 keys and environment keys add to `xla_flags` / `environment` (a later value of the same flag or
 variable wins). An unknown key is a ValueError that names it and suggests the closest known
 key; a YAML syntax error or a key given twice in one mapping is a one-line ValueError naming
@@ -27,7 +28,8 @@ import yaml
 from dropless.compat import maxtext
 from dropless.config import (MeshConfig, ModelConfig, MoEConfig, TrainConfig, scalar_fields,
                              scalar_type_error)
-from dropless.model_dir import init_from_defaults
+from dropless.model_dir import (from_dict, init_from_defaults, read_run_config, saved_preset,
+                                to_dict, upgrade)
 from dropless.presets import get_preset
 
 DEFAULT_PRESET = "tiny"
@@ -36,7 +38,7 @@ DEFAULT_PRESET = "tiny"
 # the nested configs: path of dotted-key prefixes -> their class
 SECTIONS = {(): TrainConfig, ("mesh",): MeshConfig, ("model",): ModelConfig,
             ("model", "moe"): MoEConfig}
-# the MoE layer's former node size: now MeshConfig's (derived from mesh.dcn_*)
+# the MoE layer's node size key, refused: the node size is MeshConfig's (from mesh.dcn_*)
 GONE_NODE_SIZE = "model.moe.devices_per_node"
 
 
@@ -98,11 +100,6 @@ def load_yaml(path: str) -> Any:
         context = getattr(e, "context", None)
         why = f"{context}, {problem}" if context else problem
         raise ValueError(f"config file {path}{where}: invalid YAML ({why})") from None
-
-
-def to_dict(cfg: TrainConfig) -> dict:
-    """The config as nested plain data (YAML/JSON ready)."""
-    return dataclasses.asdict(cfg)
 
 
 def flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
@@ -242,8 +239,22 @@ def init_from_items(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     preset, model, tok = init_from_defaults(spec, preset_given="preset" in keys,
                                             tokenizer_given="tokenizer" in keys)
     out: list[tuple[str, Any]] = [] if preset is None else [("preset", preset)]
-    out += [] if model is None else flatten(upgrade({"model": model}))   # a former-form folder too
+    out += [] if model is None else flatten(upgrade({"model": model}))   # a flat-mesh-form folder too
     return out + ([] if tok is None else [("tokenizer", tok)])
+
+
+def resume_items(run: str | Path) -> list[tuple[str, Any]]:
+    """The (key, value) items that rebuild the config of the run in directory `run` (its
+    config.json, in the current form, see `upgrade`), to go before the user's overrides: its
+    preset, every saved key, `run_dir` / `run_name` naming `run` where it is now, the model.
+    Raises ValueError (one line, see `model_dir.read_run_config`) when `run` is not a run."""
+    run = Path(run)
+    saved = upgrade(read_run_config(run))
+    saved.update(run_dir=str(run.parent), run_name=run.name)
+    model = saved.pop("model")
+    preset = saved_preset(saved)
+    saved.pop("preset", None)
+    return [("preset", preset)] + flatten(saved) + flatten({"model": model})
 
 
 def _add_word(text: str, word: str) -> str:
@@ -263,37 +274,6 @@ def _set(tree: dict, key: str, value: Any) -> None:
                              "(a dense model has no model.moe)")
         node = node[p]
     node[leaf] = value
-
-
-def upgrade(tree: dict) -> dict:
-    """A saved config (a run's or a converted model's config.json) in the current form: the
-    former flat mesh keys (`fsdp_parallelism`, `dcn_fsdp`, ...) moved under `mesh`, and the MoE
-    layer's former `devices_per_node` dropped (the mesh says it now). A new-form tree comes
-    back equal; `tree` is not changed."""
-    out = {k: v for k, v in tree.items() if k not in maxtext.FORMER_KEYS}
-    mesh = dict(out.get("mesh") or {})
-    for old, new in maxtext.FORMER_KEYS.items():
-        if old in tree:
-            mesh.setdefault(new.split(".", 1)[1], tree[old])
-    if mesh:
-        out["mesh"] = mesh
-    model = out.get("model")
-    if isinstance(model, dict) and isinstance(model.get("moe"), dict) \
-            and "devices_per_node" in model["moe"]:
-        moe = {k: v for k, v in model["moe"].items() if k != "devices_per_node"}
-        out["model"] = {**model, "moe": moe}
-    return out
-
-
-def from_dict(tree: dict) -> TrainConfig:
-    """Nested plain data (as `to_dict` writes, or the former flat form, see `upgrade`) -> a
-    validated TrainConfig."""
-    tree = upgrade(tree)
-    m = dict(tree["model"])
-    moe = m.pop("moe", None)
-    model = ModelConfig(**m, moe=None if moe is None else MoEConfig(**moe))
-    rest = {k: v for k, v in tree.items() if k not in ("model", "mesh")}
-    return TrainConfig(**rest, model=model, mesh=MeshConfig(**tree.get("mesh", {})))
 
 
 def show(cfg: TrainConfig) -> str:

@@ -123,7 +123,7 @@ def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_
     from dropless.config_file import build_config
     from dropless.models.evaluate import evaluate
     from dropless.model_dir.weights import load_model
-    from dropless.train.init_from import load_dropless
+    from dropless.model_dir import load_dropless
     from dropless.train.loop import train
     data = tmp_path / "train.txt"
     data.write_text(TEXT * 40)

@@ -28,7 +28,8 @@ def test_preset_flag_and_overrides():
 
 
 def test_resume_reads_the_saved_config(tmp_path):
-    from dropless.config_file import build_config, to_dict
+    from dropless.config_file import build_config
+    from dropless.model_dir import to_dict
     saved = build_config([("preset", "deepseek3-test"), ("steps", 11), ("seq_len", 48)])
     run = tmp_path / "r1"
     run.mkdir()

@@ -135,3 +135,19 @@ def test_splits_are_checked_against_seq_len(tmp_path):
         data.load_corpus(str(tmp_path / "a.txt"), eval_fraction=0.1, seq_len=100)
     with pytest.raises(ValueError, match="the train split holds 99 tokens"):
         data.load_corpus(str(tmp_path / "a.txt"), eval_fraction=0.9, seq_len=100)
+
+
+def test_document_tokens_join_the_documents_with_eos(tmp_path):
+    """Hand-worked with bytes (EOS 0): 'ab' and 'c', the empty document left out."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "ab"}\n{"text": ""}\n{"text": "c"}\n')
+    tok = data.make_tokenizer("byte")
+    got = data.document_tokens(str(path), tok)
+    assert got.dtype == np.int32
+    assert got.tolist() == [*tok.encode("ab").tolist(), tok.eos_id, *tok.encode("c").tolist(),
+                            tok.eos_id]
+    (tmp_path / "e.jsonl").write_text('{"text": ""}\n')
+    with pytest.raises(ValueError, match=r"^data='.*e.jsonl' holds no text$"):
+        data.document_tokens(str(tmp_path / "e.jsonl"), tok)
+    with pytest.raises(ValueError, match=r"^dropless eval: --data=x holds no text$"):
+        data.document_tokens(str(tmp_path / "e.jsonl"), tok, what="dropless eval: --data=x")

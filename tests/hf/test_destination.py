@@ -106,7 +106,7 @@ def test_import_killed_over_a_dropless_dir_leaves_it_intact(qwen_dropless, tmp_p
     assert snapshot(dst) == before
     [part] = _partials(dst)
     assert (part / "params").is_dir() and not (part / "config.json").exists()
-    from dropless.train.init_from import load_dropless
+    from dropless.model_dir import load_dropless
     with pytest.raises(ValueError, match="no config.json"):
         load_dropless(part)
     from dropless.model_dir.weights import load_model

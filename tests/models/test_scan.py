@@ -131,7 +131,7 @@ def test_router_bias_update_is_the_same_in_both_layouts(both):
 
 @pytest.mark.parametrize("saved_scanned", [False, True])
 def test_checkpoint_restores_into_either_layout(tmp_path, both, saved_scanned):
-    from dropless.checkpoint import store as ckpt
+    from dropless import checkpoint as ckpt
     _, per_layer, scanned = both
     saved, want = (scanned, per_layer) if saved_scanned else (per_layer, scanned)
     mngr = ckpt.manager(tmp_path, keep=1, async_save=False)

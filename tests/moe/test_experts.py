@@ -121,7 +121,7 @@ def test_fused_weight_sharding_entry():
 def test_checkpoint_written_either_way_loads_either_way(tmp_path, saved_fused):
     """Through the trainer's checkpoint.restore, which reads the stored layout from the
     checkpoint's tree metadata and converts to `like`'s."""
-    from dropless.checkpoint import store as ckpt
+    from dropless import checkpoint as ckpt
     p = layer.init_params(jax.random.key(0), _cfg())
     state = {"params": p, "mu": jax.tree.map(lambda a: a * 2, p)}
     written = fuse_expert_weights(state) if saved_fused else state

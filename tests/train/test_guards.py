@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from dropless.config_file import build_config
-from dropless.checkpoint import store as ckpt
+from dropless import checkpoint as ckpt
 from dropless.train.guards import (AFTER_RECORD, BEFORE_RECORD, Guard, GuardStop, Tripped,
                                    check_all)
 from dropless.train.nonfinite import NonFiniteError, NonFiniteGuard

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dropless.config_file import build_config
-from dropless.checkpoint import store as ckpt
+from dropless import checkpoint as ckpt
 from dropless.train import step as step_lib
 from dropless.train.loop import train
 from dropless.train.overflow import BufferOverflowError, OverflowGuard

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from dropless import cli
-from dropless.checkpoint import store as ckpt
+from dropless import checkpoint as ckpt
 from dropless.train import preflight, resume, rundir
 from dropless.train.loop import train
 from dropless.train.progress import Progress, Timed

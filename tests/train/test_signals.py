@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dropless.checkpoint.store import latest_step
+from dropless.checkpoint import latest_step
 from dropless.train.signals import EXIT_PREEMPTED
 
 from tests._support.train_mini import MINI, corpus
@@ -265,7 +265,7 @@ def _late_write_callback() -> None:
 @pytest.mark.parametrize("reported", [True, False])
 def test_late_write_callbacks_are_dropped_only_after_the_failure_is_reported(monkeypatch,
                                                                              reported):
-    from dropless.checkpoint.store import CheckpointError, quiet_orbax_errors
+    from dropless.checkpoint import CheckpointError, quiet_orbax_errors
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(repr(u.exc_value)))
     _late_write_callback()

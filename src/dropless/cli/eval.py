@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from dropless.cli.model_args import add_model_options
 
 
@@ -36,26 +34,16 @@ def _check_args(args) -> None:
     check_model("eval", args.model)
 
 
-def _tokens(args, tok) -> np.ndarray:
-    """The documents of --data, each encoded (BOS as the tokenizer says) and followed by EOS."""
-    from dropless.data.corpus import text_documents
-    docs = [tok.encode(text) for _, text in text_documents(args.data)]
-    docs = [d for d in docs if d.size]
-    if not docs:
-        raise ValueError(f"dropless eval: --data={args.data!r} holds no text")
-    eos = np.array([tok.eos_id])
-    return np.concatenate([x for d in docs for x in (d, eos)]).astype(np.int32)
-
-
 def run(args) -> int:
     """Arguments, tokenizer and data are checked before the model is read or compiled; errors
     are raised (ValueError: one line, exit 2, from `cli.main`)."""
     from dropless.cli.model_args import model_tokenizer, usage_errors
+    from dropless.data.corpus import document_tokens
     from dropless.data.tokenizer import check_fits
     with usage_errors():
         _check_args(args)
         tok = model_tokenizer("eval", args.model, args.tokenizer)
-        tokens = _tokens(args, tok)
+        tokens = document_tokens(args.data, tok, what=f"dropless eval: --data={args.data!r}")
         from dropless.model_dir.weights import load_model
         from dropless.models.evaluate import evaluate, windows
         windows(tokens, args.seq_len)

@@ -99,7 +99,7 @@ def describe(exc: BaseException) -> tuple[int, str]:
         where = f": {exc.filename}" if exc.filename is not None else ""
         return EXIT_FAILURE, f"{exc.strerror}{where} (check the path, its permissions and free " \
                              f"space)\n{TRACEBACK_HINT}"
-    from dropless.checkpoint.store import CheckpointError
+    from dropless.checkpoint import CheckpointError
     from dropless.train.nonfinite import NonFiniteError
     from dropless.train.rundir import RunDirInUse
     if isinstance(exc, (CheckpointError, RunDirInUse, NonFiniteError)):
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         status, message = describe(e)
         print(f"dropless: error: {message}", file=sys.stderr)
-        from dropless.checkpoint.store import CheckpointError
+        from dropless.checkpoint import CheckpointError
         if isinstance(e, CheckpointError):
             # After some failed saves (a read-only file system) orbax leaves background
             # threads waiting for signals that never come, and the interpreter would wait for

@@ -41,16 +41,8 @@ def config_from_args(args, notes: list[str] | None = None):
     if getattr(args, "profile_steps", None):
         items.append(("profile_steps", args.profile_steps))
     if getattr(args, "resume", None):
-        from pathlib import Path
-        from dropless.config_file import flatten, upgrade
-        from dropless.model_dir import read_run_config, saved_preset
-        run = Path(args.resume)
-        saved = upgrade(read_run_config(run))   # a run saved in the former flat form resumes too
-        saved.update(run_dir=str(run.parent), run_name=run.name)
-        model = saved.pop("model")
-        preset = saved_preset(saved)
-        saved.pop("preset", None)
-        items = [("preset", preset)] + flatten(saved) + flatten({"model": model}) + items
+        from dropless.config_file import resume_items
+        items = resume_items(args.resume) + items
     return build_config(items, yaml_path=args.config, notes=notes)
 
 

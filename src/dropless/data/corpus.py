@@ -23,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dropless.data.tokenizer import (  # noqa: F401 - moved there; re-exported
-    BYTE_EOS, BYTE_VOCAB, ByteTokenizer, HFTokenizer, make_tokenizer)
+from dropless.data.tokenizer import make_tokenizer
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
 
@@ -155,6 +154,18 @@ def text_documents(source: str) -> list[tuple[str, str]]:
     if path.suffix in TEXT_SUFFIXES:
         return [(path.name, path.read_text(encoding="utf-8", errors="replace"))]
     return [(path.name, _utf8(path.read_bytes(), _where(source, path)))]
+
+
+def document_tokens(source: str, tok, *, what: str = "") -> np.ndarray:
+    """One int32 token stream of the documents of `source` (a text/JSONL file or directory, see
+    `text_documents`), each encoded by `tok` (BOS as the tokenizer says) and followed by its
+    EOS id; documents that encode to nothing are left out. Raises ValueError, starting with
+    `what` (default `data=SOURCE`), when no document holds a token."""
+    docs = [tok.encode(text) for _, text in text_documents(source)]
+    docs = [d for d in docs if d.size]
+    if not docs:
+        raise ValueError(f"{what or f'data={source!r}'} holds no text")
+    return _pack(docs, tok.eos_id, np.int32)
 
 
 def _split_tokens(tokens: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:

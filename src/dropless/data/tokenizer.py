@@ -1,9 +1,9 @@
 """Tokenizers: UTF-8 bytes, or a Hugging Face `tokenizer.json` with the special tokens its folder
-declares. Read by training data (`data.load_corpus`), `init_from`, `eval`, `generate`, `convert`.
+declares. Read by training data (`data.corpus.load_corpus`), `init_from`, `eval`, `generate`, `convert`.
 
 Which tokenizer a model folder implies is `dropless.model_dir`'s (`folder_tokenizer`,
 `hf_tokenizer`): its `tokenizer.json`. A folder that holds only a SentencePiece `tokenizer.model`
-is refused with the one command that writes `tokenizer.json` (transformers' converter needs
+is refused with the command that writes `tokenizer.json` (transformers' converter needs
 sentencepiece and protobuf, which training does not), and a folder with no tokenizer at all is
 refused too: an HF model is never fed byte tokens unless the user asks for `byte`.
 

@@ -5,7 +5,7 @@ A MODEL argument (`init_from=`, `dropless eval|generate|convert`) is one of:
 
 * `hf:DIR`: a Hugging Face folder (config.json naming `architectures`, *.safetensors,
   tokenizer.json and its side files);
-* `DIR`: a dropless directory: config.json (a TrainConfig as `config_file.to_dict` writes it)
+* `DIR`: a dropless directory: config.json (a TrainConfig as `model_dir.to_dict` writes it)
   + params/ (orbax, `dropless convert` output), or a run directory: config.json + checkpoints/.
 
 Layer: above `hf` (an `hf:` preset reads the folder's config.json through `hf.read_config`,
@@ -71,7 +71,7 @@ def names_architectures(spec: str, *, what: str) -> bool:
 
 
 def read_dropless_config(folder: str | Path, *, what: str = "", as_hf: str = "") -> dict:
-    """A dropless directory's config.json as saved (nested plain data: `config_file.from_dict`
+    """A dropless directory's config.json as saved (nested plain data: `model_dir.from_dict`
     makes it a TrainConfig). Errors start with `what` (the command and argument the user gave:
     "init_from='DIR'", "dropless eval DIR"); a Hugging Face folder is refused with `as_hf`, the
     spelling to use instead (default: `what` with the folder written hf:DIR)."""

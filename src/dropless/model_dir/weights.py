@@ -1,17 +1,17 @@
-"""The weights of a model folder: the one reader and the one writer of a dropless directory,
-the loader of either kind of MODEL (`hf:DIR` or a dropless directory) that `dropless eval`,
-`generate` and `convert` share, and the converters Hugging Face <-> dropless.
+"""The weights of a model folder: the reader (`load_dropless`) and the writer
+(`write_dropless`) of a dropless directory, the loader of either kind of MODEL (`hf:DIR` or a
+dropless directory) that `dropless eval`, `generate` and `convert` share, and the converters
+Hugging Face <-> dropless.
 
 A dropless directory (see `model_dir.folder`) holds config.json (a TrainConfig as
-`config_file.to_dict` writes it, the model and the tokenizer) and params/ (the parameters, an
+`model_dir.to_dict` writes it, the model and the tokenizer) and params/ (the parameters, an
 orbax StandardCheckpointer tree), or, for a run directory, checkpoints/ (the newest step's
-parameters are read). The tokenizer (tokenizer.json and its side files) travels along.
+parameters are read, alone, by `checkpoint.read_params`: with its integrity checks and layout
+conversion, without building optimizer state). The tokenizer (tokenizer.json and its side
+files) travels along.
 
-Layer: above `train` (see docs/architecture.md): a dropless directory may be a run directory,
-whose weights are a training checkpoint, so its weights are read by `train.init_from.
-load_dropless` (the trainer's one restore, with its integrity checks and layout conversion),
-which this module calls; nothing in `train` imports this module. JAX and orbax are imported when
-a function needs them.
+Layer: `model_dir` (docs/architecture.md): above `checkpoint`, `hf` and `models`, below
+`config_file` and `train`. JAX and orbax are imported when a function needs them.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dropless.model_dir.folder import folder_tokenizer, parse_spec
-from dropless.train.init_from import cast_like, load_dropless
+from dropless.model_dir.folder import folder_tokenizer, parse_spec, read_dropless_config
+from dropless.model_dir.run_config import from_dict, to_dict
 
 
 def load_model(spec: str, *, dtype: str | None = None, what: str = ""):
@@ -40,6 +40,36 @@ def load_model(spec: str, *, dtype: str | None = None, what: str = ""):
     return cfg, params
 
 
+def load_dropless(folder: str | Path, *, what: str = ""):
+    """(TrainConfig, params) of a `dropless convert` output (params/) or a run (its newest
+    checkpoint's parameters, read alone). Errors start with `what` (see
+    `model_dir.read_dropless_config`); a damaged checkpoint raises
+    checkpoint.CheckpointDamaged."""
+    import jax
+    from dropless.models.deepseek import init_params
+    folder = Path(folder).absolute()
+    cfg = from_dict(read_dropless_config(folder, what=what))
+    like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
+    if (folder / "params").is_dir():
+        import orbax.checkpoint as ocp
+        return cfg, ocp.StandardCheckpointer().restore(folder / "params", like)
+    from dropless import checkpoint as ckpt
+    step = ckpt.latest_step(folder / "checkpoints")
+    if step is None:
+        raise ValueError(f"{what or folder}: neither params/ nor a checkpoint under "
+                         f"{folder / 'checkpoints'}")
+    return cfg, ckpt.read_params(folder / "checkpoints", step, like)
+
+
+def cast_like(params: Any, cfg) -> Any:
+    """`params` cast leaf by leaf to the dtypes `init_params(cfg)` gives (cfg a ModelConfig)."""
+    import jax
+    import jax.numpy as jnp
+    from dropless.models.deepseek import init_params
+    like = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+    return jax.tree.map(lambda x, l: jnp.asarray(x, l.dtype), params, like)
+
+
 def tokenizer_files(tok: str) -> list[Path]:
     """tokenizer.json and its side files when `tok` names one ('byte' and '' name none)."""
     from dropless.data.tokenizer import side_files
@@ -56,7 +86,6 @@ def write_dropless(dst: str | Path, model, params: Any, *, tokenizer: str = "",
     loads it. Returns DST (absolute)."""
     import orbax.checkpoint as ocp
     from dropless.config import TrainConfig
-    from dropless.config_file import to_dict
     from dropless.hf.destination import check_destination, staged
     out = check_destination(dst, sources=sources, overwrite=overwrite)
     with staged(out) as tmp:

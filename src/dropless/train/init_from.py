@@ -1,19 +1,18 @@
 """Starting a run from existing weights: `init_from=hf:DIR` (a Hugging Face folder) or a
 dropless directory (`dropless convert` output, or a run directory).
 
-The folders themselves (the spec, config.json, the tokenizer a folder implies, the loaders)
-are `dropless.model_dir`'s; what `init_from` implies for the config (the folder's model as the
-preset, its tokenizer) is applied by `config_file.build_config` through
+The folders themselves (the spec, config.json, the tokenizer a folder implies, the readers of
+their weights) are `dropless.model_dir`'s; what `init_from` implies for the config (the
+folder's model as the preset, its tokenizer) is applied by `config_file.build_config` through
 `model_dir.init_from_defaults`. Here: check that the configured model is the folder's, and hand
 the loop its parameters in the configured layout and dtypes.
 """
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
-from dropless.model_dir import parse_spec, read_dropless_config
+from dropless.model_dir import cast_like, load_dropless, parse_spec
 
 # fields that do not change the parameter tree (dtypes are cast, the layout is converted)
 _FREE_FIELDS = ("dtype", "weight_dtype", "mtp_loss_coef", "moe", "scan_layers")
@@ -58,37 +57,3 @@ def initial_params(cfg) -> Any:
     from dropless.models.scan import to_canonical_layout, to_config_layout
     params = to_config_layout(to_canonical_layout(params), cfg.model)
     return cast_like(params, cfg.model)
-
-
-def load_dropless(folder: str | Path, *, what: str = ""):
-    """(TrainConfig, params) of a `dropless convert` output (params/) or a run (its newest
-    checkpoint's parameters). Errors start with `what` (see `model_dir.read_dropless_config`)."""
-    import jax
-    from dropless.config_file import from_dict
-    folder = Path(folder).absolute()
-    cfg = from_dict(read_dropless_config(folder, what=what))
-    if (folder / "params").is_dir():
-        import orbax.checkpoint as ocp
-        from dropless.models.deepseek import init_params
-        like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
-        return cfg, ocp.StandardCheckpointer().restore(folder / "params", like)
-    from dropless.checkpoint import store as ckpt
-    from dropless.train import step as step_lib
-    step = ckpt.latest_step(folder / "checkpoints")
-    if step is None:
-        raise ValueError(f"{what or folder}: neither params/ nor a checkpoint under "
-                         f"{folder / 'checkpoints'}")
-    mngr = ckpt.manager(folder / "checkpoints", keep=1, async_save=False)
-    like = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
-    state, _ = ckpt.restore(mngr, step, like)
-    mngr.close()
-    return cfg, state["params"]
-
-
-def cast_like(params: Any, cfg) -> Any:
-    """`params` cast leaf by leaf to the dtypes `init_params(cfg)` gives (cfg a ModelConfig)."""
-    import jax
-    import jax.numpy as jnp
-    from dropless.models.deepseek import init_params
-    like = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
-    return jax.tree.map(lambda x, l: jnp.asarray(x, l.dtype), params, like)

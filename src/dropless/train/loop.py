@@ -32,7 +32,7 @@ from dropless.config import TrainConfig
 from dropless.models.arithmetic import flops_per_token, format_counts, param_counts
 from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
-from dropless.checkpoint import store as ckpt
+from dropless import checkpoint as ckpt
 from dropless.data import corpus as data_lib
 from dropless.train import guards as guards_lib
 from dropless.train import metrics as met
@@ -143,7 +143,7 @@ def _header(cfg: TrainConfig, out_dir: Path, corpus, counts: dict, fpt: dict, st
 
 def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
          stop_at: int | None, *, resume: bool = False, strict: bool = False) -> RunResult:
-    from dropless.config_file import to_dict
+    from dropless.model_dir import to_dict
     out_dir = run.path
     corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
                                   eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype,

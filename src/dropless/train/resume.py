@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from dropless.config import TrainConfig
 from dropless.model_dir import saved_run_config
-from dropless.checkpoint import store as ckpt
+from dropless import checkpoint as ckpt
 from dropless.checkpoint import integrity
 
 

@@ -1,0 +1,243 @@
+"""The on-disk format of a training step, with orbax: write, read (the whole state, or the
+parameters alone), the step folders present, and the conversion between parameter layouts.
+
+A checkpoint holds the whole train state (parameters including router biases, optimizer state,
+step, RNG) and a JSON record with the data position (the next batch index) and the corpus
+fingerprint. Orbax writes each step into a temporary directory and renames it when complete, so
+a run killed during a save leaves only an unfinished temporary directory, which restore ignores:
+the run resumes from the last complete step. Every array's content hash is stored with the step
+and compared when it is read (`checkpoint.integrity`): a step damaged later raises
+integrity.CheckpointDamaged naming the step, the file or array and why, never returning damaged
+data. `check_compatible` compares a checkpoint's stored shapes and dtypes with the state the
+config builds before anything is restored, and names the parameter path and the config keys
+that differ.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from dropless.checkpoint import integrity, noise
+
+PARAMS = "params"          # the state's subtree `read_params` reads
+
+
+def manager(directory: str | Path, *, keep: int, async_save: bool = True
+            ) -> ocp.CheckpointManager:
+    """A CheckpointManager keeping the newest `keep` complete steps under `directory`."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=async_save)
+    return ocp.CheckpointManager(
+        Path(directory).absolute(), options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict, *,
+         hashes: bool = True) -> None:
+    """Start saving (returns before the write finishes when asynchronous). `meta` is stored
+    with the content hash of every array of `state` (integrity.py; `hashes=False` only for the
+    cost measurement), which `restore` and `read_params` check."""
+    if hashes:
+        meta = {**meta, "hash": integrity.ALGORITHM, "hashes": integrity.tree_hashes(state)}
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            meta=ocp.args.JsonSave(meta)), force=True)
+
+
+def all_steps(directory: str | Path) -> list[int]:
+    """Every step folder under `directory`, newest first (complete or not: orbax renames a step
+    into place only when complete, so a numbered folder that is incomplete was damaged later);
+    reads names only, creates nothing."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted((int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()),
+                  reverse=True)
+
+
+def latest_step(directory: str | Path) -> int | None:
+    """The newest step folder under `directory` (None when there is none or no directory)."""
+    steps = all_steps(directory)
+    return steps[0] if steps else None
+
+
+def read_meta(directory: str | Path, step: int) -> dict:
+    """The JSON record saved with `step` (data position, corpus fingerprint), read directly."""
+    return json.loads((Path(directory) / str(step) / "meta" / "metadata").read_text())
+
+
+def _saved_tree(mngr: ocp.CheckpointManager, step: int) -> Any:
+    """The stored state's tree metadata (its dict keys tell the expert layout)."""
+    md = mngr.item_metadata(step)["state"]
+    return getattr(md, "tree", md)
+
+
+def _state_tree(state_dir: Path) -> Any:
+    """The tree metadata of the state stored in `state_dir` (<step>/state), read without a
+    manager."""
+    md = ocp.PyTreeCheckpointHandler().metadata(state_dir)
+    return getattr(md, "tree", md)
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, like: Any, *, verify: bool = True
+            ) -> tuple[Any, dict]:
+    """(state, meta) of `step`; `like` is a state (or its jax.eval_shape) giving structure,
+    dtypes and shardings. A checkpoint written in another parameter layout (decoder layers
+    scanned or not, `scan_layers`; expert gate/up fused or not, `prefuse_moe_weights`) is read
+    as stored and converted to `like`'s layout (both conversions are exact). Raises
+    integrity.CheckpointDamaged when a file cannot be read or an array's bytes differ from the
+    hash recorded at save time (`verify=False` skips the hashes, for the cost measurement)."""
+    def read(abstract):
+        out = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        return out["state"], dict(out["meta"])
+    return _read_step(Path(mngr.directory), step, like, read, lambda: _saved_tree(mngr, step),
+                      verify=verify)
+
+
+def read_params(directory: str | Path, step: int, like: Any, *, verify: bool = True) -> Any:
+    """The parameters of checkpoint `step` under `directory`, alone: only the `params` subtree
+    of the stored state is read (orbax's partial restore), so no optimizer state is built or
+    read. `like` is a parameter tree (or its jax.eval_shape, e.g. of `init_params`) giving
+    structure, dtypes and shardings (a leaf without one is placed as it was saved). As
+    `restore`: another stored layout is converted to `like`'s, and damage (structure, files,
+    the hashes of the arrays read) raises integrity.CheckpointDamaged."""
+    directory = Path(directory).absolute()
+    state_dir = directory / str(step) / "state"
+
+    def read(abstract):
+        stored = {integrity.path_str(p): m for p, m in
+                  jax.tree_util.tree_leaves_with_path(_state_tree(state_dir))}
+        restore_args = jax.tree_util.tree_map_with_path(
+            lambda p, x: _restore_arg(x, stored.get(integrity.path_str(p))), abstract)
+        with ocp.PyTreeCheckpointer() as ckptr:
+            state = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+                item=abstract, restore_args=restore_args, partial_restore=True))
+        return state, read_meta(directory, step)
+    state, _ = _read_step(directory, step, {PARAMS: like}, read, lambda: _state_tree(state_dir),
+                          verify=verify)
+    return state[PARAMS]
+
+
+def _restore_arg(x: jax.ShapeDtypeStruct, stored: Any) -> ocp.RestoreArgs:
+    """How orbax reads leaf `x`: with `x`'s sharding, else the one it was saved with (as a
+    full restore does), else as a NumPy array."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None and getattr(stored, "sharding", None) is not None:
+        try:
+            sharding = stored.sharding.to_jax_sharding()
+        except ValueError:       # saved on devices this process does not have
+            sharding = None
+    if sharding is None:
+        return ocp.RestoreArgs(restore_type=np.ndarray, dtype=x.dtype)
+    return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=x.shape, dtype=x.dtype)
+
+
+def _read_step(directory: Path, step: int, like: Any,
+               read: Callable[[Any], tuple[Any, dict]], stored_tree: Callable[[], Any], *,
+               verify: bool) -> tuple[Any, dict]:
+    """(tree, meta) of step `step` read by `read(abstract)` (`abstract`: `like` in the stored
+    layout, `stored_tree()` says which): inspected before, its hashes verified and its layout
+    converted to `like`'s after; a read failure becomes integrity.CheckpointDamaged."""
+    damage = integrity.inspect(directory, step)
+    if damage is not None:
+        raise integrity.CheckpointDamaged(damage)
+    try:
+        to_stored, to_mine = _layout_conversions(stored_tree, like)
+        abstract = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                           sharding=getattr(x, "sharding", None)),
+            jax.eval_shape(to_stored, like) if to_stored else like)
+        tree, meta = read(abstract)
+    except Exception as e:  # noqa: BLE001 - tensorstore's errors: which file, in one line
+        noise.drop_late_callbacks()
+        raise integrity.CheckpointDamaged(integrity.read_failure(e, step, directory)) from e
+    if verify:
+        integrity.verify(tree, meta.get("hashes"), step)
+    if to_mine:
+        tree = jax.tree.map(lambda x, ref: jax.device_put(x, getattr(ref, "sharding", None)),
+                            to_mine(tree), like)
+    return tree, meta
+
+
+def _layout_conversions(stored_tree: Callable[[], Any], like: Any):
+    """(to_stored, to_mine): functions converting a state between `like`'s parameter layout
+    and the one the checkpoint was written in (`stored_tree()`, its tree metadata); (None,
+    None) when they agree."""
+    from dropless.models import scan
+    from dropless.moe import convert_expert_weights, expert_layout
+    try:
+        tree = stored_tree()
+    except (KeyError, TypeError, ValueError, FileNotFoundError):   # no readable tree metadata
+        return None, None
+    steps = []
+    stored, mine = scan.is_scanned(tree), scan.is_scanned(like)
+    if None not in (stored, mine) and stored != mine:
+        steps.append((lambda t, v=stored: scan.to_layout(t, v),
+                      lambda t, v=mine: scan.to_layout(t, v)))
+    stored, mine = expert_layout(tree), expert_layout(like)
+    if None not in (stored, mine) and stored != mine:
+        steps.append((lambda t, v=stored: convert_expert_weights(t, prefuse=v),
+                      lambda t, v=mine: convert_expert_weights(t, prefuse=v)))
+    if not steps:
+        return None, None
+
+    def to_stored(t):
+        for f, _ in steps:
+            t = f(t)
+        return t
+
+    def to_mine(t):
+        for _, g in reversed(steps):
+            t = g(t)
+        return t
+    return to_stored, to_mine
+
+
+def _config_diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        a, b = saved.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k} ({a!r} in the run's config.json, {b!r} now)")
+    return out
+
+
+def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
+                     saved_model: dict | None, model: dict, run_dir: Path) -> None:
+    """Raise ValueError if checkpoint `step` cannot be restored into `like` (a state or its
+    eval_shape): names the first parameter whose shape or dtype differs (parameters before
+    optimizer state) and the `model.*` config keys that differ from the run's config.json."""
+    to_stored, _ = _layout_conversions(lambda: _saved_tree(mngr, step), like)
+    if to_stored:                    # another layout of the same parameters restores exactly
+        like = jax.eval_shape(to_stored, like)
+    path_str = integrity.path_str    # the metadata tree and the live state name paths alike
+    stored = {path_str(p): m for p, m in
+              jax.tree_util.tree_leaves_with_path(mngr.item_metadata(step)["state"])}
+    wanted = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(like)}
+    problems = []
+    for name in sorted(wanted, key=lambda n: (not n.startswith(f"{PARAMS}/"), n)):
+        x, m = wanted[name], stored.get(name)
+        if m is None:
+            problems.append(f"{name} is not in the checkpoint")
+        elif tuple(m.shape) != tuple(x.shape) or jax.numpy.dtype(m.dtype) != x.dtype:
+            problems.append(f"{name} is {tuple(m.shape)} {jax.numpy.dtype(m.dtype)} in the "
+                            f"checkpoint, {tuple(x.shape)} {x.dtype} with this config")
+    problems += [f"{n} is in the checkpoint but not in this model" for n in stored
+                 if n not in wanted]
+    if not problems:
+        return
+    keys = _config_diff(saved_model or {}, model, "model.")
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise ValueError(
+        f"checkpoint {step} in {run_dir} does not fit this config: "
+        f"{problems[0]}{more}; config keys that differ: "
+        f"{', '.join(keys) if keys else 'none found in model.*'}. Resume without those "
+        "overrides, or start a new run (another run_name)")

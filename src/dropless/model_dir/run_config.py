@@ -1,0 +1,52 @@
+"""The config.json form of a TrainConfig: what a run directory and a dropless directory hold.
+
+`to_dict` writes nested plain data (`dataclasses.asdict`), `from_dict` reads it back validated,
+and `upgrade` brings a config.json written in the flat mesh form (`fsdp_parallelism`,
+`dcn_fsdp`, ... at the top, and the MoE layer's `devices_per_node`) to the current one, so an
+old run resumes and an old converted model loads. Pure data: no JAX computation, no files.
+
+Layer: `model_dir` (docs/architecture.md); reads `config` and `compat.maxtext`'s table of the
+flat mesh keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from dropless.compat import maxtext
+from dropless.config import MeshConfig, ModelConfig, MoEConfig, TrainConfig
+
+
+def to_dict(cfg: TrainConfig) -> dict:
+    """The config as nested plain data (YAML/JSON ready)."""
+    return dataclasses.asdict(cfg)
+
+
+def upgrade(tree: dict) -> dict:
+    """A saved config (a run's or a converted model's config.json) in the current form: the
+    flat mesh keys (`fsdp_parallelism`, `dcn_fsdp`, ...) put under `mesh`, and the MoE layer's
+    `devices_per_node` dropped (the mesh says it). A current-form tree comes back equal; `tree`
+    is not changed."""
+    out = {k: v for k, v in tree.items() if k not in maxtext.FORMER_KEYS}
+    mesh = dict(out.get("mesh") or {})
+    for old, new in maxtext.FORMER_KEYS.items():
+        if old in tree:
+            mesh.setdefault(new.split(".", 1)[1], tree[old])
+    if mesh:
+        out["mesh"] = mesh
+    model = out.get("model")
+    if isinstance(model, dict) and isinstance(model.get("moe"), dict) \
+            and "devices_per_node" in model["moe"]:
+        moe = {k: v for k, v in model["moe"].items() if k != "devices_per_node"}
+        out["model"] = {**model, "moe": moe}
+    return out
+
+
+def from_dict(tree: dict) -> TrainConfig:
+    """Nested plain data (as `to_dict` writes, or the flat mesh form, see `upgrade`) -> a
+    validated TrainConfig."""
+    tree = upgrade(tree)
+    m = dict(tree["model"])
+    moe = m.pop("moe", None)
+    model = ModelConfig(**m, moe=None if moe is None else MoEConfig(**moe))
+    rest = {k: v for k, v in tree.items() if k not in ("model", "mesh")}
+    return TrainConfig(**rest, model=model, mesh=MeshConfig(**tree.get("mesh", {})))

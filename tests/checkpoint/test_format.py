@@ -1,0 +1,145 @@
+"""`checkpoint.read_params`: the parameters of a step alone, against the full restore (the same
+arrays, bitwise), from a checkpoint written in either parameter layout, and refusing a damaged
+step as the full restore does; a run directory's weights load without optimizer state."""
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from dropless import checkpoint as ckpt
+from dropless.config_file import build_config
+from dropless.model_dir import load_dropless, to_dict
+from dropless.models import scan
+from dropless.models.deepseek import init_params
+from dropless.moe import expert_layout
+from dropless.train import step as step_lib
+
+META = {"next_batch": 3, "corpus": {"train_tokens": 1}}   # what the trainer stores beside a step
+FLAGS = {"scan": "model.scan_layers", "fused": "model.moe.prefuse_moe_weights"}
+
+
+def _cfg(*flags):
+    return build_config([("model.num_layers", 3)] + [(FLAGS[f], True) for f in flags])
+
+
+def _like_params(cfg):
+    return jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
+
+
+def _like_state(cfg):
+    return jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
+
+
+def _assert_bitwise(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert np.array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(cfg, state, checkpoints dir): the whole train state of a per-layer, unfused model, saved
+    at step 3 with its hashes."""
+    cfg = _cfg()
+    state, _ = step_lib.init_state(cfg)
+    state["params"] = jax.tree.map(lambda x: x + 1, state["params"])   # not the init values
+    d = tmp_path_factory.mktemp("ckpt") / "checkpoints"
+    mngr = ckpt.manager(d, keep=1, async_save=False)
+    ckpt.save(mngr, 3, state, META)
+    mngr.wait_until_finished()
+    mngr.close()
+    return cfg, state, d
+
+
+def _restore(d, step, like):
+    mngr = ckpt.manager(d, keep=5, async_save=False)
+    try:
+        return ckpt.restore(mngr, step, like)
+    finally:
+        mngr.close()
+
+
+def test_params_alone_are_the_full_restores_params(saved):
+    cfg, state, d = saved
+    got = ckpt.read_params(d, 3, _like_params(cfg))
+    full, meta = _restore(d, 3, _like_state(cfg))
+    _assert_bitwise(got, full["params"])
+    _assert_bitwise(got, state["params"])
+    assert {k: meta[k] for k in META} == META
+
+
+@pytest.mark.parametrize("flags", [("scan",), ("fused",), ("scan", "fused")])
+def test_params_alone_in_the_other_layout(saved, flags):
+    """Written per-layer and unfused, read scanned and/or fused: converted as the full
+    restore converts them."""
+    _, state, d = saved
+    cfg = _cfg(*flags)
+    got = ckpt.read_params(d, 3, _like_params(cfg))
+    assert scan.is_scanned(got) is ("scan" in flags)
+    assert expert_layout(got) is ("fused" in flags)
+    _assert_bitwise(got, _restore(d, 3, _like_state(cfg))[0]["params"])
+    _assert_bitwise(_unconverted(got, flags), state["params"])
+
+
+def _unconverted(params, flags):
+    from dropless.moe import convert_expert_weights
+    out = scan.to_layout(params, False) if "scan" in flags else params
+    return convert_expert_weights(out, prefuse=False) if "fused" in flags else out
+
+
+def _flip_bits(step_dir):
+    """Three bits flipped in the middle of the step's largest data file."""
+    big = max((p for p in (step_dir / "state").glob("**/d/*")), key=lambda p: p.stat().st_size)
+    b = bytearray(big.read_bytes())
+    for i in range(3):
+        b[len(b) // 2 + 97 * i] ^= 1 << i
+    big.write_bytes(bytes(b))
+
+
+def _empty_chunk(step_dir):
+    next(iter(sorted((step_dir / "state").glob("**/d/*")))).write_bytes(b"")
+
+
+def _no_manifest(step_dir):
+    (step_dir / "state" / "manifest.ocdbt").unlink()
+
+
+@pytest.mark.parametrize("damage, reason", [(_flip_bits, "hash-mismatch"),
+                                            (_empty_chunk, "truncated"),
+                                            (_no_manifest, "no-manifest")])
+def test_a_damaged_step_is_refused_as_the_full_restore_refuses_it(tmp_path, damage, reason):
+    """The state holds the parameters only, so the damage is in the arrays read."""
+    cfg = _cfg()
+    params = jax.tree.map(lambda x: x + 1, init_params(jax.random.key(1), cfg.model))
+    mngr = ckpt.manager(tmp_path, keep=1, async_save=False)
+    ckpt.save(mngr, 2, {"params": params}, META)
+    mngr.wait_until_finished()
+    mngr.close()
+    damage(tmp_path / "2")
+    with pytest.raises(ckpt.CheckpointDamaged) as alone:
+        ckpt.read_params(tmp_path, 2, _like_params(cfg))
+    with pytest.raises(ckpt.CheckpointDamaged) as full:
+        _restore(tmp_path, 2, {"params": _like_params(cfg)})
+    assert alone.value.damage == full.value.damage
+    assert alone.value.damage.reason == reason and "checkpoint 2 is damaged" in str(alone.value)
+
+
+def test_a_run_directory_loads_without_optimizer_state(saved, tmp_path, monkeypatch):
+    """`model_dir.load_dropless` of a run directory: its newest step's parameters, read with
+    neither `init_state` nor the optimizer (both made to fail here)."""
+    cfg, state, d = saved
+    run = tmp_path / "run"
+    shutil.copytree(d, run / "checkpoints")
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+
+    def refuse(*_, **__):
+        raise AssertionError("loading a model built optimizer state")
+    monkeypatch.setattr(step_lib, "init_state", refuse)
+    monkeypatch.setattr(step_lib, "make_optimizer", refuse)
+    got_cfg, params = load_dropless(run)
+    assert got_cfg == cfg
+    _assert_bitwise(params, state["params"])
