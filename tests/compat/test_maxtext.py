@@ -166,7 +166,7 @@ ONE_KEY_CASES = [
      [("mesh.fsdp", 8), ("mesh.dcn_fsdp", 2)], None),
     ("ici_tensor_parallelism", 1, {}, [], None),
     ("dcn_pipeline_parallelism", 1, {}, [], None),
-    ("data_parallelism", 2, {}, [("mesh.data", 2)], None),   # our former flat keys
+    ("data_parallelism", 2, {}, [("mesh.data", 2)], None),   # our flat mesh keys
     ("fsdp_parallelism", 4, {}, [("mesh.fsdp", 4)], None),
     ("expert_parallelism", 8, {}, [("mesh.expert", 8)], None),
     ("dcn_data", 1, {}, [("mesh.dcn_data", 1)], None),

@@ -181,7 +181,7 @@ def _mesh_axis(name: str, v: Any, given: Given) -> Pairs:
     return [(f"mesh.{axis}", ici * dcn), (f"mesh.dcn_{axis}", dcn)]
 
 
-def _former(name: str, v: Any, given: Given) -> Pairs:
+def _flat_mesh_key(name: str, v: Any, given: Given) -> Pairs:
     return [(FORMER_KEYS[name], v)]
 
 
@@ -297,7 +297,7 @@ def _table(*parts: dict[str, Translator]) -> dict[str, Translator]:
 TRANSLATORS: dict[str, Translator] = _table(
     {name: _renamed(keys) for name, keys in RENAMES.items()},
     {name: _noop_only for name in NOOP_ONLY},
-    {name: _former for name in FORMER_KEYS},
+    {name: _flat_mesh_key for name in FORMER_KEYS},
     SPECIAL_TRANSLATORS)
 
 

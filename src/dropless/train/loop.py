@@ -241,7 +241,7 @@ def _set_aside(plan, saver: ckpt.Saver, out_dir: Path, prog: Progress) -> None:
                       "moved_to": str(dest.relative_to(out_dir))})
         prog.line(f"{d.text()}; resuming from step {plan.latest}, the newest intact checkpoint "
                   f"(the damaged step was moved to {dest})")
-    saver.mngr.reload()               # orbax must not see the moved steps any more
+    saver.mngr.reload()               # orbax lists the steps left in place
     MetricsWriter(out_dir / "metrics.jsonl", prog.line).record(
         {"event": "fallback", "resumed_from": plan.latest, "damaged": moved})
 
