@@ -114,3 +114,121 @@ def test_maxtext_docstring_keys_are_known():
                 "xla_gpu_enable_command_buffer", "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"):
         assert maxtext.is_known(key)
     assert not maxtext.is_known("xla_recipe") and not maxtext.is_known("XLA_FLAGS")
+
+
+# One MaxText key at a time: (name, value, the other items it reads) -> our pairs, and the note.
+# Every key translated by more than a plain rename is here (see test_every_translated_key_...).
+ONE_KEY_CASES = [
+    ("te_moe_block", True, {}, [("model.moe.dispatcher", "auto")], None),
+    ("te_moe_block", "false", {}, [], "te_moe_block=false changes nothing: dropless has one "
+                                      "MoE block"),
+    ("hardware", "gpu_multiprocess", {}, [("distributed", True)], None),
+    ("hardware", "gpu", {}, [("distributed", False)], None),
+    ("prefuse_moe_weights", "true", {}, [("model.moe.prefuse_moe_weights", True)], None),
+    ("prefuse_moe_weights", False, {}, [("model.moe.prefuse_moe_weights", False)], None),
+    ("sparse_matmul", False, {}, [], None),   # read by capacity_factor
+    ("megablox", False, {}, [("model.moe.gmm_backend", "auto")], None),
+    ("megablox", True, {"use_tokamax_gmm": True}, [], None),
+    ("use_tokamax_gmm", "true", {}, [("model.moe.gmm_backend", "tokamax")], None),
+    ("use_tokamax_gmm", False, {}, [], None),
+    ("te_gmm_quantization", "TE_MXFP8", {}, [("model.moe.gmm_quantization", "mxfp8")], None),
+    ("te_gmm_quantization", "none", {}, [("model.moe.gmm_quantization", "none")], None),
+    ("capacity_factor", 1.0, {}, [("model.moe.capacity_factor", None)],
+     "capacity_factor=1.0 changes nothing with sparse_matmul=true: the grouped-matmul path is "
+     "dropless"),
+    ("capacity_factor", "1.25", {"sparse_matmul": "false"},
+     [("model.moe.capacity_factor", 1.25)], None),
+    ("capacity_factor", -1, {"sparse_matmul": False}, [("model.moe.capacity_factor", None)],
+     None),
+    ("remat_policy", "save_qkv_proj", {}, [("remat", "minimal")], None),
+    ("remat_policy", "qkv_proj_offloaded", {}, [("remat", "offload")], None),
+    ("n_routing_groups", -1, {}, [("model.moe.n_groups", 1), ("model.moe.topk_groups", 1)],
+     None),
+    ("n_routing_groups", "8", {}, [("model.moe.n_groups", 8)], None),
+    ("topk_routing_group", -1, {}, [("model.moe.topk_groups", 1)], None),
+    ("topk_routing_group", 4, {}, [("model.moe.topk_groups", 4)], None),
+    ("warmup_steps_fraction", 0.1, {"steps": 1000}, [("warmup_steps", 100)], None),
+    ("warmup_steps_fraction", 0.1, {}, [("warmup_steps", 30)], None),   # MaxText's 300 steps
+    ("attention_type", "mla", {}, [("model.attention", "mla")], None),
+    ("attention_type", "global", {}, [("model.attention", "mha")], None),
+    ("decoder_block", "deepseek", {}, [], "decoder_block=deepseek changes nothing: the "
+     "architecture follows from the preset and the model keys"),
+    ("enable_checkpointing", False, {}, [("checkpoint_every", 0)], None),
+    ("enable_checkpointing", True, {}, [], None),
+    ("ici_fsdp_parallelism", 8, {"dcn_fsdp_parallelism": 2},
+     [("mesh.fsdp", 16), ("mesh.dcn_fsdp", 2)], None),
+    ("dcn_expert_parallelism", 2, {}, [("mesh.expert", 2), ("mesh.dcn_expert", 2)], None),
+    ("ici_data_parallelism", "4", {}, [("mesh.data", 4), ("mesh.dcn_data", 1)], None),
+    ("dcn_data_parallelism", 1, {"ici_data_parallelism": 2},
+     [("mesh.data", 2), ("mesh.dcn_data", 1)], None),
+    ("ici_expert_parallelism", 8, {}, [("mesh.expert", 8), ("mesh.dcn_expert", 1)], None),
+    ("dcn_fsdp_parallelism", 2, {"ici_fsdp_parallelism": 4},
+     [("mesh.fsdp", 8), ("mesh.dcn_fsdp", 2)], None),
+    ("ici_tensor_parallelism", 1, {}, [], None),
+    ("dcn_pipeline_parallelism", 1, {}, [], None),
+    ("data_parallelism", 2, {}, [("mesh.data", 2)], None),   # our flat mesh keys
+    ("fsdp_parallelism", 4, {}, [("mesh.fsdp", 4)], None),
+    ("expert_parallelism", 8, {}, [("mesh.expert", 8)], None),
+    ("dcn_data", 1, {}, [("mesh.dcn_data", 1)], None),
+    ("dcn_fsdp", 2, {}, [("mesh.dcn_fsdp", 2)], None),
+    ("dcn_expert", 2, {}, [("mesh.dcn_expert", 2)], None),
+    ("xla_gpu_enable_command_buffer", None, {},
+     [("xla_flags+", "--xla_gpu_enable_command_buffer=")], None),
+    ("NCCL_DEBUG", "INFO", {}, [("environment+", "NCCL_DEBUG=INFO")], None),
+    ("weight_dtype", "bfloat16", {},
+     [("model.weight_dtype", "bfloat16"), ("model.moe.weight_dtype", "bfloat16")], None),
+    ("model_name", "deepseek3-671b", {}, [("preset", "deepseek3-671b")], None),
+    ("num_experts_per_tok", 8, {}, [("model.moe.top_k", 8)], None),
+]
+
+
+@pytest.mark.parametrize("name,value,others,pairs,note", ONE_KEY_CASES)
+def test_one_key_translates_to_its_pairs_and_note(name, value, others, pairs, note):
+    notes: list[str] = []
+    assert maxtext.translate_each([(name, value)], context={**others, name: value},
+                                  notes=notes) == [pairs]
+    assert notes == ([note] if note else [])
+    if not others:   # the items themselves are the context by default
+        assert maxtext.translate([(name, value)]) == pairs
+
+
+def test_every_translated_key_that_is_not_a_plain_rename_has_a_case():
+    cased = {name for name, *_ in ONE_KEY_CASES}
+    others = (set(maxtext.KNOWN) | set(maxtext.FORMER_KEYS)) - set(maxtext.RENAMES)
+    noop = set(maxtext.NOOP_ONLY) - {"ici_tensor_parallelism", "dcn_pipeline_parallelism"}
+    assert others - noop <= cased
+
+
+@pytest.mark.parametrize("items,error,message", [
+    ([("hardware", "gpu_multi")], ValueError,
+     r"^MaxText hardware='gpu_multi' is not supported; known: \('cpu', 'gpu', "
+     r"'gpu_multiprocess', 'tpu'\)$"),
+    ([("prefuse_moe_weights", "yes")], ValueError,
+     "^MaxText prefuse_moe_weights='yes' must be true or false$"),
+    ([("sparse_matmul", "yes"), ("steps", 3)], ValueError,
+     "^MaxText sparse_matmul='yes' must be true or false$"),
+    ([("te_gmm_quantization", "te_fp8")], ValueError,
+     r"^MaxText te_gmm_quantization='te_fp8' is not supported; known: \['mxfp8', 'none', "
+     r"'te_mxfp8'\]$"),
+    ([("remat_policy", "save_everything")], ValueError,
+     r"^MaxText remat_policy='save_everything' is not supported; known: \['full', "
+     r"'minimal', 'minimal_offloaded', 'none', 'qkv_proj_offloaded', 'save_qkv_proj'\]$"),
+    ([("attention_type", "local")], ValueError,
+     "^MaxText attention_type='local' is not supported; use 'mla' or 'global'$"),
+    ([("ici_tensor_parallelism", 2)], ValueError,
+     r"^MaxText ici_tensor_parallelism=2 is not supported \(dropless has no such mesh axis\); "
+     "only 1 is accepted$"),
+    ([("ici_fsdp_parallelism", 4), ("dcn_fsdp_parallelism", -1)], ValueError,
+     r"^MaxText dcn_fsdp_parallelism=-1 must be >= 1 \(MaxText's -1, 'fill the rest', is not "
+     r"supported: give the size\)$"),
+    ([("ici_expert_parallelism", "x")], ValueError,
+     "^MaxText ici_expert_parallelism='x' must be an int$"),
+    ([("use_tokamax_gmm", 1)], ValueError, "^MaxText use_tokamax_gmm=1 must be true or false$"),
+    ([("enable_checkpointing", "no")], ValueError,
+     "^MaxText enable_checkpointing='no' must be true or false$"),
+    ([("te_moe_blok", True)], KeyError, "te_moe_blok"),
+    ([("xla_recipe", "auto")], KeyError, "xla_recipe"),   # ours, not a MaxText flag
+])
+def test_one_key_errors_name_key_and_value(items, error, message):
+    with pytest.raises(error, match=message):
+        maxtext.translate(items)

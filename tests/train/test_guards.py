@@ -1,4 +1,5 @@
-"""The one guard protocol (train/guards.py) both step guards follow: check only when due or
+"""The guard protocol (train/guards.py) both step guards follow: attach a record to the state
+and strip it before a checkpoint, check only when due or
 forced, save the last good step through the loop's `save` (never step 0 unless the guard says
 the initial state is worth keeping), raise the guard's GuardStop with one line; and the
 Saver's side of it: a last good step already checkpointed is not written twice."""
@@ -10,7 +11,7 @@ import pytest
 from dropless.config_file import build_config
 from dropless import checkpoint as ckpt
 from dropless.train.guards import (AFTER_RECORD, BEFORE_RECORD, Guard, GuardStop, Tripped,
-                                   check_all)
+                                   attach_all, check_all, strip_all, wrap_all)
 from dropless.train.nonfinite import NonFiniteError, NonFiniteGuard
 from dropless.train.overflow import BufferOverflowError, OverflowGuard
 
@@ -91,6 +92,51 @@ def test_check_all_runs_the_guards_of_one_stage(monkeypatch):
         check_all((nan, overflow), BEFORE_RECORD, {"params": {}, "opt_state": None}, 1,
                   metrics={"nonfinite": 1, "loss": float("nan"), "grad_norm": 1.0},
                   batch=None, force=False, save=lambda good, state: Path("/r"))
+
+
+class Keeps(Guard):
+    """Keeps `key` in the state and wraps the step to log its name."""
+
+    def __init__(self, key: str, log: list):
+        self.active, self.key, self.log = True, key, log
+
+    def attach(self, state):
+        self.log.append(f"attach {self.key}")
+        return {**state, self.key: len(self.log)}
+
+    def strip(self, state):
+        self.log.append(f"strip {self.key}")
+        return {k: v for k, v in state.items() if k != self.key}
+
+    def wrap(self, step_fn):
+        def wrapped(state, batch):
+            self.log.append(f"enter {self.key}")
+            return step_fn(state, batch)
+        return wrapped
+
+
+def test_attach_wrap_strip_all_go_through_every_guard_in_order():
+    log: list = []
+    guards = (Keeps("a", log), Keeps("b", log))
+    state = attach_all(guards, {"params": 0})
+    assert state == {"params": 0, "a": 1, "b": 2}
+    assert wrap_all(guards, lambda state, batch: (state, {}))(state, None) == (state, {})
+    assert strip_all(guards, state) == {"params": 0}
+    # b wraps a's wrapper, so b's is entered first; b, attached last, is stripped first
+    assert log == ["attach a", "attach b", "enter b", "enter a", "strip b", "strip a"]
+
+
+def test_guards_without_a_record_attach_and_strip_nothing():
+    cfg = build_config([("check_nan", True), ("model.moe.overflow", "error")])
+    state = {"params": jnp.zeros(()), "step": jnp.zeros((), jnp.int32)}
+    nan, overflow = NonFiniteGuard(cfg), OverflowGuard(cfg)
+    assert nan.attach(state) is state and nan.strip(state) is state
+    assert EveryOther(bad=1).attach(state) is state
+    both = attach_all((nan, overflow), state)
+    assert set(both) == {"params", "step", "overflow"}
+    assert strip_all((nan, overflow), both) == state
+    quiet = OverflowGuard(build_config([]))            # overflow="rounds": nothing kept
+    assert attach_all((nan, quiet), state) is state and strip_all((nan, quiet), state) == state
 
 
 def test_tripped_names_field_and_value():

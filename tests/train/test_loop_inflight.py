@@ -1,4 +1,4 @@
-"""One step in flight (issue 16 item 7): the loop dispatches step n+1 before it reads step n's
+"""One step in flight: the loop dispatches step n+1 before it reads step n's
 metrics, except after a step whose state the host needs (checkpoint, eval, the last step), and
 what it records is what a loop that reads every step before the next one records.
 
@@ -63,7 +63,7 @@ def _steps(run_dir):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same 7-step run twice (checkpoint and eval every 3 steps): with one step in flight,
-    and with the loop made to read every step before dispatching the next (the old order)."""
+    and with the loop made to read every step before dispatching the next (drained)."""
     out = {}
     for name in ("inflight", "drained"):
         mp = pytest.MonkeyPatch()
@@ -91,8 +91,8 @@ def test_next_step_is_dispatched_before_the_previous_one_is_read(runs):
                       ("dispatch", 4), ("dispatch", 5), ("read", 4), ("dispatch", 6),
                       ("read", 5), ("read", 6),
                       ("dispatch", 7), ("read", 7)]
-    _, old, _ = runs["drained"]   # the instrument can tell the two orders apart
-    assert old == [e for n in range(1, 8) for e in (("dispatch", n), ("read", n))]
+    _, drained, _ = runs["drained"]   # the instrument can tell the two orders apart
+    assert drained == [e for n in range(1, 8) for e in (("dispatch", n), ("read", n))]
 
 
 def test_in_flight_records_what_the_step_by_step_loop_records(runs):

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 11): `dropless train` in subprocesses hit by SIGTERM during a save,
+"""The fault matrix: `dropless train` in subprocesses hit by SIGTERM during a save,
 SIGINT twice, SIGINT once, kill -9 during an asynchronous save, a full disk and a read-only
 checkpoint directory. What must hold: no step lost beyond the one in flight, a run directory that
 resumes, exit statuses that tell the cases apart, and one-line messages without tracebacks.
@@ -245,7 +245,7 @@ def test_checkpoint_write_failure_stops_at_the_next_step(matrix, name, why):
 
 
 def _late_write_callback() -> None:
-    """What a failed save's still-running tensorstore write does when it ends (issue 11): it
+    """What a failed save's still-running tensorstore write does when it ends: it
     wakes its awaiting task on the save's event loop, which orbax already closed."""
     import asyncio
     import tensorstore as ts

@@ -1,9 +1,11 @@
-"""MaxText flag names (the MoE and training subset), and our own former flat mesh names,
-translated to dropless config keys: the one edge where other spellings become ours.
+"""MaxText flag names (the MoE and training subset), and our own flat mesh names, translated to
+dropless config keys: the edge where other spellings become ours.
 
 `translate(items)` takes (name, value) pairs in MaxText spelling and returns (key, value) pairs
 in ours (dotted paths into TrainConfig, e.g. "model.moe.top_k"). A MaxText name whose value we
-cannot honour raises ValueError naming the flag, the value and why.
+cannot honour raises ValueError naming the flag, the value and why. `TRANSLATORS` holds one
+translator per name (`RENAMES`, `NOOP_ONLY`, the mesh axes, `FORMER_KEYS` and the keys with
+rules of their own); `xla_*` and environment keys are recognised by their spelling.
 
 Semantics worth knowing:
 - `sparse_matmul: true` (MaxText's default) is the grouped-matmul path, which never drops tokens
@@ -23,10 +25,9 @@ Semantics worth knowing:
 - `ici_<axis>_parallelism` x `dcn_<axis>_parallelism` -> mesh.<axis> (the mesh axis size), and
   the dcn part -> mesh.dcn_<axis> (how many nodes the axis spans); the mesh groups devices into
   nodes of the ICI product (MeshConfig.devices_per_node).
-- our former flat keys (`data_parallelism`, `fsdp_parallelism`, `expert_parallelism`,
-  `dcn_data`, `dcn_fsdp`, `dcn_expert`: TrainConfig fields before the mesh became a MeshConfig)
-  -> mesh.data, mesh.fsdp, ... (`FORMER_KEYS`), so old commands, YAML files and a run's old
-  config.json keep working.
+- our flat mesh keys (`data_parallelism`, `fsdp_parallelism`, `expert_parallelism`,
+  `dcn_data`, `dcn_fsdp`, `dcn_expert`) -> mesh.data, mesh.fsdp, ... (`FORMER_KEYS`), so
+  commands, YAML files and a run's config.json that spell the mesh flat load as the mesh form.
 - `xla_*` keys -> XLA flags (`--name=value`, appended to TrainConfig.xla_flags); upper-case
   environment keys (XLA_PYTHON_CLIENT_MEM_FRACTION, CUDA_DEVICE_MAX_CONNECTIONS,
   XLA_PJRT_GPU_HOST_MEMORY_*, NCCL_*...) -> TrainConfig.environment; both applied before JAX
@@ -36,7 +37,7 @@ Keys that are accepted but change nothing add a line to `notes` (printed once at
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from dropless.config import MESH_AXES
 from dropless.runtime import environment as env_lib
@@ -115,21 +116,189 @@ NOOP_ONLY = {
 ICI = {f"ici_{a}_parallelism": a for a in MESH_AXES}
 DCN = {f"dcn_{a}_parallelism": a for a in MESH_AXES}
 HARDWARE = ("cpu", "gpu", "gpu_multiprocess", "tpu")
-SPECIAL = ("sparse_matmul", "megablox", "use_tokamax_gmm", "te_gmm_quantization",
-           "capacity_factor", "remat_policy", "n_routing_groups", "topk_routing_group", "warmup_steps_fraction", "attention_type",
-           "decoder_block", "enable_checkpointing", "te_moe_block", "hardware",
-           "prefuse_moe_weights") + tuple(ICI) + tuple(DCN)
+# te_gmm_quantization (lower-cased) -> our gmm_quantization
+GMM_QUANTIZATION = {"": "none", "none": "none", "te_mxfp8": "mxfp8", "mxfp8": "mxfp8"}
 # our own keys that start like MaxText's xla_* flags
 OUR_XLA_KEYS = ("xla_recipe", "xla_flags")
-
-KNOWN = tuple(RENAMES) + tuple(NOOP_ONLY) + SPECIAL
-# our own former flat mesh keys (TrainConfig fields until the mesh became `mesh: MeshConfig`)
+# our own flat mesh keys -> the MeshConfig field they set
 FORMER_KEYS: dict[str, str] = {
     **{f"{a}_parallelism": f"mesh.{a}" for a in MESH_AXES},
     **{f"dcn_{a}": f"mesh.dcn_{a}" for a in MESH_AXES},
 }
-# fused gate/up expert weights: the MoEConfig field that holds them, when this build has one
-PREFUSE_FIELD = "prefuse_moe_weights"   # helper branch "moe" adds it
+
+Pairs = list[tuple[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Given:
+    """What a translator reads besides its own (name, value): every item given, by name
+    (`seen`), whether `sparse_matmul` is on, and the notes list it appends to."""
+    seen: dict[str, Any]
+    sparse: bool
+    notes: list[str]
+
+
+# (name, value, given) -> our pairs; raises ValueError naming the name and value
+Translator = Callable[[str, Any, Given], Pairs]
+
+
+def _bool(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    raise ValueError(f"MaxText {name}={v!r} must be true or false")
+
+
+def _int(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
+        raise ValueError(f"MaxText {name}={v!r} must be an int")
+    return int(v)
+
+
+def _renamed(keys: tuple[str, ...]) -> Translator:
+    return lambda name, v, given: [(key, v) for key in keys]
+
+
+def _noop_only(name: str, v: Any, given: Given) -> Pairs:
+    if v != NOOP_ONLY[name]:
+        raise ValueError(f"MaxText {name}={v!r} is not supported (dropless has no such "
+                         f"mesh axis); only {NOOP_ONLY[name]} is accepted")
+    return []
+
+
+def _mesh_axis(name: str, v: Any, given: Given) -> Pairs:
+    """ici_<axis> x dcn_<axis> -> mesh.<axis>, and dcn_<axis> -> mesh.dcn_<axis>, whichever of
+    the two `name` is (the other is read from `given`)."""
+    axis = ICI.get(name) or DCN[name]
+    ici_name, dcn_name = f"ici_{axis}_parallelism", f"dcn_{axis}_parallelism"
+    ici = _int(ici_name, given.seen.get(ici_name, 1))
+    dcn = _int(dcn_name, given.seen.get(dcn_name, 1))
+    if ici < 1 or dcn < 1:
+        bad = name if _int(name, v) < 1 else (ici_name if ici < 1 else dcn_name)
+        raise ValueError(f"MaxText {bad}={given.seen.get(bad, v)!r} must be >= 1 (MaxText's "
+                         "-1, 'fill the rest', is not supported: give the size)")
+    return [(f"mesh.{axis}", ici * dcn), (f"mesh.dcn_{axis}", dcn)]
+
+
+def _flat_mesh_key(name: str, v: Any, given: Given) -> Pairs:
+    return [(FORMER_KEYS[name], v)]
+
+
+def _te_moe_block(name: str, v: Any, given: Given) -> Pairs:
+    if _bool(name, v):
+        return [("model.moe.dispatcher", "auto")]
+    given.notes.append("te_moe_block=false changes nothing: dropless has one MoE block")
+    return []
+
+
+def _hardware(name: str, v: Any, given: Given) -> Pairs:
+    if v not in HARDWARE:
+        raise ValueError(f"MaxText hardware={v!r} is not supported; known: {HARDWARE}")
+    return [("distributed", v == "gpu_multiprocess")]
+
+
+def _prefuse_moe_weights(name: str, v: Any, given: Given) -> Pairs:
+    return [("model.moe.prefuse_moe_weights", _bool(name, v))]
+
+
+def _sparse_matmul(name: str, v: Any, given: Given) -> Pairs:
+    return []   # read by capacity_factor, through `given.sparse`
+
+
+def _megablox(name: str, v: Any, given: Given) -> Pairs:
+    _bool(name, v)
+    if _bool("use_tokamax_gmm", given.seen.get("use_tokamax_gmm", False)):
+        return []   # use_tokamax_gmm wins, as in MaxText
+    return [("model.moe.gmm_backend", "auto")]
+
+
+def _use_tokamax_gmm(name: str, v: Any, given: Given) -> Pairs:
+    return [("model.moe.gmm_backend", "tokamax")] if _bool(name, v) else []
+
+
+def _te_gmm_quantization(name: str, v: Any, given: Given) -> Pairs:
+    if str(v).lower() not in GMM_QUANTIZATION:
+        raise ValueError(f"MaxText te_gmm_quantization={v!r} is not supported; known: "
+                         f"{sorted(k for k in GMM_QUANTIZATION if k)}")
+    return [("model.moe.gmm_quantization", GMM_QUANTIZATION[str(v).lower()])]
+
+
+def _capacity_factor(name: str, v: Any, given: Given) -> Pairs:
+    drop = (not given.sparse) and float(v) > 0
+    if given.sparse and float(v) > 0:
+        given.notes.append(f"capacity_factor={v} changes nothing with sparse_matmul=true: the "
+                           "grouped-matmul path is dropless")
+    return [("model.moe.capacity_factor", float(v) if drop else None)]
+
+
+def _remat_policy(name: str, v: Any, given: Given) -> Pairs:
+    if v not in REMAT:
+        raise ValueError(f"MaxText remat_policy={v!r} is not supported; known: {sorted(REMAT)}")
+    return [("remat", REMAT[v])]
+
+
+def _n_routing_groups(name: str, v: Any, given: Given) -> Pairs:
+    if int(v) <= 0:   # no groups: the group limit goes too
+        return [("model.moe.n_groups", 1), ("model.moe.topk_groups", 1)]
+    return [("model.moe.n_groups", int(v))]
+
+
+def _topk_routing_group(name: str, v: Any, given: Given) -> Pairs:
+    return [("model.moe.topk_groups", 1 if int(v) <= 0 else int(v))]
+
+
+def _warmup_steps_fraction(name: str, v: Any, given: Given) -> Pairs:
+    return [("warmup_steps", int(float(v) * int(given.seen.get("steps", 300))))]
+
+
+def _attention_type(name: str, v: Any, given: Given) -> Pairs:
+    if v not in ("mla", "global"):
+        raise ValueError(f"MaxText attention_type={v!r} is not supported; use 'mla' or 'global'")
+    return [("model.attention", "mla" if v == "mla" else "mha")]
+
+
+def _decoder_block(name: str, v: Any, given: Given) -> Pairs:
+    given.notes.append(f"decoder_block={v} changes nothing: the architecture follows from the "
+                       "preset and the model keys")
+    return []
+
+
+def _enable_checkpointing(name: str, v: Any, given: Given) -> Pairs:
+    return [] if _bool(name, v) else [("checkpoint_every", 0)]
+
+
+# the MaxText names with rules of their own, beyond a rename or a no-op value
+SPECIAL_TRANSLATORS: dict[str, Translator] = {
+    "sparse_matmul": _sparse_matmul, "megablox": _megablox, "use_tokamax_gmm": _use_tokamax_gmm,
+    "te_gmm_quantization": _te_gmm_quantization, "capacity_factor": _capacity_factor,
+    "remat_policy": _remat_policy, "n_routing_groups": _n_routing_groups,
+    "topk_routing_group": _topk_routing_group, "warmup_steps_fraction": _warmup_steps_fraction,
+    "attention_type": _attention_type, "decoder_block": _decoder_block,
+    "enable_checkpointing": _enable_checkpointing, "te_moe_block": _te_moe_block,
+    "hardware": _hardware, "prefuse_moe_weights": _prefuse_moe_weights,
+    **{name: _mesh_axis for name in (*ICI, *DCN)},
+}
+SPECIAL = tuple(SPECIAL_TRANSLATORS)
+KNOWN = tuple(RENAMES) + tuple(NOOP_ONLY) + SPECIAL
+
+
+def _table(*parts: dict[str, Translator]) -> dict[str, Translator]:
+    table: dict[str, Translator] = {}
+    for part in parts:
+        twice = set(table) & set(part)
+        if twice:
+            raise ValueError(f"MaxText names given two translators: {sorted(twice)}")
+        table.update(part)
+    return table
+
+
+# every name translate_each accepts, beyond the xla_* and environment keys -> its translator
+TRANSLATORS: dict[str, Translator] = _table(
+    {name: _renamed(keys) for name, keys in RENAMES.items()},
+    {name: _noop_only for name in NOOP_ONLY},
+    {name: _flat_mesh_key for name in FORMER_KEYS},
+    SPECIAL_TRANSLATORS)
 
 
 def is_xla_flag(name: str) -> bool:
@@ -144,26 +313,12 @@ def is_env_key(name: str) -> bool:
 
 def is_known(name: str) -> bool:
     """Whether `translate_each` accepts `name`."""
-    return name in KNOWN or name in FORMER_KEYS or is_xla_flag(name) or is_env_key(name)
-
-
-def _bool(name: str, v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    raise ValueError(f"MaxText {name}={v!r} must be true or false")
+    return name in TRANSLATORS or is_xla_flag(name) or is_env_key(name)
 
 
 def translate(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """MaxText (name, value) pairs -> our (key, value) pairs, in order."""
     return [pair for group in translate_each(items) for pair in group]
-
-
-def _int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
-        raise ValueError(f"MaxText {name}={v!r} must be an int")
-    return int(v)
 
 
 def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] | None = None,
@@ -176,96 +331,16 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
     for a name `is_known` refuses, ValueError naming the key and value for a bad value."""
     items = list(items)
     seen = dict(items) if context is None else context
-    notes = [] if notes is None else notes
-    groups: list[list[tuple[str, Any]]] = []
-    sparse = _bool("sparse_matmul", seen.get("sparse_matmul", True))
-    for name, v in items:
-        out: list[tuple[str, Any]] = []
-        groups.append(out)
-        if is_xla_flag(name):
-            out.append(("xla_flags+", xf.flag_text(name, v)))
-        elif is_env_key(name):
-            out.append(("environment+", env_lib.env_text(name, v)))
-        elif name in ICI or name in DCN:
-            axis = ICI.get(name) or DCN[name]
-            ici = _int(f"ici_{axis}_parallelism", seen.get(f"ici_{axis}_parallelism", 1))
-            dcn = _int(f"dcn_{axis}_parallelism", seen.get(f"dcn_{axis}_parallelism", 1))
-            if ici < 1 or dcn < 1:
-                bad = name if _int(name, v) < 1 else (f"ici_{axis}_parallelism" if ici < 1
-                                                      else f"dcn_{axis}_parallelism")
-                raise ValueError(f"MaxText {bad}={seen.get(bad, v)!r} must be >= 1 (MaxText's "
-                                 "-1, 'fill the rest', is not supported: give the size)")
-            out += [(f"mesh.{axis}", ici * dcn), (f"mesh.dcn_{axis}", dcn)]
-        elif name in FORMER_KEYS:
-            out.append((FORMER_KEYS[name], v))
-        elif name == "te_moe_block":
-            if _bool(name, v):
-                out.append(("model.moe.dispatcher", "auto"))
-            else:
-                notes.append("te_moe_block=false changes nothing: dropless has one MoE block")
-        elif name == "hardware":
-            if v not in HARDWARE:
-                raise ValueError(f"MaxText hardware={v!r} is not supported; known: {HARDWARE}")
-            out.append(("distributed", v == "gpu_multiprocess"))
-        elif name == "prefuse_moe_weights":
-            from dropless.config import MoEConfig
-            if PREFUSE_FIELD in {f.name for f in dataclasses.fields(MoEConfig)}:
-                out.append((f"model.moe.{PREFUSE_FIELD}", _bool(name, v)))
-            elif _bool(name, v):
-                notes.append("prefuse_moe_weights=true changes nothing in this build (no fused "
-                             "gate/up expert weights)")
-        elif name in RENAMES:
-            out += [(key, v) for key in RENAMES[name]]
-        elif name in NOOP_ONLY:
-            if v != NOOP_ONLY[name]:
-                raise ValueError(f"MaxText {name}={v!r} is not supported (dropless has no such "
-                                 f"mesh axis); only {NOOP_ONLY[name]} is accepted")
-        elif name == "sparse_matmul":
-            pass  # resolved with capacity_factor
-        elif name == "megablox":
-            _bool(name, v)
-            if not _bool("use_tokamax_gmm", seen.get("use_tokamax_gmm", False)):
-                out.append(("model.moe.gmm_backend", "auto"))
-        elif name == "use_tokamax_gmm":
-            if _bool(name, v):
-                out.append(("model.moe.gmm_backend", "tokamax"))
-        elif name == "te_gmm_quantization":
-            known = {"": "none", "none": "none", "te_mxfp8": "mxfp8", "mxfp8": "mxfp8"}
-            if str(v).lower() not in known:
-                raise ValueError(f"MaxText te_gmm_quantization={v!r} is not supported; known: "
-                                 f"{sorted(k for k in known if k)}")
-            out.append(("model.moe.gmm_quantization", known[str(v).lower()]))
-        elif name == "capacity_factor":
-            drop = (not sparse) and float(v) > 0
-            out.append(("model.moe.capacity_factor", float(v) if drop else None))
-            if sparse and float(v) > 0:
-                notes.append(f"capacity_factor={v} changes nothing with sparse_matmul=true: the "
-                             "grouped-matmul path is dropless")
-        elif name == "remat_policy":
-            if v not in REMAT:
-                raise ValueError(f"MaxText remat_policy={v!r} is not supported; known: "
-                                 f"{sorted(REMAT)}")
-            out.append(("remat", REMAT[v]))
-        elif name == "n_routing_groups":
-            if int(v) <= 0:   # no groups: the group limit goes too
-                out += [("model.moe.n_groups", 1), ("model.moe.topk_groups", 1)]
-            else:
-                out.append(("model.moe.n_groups", int(v)))
-        elif name == "topk_routing_group":
-            out.append(("model.moe.topk_groups", 1 if int(v) <= 0 else int(v)))
-        elif name == "warmup_steps_fraction":
-            out.append(("warmup_steps", int(float(v) * int(seen.get("steps", 300)))))
-        elif name == "attention_type":
-            if v not in ("mla", "global"):
-                raise ValueError(f"MaxText attention_type={v!r} is not supported; use 'mla' or "
-                                 "'global'")
-            out.append(("model.attention", "mla" if v == "mla" else "mha"))
-        elif name == "decoder_block":
-            notes.append(f"decoder_block={v} changes nothing: the architecture follows from the "
-                         "preset and the model keys")
-        elif name == "enable_checkpointing":
-            if not _bool(name, v):
-                out.append(("checkpoint_every", 0))
-        else:
-            raise KeyError(name)
-    return groups
+    given = Given(seen=seen, sparse=_bool("sparse_matmul", seen.get("sparse_matmul", True)),
+                  notes=[] if notes is None else notes)
+    return [_translate_one(name, v, given) for name, v in items]
+
+
+def _translate_one(name: str, v: Any, given: Given) -> Pairs:
+    if is_xla_flag(name):
+        return [("xla_flags+", xf.flag_text(name, v))]
+    if is_env_key(name):
+        return [("environment+", env_lib.env_text(name, v))]
+    if name not in TRANSLATORS:
+        raise KeyError(name)
+    return TRANSLATORS[name](name, v, given)

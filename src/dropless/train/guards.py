@@ -1,6 +1,8 @@
 """One protocol for the loop's step guards: `overflow="error"` (overflow.OverflowGuard) and
 `check_nan` (nonfinite.NonFiniteGuard) are one pattern, written once here:
 
+  0. `attach(state)` adds what the guard keeps on device from step to step (the overflow
+     record), `strip(state)` takes it off again before a checkpoint (the default: nothing);
   1. on device, `wrap(step_fn)` adds a select: a step that must not be applied returns the state
      it was given, so the state the loop holds is still the last good step's;
   2. on the host, `check(state, step, ...)` reads (when `due`, or when `force`d before a
@@ -9,8 +11,9 @@
      `train.loop`), and raises the guard's `GuardStop` subclass with one line: what happened
      (`describe`), then where the last good step is (`saved_words`).
 
-A guard that is not active (its setting is off) is a pass-through: `wrap` returns the step as
-given, `check` returns at once.
+A guard that is not active (its setting is off) is a pass-through: `attach` and `wrap` return
+what they are given, `check` returns at once. The loop holds its guards as a tuple and uses them
+only through `attach_all`, `wrap_all`, `strip_all`, `check_all` and `due`.
 
 The loop calls every guard at its `stage`: BEFORE_RECORD guards decide from the step's own
 metrics, so a refused step is never recorded (check_nan); AFTER_RECORD guards read a flag the
@@ -54,7 +57,8 @@ class Tripped:
 
 class Guard:
     """The shared half of a step guard. A subclass sets `active`, the class attributes below,
-    and implements `wrap`, `due`, `tripped`, `describe` and `saved_words`."""
+    and implements `wrap`, `due`, `tripped`, `describe` and `saved_words`; `attach` and
+    `strip` when it keeps a record in the state."""
 
     stage: ClassVar[str] = AFTER_RECORD
     error: ClassVar[type[GuardStop]] = GuardStop
@@ -62,6 +66,14 @@ class Guard:
     nothing_saved: ClassVar[str] = "; no step had completed, nothing is checkpointed"
     save_initial: ClassVar[bool] = False    # checkpoint step 0 (the initial state) when good == 0
     active: bool = False
+
+    def attach(self, state: dict) -> dict:
+        """`state` plus what this guard keeps on device from step to step (here: nothing)."""
+        return state
+
+    def strip(self, state: dict) -> dict:
+        """`state` without what `attach` added: what a checkpoint holds (here: `state`)."""
+        return state
 
     def wrap(self, step_fn: Callable) -> Callable:
         """step_fn(state, batch) -> (state, metrics), made to return its input state for a step
@@ -103,6 +115,29 @@ class Guard:
             else:
                 words = self.saved_words(found.good, save(found.good, state))
         raise self.error(self.describe(found, state=state, metrics=metrics, batch=batch) + words)
+
+
+def attach_all(guards, state: dict) -> dict:
+    """`state` with each guard's `attach`, in order."""
+    for guard in guards:
+        state = guard.attach(state)
+    return state
+
+
+def strip_all(guards, state: dict) -> dict:
+    """`state` without what `attach_all` added (each guard's `strip`, the last guard's first):
+    what a checkpoint holds."""
+    for guard in reversed(guards):
+        state = guard.strip(state)
+    return state
+
+
+def wrap_all(guards, step_fn: Callable) -> Callable:
+    """`step_fn` wrapped by each guard in order: the first guard wraps the step, the next one
+    wraps that."""
+    for guard in guards:
+        step_fn = guard.wrap(step_fn)
+    return step_fn
 
 
 def check_all(guards, stage: str, state: dict, step: int, *, metrics: Mapping[str, Any],

@@ -133,9 +133,10 @@ def _startup_exit_words(run: RunDir, name: str) -> str:
     return f"; {run.path} keeps its checkpoints (resume with: dropless train --resume {run.path})"
 
 
-def _header(cfg: TrainConfig, out_dir: Path, corpus, counts: dict, fpt: dict, start: int) -> str:
-    return (f"dropless train: {out_dir}\n  model: {format_counts(counts)}; "
-            f"{fpt['model'] / 1e6:.2f} MFLOPs/token (training)\n  data: {corpus.source} "
+def _header(ctx: _Ctx, start: int) -> str:
+    cfg, corpus = ctx.cfg, ctx.corpus
+    return (f"dropless train: {ctx.out_dir}\n  model: {format_counts(ctx.counts)}; "
+            f"{ctx.fpt['model'] / 1e6:.2f} MFLOPs/token (training)\n  data: {corpus.source} "
             f"({corpus.train_TOK.size:,} train / {corpus.eval_TOK.size:,} eval tokens); "
             f"batch {cfg.global_batch_size} x {cfg.seq_len}"
             + (f"; resuming at step {start}" if start else ""))
@@ -160,8 +161,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     cfg, start = plan.cfg, plan.start
     if run.created:
         run.write_json("config.json", to_dict(cfg))
-    mesh = train_mesh(cfg.mesh)
-    model_mesh = mesh   # the MoE layer sees any mesh of > 1 device (see train_mesh)
+    mesh = train_mesh(cfg.mesh)   # the MoE layer sees any mesh of > 1 device (see train_mesh)
     moe = cfg.model.moe
     fpt = flops_per_token(cfg.model, cfg.seq_len,
                           capacity_factor=moe.capacity_factor if moe else None)
@@ -189,22 +189,20 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         # lower to the same step (the persistent compilation cache serves the resume)
         shard = state_shardings(state, mesh)
         state = jax.device_put(state, jax.devices()[0] if shard is None else shard)
-        overflow = OverflowGuard(cfg)   # overflow="error": never apply an overflowing step
-        state = overflow.attach(state)
-        prog.line(_header(cfg, out_dir, corpus, counts, fpt, start))
-        # check_nan: never apply a non-finite step (it wraps the step first, overflow outside)
-        guards = (NonFiniteGuard(cfg, opt=opt, mesh=model_mesh), overflow)
-        step_fn, batch0, compile_s = _compile(cfg, opt, model_mesh, mesh, corpus, state, start,
-                                              prog, guards)
-        rec, line = _start_record(cfg, corpus, counts, fpt, compile_s, start)
-        ctx = _Ctx(cfg=cfg, out_dir=out_dir, corpus=corpus, fpt=fpt,
-                   peak=rec["peak_flops_per_device"], model_mesh=model_mesh,
-                   bshard=batch_sharding(mesh), prog=prog, stop=stop, saver=saver,
-                   run=run, guards=guards,
+        # never apply a non-finite step (check_nan) nor an overflowing one (overflow="error");
+        # the first guard wraps the step, the next wraps that
+        guards = (NonFiniteGuard(cfg, opt=opt, mesh=mesh), OverflowGuard(cfg))
+        state = guards_lib.attach_all(guards, state)
+        peak, peak_source = machine.peak_flops_per_device(cfg.model.dtype)
+        ctx = _Ctx(cfg=cfg, opt=opt, mesh=mesh, out_dir=out_dir, corpus=corpus, counts=counts,
+                   fpt=fpt, peak=peak, peak_source=peak_source, bshard=batch_sharding(mesh),
+                   prog=prog, stop=stop, saver=saver, run=run, guards=guards,
                    writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
-                   evaluator=Evaluator(cfg, corpus, model_mesh, prog),
+                   evaluator=Evaluator(cfg, corpus, mesh, prog),
                    tb=Scalars(out_dir), config_json=to_dict(cfg))
-        ctx.writer.record(rec, line)
+        prog.line(_header(ctx, start))
+        step_fn, batch0, compile_s = _compile(ctx, state, start)
+        ctx.writer.record(*_start_record(ctx, compile_s, start))
         stop.begin_steps()        # start-up is over: a signal now stops after a step
         return _loop(ctx, state, step_fn, batch0, start, stop_at)
     except BaseException:
@@ -243,35 +241,32 @@ def _set_aside(plan, saver: ckpt.Saver, out_dir: Path, prog: Progress) -> None:
                       "moved_to": str(dest.relative_to(out_dir))})
         prog.line(f"{d.text()}; resuming from step {plan.latest}, the newest intact checkpoint "
                   f"(the damaged step was moved to {dest})")
-    saver.mngr.reload()               # orbax must not see the moved steps any more
+    saver.mngr.reload()               # orbax lists the steps left in place
     MetricsWriter(out_dir / "metrics.jsonl", prog.line).record(
         {"event": "fallback", "resumed_from": plan.latest, "damaged": moved})
 
 
-def _compile(cfg, opt, model_mesh, mesh, corpus, state, start, prog, guards):
-    fn = functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=model_mesh)
-    for guard in guards:              # the first guard wraps the step, the next wraps that
-        fn = guard.wrap(fn)
-    batch0 = data_lib.batch_at(corpus.train_TOK, start, batch_size=cfg.global_batch_size,
-                               seq_len=cfg.seq_len, seed=cfg.seed)
-    bshard = batch_sharding(mesh)
-    if bshard is not None:
-        batch0 = jax.device_put(batch0, bshard)
-    with Timed(prog, "compiling (first step)", "compiled") as t:
+def _compile(ctx: _Ctx, state, start: int):
+    """(the compiled step, wrapped by the guards; step start+1's batch; compile seconds)."""
+    fn = functools.partial(step_lib.train_step, cfg=ctx.cfg, opt=ctx.opt, mesh=ctx.mesh)
+    fn = guards_lib.wrap_all(ctx.guards, fn)
+    batch0 = _batch_at(ctx, start)
+    with Timed(ctx.prog, "compiling (first step)", "compiled") as t:
         step_fn = jax.jit(fn, donate_argnums=0).lower(state, batch0).compile()
     return step_fn, batch0, t.seconds
 
 
-def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str]:
-    peak, peak_src = machine.peak_flops_per_device(cfg.model.dtype)
+def _start_record(ctx: _Ctx, compile_s: float, start: int) -> tuple[dict, str]:
+    """The "start" record of metrics.jsonl and its line for the terminal."""
+    cfg, peak, peak_src = ctx.cfg, ctx.peak, ctx.peak_source
     kernels = {}
     if cfg.time_kernels and cfg.model.moe is not None:
         from dropless.train.kernel_timing import time_moe_kernels
         kernels = time_moe_kernels(cfg)
     rec = {"event": "start", "resumed_from": start, "preset": cfg.preset,
-           "params": counts, "flops_per_token": fpt, "peak_flops_per_device": peak,
+           "params": ctx.counts, "flops_per_token": ctx.fpt, "peak_flops_per_device": peak,
            "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
-           "corpus": corpus.fingerprint(), "busy_fraction": machine.busy_fraction(0.2),
+           "corpus": ctx.corpus.fingerprint(), "busy_fraction": machine.busy_fraction(0.2),
            "moe_kernels": kernels, "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "machine": machine.machine_info()}
     line = (f"  peak {(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src})"
@@ -283,21 +278,24 @@ def _start_record(cfg, corpus, counts, fpt, compile_s, start) -> tuple[dict, str
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Ctx:
-    """What the loop reads besides the state: config, run directory, outputs, stop request;
-    built once, when the step is compiled."""
+    """What compiling the step and the loop read besides the state: config, optimizer, mesh,
+    run directory, outputs, stop request; built once, before the step is compiled."""
 
     cfg: TrainConfig
+    opt: Any                          # the optimizer (train/step.make_optimizer)
+    mesh: Any                         # the training mesh (parallel/mesh.train_mesh)
     out_dir: Path
     corpus: Any                       # data.Corpus
+    counts: dict                      # models.arithmetic.param_counts
     fpt: dict                         # flops_per_token: {"model", "executed"}
     peak: float | None                # peak FLOP/s per device (None: no MFU)
-    model_mesh: Any
+    peak_source: str                  # where `peak` comes from (machine.peak_flops_per_device)
     bshard: Any                       # the batch sharding (None on one device)
     prog: Progress
     stop: StopRequest
     saver: ckpt.Saver
     run: RunDir
-    guards: tuple[guards_lib.Guard, ...]   # the compiled step's guards (train/guards.py)
+    guards: tuple[guards_lib.Guard, ...]   # the compiled step's guards, in wrapping order
     writer: MetricsWriter
     evaluator: Evaluator
     tb: Scalars
@@ -389,8 +387,8 @@ def _needs_state(ctx: _Ctx, n: int, end: int, profile: range) -> bool:
 def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict, *, state,
             end: int, profile: range) -> None:
     """Read step n's metrics and record them (metrics.jsonl, terminal, TensorBoard). With
-    `state` (step n's, not yet given to step n+1) also run what reads the state, in the order
-    the checks have always run: the guards that decide before the step is recorded (check_nan),
+    `state` (step n's, not yet given to step n+1) also run what reads the state, in this
+    order: the guards that decide before the step is recorded (check_nan),
     those that decide after (overflow), eval, the checkpoint. Without it (step n+1 already has
     the state) `_needs_state` was false for n."""
     cfg, prog, saver = ctx.cfg, ctx.prog, ctx.saver
@@ -430,7 +428,7 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
                           f"  eval loss {ev:.4f} at step {n}")
         clock.last = time.perf_counter()   # eval time is not step time
     if due.checkpoint:
-        saver.save(n, OverflowGuard.strip(state), ctx.meta(n))
+        saver.save(n, guards_lib.strip_all(ctx.guards, state), ctx.meta(n))
         clock.last = time.perf_counter()
     else:
         saver.poll()
@@ -439,7 +437,7 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
 def _save_last_good(ctx: _Ctx, good: int, state) -> Path:
     """A guard's `save`: checkpoint `state` as step `good` through the run's Saver (unless it
     is a checkpoint already), wait for it; the run directory, for the guard's message."""
-    ctx.saver.save_last_good(good, OverflowGuard.strip(state), ctx.meta(good))
+    ctx.saver.save_last_good(good, guards_lib.strip_all(ctx.guards, state), ctx.meta(good))
     return ctx.out_dir
 
 
@@ -448,7 +446,7 @@ def _stopped(ctx: _Ctx, result: RunResult, state, done: int) -> RunResult:
     saver, name = ctx.saver, ctx.stop.name
     result.stopped_by = name
     if ctx.run.steps_done and done not in (saver.last_saved, saver.pending):
-        saver.save(done, OverflowGuard.strip(state), ctx.meta(done))
+        saver.save(done, guards_lib.strip_all(ctx.guards, state), ctx.meta(done))
     saver.finish()
     ctx.prog.close()
     if ctx.run.steps_done == 0 and ctx.run.created:

@@ -1,5 +1,5 @@
 """Training metrics arithmetic: throughput and MFU, expert-load summaries. FLOPs per token
-(model and executed) come from the one arithmetic model, `dropless.models.arithmetic`; the peak
+(model and executed) come from the arithmetic model, `dropless.models.arithmetic`; the peak
 MFU divides by from `dropless.machine` (`peak_flops_per_device`: the GPU table, the cached CPU
 peak).
 """

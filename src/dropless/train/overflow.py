@@ -19,8 +19,8 @@ looks, the state is still the last good step's: it is checkpointed under that st
 (resumable as any other) and the run stops with BufferOverflowError. (The pattern, and the
 `check` the loop calls, are `train.guards`.)
 
-`state["overflow"]` exists only in memory: `strip` removes it before a checkpoint, so runs with
-either policy read each other's checkpoints.
+`state["overflow"]` exists only in memory (`attach` adds it): `strip` removes it before a
+checkpoint, so runs with either policy read each other's checkpoints.
 """
 from __future__ import annotations
 
@@ -84,9 +84,8 @@ class OverflowGuard(Guard):
                                "rows_L": jnp.zeros((n,), jnp.float32),
                                "factor_L": jnp.zeros((n,), jnp.float32)}}
 
-    @staticmethod
-    def strip(state: dict) -> dict:
-        """`state` without the overflow record (what checkpoints hold)."""
+    def strip(self, state: dict) -> dict:
+        """`state` without the overflow record (what checkpoints hold), active or not."""
         return {k: v for k, v in state.items() if k != KEY}
 
     def wrap(self, step_fn):
