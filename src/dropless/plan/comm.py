@@ -1,7 +1,8 @@
 """Bytes moved per device per step, split into NVLink (intra-node) and InfiniBand (inter-node)
 traffic, and the time each collective takes at the profile's link bandwidths.
 
-Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element, P parameters.
+Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element,
+P parameters.
 
 EP dispatch/combine: without deduplication every (token, choice) row travels to its expert's
 device; with it, one row per (token, destination device) travels, carrying the local expert

@@ -189,7 +189,7 @@ def node_size(cfg: PlanConfig, hw: HardwareProfile) -> int:
 
 def on_mesh(cfg: PlanConfig, *, data: int, fsdp: int, expert: int) -> PlanConfig:
     """`cfg` on the mesh data x fsdp x expert (one of `dropless plan --sweep-gpus / --suggest`'s
-    variants), in nodes of `cfg`'s size: a node size the old mesh had becomes the plan's
+    variants), in nodes of `cfg`'s size: `node_limit(cfg)` becomes the plan's
     `devices_per_node`."""
     mesh = MeshConfig(data=data, fsdp=fsdp, expert=expert)
     return cfg.replace(run=cfg.run.replace(mesh=mesh), devices_per_node=node_limit(cfg))

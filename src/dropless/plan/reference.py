@@ -82,8 +82,8 @@ def comparison() -> dict:
     for scale in (0.8, 0.9, 1.1, 1.2):
         h = hw.replace(**{k: min(1.0, getattr(hw, k) * scale) for k in _EFFICIENCIES})
         sensitivity[scale] = predict(REFERENCE, h)["tflops_per_device"]
-    return {"figures": FIGURES, "config": flat_settings(REFERENCE), "variants": rows, "sweep": sweep,
-            "implied_baseline": implied, "sensitivity": sensitivity}
+    return {"figures": FIGURES, "config": flat_settings(REFERENCE), "variants": rows,
+            "sweep": sweep, "implied_baseline": implied, "sensitivity": sensitivity}
 
 
 _EFFICIENCIES = ("gemm_efficiency", "gmm_efficiency", "fp8_efficiency", "attention_efficiency",
