@@ -7,12 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dropless.config import ModelConfig
+from dropless.config import MeshConfig, ModelConfig
 from dropless.machine import get_profile
 from dropless.models import arithmetic as ar
 from dropless.plan import comm, flops, memory
-from dropless.plan.layout import PlanConfig, group, groups, node_size
+from dropless.plan.layout import group, groups, node_size
+from dropless.presets import get_preset
 from tests._support.model_configs import model_config
+from tests.plan.plans import plan_of
 
 TINY = model_config(vocab_size=10, d_model=8, num_layers=2, num_heads=2, num_kv_heads=1,
                   head_dim=4, d_ff=16, attention="mha", first_k_dense=1, num_experts=4,
@@ -73,9 +75,9 @@ def test_buffer_factor_scales_expert_side_only():
 
 def test_parameter_memory_hand_count():
     hw = get_profile("h100")
-    cfg = PlanConfig(gpus=4, fsdp=2, ep=2, per_device_batch=1, seq_len=8, remat="full",
-                     weight_dtype="float32", optimizer_dtype="float32")
-    m = memory.memory_per_device(TINY, cfg, hw)
+    model = TINY.replace(dtype="bfloat16", weight_dtype="float32")
+    cfg = plan_of(model, fsdp=2, ep=2, seq=8, optimizer_dtype="float32")
+    m = memory.memory_per_device(cfg, hw)
     experts = 4 * 3 * 8 * 6           # one MoE layer
     rest = 80 + 80 + 8 + 592 + 964 - experts
     per_dev = experts / 4 + rest / 4  # both sharded over 4 devices
@@ -125,7 +127,7 @@ def test_group_limited_routing_caps_devices():
 
 def test_ring_bytes_and_groups():
     hw = get_profile("gb300")
-    cfg = PlanConfig(gpus=128, fsdp=16, ep=8)
+    cfg = plan_of(get_preset("deepseek3-671b"), fsdp=16, ep=8)
     assert node_size(cfg, hw) == 64            # NVL72 runs 64 of 72 for 128 GPUs
     assert node_size(cfg, get_profile("h100")) == 8
     g = groups(cfg, hw)
@@ -140,18 +142,17 @@ def test_ring_bytes_and_groups():
 def test_ep_bytes_dedup_and_padding():
     hw = get_profile("h100")
     s = model_config(vocab_size=2, d_model=4, num_layers=2, num_heads=1, d_ff=2,
-                   num_experts=4, top_k=2, moe_d_ff=2)
-    cfg = PlanConfig(gpus=2, ep=2, per_device_batch=1, seq_len=6, ragged_buffer_factor=2.0,
-                     dispatcher="a2a")
+                   num_experts=4, top_k=2, moe_d_ff=2, dtype="bfloat16")
+    cfg = plan_of(s, ep=2, seq=6).replace_moe(ragged_buffer_factor=2.0, dispatcher="a2a")
     # without dedup: K=2 rows per token, half leave the device: 6 tokens * 1 row * (4*2 + 8)
-    nd = comm.ep_bytes_per_transfer(s, cfg, hw, dedup=False, padded=False)
+    nd = comm.ep_bytes_per_transfer(cfg, hw, dedup=False, padded=False)
     assert nd == {"intra": 6 * 1 * 16, "inter": 0.0}
     # with dedup: 5/3 rows per token, 5/6 leave; row carries K ids+weights: 4*2 + 16
-    d = comm.ep_bytes_per_transfer(s, cfg, hw, dedup=True, padded=False)
+    d = comm.ep_bytes_per_transfer(cfg, hw, dedup=True, padded=False)
     assert d["intra"] == pytest.approx(6 * 5 / 6 * 24)
-    padded = comm.ep_bytes_per_transfer(s, cfg, hw, dedup=True, padded=True)
+    padded = comm.ep_bytes_per_transfer(cfg, hw, dedup=True, padded=True)
     assert padded["intra"] == pytest.approx(2 * d["intra"])
-    ragged = comm.ep_bytes_per_transfer(s, cfg.replace(dispatcher="ragged_a2a"), hw)
+    ragged = comm.ep_bytes_per_transfer(cfg.replace_moe(dispatcher="ragged_a2a"), hw)
     assert ragged["intra"] == pytest.approx(d["intra"])
 
 
@@ -171,12 +172,11 @@ def test_parameter_memory_matches_the_trainers_arrays(name):
     cfg = presets.get_preset(name)
     shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
     real = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))
-    plan = PlanConfig(gpus=1, per_device_batch=1, seq_len=16,
-                      weight_dtype=np.dtype(cfg.weight_dtype).name)
-    m = memory.memory_per_device(cfg, plan, get_profile("h100"))
+    plan = plan_of(cfg, seq=16)   # the model's own weight dtype
+    m = memory.memory_per_device(plan, get_profile("h100"))
     assert m["parameters"] == real
     # sharded 4 ways (fsdp 2 x ep 2): a quarter each
-    m4 = memory.memory_per_device(cfg, plan.replace(gpus=4, fsdp=2, ep=2),
+    m4 = memory.memory_per_device(plan.replace_run(mesh=MeshConfig(fsdp=2, expert=2)),
                                   get_profile("h100"))
     assert m4["parameters"] == pytest.approx(real / 4)
 
@@ -188,8 +188,8 @@ def test_ep_rows_match_the_measured_a2a_dispatcher():
     8,261 to other devices of the node and 11,166 to the other node."""
     s = model_config(vocab_size=2, d_model=256, num_layers=1, num_heads=1, d_ff=2,
                    num_experts=64, top_k=8, moe_d_ff=256)
-    cfg = PlanConfig(gpus=8, ep=8, per_device_batch=1, seq_len=512, devices_per_node=4)
-    rows = comm.ep_rows(s, cfg, get_profile("h100"))
+    cfg = plan_of(s, ep=8, seq=512).replace_run(mesh=MeshConfig(expert=8, dcn_expert=2))
+    rows = comm.ep_rows(cfg, get_profile("h100"))
     assert rows["per_token"] * 4096 == pytest.approx(22195, rel=0.02)
     assert rows["intra"] * 4096 == pytest.approx(8261, rel=0.03)
     assert rows["inter"] * 4096 == pytest.approx(11166, rel=0.03)

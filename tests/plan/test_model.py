@@ -6,15 +6,18 @@ import time
 import pytest
 
 from dropless.cli import plan as cli
+from dropless.config import MeshConfig
 from dropless.machine import PROFILES, get_profile
-from dropless.plan.layout import PlanConfig
+from dropless.plan.from_train import build_plan
+from dropless.plan.layout import mesh_on_devices
 from dropless.plan.model import predict
 from dropless.plan.sweep import suggest, sweep_gpus
 from dropless.presets import PRESETS, get_preset
+from tests.plan.plans import bf16, plan_of
 
 DSV3 = get_preset("deepseek3-671b")
-REF = PlanConfig(gpus=128, fsdp=16, ep=8, per_device_batch=6, seq_len=4096, remat="offload",
-                 gmm_quantization="mxfp8")
+REF = plan_of(DSV3, fsdp=16, ep=8, batch=6, remat="offload").replace_moe(
+    gmm_quantization="mxfp8")
 
 
 def _parse(argv):
@@ -36,8 +39,7 @@ def test_every_preset_on_every_profile_is_fast_and_consistent():
         ep = 8 if s.moe.num_experts % 8 == 0 else 1
         for hw_name in PROFILES:
             hw = get_profile(hw_name)
-            r = predict(s, PlanConfig(gpus=64, fsdp=8, ep=ep, data=0 if ep == 8 else 8,
-                                      per_device_batch=1, seq_len=1024), hw)
+            r = predict(plan_of(bf16(s), data=64 // (8 * ep), fsdp=8, ep=ep, seq=1024), hw)
             assert 0 < r["tflops_per_device"] * 1e12 < hw.peak_fp8
             assert sum(r["shares"]["kernel"].values()) == pytest.approx(1.0)
             assert sum(r["shares"]["step"].values()) == pytest.approx(1.0)
@@ -47,9 +49,9 @@ def test_every_preset_on_every_profile_is_fast_and_consistent():
 
 def test_step_is_compute_plus_exposed_parts():
     hw = get_profile("gb300")
-    r = predict(DSV3, REF.replace(overlap="none"), hw)
+    r = predict(REF.replace(overlap="none"), hw)
     assert r["time"]["step_s"] == pytest.approx(r["time"]["kernel_total_s"])
-    r2 = predict(DSV3, REF, hw)
+    r2 = predict(REF, hw)
     assert r2["time"]["step_s"] < r["time"]["step_s"]
     flops_ = r2["flops"]["model_per_device"]
     assert r2["tflops_per_device"] == pytest.approx(flops_ / r2["time"]["step_s"] / 1e12)
@@ -58,38 +60,37 @@ def test_step_is_compute_plus_exposed_parts():
 
 def test_directions_of_the_knobs():
     hw = get_profile("gb300")
-    base = predict(DSV3, REF, hw)
-    bf16 = predict(DSV3, REF.replace(gmm_quantization="none"), hw)
-    assert bf16["time"]["kernel_s"]["gmm"] > base["time"]["kernel_s"]["gmm"]
-    nodedup = predict(DSV3, REF.replace(dedup=False), hw)
+    base = predict(REF, hw)
+    bf16_gmm = predict(REF.replace_moe(gmm_quantization="none"), hw)
+    assert bf16_gmm["time"]["kernel_s"]["gmm"] > base["time"]["kernel_s"]["gmm"]
+    nodedup = predict(REF.replace(dedup=False), hw)
     assert nodedup["bytes"]["ep"]["intra"] > 1.8 * base["bytes"]["ep"]["intra"]
-    big = predict(DSV3, REF.replace(ragged_buffer_factor=3.0), hw)
+    big = predict(REF.replace_moe(ragged_buffer_factor=3.0), hw)
     assert big["memory"]["total"] > base["memory"]["total"]
-    none = predict(DSV3, REF.replace(remat="none"), hw)
+    none = predict(REF.replace_run(remat="none"), hw)
     assert none["memory"]["activations"] > base["memory"]["activations"]
     assert none["flops"]["executed_per_device"] < base["flops"]["executed_per_device"]
-    ag = predict(DSV3, REF.replace(dispatcher="allgather"), hw)
+    ag = predict(REF.replace_moe(dispatcher="allgather"), hw)
     assert ag["time"]["kernel_s"]["ep"] > base["time"]["kernel_s"]["ep"]
 
 
 def test_reference_configuration_fits_and_671b_does_not_fit_on_8_h100():
-    assert predict(DSV3, REF, get_profile("gb300"))["memory"]["fits"]
-    r = predict(DSV3, PlanConfig(gpus=8, fsdp=1, ep=8, per_device_batch=1, seq_len=4096),
-                get_profile("h100"))
+    assert predict(REF, get_profile("gb300"))["memory"]["fits"]
+    r = predict(plan_of(DSV3, ep=8), get_profile("h100"))
     assert not r["memory"]["fits"] and r["memory"]["headroom"] < 0
 
 
 def test_sweep_efficiency_starts_at_one_and_does_not_exceed_it():
-    rows = sweep_gpus(DSV3, REF, get_profile("gb300"), [128, 256, 1024])
+    rows = sweep_gpus(REF, get_profile("gb300"), [128, 256, 1024])
     assert rows[0]["scaling_efficiency"] == 1.0
     assert [r["data"] for r in rows] == [1, 2, 8]
     assert all(0.5 < r["scaling_efficiency"] <= 1.0 for r in rows)
     with pytest.raises(ValueError, match="sweep gpus=100"):
-        sweep_gpus(DSV3, REF, get_profile("gb300"), [100])
+        sweep_gpus(REF, get_profile("gb300"), [100])
 
 
 def test_suggest_ranks_layouts_that_fit():
-    rows = suggest(DSV3, REF, get_profile("gb300"), top=5)
+    rows = suggest(REF, get_profile("gb300"), top=5)
     assert 0 < len(rows) <= 5
     assert all(r["headroom_gib"] >= 0 for r in rows)
     tps = [r["tokens_per_s"] for r in rows]
@@ -97,17 +98,24 @@ def test_suggest_ranks_layouts_that_fit():
     assert all(r["fsdp"] * r["ep"] * r["data"] == 128 for r in rows)
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"ep": 7, "fsdp": 1, "gpus": 7}, "PlanConfig.ep=7 does not divide num_experts=256"),
-    ({"gpus": 100}, "PlanConfig.gpus=100 is not a multiple of fsdp=16 x ep=8"),
-    ({"gpus": 256, "data": 1}, "PlanConfig.gpus=256 differs from the layout"),
-    ({"remat": "some"}, "PlanConfig.remat='some'"),
-    ({"ragged_buffer_factor": 0.5}, "PlanConfig.ragged_buffer_factor=0.5"),
-    ({"offload": ("logits",)}, "PlanConfig.offload"),
+@pytest.mark.parametrize("make, match", [
+    (lambda: REF.replace_run(mesh=MeshConfig(expert=7)),
+     "TrainConfig.mesh.expert=7 must divide model.moe.num_experts=256"),
+    (lambda: mesh_on_devices(REF.mesh, 100), "gpus=100 is not a multiple of fsdp=16 x ep=8"),
+    (lambda: mesh_on_devices(REF.mesh.replace(data=2), 512),
+     "gpus=512 differs from the layout data=2 x fsdp=16 x ep=8 = 256 devices"),
+    (lambda: REF.replace_run(remat="some"), "TrainConfig.remat='some'"),
+    (lambda: REF.replace_moe(ragged_buffer_factor=0.5), "MoEConfig.ragged_buffer_factor=0.5"),
+    (lambda: REF.replace(offload=("logits",)), "PlanConfig.offload"),
+    (lambda: REF.replace(overlap="some"), "PlanConfig.overlap='some'"),
+    (lambda: REF.replace_run(model=DSV3.replace(moe=None)),
+     "PlanConfig.run.mesh.expert=8 needs an MoE model"),
+    (lambda: REF.replace_run(model=DSV3.replace(dtype="float64")),
+     "PlanConfig.run.model.dtype='float64' must be one of"),
 ])
-def test_bad_layouts_name_field_and_value(kw, match):
+def test_bad_layouts_name_field_and_value(make, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(")):
-        predict(DSV3, REF.replace(**kw), get_profile("gb300"))
+        predict(make(), get_profile("gb300"))
 
 
 def test_unknown_hardware():
@@ -169,9 +177,11 @@ def test_plan_settings_are_the_trainers_keys(capsys):
     assert r["model"] == "deepseek3-test (modified)"
     assert (r["layout"]["gpus"], r["layout"]["ep"], r["layout"]["ragged_buffer_factor"]) == \
         (4, 4, 1.25)
-    shape, plan, _, _ = cli.build(_parse(["--preset", "deepseek3-test", "model.moe.top_k=4",
-                                          "model.d_model=32"]))
+    plan, _, name = build_plan(cli.settings(_parse(["--preset", "deepseek3-test",
+                                                    "model.moe.top_k=4", "model.d_model=32"])))
+    shape = plan.model
     assert (shape.moe.top_k, shape.moe.d_model, shape.d_model) == (4, 32, 32)
+    assert name == "deepseek3-test (modified)"
 
 
 @pytest.mark.parametrize("item, new", [("moe_d_ff=64", "model.moe.d_ff"),

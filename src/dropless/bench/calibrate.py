@@ -30,8 +30,7 @@ from dropless.machine import HardwareProfile, busy_fraction, machine_info, time_
 from dropless.text_table import format_table
 from dropless.plan.layout import PlanConfig
 from dropless.plan.model import layer_times
-from dropless.config import ModelConfig, MoEConfig
-from dropless.plan.from_train import plan_config
+from dropless.config import MeshConfig, ModelConfig, MoEConfig, TrainConfig
 
 # The calibration workload: big enough that matmuls, not dispatch overheads, dominate.
 WORKLOAD = dict(d_model=256, moe_d_ff=512, num_experts=8, top_k=2, num_shared_experts=1)
@@ -54,13 +53,13 @@ def _per_device(mesh: Mesh, fn, in_specs, out_specs):
                                  check_vma=False))
 
 
-def kernel_shapes(s: ModelConfig, cfg: PlanConfig) -> tuple[tuple, tuple]:
+def kernel_shapes(cfg: PlanConfig) -> tuple[tuple, tuple]:
     """The matmul shapes a run is made of, timed in isolation as the trainer does at start-up:
     the dense feed-forward (T, D, Fd) and the routed experts' up projection (T*K, D, F, E/ep)
     (the down projection is timed transposed: (T*K, F, D, E/ep))."""
-    t = cfg.tokens_per_device
-    m = s.moe
-    gmm = (t * m.top_k, s.d_model, m.d_ff, m.num_experts // cfg.ep) if m is not None else None
+    s, m, t = cfg.model, cfg.moe, cfg.tokens_per_device
+    gmm = ((t * m.top_k, s.d_model, m.d_ff, m.num_experts // cfg.mesh.expert) if m is not None
+           else None)
     return (t, s.d_model, s.d_ff), gmm
 
 
@@ -115,7 +114,7 @@ def moe_workload(mesh: Mesh):
     """The timed workload: MoE layer forward + backward, data-parallel over the mesh."""
     from dropless.moe import apply, init_params
     w = WORKLOAD
-    cfg = _workload_plan(1)[0].moe   # the layer the planner predicts, timed as it is
+    cfg = _workload_plan(1).moe   # the layer the planner predicts, timed as it is
     params = jax.device_put(init_params(jax.random.key(0), cfg), NamedSharding(mesh, P()))
     n = mesh.size
     x = jax.device_put(jax.random.normal(jax.random.key(1), (n * TOKENS_PER_DEVICE,
@@ -169,10 +168,9 @@ def train_workload(mesh: Mesh):
     return lambda: fn(state, batch)
 
 
-def _train_plan(n: int) -> tuple[ModelConfig, PlanConfig]:
-    cfg = _train_config(n)
-    return cfg.model, plan_config(cfg, optimizer_dtype="float32", overlap="none", gmm_tile=1,
-                                  attention_impl="naive")
+def _train_plan(n: int) -> PlanConfig:
+    return PlanConfig(run=_train_config(n), optimizer_dtype="float32", overlap="none",
+                      gmm_tile=1, attention_impl="naive")
 
 
 def profile_from(rates: dict[str, float], n: int) -> HardwareProfile:
@@ -200,31 +198,30 @@ def _ram_bytes() -> float:
         return 8e9
 
 
-def _workload_plan(n: int) -> tuple[ModelConfig, PlanConfig]:
+def _workload_plan(n: int) -> PlanConfig:
     w = WORKLOAD
     moe = MoEConfig(num_experts=w["num_experts"], top_k=w["top_k"], d_model=w["d_model"],
                     d_ff=w["moe_d_ff"], num_shared_experts=w["num_shared_experts"])
     s = ModelConfig(vocab_size=2, d_model=w["d_model"], num_layers=1, num_heads=1,
-                    d_ff=w["moe_d_ff"], attention="mha", moe=moe)
-    cfg = PlanConfig(gpus=n, data=n, per_device_batch=TOKENS_PER_DEVICE // SEQ, seq_len=SEQ,
-                     remat="none", activation_dtype="float32", weight_dtype="float32",
-                     overlap="none", gmm_tile=1)
-    return s, cfg
+                    d_ff=w["moe_d_ff"], attention="mha", moe=moe,
+                    dtype="float32", weight_dtype="float32")
+    run = TrainConfig(model=s, mesh=MeshConfig(data=n),
+                      per_device_batch_size=TOKENS_PER_DEVICE // SEQ, seq_len=SEQ, remat="none")
+    return PlanConfig(run=run, overlap="none", gmm_tile=1)
 
 
 def layer_parts(hw: HardwareProfile, n: int) -> dict[str, float]:
     """The planner's seconds per part for `moe_workload` on n devices: the MoE block of one
     layer, data-parallel, f32, everything kept for backward, nothing overlapped."""
-    s, cfg = _workload_plan(n)
-    return {k: v for k, v in layer_times(s, cfg, hw, True, attention=False).items() if v}
+    cfg = _workload_plan(n)
+    return {k: v for k, v in layer_times(cfg, hw, True, attention=False).items() if v}
 
 
 def train_parts(hw: HardwareProfile, n: int) -> dict[str, float]:
     """The planner's seconds per part (exposed) for one `train_workload` step on n devices."""
     from dropless.plan.model import predict
-    s, cfg = _train_plan(n)
-    return {k: v for k, v in predict(s, cfg, hw, name=TRAIN_PRESET)["time"]["exposed_s"].items()
-            if v}
+    exposed = predict(_train_plan(n), hw, name=TRAIN_PRESET)["time"]["exposed_s"]
+    return {k: v for k, v in exposed.items() if v}
 
 
 WORKLOADS = {"moe_layer": (moe_workload, layer_parts,
@@ -242,8 +239,8 @@ def calibrate(n: int, *, workload: str = "train_step", repeats: int = 7) -> dict
         raise ValueError(f"workload={workload!r} must be one of {tuple(WORKLOADS)}")
     make, parts_fn, _ = WORKLOADS[workload]
     mesh = _mesh(n)
-    s, plan = (_train_plan if workload == "train_step" else _workload_plan)(n)
-    mm_shape, gmm_shape = kernel_shapes(s, plan)
+    plan = (_train_plan if workload == "train_step" else _workload_plan)(n)
+    mm_shape, gmm_shape = kernel_shapes(plan)
     micro = micro_benchmarks(mesh, mm_shape, gmm_shape)
     fns = {k: v[0] for k, v in micro.items()}
     fns["workload"] = make(mesh)

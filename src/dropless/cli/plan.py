@@ -6,11 +6,11 @@ import argparse
 import math
 import os
 
-from dropless.plan import report
-from dropless.machine import PROFILES, get_profile
-from dropless.plan.from_train import MESH_KEYS, plan_config, split_settings, train_config
 from dropless.config import GMM_QUANTIZATIONS, REMAT_POLICIES
-from dropless.plan.layout import ATTENTION_IMPLS, DISPATCHERS, OVERLAPS
+from dropless.machine import PROFILES
+from dropless.plan import report
+from dropless.plan.from_train import MESH_KEYS, build_plan
+from dropless.plan.layout import ATTENTION_IMPLS, MODELLED_DISPATCHERS, OVERLAPS
 from dropless.plan.model import predict
 from dropless.plan.sweep import SWEEP_AXES, suggest, sweep_gpus
 from dropless.presets import PRESETS
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "separated from query,key,value, or 'none' (default query,value with "
                    "--remat offload)")
     p.add_argument("--gmm-quantization", choices=GMM_QUANTIZATIONS, default=None)
-    p.add_argument("--dispatcher", choices=DISPATCHERS, default=None)
+    p.add_argument("--dispatcher", choices=MODELLED_DISPATCHERS, default=None)
     p.add_argument("--no-dedup", action="store_true", help="EP rows per (token, expert)")
     p.add_argument("--ragged-buffer-factor", type=float, default=None)
     p.add_argument("--overlap", choices=OVERLAPS, default=None)
@@ -80,16 +80,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
-def _load_file(path: str | None) -> dict:
-    if not path:
-        return {}
-    from dropless.config_file import load_yaml   # one YAML reader: file:line:col, no dup keys
-    data = load_yaml(path) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path!r} must hold a mapping of settings")
-    return data
-
-
 def _sweep_sizes(text: str) -> list[int]:
     """--sweep-gpus '8,16,32' -> [8, 16, 32]; ValueError naming the argument and the bad item."""
     sizes = []
@@ -103,8 +93,9 @@ def _sweep_sizes(text: str) -> list[int]:
 
 
 def check_arguments(args) -> None:
-    """The flags `build` does not hand to PlanConfig, checked before anything is computed (the
-    rest is checked by PlanConfig, naming its field). Raises ValueError naming the flag."""
+    """The flags that are not settings of the plan, checked before anything is computed (the
+    settings are checked by `build_plan`, naming the key or field). Raises ValueError naming
+    the flag."""
     if args.top < 1:
         raise ValueError(f"--top {args.top} must be >= 1 (rows of --suggest)")
     if not (math.isfinite(args.min_buffer_factor) and args.min_buffer_factor >= 1):
@@ -116,29 +107,15 @@ def check_arguments(args) -> None:
         _sweep_sizes(args.sweep_gpus)
 
 
-def build(args) -> tuple:
-    """(ModelConfig, PlanConfig, HardwareProfile, model name) from the planner's defaults, the
-    --config file, flags and key=value overrides, read as `dropless train` reads them (into a
-    TrainConfig, `plan.from_train`) plus the planner's own knobs."""
+def settings(args) -> list[tuple[str, object]]:
+    """The flags that were given and the key=value overrides, as (key, value) pairs in that
+    order (the --config file's settings come before them, in `plan.from_train.build_plan`)."""
     from dropless.config_file import parse_override
-    from dropless.models.arithmetic import param_counts
-    from dropless.presets import get_preset
-    data = _load_file(args.config)
-    nested = {k: v for k, v in data.items() if isinstance(v, dict)}
-    settings = [(k, v) for k, v in data.items() if not isinstance(v, dict)]
-    settings += [(key, getattr(args, dest)) for dest, key in _FLAG_KEYS.items()
-                 if getattr(args, dest) is not None]
+    out = [(key, getattr(args, dest)) for dest, key in _FLAG_KEYS.items()
+           if getattr(args, dest) is not None]
     if args.no_dedup:
-        settings.append(("dedup", False))
-    settings += [parse_override(item) for item in args.overrides]
-    planner, pairs = split_settings(settings)
-    cfg = train_config(pairs, mapping=nested)
-    hw = get_profile(planner.pop("hardware", "h200"))
-    plan = plan_config(cfg, **planner)
-    name = cfg.preset
-    if param_counts(cfg.model) != param_counts(get_preset(name)):
-        name = f"{name} (modified)"
-    return cfg.model, plan, hw, name
+        out.append(("dedup", False))
+    return out + [parse_override(item) for item in args.overrides]
 
 
 def _compute(args) -> tuple[dict, str]:
@@ -153,19 +130,19 @@ def _compute(args) -> tuple[dict, str]:
                                  workload=args.calibrate_workload)
         text = result.pop("text")
     else:
-        shape, cfg, hw, name = build(args)
-        result = predict(shape, cfg, hw, name=name)
+        cfg, hw, name = build_plan(settings(args), config_path=args.config)
+        result = predict(cfg, hw, name=name)
         text = report.format_plan(result)
         if args.sweep_gpus:
-            result["sweep"] = sweep_gpus(shape, cfg, hw, _sweep_sizes(args.sweep_gpus),
+            result["sweep"] = sweep_gpus(cfg, hw, _sweep_sizes(args.sweep_gpus),
                                          axis=args.sweep_axis)
             text += "\n\nScaling sweep (growing " + args.sweep_axis + "):\n" + \
                 report.format_sweep(result["sweep"])
         if args.suggest:
-            result["suggest"] = suggest(shape, cfg, hw, top=args.top,
+            result["suggest"] = suggest(cfg, hw, top=args.top,
                                         min_factor=args.min_buffer_factor)
-            text += f"\n\nLayouts that fit on {cfg.gpus} x {hw.name}, fastest first:\n" + \
-                report.format_suggest(result["suggest"])
+            text += (f"\n\nLayouts that fit on {cfg.mesh.num_devices} x {hw.name}, fastest "
+                     "first:\n" + report.format_suggest(result["suggest"]))
     return result, text
 
 

@@ -1,7 +1,8 @@
 """Bytes moved per device per step, split into NVLink (intra-node) and InfiniBand (inter-node)
 traffic, and the time each collective takes at the profile's link bandwidths.
 
-Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element, P parameters.
+Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element,
+P parameters.
 
 EP dispatch/combine: without deduplication every (token, choice) row travels to its expert's
 device; with it, one row per (token, destination device) travels, carrying the local expert
@@ -19,7 +20,7 @@ import functools
 import math
 
 from dropless.machine import HardwareProfile
-from dropless.plan.layout import DTYPE_BYTES, Group, PlanConfig, groups
+from dropless.plan.layout import REMAT, Group, PlanConfig, groups
 from dropless.config import ModelConfig
 
 
@@ -60,29 +61,31 @@ def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
     return float(hit.sum(1).mean())
 
 
-def ep_rows(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool | None = None
+def ep_rows(cfg: PlanConfig, hw: HardwareProfile, *, dedup: bool | None = None
             ) -> dict[str, float]:
     """Rows per token leaving a device in one dispatch (combine moves the same rows back):
     `intra` to other devices of its node, `inter` to other nodes, `local` staying home."""
     g = groups(cfg, hw)["expert"]
+    ep = cfg.mesh.expert
     dedup = cfg.dedup if dedup is None else dedup
-    if cfg.dispatcher == "allgather":   # every device receives every token of its EP group
-        return {"local": 1.0, "intra": g.inner - 1.0, "inter": cfg.ep - g.inner * 1.0,
-                "per_token": float(cfg.ep)}
-    per_token = expected_devices_per_token(s, cfg.ep) if dedup else float(s.moe.top_k)
-    per_dev = per_token / cfg.ep
+    if cfg.planned_dispatcher == "allgather":   # every device receives its EP group's tokens
+        return {"local": 1.0, "intra": g.inner - 1.0, "inter": ep - g.inner * 1.0,
+                "per_token": float(ep)}
+    per_token = (expected_devices_per_token(cfg.model, ep) if dedup
+                 else float(cfg.moe.top_k))
+    per_dev = per_token / ep
     return {"local": per_dev, "intra": per_dev * (g.inner - 1),
-            "inter": per_dev * (cfg.ep - g.inner),
+            "inter": per_dev * (ep - g.inner),
             "per_token": per_token}
 
 
 def ep_transfers_per_layer(cfg: PlanConfig) -> int:
     """Dispatch + combine forward, their transposes backward, again when the layer is
     recomputed (full / offload remat)."""
-    return 6 if cfg.remat in ("full", "offload") else 4
+    return 6 if REMAT[cfg.run.remat].recomputes_layer else 4
 
 
-def ep_bytes_per_transfer(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *,
+def ep_bytes_per_transfer(cfg: PlanConfig, hw: HardwareProfile, *,
                           dedup: bool | None = None, padded: bool = True) -> dict[str, float]:
     """Bytes one device sends in one dispatch or combine of one layer: intra, inter.
 
@@ -90,25 +93,27 @@ def ep_bytes_per_transfer(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, 
     each pair). `a2a` moves whole static chunks, `ragged_buffer_factor` x the balanced load,
     when `padded`; `ragged_a2a` and `allgather` move only real rows.
     """
-    rows = ep_rows(s, cfg, hw, dedup=dedup)
+    rows = ep_rows(cfg, hw, dedup=dedup)
     dedup = cfg.dedup if dedup is None else dedup
-    row_bytes = s.d_model * DTYPE_BYTES[cfg.activation_dtype]
-    if cfg.dispatcher != "allgather":
-        row_bytes += 8 * (s.moe.top_k if dedup else 1)
-    pad = cfg.ragged_buffer_factor if (padded and cfg.dispatcher == "a2a") else 1.0
+    dispatcher = cfg.planned_dispatcher
+    row_bytes = cfg.model.d_model * cfg.activation_bytes
+    if dispatcher != "allgather":
+        row_bytes += 8 * (cfg.moe.top_k if dedup else 1)
+    pad = cfg.moe.ragged_buffer_factor if (padded and dispatcher == "a2a") else 1.0
     t = cfg.tokens_per_device
     return {"intra": rows["intra"] * t * row_bytes * pad,
             "inter": rows["inter"] * t * row_bytes * pad}
 
 
-def ep_buffer_bytes(s: ModelConfig, cfg: PlanConfig) -> float:
+def ep_buffer_bytes(cfg: PlanConfig) -> float:
     """One layer's dispatch and combine send + receive buffers on one device."""
-    b = DTYPE_BYTES[cfg.activation_dtype]
+    s, ep = cfg.model, cfg.mesh.expert
+    b = cfg.activation_bytes
     t = cfg.tokens_per_device
-    if cfg.dispatcher == "allgather":
-        return 2.0 * t * cfg.ep * s.d_model * b
-    per_token = expected_devices_per_token(s, cfg.ep) if cfg.dedup else s.moe.top_k
-    return 4.0 * cfg.ragged_buffer_factor * t * per_token * s.d_model * b
+    if cfg.planned_dispatcher == "allgather":
+        return 2.0 * t * ep * s.d_model * b
+    per_token = expected_devices_per_token(s, ep) if cfg.dedup else s.moe.top_k
+    return 4.0 * s.moe.ragged_buffer_factor * t * per_token * s.d_model * b
 
 
 def ring_bytes(full_bytes: float, g: Group) -> dict[str, float]:
@@ -141,7 +146,7 @@ def collective_time(full_bytes: float, g: Group, hw: HardwareProfile) -> float:
 def a2a_time(nbytes: dict[str, float], cfg: PlanConfig, hw: HardwareProfile) -> float:
     """One dispatch or combine: every device sends to its EP peers over both links at once."""
     g = groups(cfg, hw)["expert"]
-    if cfg.ep == 1:
+    if cfg.mesh.expert == 1:
         return 0.0
     return link_time(nbytes, hw, steps={"intra": 1, "inter": 1 if g.outer > 1 else 0},
                      concurrent=True)

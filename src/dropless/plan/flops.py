@@ -1,6 +1,6 @@
 """The planner's executed-FLOP terms beyond the model's: grouped-GEMM tile padding. Model FLOPs
 per token, by kind (`gemm` dense matmuls, `gmm` routed-expert grouped matmuls, `attention` the
-score/value products), are the one arithmetic model's (`dropless.models.arithmetic`); the
+score/value products), are the arithmetic model's (`dropless.models.arithmetic`); the
 planner adds rematerialisation (plan/model.py) and the padding below.
 """
 from __future__ import annotations

@@ -1,40 +1,38 @@
 """The planner's view of a training run: `dropless plan` settings are the trainer's (dotted keys,
 YAML, MaxText names through `dropless.compat.maxtext`, all read by `dropless.config_file`) plus
-a few planner-only knobs; `plan_config` turns the resulting `TrainConfig` into a `PlanConfig`.
+a few planner-only settings; `build_plan` turns them into the `PlanConfig` of the resulting
+`TrainConfig`, the hardware profile and the model's name.
 
 One behaviour for both commands: a value the trainer refuses (e.g. MaxText
 `remat_policy=custom`) is refused by the planner, and one the trainer accepts
-(`remat_policy=save_qkv_proj` -> minimal) is planned as it would be trained. The planner's old
-flat names (`moe_d_ff`, `per_device_batch`, `fsdp`, ...) are refused with the dotted key to use
-(`MOVED`, docs/planning.md).
+(`remat_policy=save_qkv_proj` -> minimal) is planned as it would be trained. Flat names the
+planner does not take (`moe_d_ff`, `per_device_batch`, `fsdp`, ...) are refused with the
+dotted key to use (`moved_key`, docs/planning.md).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
-from dropless.config import ModelConfig, MoEConfig, TrainConfig, scalar_fields, scalar_type_error
-from dropless.plan.layout import PlanConfig
+from dropless.config import ModelConfig, TrainConfig, scalar_fields, scalar_type_error
+from dropless.machine import HardwareProfile, get_profile
+from dropless.plan.layout import PlanConfig, mesh_on_devices
 
 # What `dropless plan` plans when nothing says otherwise (the trainer's own defaults are a CPU
 # run of the tiny preset); a --config file, flags and key=value come after these and win.
 PLAN_DEFAULTS = (("preset", "deepseek3-671b"), ("per_device_batch_size", 1), ("seq_len", 4096),
                  ("remat", "full"))
-# PlanConfig fields no TrainConfig carries (hardware choice and the planner's own knobs).
+# Settings no TrainConfig carries: the hardware profile, the device count (`mesh_on_devices`)
+# and the PlanConfig fields of the planner's own.
 PLANNER_KEYS = ("hardware", "gpus", "offload", "dedup", "overlap", "optimizer_dtype",
                 "master_weights", "devices_per_node", "gmm_tile", "shard_non_expert_over_ep",
                 "attention_impl")
-# The trainer's keys of the mesh axis sizes (the one place that names them here).
+# The trainer's keys of the mesh axis sizes, by the planner's flag names.
 MESH_KEYS = {"data": "mesh.data", "fsdp": "mesh.fsdp", "ep": "mesh.expert"}
-# The trainer's dispatcher -> the planner's model of it: "auto" is ragged_a2a on GPUs; "local"
-# (no expert axis) moves nothing, so any model will do; node_a2a's two hops are planned as a2a
-# (static per-peer chunks, one hop).
-PLANNED_DISPATCHER = {"auto": "ragged_a2a", "local": "ragged_a2a", "a2a": "a2a",
-                      "ragged_a2a": "ragged_a2a", "allgather": "allgather", "node_a2a": "a2a"}
 
 
 def _moved() -> dict[str, str]:
-    """The planner's former flat names -> the trainer's key to use instead."""
+    """Flat names the planner refuses -> the trainer's key to use instead."""
     out = {**MESH_KEYS, "per_device_batch": "per_device_batch_size",
            "gmm_quantization": "model.moe.gmm_quantization",
            "dispatcher": "model.moe.dispatcher", "activation_dtype": "model.dtype",
@@ -47,7 +45,7 @@ def _moved() -> dict[str, str]:
 
 
 def moved_key(key: str, value: Any) -> str | None:
-    """The key to use for the planner's former flat name `key`, or None when `key` is not one
+    """The trainer's key to use for the refused flat name `key`, or None when `key` is not one
     (or is also a key of ours or MaxText's: `vocab_size`, `seq_len`, `data` as a data path)."""
     from dropless.compat import maxtext
     from dropless.config_file import known_keys
@@ -66,11 +64,11 @@ def _is_profile(value: Any) -> bool:
 
 def split_settings(pairs: Iterable[tuple[str, Any]]) -> tuple[dict[str, Any], list]:
     """(planner knobs, the trainer's (key, value) pairs) from settings in the user's order.
-    Raises ValueError for a former planner name, naming the key to use, and for a planner knob
+    Raises ValueError for a refused flat name, naming the key to use, and for a planner knob
     of the wrong type."""
     planner: dict[str, Any] = {}
     train: list[tuple[str, Any]] = []
-    kinds = scalar_fields(PlanConfig)
+    kinds = {**scalar_fields(PlanConfig), "gpus": (int, False)}
     for key, value in pairs:
         if key == "hardware" and not _is_profile(value):
             train.append((key, value))           # MaxText hardware: cpu / gpu_multiprocess ...
@@ -104,27 +102,49 @@ def train_config(pairs: Iterable[tuple[str, Any]], *, mapping: dict | None = Non
     return build_config(list(pairs), mapping=mapping, defaults=PLAN_DEFAULTS, notes=notes)
 
 
-def plan_config(cfg: TrainConfig, *, gpus: int | None = None, **planner: Any) -> PlanConfig:
-    """The PlanConfig of `cfg`: mesh, per-device batch, sequence, remat, the MoE layer's
-    quantization, dispatcher and buffer factor, the model's dtypes; `planner` sets the
-    planner-only fields (`PLANNER_KEYS`) or overrides a derived one. With `gpus` other than the
-    mesh's device count and a data axis of 1, the data axis fills the rest (gpus / fsdp x ep),
-    as `--gpus 256 --fsdp 16` always did."""
-    mesh = cfg.mesh   # the trainer's mesh (config.MeshConfig)
-    moe: MoEConfig | None = cfg.model.moe
-    dispatcher = PLANNED_DISPATCHER[moe.dispatcher] if moe is not None else "ragged_a2a"
-    data = mesh.data
-    if gpus is None:
-        gpus = mesh.num_devices
-    elif gpus != mesh.num_devices and data == 1:
-        data = 0
-    fields = dict(
-        gpus=gpus, fsdp=mesh.fsdp, ep=mesh.expert, data=data,
-        per_device_batch=cfg.per_device_batch_size, seq_len=cfg.seq_len, remat=cfg.remat,
-        gmm_quantization=moe.gmm_quantization if moe is not None else "none",
-        dispatcher=dispatcher,
-        ragged_buffer_factor=moe.ragged_buffer_factor if moe is not None else 2.0,
-        weight_dtype=cfg.model.weight_dtype, activation_dtype=cfg.model.dtype,
-        devices_per_node=mesh.devices_per_node if mesh.num_nodes > 1 else 0)
-    fields.update(planner)
-    return PlanConfig(**fields)
+class PlannedRun(NamedTuple):
+    """What `dropless plan` plans: the plan, the hardware profile and the model's name."""
+
+    plan: PlanConfig
+    hardware: HardwareProfile
+    name: str
+
+
+def read_config_file(path: str | None) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """A --config YAML file's (flat settings in file order, nested mappings); nothing for no
+    path. Raises ValueError naming the file when it is not a mapping (and config_file's
+    file:line:col errors)."""
+    if not path:
+        return [], {}
+    from dropless.config_file import load_yaml   # one YAML reader: file:line:col, no dup keys
+    data = load_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path!r} must hold a mapping of settings")
+    flat = [(k, v) for k, v in data.items() if not isinstance(v, dict)]
+    return flat, {k: v for k, v in data.items() if isinstance(v, dict)}
+
+
+def model_name(run: TrainConfig) -> str:
+    """The run's preset, marked "(modified)" when its model's parameter counts are not the
+    preset's."""
+    from dropless.models.arithmetic import param_counts
+    from dropless.presets import get_preset
+    if param_counts(run.model) != param_counts(get_preset(run.preset)):
+        return f"{run.preset} (modified)"
+    return run.preset
+
+
+def build_plan(settings: Iterable[tuple[str, Any]] = (), *, config_path: str | None = None
+               ) -> PlannedRun:
+    """What `dropless plan` plans from the planner's defaults, the --config file at
+    `config_path` and `settings` ((key, value) pairs in the user's order, after the file's),
+    read as `dropless train` reads them (into a TrainConfig, `train_config`) plus the planner's
+    own settings (`PLANNER_KEYS`: `hardware` picks the profile, default h200; `gpus` resizes the
+    mesh, `mesh_on_devices`). Raises ValueError naming the bad file, key or value."""
+    flat, nested = read_config_file(config_path)
+    planner, pairs = split_settings([*flat, *settings])
+    run = train_config(pairs, mapping=nested)
+    hw = get_profile(planner.pop("hardware", "h200"))
+    if "gpus" in planner:
+        run = run.replace(mesh=mesh_on_devices(run.mesh, planner.pop("gpus")))
+    return PlannedRun(PlanConfig(run=run, **planner), hw, model_name(run))

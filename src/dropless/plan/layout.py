@@ -1,8 +1,9 @@
-"""What is being planned: the cluster layout (data x FSDP x EP) and the training settings.
+"""What is being planned: a training run (`config.TrainConfig`: the model, the mesh, the batch,
+the remat policy) on a cluster, and the settings only the planner has.
 
 Mesh axes are laid out innermost first: `expert` (stride 1), then `fsdp`, then `data`, so the
 EP group of a device is its nearest neighbours and stays inside one NVLink domain whenever
-`ep <= devices_per_node`. Non-expert weights are FSDP-sharded over fsdp x expert (MaxText's
+`expert <= node size`. Non-expert weights are FSDP-sharded over fsdp x expert (MaxText's
 rules put the `expert` mesh axis into the FSDP axes of non-MoE weights); expert weights are
 split over `expert` by expert and over `fsdp` within each expert.
 """
@@ -10,15 +11,46 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, NamedTuple
 
+from dropless.config import (DISPATCHERS, REMAT_POLICIES, MeshConfig, MoEConfig, ModelConfig,
+                             TrainConfig, scalar_fields, scalar_type_error)
 from dropless.machine import HardwareProfile
-from dropless.config import GMM_QUANTIZATIONS, REMAT_POLICIES, ModelConfig  # the trainer's
 
-DISPATCHERS = ("a2a", "ragged_a2a", "allgather")
+# The trainer's dispatcher (config.DISPATCHERS) -> the planner's model of it: "auto" is
+# ragged_a2a on GPUs; "local" (no expert axis) moves nothing, so any model will do; node_a2a's
+# two hops are planned as a2a (static per-peer chunks, one hop).
+PLANNED_DISPATCHER = {"auto": "ragged_a2a", "local": "ragged_a2a", "a2a": "a2a",
+                      "ragged_a2a": "ragged_a2a", "allgather": "allgather", "node_a2a": "a2a"}
+# The dispatchers the planner models, each the model of itself.
+MODELLED_DISPATCHERS = tuple(d for d in DISPATCHERS if PLANNED_DISPATCHER.get(d) == d)
+
+
+class RematModel(NamedTuple):
+    """What a remat policy keeps for the backward pass and whether it recomputes matmuls."""
+
+    keeps: frozenset[str] | None   # tensor kinds kept (plan/memory.Tensor.kind); None: all
+    recomputes_layer: bool         # the layer's forward runs again in the backward pass
+
+
+# Each remat policy (config.REMAT_POLICIES): none saves everything; minimal keeps layer inputs
+# and matmul outputs (elementwise results are recomputed); full keeps layer inputs and
+# recomputes the layer; offload is full plus the `offload` tensors in host memory.
+REMAT = {"none": RematModel(None, False),
+         "minimal": RematModel(frozenset({"input", "dot", "expert_dot"}), False),
+         "full": RematModel(frozenset({"input"}), True),
+         "offload": RematModel(frozenset({"input"}), True)}
+
+if set(PLANNED_DISPATCHER) != set(DISPATCHERS) or set(REMAT) != set(REMAT_POLICIES):
+    raise ImportError(f"plan/layout.py models the dispatchers {tuple(PLANNED_DISPATCHER)} and "
+                      f"remat policies {tuple(REMAT)}; config accepts {DISPATCHERS} and "
+                      f"{REMAT_POLICIES}: make them equal")
+
 OVERLAPS = ("none", "fsdp", "full")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OFFLOADABLE = ("query", "key", "value")
 ATTENTION_IMPLS = ("flash", "naive")
+BUFFER_FACTOR_WITHOUT_MOE = 2.0   # what a dense model's layout shows (MoEConfig's default)
 
 
 def _fail(field: str, value, why: str) -> None:
@@ -27,103 +59,161 @@ def _fail(field: str, value, why: str) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlanConfig:
-    """One training configuration on one cluster. `data=0` means gpus // (fsdp * ep).
+    """One training run (`run`) on one cluster, with the planner's own settings.
 
-    remat: none (save everything) | minimal (save matmul outputs) | full (save layer inputs)
-      | offload (save layer inputs, keep `offload` tensors in host memory, recompute the rest).
-    dispatcher: ragged_a2a (only real rows move; default, as `auto` on GPUs) | a2a (static
-      per-peer chunks of buffer factor x the balanced load) | allgather.
+    The run's `remat` (config.REMAT_POLICIES, `REMAT`) decides what is kept for backward;
+    `offload` names the tensors kept in host memory (None: query and value with remat=offload).
+    The MoE layer's dispatcher is planned as `PLANNED_DISPATCHER` says: ragged_a2a (only real
+    rows move) | a2a (static per-peer chunks of buffer factor x the balanced load) | allgather.
     overlap: none (every part serial) | fsdp (FSDP/data collectives hidden behind compute)
       | full (EP dispatch/combine also overlapped, e.g. two micro-batches).
     attention_impl: flash (fused, causal half computed) | naive (the S x S scores and
       probabilities materialised and the full square computed, as plain XLA on CPU does).
+    devices_per_node: the node size; 0 takes the mesh's when it spans several nodes (dcn_*),
+      else the hardware's NVLink domain, fitted to the device count (`node_size`).
     """
 
-    gpus: int
-    fsdp: int = 1
-    ep: int = 1
-    data: int = 0
-    per_device_batch: int = 1
-    seq_len: int = 4096
-    remat: str = "full"
-    offload: tuple[str, ...] | None = None   # None: ("query", "value") when remat=offload
-    gmm_quantization: str = "none"
-    dispatcher: str = "ragged_a2a"   # what `auto` picks on GPUs
+    run: TrainConfig
+    offload: tuple[str, ...] | None = None
     dedup: bool = True
-    ragged_buffer_factor: float = 2.0
     overlap: str = "fsdp"
-    weight_dtype: str = "bfloat16"
     optimizer_dtype: str = "float32"
-    activation_dtype: str = "bfloat16"
     master_weights: bool = False     # an extra float32 copy of the weights in the optimizer
-    devices_per_node: int = 0        # 0: the hardware's NVLink domain, fitted to `gpus`
+    devices_per_node: int = 0
     gmm_tile: int = 128              # rows per grouped-GEMM tile (per-expert padding)
     shard_non_expert_over_ep: bool = True
     attention_impl: str = "flash"    # naive: full S x S scores materialised, half masked away
 
     def __post_init__(self) -> None:
-        for f in ("gpus", "fsdp", "ep", "per_device_batch", "seq_len", "gmm_tile"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                _fail(f, v, "must be a positive int")
-        for f in ("data", "devices_per_node"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v < 0:
-                _fail(f, v, "must be an int >= 0")
-        used = self.fsdp * self.ep * (self.data or 1)
-        if self.data == 0 and self.gpus % (self.fsdp * self.ep):
-            _fail("gpus", self.gpus, f"is not a multiple of fsdp={self.fsdp} x ep={self.ep} "
-                  f"= {self.fsdp * self.ep}")
-        if self.data and used != self.gpus:
-            _fail("gpus", self.gpus, f"differs from the layout data={self.data} x fsdp="
-                  f"{self.fsdp} x ep={self.ep} = {used} devices")
-        checks = (("remat", REMAT_POLICIES), ("dispatcher", DISPATCHERS),
-                  ("overlap", OVERLAPS), ("gmm_quantization", GMM_QUANTIZATIONS),
-                  ("attention_impl", ATTENTION_IMPLS))
-        for f, allowed in checks:
+        if not isinstance(self.run, TrainConfig):
+            _fail("run", type(self.run).__name__, "must be a TrainConfig")
+        for name, kind in scalar_fields(PlanConfig).items():
+            why = scalar_type_error(getattr(self, name), *kind)
+            if why:
+                _fail(name, getattr(self, name), why)
+        if self.gmm_tile <= 0:
+            _fail("gmm_tile", self.gmm_tile, "must be a positive int")
+        if self.devices_per_node < 0:
+            _fail("devices_per_node", self.devices_per_node, "must be an int >= 0")
+        for f, allowed in (("overlap", OVERLAPS), ("attention_impl", ATTENTION_IMPLS),
+                           ("optimizer_dtype", tuple(DTYPE_BYTES))):
             if getattr(self, f) not in allowed:
                 _fail(f, getattr(self, f), f"must be one of {allowed}")
-        for f in ("weight_dtype", "optimizer_dtype", "activation_dtype"):
-            if getattr(self, f) not in DTYPE_BYTES:
-                _fail(f, getattr(self, f), f"must be one of {tuple(DTYPE_BYTES)}")
-        if not self.ragged_buffer_factor >= 1.0:
-            _fail("ragged_buffer_factor", self.ragged_buffer_factor, "must be >= 1.0")
+        for f in ("dtype", "weight_dtype"):
+            if getattr(self.model, f) not in DTYPE_BYTES:
+                _fail(f"run.model.{f}", getattr(self.model, f),
+                      f"must be one of {tuple(DTYPE_BYTES)}")
         for name in self.offload or ():
             if name not in OFFLOADABLE:
                 _fail("offload", self.offload, f"may only name {OFFLOADABLE}")
+        if self.model.moe is None and self.mesh.expert > 1:
+            _fail("run.mesh.expert", self.mesh.expert, "needs an MoE model; the model is dense")
 
-    def replace(self, **changes) -> "PlanConfig":
+    def replace(self, **changes: Any) -> "PlanConfig":
         return dataclasses.replace(self, **changes)
 
+    def replace_run(self, **changes: Any) -> "PlanConfig":
+        """This plan with `run` changed (`TrainConfig.replace`)."""
+        return self.replace(run=self.run.replace(**changes))
+
+    def replace_moe(self, **changes: Any) -> "PlanConfig":
+        """This plan with the run's MoE layer changed (`MoEConfig.replace`)."""
+        return self.replace_run(model=self.model.replace(moe=self.model.moe.replace(**changes)))
+
     @property
-    def replicas(self) -> int:
-        return self.data or self.gpus // (self.fsdp * self.ep)
+    def model(self) -> ModelConfig:
+        return self.run.model
+
+    @property
+    def mesh(self) -> MeshConfig:
+        return self.run.mesh
+
+    @property
+    def moe(self) -> MoEConfig | None:
+        return self.run.model.moe
 
     @property
     def tokens_per_device(self) -> int:
-        return self.per_device_batch * self.seq_len
+        return self.run.per_device_batch_size * self.run.seq_len
 
     @property
     def offloaded(self) -> tuple[str, ...]:
         if self.offload is not None:
             return self.offload
-        return ("query", "value") if self.remat == "offload" else ()
+        return ("query", "value") if self.run.remat == "offload" else ()
+
+    @property
+    def planned_dispatcher(self) -> str:
+        """The dispatcher as planned: a2a | ragged_a2a | allgather (`PLANNED_DISPATCHER`)."""
+        return PLANNED_DISPATCHER[self.moe.dispatcher] if self.moe is not None else "ragged_a2a"
+
+    @property
+    def mxfp8(self) -> bool:
+        """Whether the routed experts' grouped matmuls run in MXFP8."""
+        return self.moe is not None and self.moe.gmm_quantization == "mxfp8"
+
+    @property
+    def activation_bytes(self) -> int:
+        return DTYPE_BYTES[self.model.dtype]
+
+    @property
+    def weight_bytes(self) -> int:
+        return DTYPE_BYTES[self.model.weight_dtype]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        return DTYPE_BYTES[self.optimizer_dtype]
+
+    @property
+    def non_expert_shards(self) -> int:
+        """Devices a non-expert weight is split over: fsdp x expert, or fsdp alone."""
+        m = self.mesh
+        return m.fsdp * m.expert if self.shard_non_expert_over_ep else m.fsdp
 
 
-def check_fits_model(cfg: PlanConfig, shape: ModelConfig, name: str = "the model") -> None:
-    """Errors for layouts the model cannot take (EP must divide the experts)."""
-    if shape.moe is not None and shape.moe.num_experts % cfg.ep:
-        raise ValueError(f"PlanConfig.ep={cfg.ep} does not divide num_experts="
-                         f"{shape.moe.num_experts} of {name}")
-    if shape.moe is None and cfg.ep > 1:
-        raise ValueError(f"PlanConfig.ep={cfg.ep} needs an MoE model; {name} is dense")
+def node_limit(cfg: PlanConfig) -> int:
+    """The node size `cfg` sets (its `devices_per_node`, else its mesh's when the mesh spans
+    several nodes), or 0 when the hardware decides."""
+    mesh = cfg.mesh
+    return cfg.devices_per_node or (mesh.devices_per_node if mesh.num_nodes > 1 else 0)
 
 
 def node_size(cfg: PlanConfig, hw: HardwareProfile) -> int:
-    """Devices per node: the largest divisor of `gpus` that fits in one NVLink domain
-    (72-GPU NVL72 racks run power-of-two meshes on 64 of them)."""
-    limit = cfg.devices_per_node or hw.gpus_per_domain
-    return max(d for d in range(1, min(limit, cfg.gpus) + 1) if cfg.gpus % d == 0)
+    """Devices per node: the largest divisor of the device count that fits in one node of
+    `node_limit`, or of the hardware's NVLink domain (72-GPU NVL72 racks run power-of-two
+    meshes on 64 of them)."""
+    limit = node_limit(cfg) or hw.gpus_per_domain
+    gpus = cfg.mesh.num_devices
+    return max(d for d in range(1, min(limit, gpus) + 1) if gpus % d == 0)
+
+
+def on_mesh(cfg: PlanConfig, *, data: int, fsdp: int, expert: int) -> PlanConfig:
+    """`cfg` on the mesh data x fsdp x expert (one of `dropless plan --sweep-gpus / --suggest`'s
+    variants), in nodes of `cfg`'s size: `node_limit(cfg)` becomes the plan's
+    `devices_per_node`."""
+    mesh = MeshConfig(data=data, fsdp=fsdp, expert=expert)
+    return cfg.replace(run=cfg.run.replace(mesh=mesh), devices_per_node=node_limit(cfg))
+
+
+def mesh_on_devices(mesh: MeshConfig, gpus: int) -> MeshConfig:
+    """`mesh` on `gpus` devices (the planner's `gpus` setting): `mesh` itself when it has that
+    many; with a data axis of 1, the data axis fills the rest (gpus / (fsdp x expert)), one
+    node per replica group when the mesh spans several nodes. Raises ValueError when `gpus` is
+    not positive, not a multiple of fsdp x expert, or differs from a mesh whose data axis is
+    set."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
+        raise ValueError(f"gpus={gpus!r} must be a positive int")
+    if gpus == mesh.num_devices:
+        return mesh
+    inner = mesh.fsdp * mesh.expert
+    if mesh.data != 1:
+        raise ValueError(f"gpus={gpus} differs from the layout data={mesh.data} x fsdp="
+                         f"{mesh.fsdp} x ep={mesh.expert} = {mesh.num_devices} devices")
+    if gpus % inner:
+        raise ValueError(f"gpus={gpus} is not a multiple of fsdp={mesh.fsdp} x ep="
+                         f"{mesh.expert} = {inner}")
+    data = gpus // inner
+    return mesh.replace(data=data, dcn_data=data if mesh.num_nodes > 1 else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +239,28 @@ def groups(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, Group]:
     """The collective groups of the layout: expert, fsdp (expert weights), fsdp_all (non-expert
     weights), data (gradient all-reduce across replicas)."""
     node = node_size(cfg, hw)
-    fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
-    return {"expert": group(cfg.ep, 1, node),
-            "fsdp": group(cfg.fsdp, cfg.ep, node),
-            "fsdp_all": group(fsdp_all, 1 if cfg.shard_non_expert_over_ep else cfg.ep, node),
-            "data": group(cfg.replicas, cfg.ep * cfg.fsdp, node)}
+    m = cfg.mesh
+    return {"expert": group(m.expert, 1, node),
+            "fsdp": group(m.fsdp, m.expert, node),
+            "fsdp_all": group(cfg.non_expert_shards, 1 if cfg.shard_non_expert_over_ep
+                              else m.expert, node),
+            "data": group(m.data, m.expert * m.fsdp, node)}
+
+
+def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
+    """The plan under the names `dropless plan` shows (its flags and the `layout` of its JSON):
+    gpus, fsdp, ep, data, per_device_batch, seq_len, remat, the MoE layer's gmm_quantization,
+    dispatcher (as planned) and ragged_buffer_factor, the dtypes and the planner's settings."""
+    m, moe, model = cfg.mesh, cfg.moe, cfg.model
+    return {"gpus": m.num_devices, "fsdp": m.fsdp, "ep": m.expert, "data": m.data,
+            "per_device_batch": cfg.run.per_device_batch_size, "seq_len": cfg.run.seq_len,
+            "remat": cfg.run.remat, "offload": cfg.offload,
+            "gmm_quantization": moe.gmm_quantization if moe is not None else "none",
+            "dispatcher": cfg.planned_dispatcher, "dedup": cfg.dedup,
+            "ragged_buffer_factor": (moe.ragged_buffer_factor if moe is not None
+                                     else BUFFER_FACTOR_WITHOUT_MOE),
+            "overlap": cfg.overlap, "weight_dtype": model.weight_dtype,
+            "optimizer_dtype": cfg.optimizer_dtype, "activation_dtype": model.dtype,
+            "master_weights": cfg.master_weights, "devices_per_node": cfg.devices_per_node,
+            "gmm_tile": cfg.gmm_tile, "shard_non_expert_over_ep": cfg.shard_non_expert_over_ep,
+            "attention_impl": cfg.attention_impl}

@@ -3,11 +3,9 @@
 Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element.
 
 Activations are a catalogue of the tensors one layer produces per token (name, elements,
-bytes, kind). A remat policy decides which are kept for the backward pass:
-  none     every tensor;
-  minimal  layer inputs and matmul outputs (elementwise results are recomputed);
-  full     layer inputs only (the whole layer is recomputed in the backward pass);
-  offload  layer inputs on device, the `offload` tensors (query, value) in host memory.
+bytes, kind). The run's remat policy decides which are kept for the backward pass
+(`plan.layout.REMAT`: none keeps every tensor, minimal layer inputs and matmul outputs, full
+and offload layer inputs only; the `offload` tensors (query, value) go to host memory).
 Tensors on the expert side of a dispatch live in static receive buffers, so they scale with
 `ragged_buffer_factor`.
 """
@@ -19,7 +17,7 @@ from dropless.config import ModelConfig
 from dropless.machine import HardwareProfile
 from dropless.models.arithmetic import layer_params, param_counts
 from dropless.plan import comm
-from dropless.plan.layout import DTYPE_BYTES, PlanConfig
+from dropless.plan.layout import REMAT, PlanConfig
 
 GiB = 2 ** 30
 
@@ -87,7 +85,7 @@ def layer_tensors(s: ModelConfig, b: int, moe: bool, naive_seq: int = 0) -> list
 
 
 def naive_seq(cfg: PlanConfig) -> int:
-    return cfg.seq_len if cfg.attention_impl == "naive" else 0
+    return cfg.run.seq_len if cfg.attention_impl == "naive" else 0
 
 
 def _scale(t: Tensor, factor: float) -> float:
@@ -97,15 +95,12 @@ def _scale(t: Tensor, factor: float) -> float:
 def saved_bytes_per_token(tensors: list[Tensor], remat: str, offloaded: tuple[str, ...],
                           factor: float) -> tuple[float, float]:
     """(device bytes, host bytes) per token kept for the backward pass under `remat`."""
-    keep = {"none": lambda t: True,
-            "minimal": lambda t: t.kind in ("input", "dot", "expert_dot"),
-            "full": lambda t: t.kind == "input",
-            "offload": lambda t: t.kind == "input"}[remat]
+    keeps = REMAT[remat].keeps
     device = host = 0.0
     for t in tensors:
         if t.name in offloaded:
             host += _scale(t, factor)
-        elif keep(t):
+        elif keeps is None or t.kind in keeps:
             device += _scale(t, factor)
     return device, host
 
@@ -123,7 +118,14 @@ def weight_split(s: ModelConfig) -> tuple[float, float]:
     return experts, c["total"] + c["mtp"] - experts
 
 
-def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+def sharded_params(cfg: PlanConfig) -> float:
+    """Parameters one device holds: expert weights split over expert x fsdp, the rest over
+    `non_expert_shards`."""
+    experts, rest = weight_split(cfg.model)
+    return experts / (cfg.mesh.expert * cfg.mesh.fsdp) + rest / cfg.non_expert_shards
+
+
+def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     """Bytes per device by part, the total, the device's usable memory and the verdict.
 
     Weights, gradients and Adam states (2 moments, plus a float32 master copy when
@@ -134,19 +136,17 @@ def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> d
     `logits` the output head's logits in bf16 plus float32 for the loss, `ep_buffers` the
     dispatch/combine send and receive buffers of one layer.
     """
-    wb, ob, ab = (DTYPE_BYTES[cfg.weight_dtype], DTYPE_BYTES[cfg.optimizer_dtype],
-                  DTYPE_BYTES[cfg.activation_dtype])
-    experts, rest = weight_split(s)
-    fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
-    params = experts / (cfg.ep * cfg.fsdp) + rest / fsdp_all
+    s, ep = cfg.model, cfg.mesh.expert
+    wb, ob, ab = cfg.weight_bytes, cfg.optimizer_bytes, cfg.activation_bytes
+    params = sharded_params(cfg)
     t = cfg.tokens_per_device
-    f = cfg.ragged_buffer_factor if s.moe is not None and cfg.ep > 1 else 1.0
+    f = s.moe.ragged_buffer_factor if s.moe is not None and ep > 1 else 1.0
     out = {"parameters": params * wb, "gradients": params * wb,
            "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
     moe_l, dense_l = layer_params(s, True) if s.moe is not None else None, layer_params(s, False)
     biggest = max(sum(dense_l.values()),
                   (sum(moe_l.values()) - moe_l["routed_experts"]
-                   + moe_l["routed_experts"] / cfg.ep) if moe_l else 0)
+                   + moe_l["routed_experts"] / ep) if moe_l else 0)
     out["gathered_weights"] = 2 * biggest * ab
     ns = naive_seq(cfg)
     layers = [(s.num_layers - s.num_moe_layers, layer_tensors(s, ab, False, ns))]
@@ -154,14 +154,14 @@ def memory_per_device(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> d
         layers.append((s.num_moe_layers + s.mtp_depth, layer_tensors(s, ab, True, ns)))
     dev = host = work = 0.0
     for count, tensors in layers:
-        d_, h_ = saved_bytes_per_token(tensors, cfg.remat, cfg.offloaded, f)
+        d_, h_ = saved_bytes_per_token(tensors, cfg.run.remat, cfg.offloaded, f)
         dev += count * d_ * t
         host += count * h_ * t
         work = max(work, 2 * all_bytes_per_token(tensors, f) * t)
     out["activations"] = dev
     out["layer_workspace"] = work
     out["logits"] = float(t * s.vocab_size * (ab + 4) * (1 + s.mtp_depth))
-    out["ep_buffers"] = comm.ep_buffer_bytes(s, cfg) if s.moe is not None and cfg.ep > 1 else 0.0
+    out["ep_buffers"] = comm.ep_buffer_bytes(cfg) if s.moe is not None and ep > 1 else 0.0
     total = sum(out.values())
     usable = hw.usable_memory
     out.update(total=total, host_offloaded=host, device_memory=hw.hbm_bytes, usable=usable,

@@ -15,12 +15,11 @@ compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too.
 """
 from __future__ import annotations
 
-from dropless.config import ModelConfig
 from dropless.machine import HardwareProfile
 from dropless.models import arithmetic as ar
 from dropless.models.arithmetic import KINDS, layer_params
 from dropless.plan import comm, flops, memory
-from dropless.plan.layout import DTYPE_BYTES, PlanConfig, check_fits_model, groups
+from dropless.plan.layout import REMAT, PlanConfig, flat_settings, groups, node_size
 
 # Each activation byte is touched ~6 times by memory-bound kernels in a training step: written
 # and read in the forward pass, its gradient written and read, and once more by the
@@ -30,77 +29,78 @@ COMM_PARTS = ("fsdp", "ep", "data", "offload")
 
 
 def _rates(hw: HardwareProfile, cfg: PlanConfig) -> dict[str, float]:
-    gmm = (hw.peak_fp8 * hw.fp8_efficiency if cfg.gmm_quantization == "mxfp8"
+    gmm = (hw.peak_fp8 * hw.fp8_efficiency if cfg.mxfp8
            else hw.peak_bf16 * hw.gmm_efficiency)
     return {"gemm": hw.peak_bf16 * hw.gemm_efficiency, "gmm": gmm,
             "attention": hw.peak_bf16 * hw.attention_efficiency}
 
 
-def _recompute_flops(s: ModelConfig, cfg: PlanConfig, fwd: dict[str, float]) -> dict[str, float]:
+def _recompute_flops(cfg: PlanConfig, fwd: dict[str, float]) -> dict[str, float]:
     """Forward FLOPs per token recomputed in the backward pass of one layer."""
-    if cfg.remat in ("none", "minimal"):
+    if not REMAT[cfg.run.remat].recomputes_layer:
         return {k: 0.0 for k in fwd}
     out = dict(fwd)
     skip = {"query": ("query", "q_down"), "key": ("key",), "value": ("value",)}
-    proj = ar.attention_proj_flops(s)
+    proj = ar.attention_proj_flops(cfg.model)
     for name in cfg.offloaded:
         for p in skip[name]:
             out["gemm"] -= proj.get(p, 0.0)
     return out
 
 
-def _layer_weight_bytes(s: ModelConfig, cfg: PlanConfig, moe: bool, attention: bool = True
+def _layer_weight_bytes(cfg: PlanConfig, moe: bool, attention: bool = True
                         ) -> tuple[float, float]:
     """(non-expert bytes, local-expert bytes) one layer all-gathers, in the compute dtype."""
-    b = DTYPE_BYTES[cfg.activation_dtype]
-    p = layer_params(s, moe)
+    b = cfg.activation_bytes
+    p = layer_params(cfg.model, moe)
     experts = p.pop("routed_experts", 0)
     if not attention:
         p.pop("attention")
         p.pop("norms")
-    return sum(p.values()) * b, experts / cfg.ep * b
+    return sum(p.values()) * b, experts / cfg.mesh.expert * b
 
 
-def layer_times(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
+def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
                 attention: bool = True) -> dict[str, float]:
     """Seconds per step spent by one layer in each part (nothing overlapped yet).
 
     `attention=False` leaves the attention block out (the feed-forward / MoE block alone, as
     the CPU calibration times it).
     """
+    s, ep = cfg.model, cfg.mesh.expert
     t = cfg.tokens_per_device
     rates = _rates(hw, cfg)
-    fwd = ar.layer_forward_flops(s, cfg.seq_len, moe)
+    fwd = ar.layer_forward_flops(s, cfg.run.seq_len, moe)
     if not attention:
         fwd["gemm"] -= sum(ar.attention_proj_flops(s).values())
         fwd["attention"] = 0.0
-    rec = _recompute_flops(s, cfg, fwd)
-    pad = 1.0 + flops.padding_fraction(s, t, cfg.ep, cfg.gmm_tile) if moe else 1.0
+    rec = _recompute_flops(cfg, fwd)
+    pad = 1.0 + flops.padding_fraction(s, t, ep, cfg.gmm_tile) if moe else 1.0
     out = {}
     waste = {"gmm": pad, "attention": 2.0 if cfg.attention_impl == "naive" else 1.0}
     for k in KINDS:
         executed = (3 * fwd[k] + rec[k]) * waste.get(k, 1.0)
         out[k] = executed * t / rates[k]
-    ab = DTYPE_BYTES[cfg.activation_dtype]
+    ab = cfg.activation_bytes
     tensors = (memory.layer_tensors(s, ab, moe, memory.naive_seq(cfg)) if attention
                else memory.ffn_tensors(s, ab, moe))
     out["elementwise"] = (ELEMENTWISE_PASSES * memory.all_bytes_per_token(tensors, 1.0) * t
                           / (hw.hbm_bw * hw.hbm_efficiency))
     g = groups(cfg, hw)
-    rest_b, exp_b = _layer_weight_bytes(s, cfg, moe, attention)
-    grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
+    rest_b, exp_b = _layer_weight_bytes(cfg, moe, attention)
+    grad_scale = cfg.weight_bytes / cfg.activation_bytes
     out["fsdp"] = ((2 + grad_scale) * comm.collective_time(rest_b, g["fsdp_all"], hw)
                    + (2 + grad_scale) * comm.collective_time(exp_b, g["fsdp"], hw))
     shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
     out["data"] = 2 * comm.collective_time(shard, g["data"], hw)
     out["ep"] = 0.0
-    if moe and cfg.ep > 1:
+    if moe and ep > 1:
         n = comm.ep_transfers_per_layer(cfg)
-        if cfg.dispatcher == "allgather":
-            full = t * cfg.ep * s.d_model * ab
+        if cfg.planned_dispatcher == "allgather":
+            full = t * ep * s.d_model * ab
             out["ep"] = n * comm.collective_time(full, g["expert"], hw)
         else:
-            out["ep"] = n * comm.a2a_time(comm.ep_bytes_per_transfer(s, cfg, hw), cfg, hw)
+            out["ep"] = n * comm.a2a_time(comm.ep_bytes_per_transfer(cfg, hw), cfg, hw)
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
     out["offload"] = 2 * host * t / hw.host_bw
     return out
@@ -118,37 +118,31 @@ def _exposed(parts: dict[str, float], overlap: str, cost: float) -> dict[str, fl
     return out
 
 
-def head_times(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+def head_times(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     """Output head (and MTP heads): logits matmul forward + backward, loss elementwise."""
-    t = cfg.tokens_per_device
+    s, t = cfg.model, cfg.tokens_per_device
     f = 3 * ar.head_forward_flops(s) * t * (1 + s.mtp_depth)
-    logits = t * s.vocab_size * (DTYPE_BYTES[cfg.activation_dtype] + 4) * (1 + s.mtp_depth)
+    logits = t * s.vocab_size * (cfg.activation_bytes + 4) * (1 + s.mtp_depth)
     return {"gemm": f / _rates(hw, cfg)["gemm"],
             "elementwise": 3 * logits / (hw.hbm_bw * hw.hbm_efficiency)}
 
 
-def optimizer_time(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> float:
+def optimizer_time(cfg: PlanConfig, hw: HardwareProfile) -> float:
     """AdamW update: read weights, gradients and two moments, write weights and moments."""
-    experts, rest = memory.weight_split(s)
-    fsdp_all = cfg.fsdp * cfg.ep if cfg.shard_non_expert_over_ep else cfg.fsdp
-    p = experts / (cfg.ep * cfg.fsdp) + rest / fsdp_all
-    wb, ob = DTYPE_BYTES[cfg.weight_dtype], DTYPE_BYTES[cfg.optimizer_dtype]
+    p = memory.sharded_params(cfg)
+    wb, ob = cfg.weight_bytes, cfg.optimizer_bytes
     return p * (3 * wb + 4 * ob) / (hw.hbm_bw * hw.hbm_efficiency)
 
 
-def predict(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom"
-            ) -> dict:
-    """The full plan for model `s` (named `name` in the result) in one configuration: memory,
-    FLOPs, bytes, step time and shares.
-
-    Raises ValueError when the layout does not suit the model (EP not dividing the experts).
-    """
-    check_fits_model(cfg, s, name)
+def predict(cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom") -> dict:
+    """The full plan for the run `cfg.run` on `hw` (its model named `name` in the result):
+    memory, FLOPs, bytes, step time and shares."""
+    s = cfg.model
     n_moe = s.num_moe_layers + (s.mtp_depth if s.moe is not None else 0)
     n_dense = s.num_layers - s.num_moe_layers + (s.mtp_depth if s.moe is None else 0)
-    per_type = [(n_dense, layer_times(s, cfg, hw, False))]
+    per_type = [(n_dense, layer_times(cfg, hw, False))]
     if n_moe:
-        per_type.append((n_moe, layer_times(s, cfg, hw, True)))
+        per_type.append((n_moe, layer_times(cfg, hw, True)))
     kernel: dict[str, float] = {}
     exposed: dict[str, float] = {}
     for count, parts in per_type:
@@ -156,30 +150,31 @@ def predict(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, name: str =
             kernel[k] = kernel.get(k, 0.0) + count * v
         for k, v in _exposed(parts, cfg.overlap, hw.overlap_cost).items():
             exposed[k] = exposed.get(k, 0.0) + count * v
-    for k, v in head_times(s, cfg, hw).items():
+    for k, v in head_times(cfg, hw).items():
         kernel[k] += v
         exposed[k] += v
-    kernel["optimizer"] = exposed["optimizer"] = optimizer_time(s, cfg, hw)
+    kernel["optimizer"] = exposed["optimizer"] = optimizer_time(cfg, hw)
     step = sum(exposed.values())
     total_kernel = sum(kernel.values())
     t = cfg.tokens_per_device
-    model_flops = ar.model_flops_per_token(s, cfg.seq_len) * t
+    seq = cfg.run.seq_len
+    model_flops = ar.model_flops_per_token(s, seq) * t
     executed = sum(kernel[k] * _rates(hw, cfg)[k] for k in KINDS)
     comm_kernel = sum(kernel[k] for k in COMM_PARTS)
     return {
         "model": name, "hardware": hw.name, "layout": layout_summary(cfg, hw),
-        "memory": memory.memory_per_device(s, cfg, hw),
+        "memory": memory.memory_per_device(cfg, hw),
         "flops": {"model_per_device": model_flops, "executed_per_device": executed,
                   "model_per_token": model_flops / t,
                   "six_n_per_token": ar.six_n_flops_per_token(s),
-                  "by_kind_forward_per_token": ar.forward_flops(s, cfg.seq_len)},
-        "bytes": bytes_per_step(s, cfg, hw),
+                  "by_kind_forward_per_token": ar.forward_flops(s, seq)},
+        "bytes": bytes_per_step(cfg, hw),
         "time": {"step_s": step, "kernel_s": kernel, "exposed_s": exposed,
                  "kernel_total_s": total_kernel},
         "tflops_per_device": model_flops / step / 1e12,
         "mfu": model_flops / step / hw.peak_bf16,
         "tokens_per_s_per_device": t / step,
-        "tokens_per_s": t * cfg.gpus / step,
+        "tokens_per_s": t * cfg.mesh.num_devices / step,
         "shares": {"kernel": {k: v / total_kernel for k, v in kernel.items()},
                    "step": {k: v / step for k, v in exposed.items()},
                    "communication_of_kernel": comm_kernel / total_kernel,
@@ -188,30 +183,30 @@ def predict(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, name: str =
 
 
 def layout_summary(cfg: PlanConfig, hw: HardwareProfile) -> dict:
-    """The layout as the planner understood it (groups, node size, settings)."""
-    from dropless.plan.layout import node_size
+    """The layout as the planner understood it (`flat_settings` with the offloaded tensors,
+    the node size and the collective groups resolved)."""
     g = groups(cfg, hw)
-    d = {k: v for k, v in vars(cfg).items()}
+    d = flat_settings(cfg)
     d["offload"] = list(cfg.offloaded)
-    d["data"] = cfg.replicas
     d["devices_per_node"] = node_size(cfg, hw)
     d["groups"] = {k: {"size": v.size, "per_node": v.inner, "nodes": v.outer}
                    for k, v in g.items()}
     return d
 
 
-def bytes_per_step(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict:
+def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
     """Bytes one device sends per step: FSDP, EP (real, padded, without dedup), data, host."""
+    s, ep = cfg.model, cfg.mesh.expert
     g = groups(cfg, hw)
     out: dict = {}
     fsdp = {"intra": 0.0, "inter": 0.0}
     data = {"intra": 0.0, "inter": 0.0}
-    grad_scale = DTYPE_BYTES[cfg.weight_dtype] / DTYPE_BYTES[cfg.activation_dtype]
+    grad_scale = cfg.weight_bytes / cfg.activation_bytes
     n_moe = s.num_moe_layers + (s.mtp_depth if s.moe is not None else 0)
     for count, moe in ((s.num_layers - s.num_moe_layers, False), (n_moe, True)):
         if not count:
             continue
-        rest_b, exp_b = _layer_weight_bytes(s, cfg, moe)
+        rest_b, exp_b = _layer_weight_bytes(cfg, moe)
         for full, grp in ((rest_b, g["fsdp_all"]), (exp_b, g["fsdp"])):
             rb = comm.ring_bytes(full, grp)
             for k in fsdp:
@@ -221,19 +216,19 @@ def bytes_per_step(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile) -> dict
         for k in data:
             data[k] += count * 2 * rb[k]
     out["fsdp"], out["data"] = fsdp, data
-    if s.moe is not None and cfg.ep > 1:
+    if s.moe is not None and ep > 1:
         n = comm.ep_transfers_per_layer(cfg) * n_moe
         def scaled(d):
             return {k: n * v for k, v in d.items()}
-        out["ep"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw))
-        out["ep_real_rows"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw, padded=False))
-        out["ep_without_dedup"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw, dedup=False,
+        out["ep"] = scaled(comm.ep_bytes_per_transfer(cfg, hw))
+        out["ep_real_rows"] = scaled(comm.ep_bytes_per_transfer(cfg, hw, padded=False))
+        out["ep_without_dedup"] = scaled(comm.ep_bytes_per_transfer(cfg, hw, dedup=False,
                                                                     padded=False))
-        out["ep_with_dedup"] = scaled(comm.ep_bytes_per_transfer(s, cfg, hw, dedup=True,
+        out["ep_with_dedup"] = scaled(comm.ep_bytes_per_transfer(cfg, hw, dedup=True,
                                                                  padded=False))
-        out["ep_rows_per_token"] = {"with_dedup": comm.expected_devices_per_token(s, cfg.ep),
+        out["ep_rows_per_token"] = {"with_dedup": comm.expected_devices_per_token(s, ep),
                                     "without_dedup": float(s.moe.top_k)}
-    tensors = memory.layer_tensors(s, DTYPE_BYTES[cfg.activation_dtype], True)
+    tensors = memory.layer_tensors(s, cfg.activation_bytes, True)
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
     out["host_offload"] = 2 * host * cfg.tokens_per_device * s.num_layers
     return out

@@ -8,8 +8,9 @@ unoptimised baseline's kernel time; 97% scaling efficiency at 1,024 GPUs. Megatr
 """
 from __future__ import annotations
 
+from dropless.config import MeshConfig, TrainConfig
 from dropless.machine import get_profile
-from dropless.plan.layout import PlanConfig
+from dropless.plan.layout import PlanConfig, flat_settings
 from dropless.plan.model import COMM_PARTS, predict
 from dropless.plan.sweep import sweep_gpus
 from dropless.presets import get_preset
@@ -18,49 +19,57 @@ FIGURES = {"optimised_tflops": 1068.0, "baseline_tflops": 103.0,
            "baseline_comm_share": 0.84, "scaling_efficiency_1024": 0.97,
            "megatron_tflops": 1233.0}
 
-REFERENCE = PlanConfig(gpus=128, fsdp=16, ep=8, per_device_batch=6, seq_len=4096,
-                       remat="offload", gmm_quantization="mxfp8", dispatcher="ragged_a2a",
-                       dedup=True, ragged_buffer_factor=2.0, overlap="fsdp")
 
-# name -> (what it models, the change from REFERENCE)
+def _reference() -> PlanConfig:
+    ds = get_preset("deepseek3-671b")
+    model = ds.replace(moe=ds.moe.replace(gmm_quantization="mxfp8", dispatcher="ragged_a2a",
+                                          ragged_buffer_factor=2.0))
+    run = TrainConfig(model=model, mesh=MeshConfig(fsdp=16, expert=8), preset="deepseek3-671b",
+                      per_device_batch_size=6, seq_len=4096, remat="offload")
+    return PlanConfig(run=run, dedup=True, overlap="fsdp")
+
+
+REFERENCE = _reference()
+
+# name -> (what it models, the change to REFERENCE's MoE layer, the change to its plan)
 VARIANTS = {
     "optimised (real rows: ragged_a2a)": (
         "the reference's optimised run: fused dispatch moving real rows into static buffers",
-        {}),
+        {}, {}),
     "optimised, static chunks (our a2a)": (
         "the same with lax.all_to_all moving whole buffer-factor-sized chunks",
-        {"dispatcher": "a2a"}),
-    "optimised, bf16 grouped GEMMs": ("MXFP8 off", {"gmm_quantization": "none"}),
-    "optimised, no dedup": ("one row per (token, expert)", {"dedup": False}),
+        {"dispatcher": "a2a"}, {}),
+    "optimised, bf16 grouped GEMMs": ("MXFP8 off", {"gmm_quantization": "none"}, {}),
+    "optimised, no dedup": ("one row per (token, expert)", {}, {"dedup": False}),
     "baseline at link rates": (
         "unoptimised: all-gather dispatch, bf16, nothing overlapped, collectives at link rates",
-        {"dispatcher": "allgather", "gmm_quantization": "none", "overlap": "none"}),
+        {"dispatcher": "allgather", "gmm_quantization": "none"}, {"overlap": "none"}),
     "baseline, collectives over InfiniBand": (
         "unoptimised and pessimistic: NVLink only inside a 4-GPU tray (no multi-node NVLink), "
         "static chunks without dedup, bf16, nothing overlapped",
-        {"dispatcher": "a2a", "dedup": False, "gmm_quantization": "none", "overlap": "none",
-         "devices_per_node": 4}),
+        {"dispatcher": "a2a", "gmm_quantization": "none"},
+        {"dedup": False, "overlap": "none", "devices_per_node": 4}),
     "EP overlapped (Megatron-style)": (
         "optimised + dispatch/combine overlapped with compute (two micro-batches)",
-        {"overlap": "full"}),
+        {}, {"overlap": "full"}),
 }
 
 
 def comparison() -> dict:
     """Predictions for the reference configuration and its variants, the sweep to 1,024 GPUs,
     and what the reported baseline implies about its collectives."""
-    s, hw = get_preset("deepseek3-671b"), get_profile("gb300")
+    hw = get_profile("gb300")
     rows = {}
-    for name, (what, change) in VARIANTS.items():
-        r = predict(s, REFERENCE.replace(**change), hw)
+    for name, (what, moe_change, plan_change) in VARIANTS.items():
+        r = predict(REFERENCE.replace_moe(**moe_change).replace(**plan_change), hw)
         rows[name] = {"what": what, "tflops_per_device": r["tflops_per_device"],
                       "mfu": r["mfu"], "step_s": r["time"]["step_s"],
                       "communication_of_kernel": r["shares"]["communication_of_kernel"],
                       "memory_gib": r["memory"]["total"] / 2 ** 30,
                       "fits": r["memory"]["fits"], "kernel_s": r["time"]["kernel_s"]}
-    sweep = sweep_gpus(s, REFERENCE, hw, [128, 256, 512, 1024])
+    sweep = sweep_gpus(REFERENCE, hw, [128, 256, 512, 1024])
     base = rows["baseline at link rates"]
-    model_flops = predict(s, REFERENCE, hw)["flops"]["model_per_device"]
+    model_flops = predict(REFERENCE, hw)["flops"]["model_per_device"]
     # The reported baseline: 103 TFLOPS/GPU -> its step time; 84% of it communication.
     step = model_flops / (FIGURES["baseline_tflops"] * 1e12)
     comm_reported = FIGURES["baseline_comm_share"] * step
@@ -72,9 +81,9 @@ def comparison() -> dict:
     sensitivity = {}
     for scale in (0.8, 0.9, 1.1, 1.2):
         h = hw.replace(**{k: min(1.0, getattr(hw, k) * scale) for k in _EFFICIENCIES})
-        sensitivity[scale] = predict(s, REFERENCE, h)["tflops_per_device"]
-    return {"figures": FIGURES, "config": vars(REFERENCE), "variants": rows, "sweep": sweep,
-            "implied_baseline": implied, "sensitivity": sensitivity}
+        sensitivity[scale] = predict(REFERENCE, h)["tflops_per_device"]
+    return {"figures": FIGURES, "config": flat_settings(REFERENCE), "variants": rows,
+            "sweep": sweep, "implied_baseline": implied, "sensitivity": sensitivity}
 
 
 _EFFICIENCIES = ("gemm_efficiency", "gmm_efficiency", "fp8_efficiency", "attention_efficiency",

@@ -1,36 +1,35 @@
-"""Scaling sweeps across cluster sizes and the layout search behind `dropless plan --suggest`."""
+"""Scaling sweeps across cluster sizes and the layout search behind `dropless plan --suggest`:
+each variant is the run on another `MeshConfig` (`plan.layout.on_mesh`)."""
 from __future__ import annotations
 
 import itertools
 
 from dropless.machine import HardwareProfile
-from dropless.plan.layout import PlanConfig
+from dropless.plan.layout import PlanConfig, on_mesh
 from dropless.plan.model import predict
-from dropless.config import ModelConfig
 
 SWEEP_AXES = ("data", "fsdp")
 SUGGEST_REMATS = ("none", "minimal", "offload", "full")
 SUGGEST_FACTORS = (1.25, 1.5, 2.0, 3.0)
 
 
-def sweep_gpus(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, gpus: list[int], *,
-               axis: str = "data") -> list[dict]:
+def sweep_gpus(cfg: PlanConfig, hw: HardwareProfile, gpus: list[int], *, axis: str = "data"
+               ) -> list[dict]:
     """Predicted throughput at each cluster size, growing `axis` (data replicas or FSDP) with the
     other axes fixed. Scaling efficiency = TFLOPS/device relative to the first size."""
     if axis not in SWEEP_AXES:
         raise ValueError(f"sweep axis={axis!r} must be one of {SWEEP_AXES}")
+    m = cfg.mesh
     rows = []
     for n in gpus:
-        other = cfg.ep * (cfg.fsdp if axis == "data" else cfg.replicas)
+        other = m.expert * (m.fsdp if axis == "data" else m.data)
         if n % other:
             raise ValueError(f"sweep gpus={n} is not a multiple of the fixed axes "
                              f"({'fsdp x ep' if axis == 'data' else 'data x ep'} = {other})")
-        if axis == "data":
-            c = cfg.replace(gpus=n, data=n // other)
-        else:
-            c = cfg.replace(gpus=n, fsdp=n // other, data=cfg.replicas)
-        r = predict(s, c, hw)
-        rows.append({"gpus": n, "data": c.replicas, "fsdp": c.fsdp, "ep": c.ep,
+        sizes = {"data": m.data, "fsdp": m.fsdp, axis: n // other}
+        c = on_mesh(cfg, expert=m.expert, **sizes)
+        r = predict(c, hw)
+        rows.append({"gpus": n, "data": c.mesh.data, "fsdp": c.mesh.fsdp, "ep": c.mesh.expert,
                      "step_s": r["time"]["step_s"], "tflops_per_device": r["tflops_per_device"],
                      "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
                      "fits": r["memory"]["fits"],
@@ -45,36 +44,40 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_layouts(s: ModelConfig, cfg: PlanConfig, *, min_factor: float = 1.5
-                      ) -> list[PlanConfig]:
-    """Every (FSDP x EP, remat, buffer factor) the model and cluster allow; data fills the rest.
+def candidate_layouts(cfg: PlanConfig, *, min_factor: float = 1.5
+                      ) -> list[tuple[PlanConfig, float]]:
+    """(plan, buffer factor) for every (FSDP x EP, remat, buffer factor) the model and cluster
+    allow; data fills the rest. The buffer factor is the MoE layer's with EP, 1.0 without.
 
     Buffer factors below `min_factor` (the expected max/mean expert load) are skipped: they
     would overflow into extra rounds every step.
     """
     out = []
-    eps = [e for e in _divisors(cfg.gpus) if s.moe is None or s.moe.num_experts % e == 0]
-    if s.moe is None:
-        eps = [1]
+    gpus, moe = cfg.mesh.num_devices, cfg.moe
+    eps = [e for e in _divisors(gpus) if moe is not None and moe.num_experts % e == 0] or [1]
     factors = [f for f in SUGGEST_FACTORS if f >= min_factor] or [max(SUGGEST_FACTORS)]
     for ep in eps:
-        for fsdp in _divisors(cfg.gpus // ep):
+        for fsdp in _divisors(gpus // ep):
+            layout = on_mesh(cfg, data=gpus // (ep * fsdp), fsdp=fsdp, expert=ep)
             for remat, factor in itertools.product(SUGGEST_REMATS, factors if ep > 1 else [1.0]):
-                out.append(cfg.replace(ep=ep, fsdp=fsdp, data=cfg.gpus // (ep * fsdp),
-                                       remat=remat, offload=None, ragged_buffer_factor=factor))
+                c = layout.replace_run(remat=remat).replace(offload=None)
+                if moe is not None:
+                    c = c.replace_moe(ragged_buffer_factor=factor)
+                out.append((c, factor))
     return out
 
 
-def suggest(s: ModelConfig, cfg: PlanConfig, hw: HardwareProfile, *, top: int = 10,
-            min_factor: float = 1.5) -> list[dict]:
+def suggest(cfg: PlanConfig, hw: HardwareProfile, *, top: int = 10, min_factor: float = 1.5
+            ) -> list[dict]:
     """The layouts that fit, best predicted throughput first (at most `top`)."""
     rows = []
-    for c in candidate_layouts(s, cfg, min_factor=min_factor):
-        r = predict(s, c, hw)
+    for c, factor in candidate_layouts(cfg, min_factor=min_factor):
+        r = predict(c, hw)
         if not r["memory"]["fits"]:
             continue
-        rows.append({"fsdp": c.fsdp, "ep": c.ep, "data": c.replicas, "remat": c.remat,
-                     "offload": list(c.offloaded), "ragged_buffer_factor": c.ragged_buffer_factor,
+        rows.append({"fsdp": c.mesh.fsdp, "ep": c.mesh.expert, "data": c.mesh.data,
+                     "remat": c.run.remat, "offload": list(c.offloaded),
+                     "ragged_buffer_factor": factor,
                      "step_s": r["time"]["step_s"], "tflops_per_device": r["tflops_per_device"],
                      "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
                      "memory_gib": r["memory"]["total"] / 2 ** 30,
