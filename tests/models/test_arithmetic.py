@@ -219,10 +219,12 @@ def test_the_planners_model_flops_are_the_trainers(name):
     """One FLOP model: the planner's model FLOPs per token are exactly the trainer's metric."""
     from dropless.machine import get_profile
     from dropless.models.arithmetic import flops_per_token
+    from dropless.config import MeshConfig, TrainConfig
     from dropless.plan import PlanConfig, predict
     cfg = get_preset(name)
     seq = 4096
     ep = 8 if cfg.moe is not None else 1
-    r = predict(cfg, PlanConfig(gpus=ep, ep=ep, seq_len=seq), get_profile("h200"))
+    run = TrainConfig(model=cfg, mesh=MeshConfig(expert=ep), seq_len=seq)
+    r = predict(PlanConfig(run=run), get_profile("h200"))
     assert r["flops"]["model_per_token"] == pytest.approx(flops_per_token(cfg, seq)["model"],
                                                           rel=1e-12)

@@ -32,12 +32,12 @@ class MetricsWriter:
 class Evaluator:
     """The eval loss over the run's fixed eval batches; compiled at its first use."""
 
-    def __init__(self, cfg: TrainConfig, corpus, model_mesh, prog: Progress):
+    def __init__(self, cfg: TrainConfig, corpus, mesh, prog: Progress):
         self.prog = prog
         self.batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
                                              batch_size=cfg.global_batch_size,
                                              seq_len=cfg.seq_len)
-        self.jitted = jax.jit(functools.partial(step_lib.eval_loss, cfg=cfg, mesh=model_mesh))
+        self.jitted = jax.jit(functools.partial(step_lib.eval_loss, cfg=cfg, mesh=mesh))
         self.compiled = None
 
     def __call__(self, params) -> float:

@@ -60,14 +60,13 @@ def device_memory() -> tuple[float, str]:
 def estimate(cfg: TrainConfig) -> dict[str, float]:
     """Bytes per device by part (the planner's terms) and their `total`."""
     from dropless.machine import PROFILES
-    from dropless.plan.from_train import plan_config
-    from dropless.plan.layout import DTYPE_BYTES
+    from dropless.plan.layout import DTYPE_BYTES, PlanConfig
     from dropless.plan.memory import memory_per_device
     m = cfg.model
     dt = lambda d: d if d in DTYPE_BYTES else "float32"   # noqa: E731 (float64 -> 4 bytes)
-    plan = plan_config(cfg, weight_dtype=dt(m.weight_dtype), activation_dtype=dt(m.dtype),
-                       optimizer_dtype=dt(m.weight_dtype), attention_impl="naive")
-    mem = memory_per_device(m, plan, PROFILES["h100"])  # hardware: only for `usable`
+    run = cfg.replace(model=m.replace(dtype=dt(m.dtype), weight_dtype=dt(m.weight_dtype)))
+    plan = PlanConfig(run=run, optimizer_dtype=dt(m.weight_dtype), attention_impl="naive")
+    mem = memory_per_device(plan, PROFILES["h100"])  # hardware: only for `usable`
     return {k: float(mem[k]) for k in PARTS + ("total",)}
 
 
