@@ -87,7 +87,7 @@ def edges() -> list[tuple[str, str, str | None, int]]:
 
 def test_every_unit_has_a_layer_and_the_table_names_no_ghosts():
     table = TABLE
-    units = {unit_of(m) for m in MODULES} - {"dropless"}
+    units = {unit_of(m) for m in MODULES}
     assert not units - set(table), f"add these to docs/architecture.md's layer table: " \
                                    f"{sorted(units - set(table))}"
     assert not set(table) - units, f"docs/architecture.md names units that do not exist: " \
@@ -98,8 +98,7 @@ def test_imports_point_down_the_layers():
     table = TABLE
     up = [f"{src}:{line} imports {dst} (layer {table[unit_of(dst)]} above {table[unit_of(src)]})"
           for src, dst, _, line in edges()
-          if unit_of(src) != "dropless" and unit_of(dst) != "dropless"
-          and table[unit_of(dst)] > table[unit_of(src)]]
+          if table[unit_of(dst)] > table[unit_of(src)]]
     assert not up, "\n".join(up)
 
 
@@ -134,9 +133,9 @@ def test_no_import_circle(level):
     for src, dst, _, _ in edges():
         if level == "unit":
             src, dst = unit_of(src), unit_of(dst)
-            if src == dst or "dropless" in (src, dst):
+            if src == dst:
                 continue
-        elif dst == "dropless" or dst.startswith(src + ".") or src.startswith(dst + "."):
+        elif dst.startswith(src + ".") or src.startswith(dst + "."):
             continue   # a package and its own modules (its __init__ re-exports them)
         graph.setdefault(src, set()).add(dst)
     found = _cycle(graph)
