@@ -214,3 +214,31 @@ def test_the_train_check_sees_a_lazy_import():
     assert import_chain(("dropless.cli.eval",), graph, "dropless.train") == [
         "dropless.cli.eval", "dropless.model_dir.weights", "dropless.model_dir",
         "dropless.train.step"]
+
+
+TESTS = ROOT / "tests"
+# test folders that test no package of src/dropless: the CI scripts and Makefile (tests/ci)
+NOT_PACKAGES = ("ci", "_support", "fixtures")
+
+
+def _tested_module(path) -> bool:
+    """Whether tests/<dir>/test_<name>.py sits where docs/architecture.md says: <dir> is a
+    package of src/dropless (tests/ itself: the top-level modules), and <name>, or a prefix of
+    it cut at an underscore (test_loop_inflight.py -> loop), is a module or package in it."""
+    rel = path.relative_to(TESTS)
+    home = PKG.joinpath(*rel.parts[:-1])
+    words = rel.stem[len("test_"):].split("_")
+    names = ["_".join(words[:n]) for n in range(1, len(words) + 1)]
+    return home.is_dir() and any((home / f"{n}.py").is_file() or (home / n).is_dir()
+                                 for n in names)
+
+
+def test_every_test_file_names_the_module_it_tests():
+    files = [p for p in sorted(TESTS.rglob("test_*.py"))
+             if p.relative_to(TESTS).parts[0] not in NOT_PACKAGES
+             and p != TESTS / "test_architecture.py"]
+    misplaced = [str(p.relative_to(ROOT)) for p in files if not _tested_module(p)]
+    assert not misplaced, ("name these tests/<package>/test_<module>[_more].py after what they "
+                           f"test: {misplaced}")
+    assert _tested_module(TESTS / "train" / "test_loop_inflight.py")
+    assert not _tested_module(TESTS / "plan" / "test_calibrate.py")   # calibrate is bench's

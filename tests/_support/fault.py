@@ -5,7 +5,7 @@ A row says how to break something (`setup`), which `dropless` command to run on 
 exit status and the words the one-line error must contain, and which paths must be byte-identical
 afterwards (a refused command changes nothing). Rows live in `tests/_support/faults_<area>.py`
 files, each a `ROWS` list (and, if its rows share expensive inputs such as a trained run, a `BUILDERS` dict);
-`tests/cli/test_faults.py` collects every such file, so a new failure mode is one more row.
+`tests/cli/test_main_faults.py` collects every such file, so a new failure mode is one more row.
 
 What the runner checks for every row:
 - the exit status is `rc`;
