@@ -1,4 +1,4 @@
-"""`dropless bench gpu`, the device check, run on CPU before any GPU sees it (issue 16 item 6):
+"""`dropless bench gpu`, the device check, run on CPU before any GPU sees it:
 the dry run goes through every section end to end; a section that raises, crashes or hangs is
 recorded and the next one runs; a measurement that fails is recorded and the next one runs;
 every measurement is a JSON line with a progress line; the plan fits 6 minutes on one H200.

@@ -1,4 +1,4 @@
-"""`dropless bench gpu`: the one prepared device check for an NVIDIA GPU (sized for one H200).
+"""`dropless bench gpu`: the prepared device check for an NVIDIA GPU (sized for one H200).
 
 Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
 

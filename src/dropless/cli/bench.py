@@ -273,7 +273,7 @@ def _flag(dest: str) -> str:
 
 def _items(args, dest: str) -> list[str]:
     text = getattr(args, dest)
-    items = [x.strip() for x in str(text).split(",")]
+    items = list(_split(text))
     if not all(items):
         raise ValueError(f"{_flag(dest)} {text!r} has an empty item (a comma list: a,b,c)")
     return items
