@@ -62,8 +62,9 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
     # and whether split_floor runs (uniform only); the records are the same
     out = tmp_path / "gmm.jsonl"
     args = bench_gmm.GmmOptions(m=256, k=32, n=32, groups=(8,), routings=("uniform",),
-                                dtypes=("float32",), backends=("auto", "ragged_dot", "padded", "loop"),
-                                repeats=1, out=str(out))
+                                dtypes=("float32",),
+                                backends=("auto", "ragged_dot", "padded", "loop"), repeats=1,
+                                out=str(out))
     assert bench_gmm.run(args) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     seen = {(r["routing"], r["mode"], r["backend"]) for r in recs}

@@ -1,7 +1,7 @@
 """The benches' side of measuring on noisy machines: the start-up they share, each candidate timed
-against its baseline, JSON lines. The round-robin timer itself (`time_interleaved`), what machine a number came from
-and how busy it was are `dropless.machine` (the planner's calibration times with it too); the
-readable table is `dropless.text_table`.
+against its baseline, JSON lines. The round-robin timer itself (`time_interleaved`), what
+machine a number came from and how busy it was are `dropless.machine` (the planner's
+calibration times with it too); the readable table is `dropless.text_table`.
 
 Two cores swing ~2x over minutes, so only ratios measured in one process mean anything: every
 candidate is timed alternately with its baseline (A, B, A, B, ...) and medians are compared.

@@ -4,8 +4,9 @@ Legend: M routed rows, K contraction dim, N output dim, G experts (groups).
 
 Three parts (JSON lines, one record per row, plus a readable table):
   error     quantization error of a tensor, relative Frobenius and worst 1x32 block, on N(0,1),
-            heavy-tailed (Student t, 2 dof) and wide-range rows (see `sample`), for per-tensor FP8 E4M3 (one float scale
-            amax/448) vs MXFP8 with floor (OCP) and round-up scales (and E5M2);
+            heavy-tailed (Student t, 2 dof) and wide-range rows (see `sample`), for per-tensor
+            FP8 E4M3 (one float scale amax/448) vs MXFP8 with floor (OCP) and round-up scales
+            (and E5M2);
   gmm       relative Frobenius error of the grouped matmul against float64, bf16 vs MXFP8;
   cost      time of the MXFP8 grouped matmul (forward, forward+backward) relative to the bf16
             grouped matmul on the same backend, interleaved in one process.
