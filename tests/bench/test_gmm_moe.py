@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from dropless.bench import dense, gmm as bench_gmm, moe as bench_moe
-from tests._support.cli_args import parsed_args
 
 
 def _autodiff_matmul(a, b):
@@ -62,9 +61,10 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
     # one routing: a routing changes only the group sizes (test_group_sizes_for_every_routing)
     # and whether split_floor runs (uniform only); the records are the same
     out = tmp_path / "gmm.jsonl"
-    args = parsed_args(bench_gmm, m=256, k=32, n=32, groups="8", routings="uniform",
-                 dtypes="float32", backends="auto,ragged_dot,padded,loop", repeats=1,
-                 out=str(out))
+    args = bench_gmm.GmmOptions(m=256, k=32, n=32, groups=(8,), routings=("uniform",),
+                                dtypes=("float32",),
+                                backends=("auto", "ragged_dot", "padded", "loop"), repeats=1,
+                                out=str(out))
     assert bench_gmm.run(args) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     seen = {(r["routing"], r["mode"], r["backend"]) for r in recs}
@@ -82,9 +82,9 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
 def test_bench_moe_reports_drops_of_the_capacity_baseline(tmp_path):
     out = tmp_path / "moe.jsonl"
     # no fused/* rows: the GPU dry run below writes and checks them
-    args = parsed_args(bench_moe, rows=256, d_model=32, d_ff=32, experts="8:2", routings="zipf",
-                 capacity_factors="1.0", backends="auto", repeats=1, no_fused=True,
-                 out=str(out))
+    args = bench_moe.MoEOptions(rows=256, d_model=32, d_ff=32, experts=((8, 2),),
+                                routings=("zipf",), capacity_factors=(1.0,), backends=("auto",),
+                                repeats=1, fused=False, out=str(out))
     assert bench_moe.run(args) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     by = {(r["mode"], r["variant"]): r for r in recs}

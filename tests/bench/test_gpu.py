@@ -1,10 +1,11 @@
-"""`dropless bench gpu`, the device check, run on CPU before any GPU sees it (issue 16 item 6):
+"""`dropless bench gpu`, the device check, run on CPU before any GPU sees it:
 the dry run goes through every section end to end; a section that raises, crashes or hangs is
 recorded and the next one runs; a measurement that fails is recorded and the next one runs;
 every measurement is a JSON line with a progress line; the plan fits 6 minutes on one H200.
 
 No speed is asserted (nothing here runs on a GPU); the sections' processes are real.
 """
+import argparse
 import contextlib
 import io
 import json
@@ -16,12 +17,20 @@ import pytest
 
 from dropless.bench import gpu as bench_gpu
 from dropless.bench import gpu_plan as plan
-from tests._support.cli_args import parsed_args
+from dropless.cli import bench as bench_cli
 from tests._support.paths import ROOT
 
 
-def _args(**kw):
-    return parsed_args(bench_gpu, **kw)
+def _args(**kw) -> bench_gpu.GpuOptions:
+    return bench_gpu.GpuOptions(**kw)
+
+
+def _cli_options(argv: list[str]) -> bench_gpu.GpuOptions:
+    """What `dropless bench gpu ARGV` hands bench/gpu.py's `run`."""
+    kind = bench_cli.KINDS["gpu"]
+    parser = argparse.ArgumentParser()
+    kind.add_arguments(parser)
+    return kind.options(parser.parse_args(argv))
 
 
 def _records(out: Path) -> list[dict]:
@@ -41,9 +50,9 @@ def dry_run(tmp_path_factory):
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
-            rc = bench_gpu.run(_args(dry_run=True, out_dir=str(out), shapes="G2",
-                                     routings="uniform", train_dir=str(out / "train"),
-                                     inject_fault="gmm:ragged_dot=raise"))
+            rc = bench_gpu.run(_args(dry_run=True, out_dir=str(out), shapes=("G2",),
+                                     routings=("uniform",), train_dir=str(out / "train"),
+                                     faults={"gmm:ragged_dot": "raise"}))
     finally:
         mp.undo()
     return rc, out, _records(out), buf.getvalue()
@@ -104,8 +113,9 @@ def test_every_measurement_is_a_line_when_taken_with_a_progress_line(dry_run):
 
 def test_a_section_that_hangs_or_crashes_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
-    rc = bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path), sections="gmm,moe,info",
-                             inject_fault="gmm=hang,moe=exit", cap=["gmm=3"]))
+    rc = bench_gpu.run(_cli_options(["--dry-run", "--out-dir", str(tmp_path),
+                                     "--sections", "gmm,moe,info",
+                                     "--inject-fault", "gmm=hang,moe=exit", "--cap", "gmm=3"]))
     ends = _ends(_records(tmp_path))
     assert rc == 1
     assert ends["gmm"]["status"] == "timeout" and ends["gmm"]["seconds"] < 20
@@ -115,23 +125,30 @@ def test_a_section_that_hangs_or_crashes_is_recorded_and_the_next_runs(tmp_path,
 
 def test_a_section_that_does_not_fit_the_budget_is_skipped(tmp_path):
     # the dry run's budget is DRY_CAP_SCALE (5) times --budget-s: 2.5 s, under MIN_SECTION_S
-    assert bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path), sections="info",
+    assert bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path), sections=("info",),
                                budget_s=0.5)) == 1
     end = _ends(_records(tmp_path))["info"]
     assert end["status"] == "skipped" and "of the 2.5 s budget" in end["reason"]
 
 
-@pytest.mark.parametrize("kw,msg", [
-    ({"sections": "gmm,nope"}, "--sections: unknown ['nope']"),
-    ({"cap": ["gmm"]}, "--cap: 'gmm' is not KEY=VALUE"),
-    ({"cap": ["gpu=3"]}, "--cap: unknown section 'gpu'"),
-    ({"inject_fault": "gmm=boom"}, "--inject-fault gmm='boom': the kind is one of"),
-    ({"shapes": "G9"}, "--shapes: unknown ['G9']"),
-    ({"train_steps": 0}, "--train-steps=0 must be >= 1"),
+@pytest.mark.parametrize("argv,msg", [
+    (["--sections", "gmm,nope"], "--sections: unknown ['nope']"),
+    (["--cap", "gmm"], "--cap: 'gmm' is not KEY=VALUE"),
+    (["--cap", "gmm=soon"], "--cap gmm='soon' is not a number of seconds"),
+    (["--cap", "gpu=3"], "--cap: unknown section 'gpu'"),
+    (["--inject-fault", "gmm=boom"], "--inject-fault gmm='boom': the kind is one of"),
+    (["--shapes", "G9"], "--shapes: unknown ['G9']"),
+    (["--train-steps", "0"], "--train-steps=0 must be >= 1"),
 ])
-def test_bad_options_are_named(tmp_path, kw, msg):
+def test_bad_options_are_named(tmp_path, argv, msg):
+    # the command line's KEY=VALUE pairs are parsed by cli/bench.py, the rest checked by run
     with pytest.raises(ValueError, match=re.escape(msg)):
-        bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path), **kw))
+        bench_gpu.run(_cli_options(["--dry-run", "--out-dir", str(tmp_path), *argv]))
+
+
+def test_the_command_line_defaults_are_the_options_defaults(monkeypatch):
+    monkeypatch.delenv("OUT", raising=False)
+    assert _cli_options([]) == bench_gpu.GpuOptions()
 
 
 def test_the_plan_fits_six_minutes_on_one_h200():

@@ -44,12 +44,16 @@ def test_sample_rejects_unknown_kind():
 
 def test_cli_runs_accuracy_parts(tmp_path, capsys):
     out = tmp_path / "q.jsonl"
-    # the bench module's own parser (other KINDS' modules may not be importable on this branch)
-    assert bench_cli.KINDS["quant"][0] == "dropless.bench.quant"
+    # the quant kind's own parser: the flags as `dropless bench quant` parses them
+    kind = bench_cli.KINDS["quant"]
+    assert kind.module == "dropless.bench.quant"
     parser = argparse.ArgumentParser()
-    quant.add_arguments(parser)
-    args = parser.parse_args(["--shape", "64", "32", "32", "2", "--backend", "ragged_dot",
-                              "--skip-cost", "--error-shape", "8", "64", "--out", str(out)])
+    kind.add_arguments(parser)
+    args = kind.options(parser.parse_args([
+        "--shape", "64", "32", "32", "2", "--backend", "ragged_dot", "--skip-cost",
+        "--error-shape", "8", "64", "--out", str(out)]))
+    assert args == quant.QuantOptions(shape=(64, 32, 32, 2), error_shape=(8, 64),
+                                      backend="ragged_dot", skip_cost=True, out=str(out))
     assert quant.run(args) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["part"] for r in recs} == {"error", "gmm"}

@@ -11,7 +11,7 @@ On CPU the mesh is host devices: set with --host-devices before JAX starts its b
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import functools
 import math
 import os
@@ -211,7 +211,7 @@ def rows_by_routing(args, dispatchers, mesh) -> list[dict]:
     params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
     x = jax.random.normal(jax.random.key(1), (args.tokens, args.d_model), jnp.float32)
     records = []
-    for routing_name in args.routings.split(","):
+    for routing_name in args.routings:
         bias = jnp.asarray(_router_bias(routing_name, args.experts, args.experts))
         routing = router.route(router.router_logits(x, params["router"]["w_DE"]), bias, cfg)
         load = np.bincount(np.asarray(routing.ids_TK).ravel(), minlength=args.experts)
@@ -277,37 +277,44 @@ def deepseek_v3_projection(tokens: int, seed: int = 0) -> dict:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokens", type=int, default=4096, help="global tokens T (default 4096)")
-    p.add_argument("--d-model", type=int, default=256, help="D (default 256)")
-    p.add_argument("--d-ff", type=int, default=256, help="expert hidden F (default 256)")
-    p.add_argument("--experts", type=int, default=64, help="E (default 64)")
-    p.add_argument("--top-k", type=int, default=8, help="K (default 8)")
-    p.add_argument("--ep", type=int, default=8, help="expert-parallel ranks (default 8)")
-    p.add_argument("--host-devices", type=int, default=8,
-                   help="on CPU, host devices to create (default 8; needs a fresh process)")
-    p.add_argument("--devices-per-node", type=int, default=4,
-                   help="for intra/inter-node byte accounting (default 4)")
-    p.add_argument("--buffer-factor", type=float, default=2.0,
-                   help="ragged_buffer_factor (default 2.0)")
-    p.add_argument("--dispatchers", default="allgather,a2a,node_a2a",
-                   help="comma list (default allgather,a2a,node_a2a; ragged_a2a on GPU/TPU)")
-    p.add_argument("--rows-only", action="store_true",
-                   help="no timing: deterministic rows per dispatcher for each of --routings")
-    p.add_argument("--routings", default="uniform,zipf",
-                   help="with --rows-only: router bias, uniform and/or zipf (default both)")
-    p.add_argument("--projection-only", action="store_true",
-                   help="only the DeepSeek-V3 projection; with 64 devices (--host-devices 64) "
-                        "also measured through node_a2a")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--projection-tokens", type=int, default=4096,
-                   help="tokens in the DeepSeek-V3 routing sample (0 to skip; default 4096)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 1024 tokens, D=F=128, 3 repeats, 1024-token projection")
-    p.add_argument("--out", default=None, help="append JSON lines here")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DispatchOptions:
+    """What `dropless bench dispatch` runs: T, D, F, E, K, the expert-parallel ranks P, the host
+    devices to create on CPU (before JAX starts its backend), devices per node (intra/inter-node
+    accounting), ragged_buffer_factor, the dispatchers (allgather is the baseline); `rows_only`
+    (no timing: deterministic rows per dispatcher for each of `routings`, router biases uniform
+    and/or zipf), `projection_only` (only the DeepSeek-V3 projection, measured through node_a2a
+    too on 64 devices), timed runs per function, the tokens of the V3 routing sample (0: no
+    projection), `quick` (the smoke-run sizes, `quick_sized`) and the JSON-lines file appended
+    to (None: none)."""
+    tokens: int = 4096
+    d_model: int = 256
+    d_ff: int = 256
+    experts: int = 64
+    top_k: int = 8
+    ep: int = 8
+    host_devices: int = 8
+    devices_per_node: int = 4
+    buffer_factor: float = 2.0
+    dispatchers: tuple[str, ...] = ("allgather", "a2a", "node_a2a")
+    rows_only: bool = False
+    routings: tuple[str, ...] = ("uniform", "zipf")
+    projection_only: bool = False
+    repeats: int = 5
+    projection_tokens: int = 4096
+    quick: bool = False
+    out: str | None = None
+
+    def quick_sized(self) -> "DispatchOptions":
+        """The smoke run: 1024 tokens, D=F=128, 3 repeats, a projection of at most 1024 tokens."""
+        return dataclasses.replace(self, tokens=1024, d_model=128, d_ff=128, repeats=3,
+                                   projection_tokens=min(self.projection_tokens, 1024))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: DispatchOptions) -> int:
+    """Time the dispatchers of `args` (or count their rows, or only project DeepSeek-V3),
+    printing tables and appending the records to `args.out`. Returns 0; raises ValueError
+    when `args.ep` does not divide the devices JAX has."""
     _set_host_devices(args.host_devices)
     import jax
 
@@ -316,22 +323,16 @@ def run(args: argparse.Namespace) -> int:
     from dropless.config import MeshConfig
     from dropless.parallel import make_mesh
 
-    if args.quick:
-        args.tokens, args.d_model, args.d_ff, args.repeats = 1024, 128, 128, 3
-        args.projection_tokens = min(args.projection_tokens, 1024)
     n = jax.device_count()
     if n % args.ep:
-        raise SystemExit(f"--ep={args.ep} does not divide the {n} devices (on CPU, start a "
+        raise ValueError(f"--ep={args.ep} does not divide the {n} devices (on CPU, start a "
                          f"fresh process with --host-devices or XLA_FLAGS)")
-    info = machine.machine_info()
-    busy = machine.busy_fraction()
-    print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {n} {info['platform']} "
-          f"devices; others' load before start: {busy}", flush=True)
+    args, info, busy = harness.start(args, devices=n)
     if args.projection_only:
         return _projection_only(args, info)
     mesh = make_mesh(MeshConfig(data=n // args.ep, expert=args.ep))
     if args.rows_only:
-        records = rows_by_routing(args, args.dispatchers.split(","), mesh)
+        records = rows_by_routing(args, list(args.dispatchers), mesh)
         for r in records:
             r.update(machine=info)
         print(text_table.format_table(records, [
@@ -340,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
             "rows_inter_node_no_dedup", "padding_rows", "rounds", "dropped_rows"]))
         harness.write_jsonl(args.out, records)
         return 0
-    records = _case(args, args.dispatchers.split(","), mesh)
+    records = _case(args, list(args.dispatchers), mesh)
     after = machine.busy_fraction(0.2)
     for r in records:
         r.update(machine=info, busy_before=busy, busy_after=after)
@@ -362,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _projection_only(args, info) -> int:
+def _projection_only(args: DispatchOptions, info: dict) -> int:
     import jax
 
     from dropless import text_table

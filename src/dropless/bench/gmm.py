@@ -20,7 +20,7 @@ prints it (and writes it to `--out`) without timing anything; timed runs print i
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 
 import jax
@@ -150,39 +150,40 @@ def model_record(m: int, k: int, n: int, g: int, routing: str, dtype: str, seed:
     return rec
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--m", type=int, default=8192, help="routed rows M (default 8192)")
-    p.add_argument("--k", type=int, default=1024, help="contraction dim K (default 1024)")
-    p.add_argument("--n", type=int, default=1024, help="output dim N (default 1024)")
-    p.add_argument("--groups", default="8,64,256", help="comma list of G (default 8,64,256)")
-    p.add_argument("--routings", default=",".join(ROUTINGS), help=f"comma list of {ROUTINGS}")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="comma list of dtypes")
-    p.add_argument("--backends", default="auto,ragged_dot,padded,loop",
-                   help="comma list of backends to time beside dense (default "
-                        "auto,ragged_dot,padded,loop; padded uses capacity = largest group)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per function (median)")
-    p.add_argument("--budget-s", type=float, default=40.0,
-                   help="time budget per baseline and case: G-fold baselines get fewer runs, "
-                        "and are skipped if two calls would not fit (default 40)")
-    p.add_argument("--quick", action="store_true",
-                   help="small smoke run: M=2048, K=N=256, G=8,64, uniform+half, 3 repeats")
-    p.add_argument("--model-only", action="store_true",
-                   help="print pallas_gpu's cost model for each case and time nothing")
-    p.add_argument("--out", default=None, help="append JSON lines here")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GmmOptions:
+    """What `dropless bench gmm` runs: the problem (M, K, N), the cases (every G x routing x
+    dtype), the backends timed beside dense (the first is the kernel under test), timed runs per
+    function, the time budget per baseline and case in seconds, `quick` (the smoke-run sizes,
+    `quick_sized`), `model_only` (pallas_gpu's cost model, nothing timed) and the JSON-lines
+    file appended to (None: none)."""
+    m: int = 8192
+    k: int = 1024
+    n: int = 1024
+    groups: tuple[int, ...] = (8, 64, 256)
+    routings: tuple[str, ...] = ROUTINGS
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    backends: tuple[str, ...] = ("auto", "ragged_dot", "padded", "loop")
+    repeats: int = 5
+    budget_s: float = 40.0
+    quick: bool = False
+    model_only: bool = False
+    out: str | None = None
+
+    def quick_sized(self) -> "GmmOptions":
+        """The smoke run: M=2048, K=N=256, G=8,64, uniform+half, 3 repeats."""
+        return dataclasses.replace(self, m=2048, k=256, n=256, repeats=3, groups=(8, 64),
+                                   routings=("uniform", "half"))
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.quick:
-        args.m, args.k, args.n, args.repeats = 2048, 256, 256, 3
-        args.groups, args.routings = "8,64", "uniform,half"
-    info = machine.machine_info()
-    busy = machine.busy_fraction()
-    print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {info['platform']}; "
-          f"others' load before start: {busy}")
+def run(args: GmmOptions) -> int:
+    """Time every case of `args` (or, with `model_only`, only model it), printing a table per
+    case and appending the records to `args.out`. Returns 0."""
+    args, info, busy = harness.start(args)
     rows = []
-    for dtype in args.dtypes.split(","):
-        for g in (int(v) for v in args.groups.split(",")):
-            for routing in args.routings.split(","):
+    for dtype in args.dtypes:
+        for g in args.groups:
+            for routing in args.routings:
                 model = model_record(args.m, args.k, args.n, g, routing, dtype, seed=g)
                 if args.model_only:   # one table at the end
                     model.update(machine=info)
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 print(text_table.format_table([model], MODEL_COLUMNS), flush=True)
                 recs = _case(args.m, args.k, args.n, g, routing, dtype,
-                             args.backends.split(","), args.repeats, args.budget_s, seed=g)
+                             list(args.backends), args.repeats, args.budget_s, seed=g)
                 after = machine.busy_fraction(0.2)
                 for r in recs:
                     r.update(machine=info, busy_before=busy, busy_after=after)

@@ -1,4 +1,4 @@
-"""`dropless bench gpu`: the one prepared device check for an NVIDIA GPU (sized for one H200).
+"""`dropless bench gpu`: the prepared device check for an NVIDIA GPU (sized for one H200).
 
 Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
 
@@ -23,7 +23,7 @@ estimated time of each section on one H200 first. Nothing here asserts a speed.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Mapping
 
 from dropless.bench import gpu_plan as plan
 
@@ -45,79 +46,58 @@ TEST_DESELECT = "not property and not default_tiles"
 FAULT_KINDS = ("raise", "hang", "exit")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out-dir", default=os.environ.get("OUT", "gpu_bench_out"),
-                   help="where gpu_bench.jsonl and the logs go (default $OUT, else ./gpu_bench_out)")
-    p.add_argument("--sections", default=",".join(plan.SECTIONS),
-                   help=f"comma list of {plan.SECTIONS}, run in that order")
-    p.add_argument("--routings", default=",".join(plan.ROUTINGS), help="grouped-matmul routings")
-    p.add_argument("--shapes", default=None,
-                   help="comma list of shape labels (default all: "
-                        f"{','.join(s.label for s in plan.SHAPES)}; dry run: "
-                        f"{','.join(s.label for s in plan.DRY_SHAPES)})")
-    p.add_argument("--train-steps", type=int, default=plan.TRAIN_STEPS)
-    p.add_argument("--train-dir", default=None,
-                   help="the training run's directory (default: a new temporary one, so OUT_DIR "
-                        "holds only the results and the logs)")
-    p.add_argument("--budget-s", type=float, default=plan.BUDGET_S,
-                   help=f"the whole check's deadline in seconds (default {plan.BUDGET_S}; the "
-                        f"dry run's, and its caps, are {plan.DRY_CAP_SCALE} times longer)")
-    p.add_argument("--cap", action="append", default=[], metavar="SECTION=SECONDS",
-                   help=f"override a section's time cap (defaults {plan.CAPS_S})")
-    p.add_argument("--inject-fault", default="", metavar="KEY=KIND,...",
-                   help="make a section (KEY=gmm) or one measurement (KEY=gmm:pallas_gpu) "
-                        f"{'/'.join(FAULT_KINDS)}: shows on CPU that failures stay isolated")
-    p.add_argument("--dry-run", action="store_true",
-                   help="every section on CPU with tiny shapes (pallas_gpu in interpret mode, "
-                        "the tests only collected)")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuOptions:
+    """What `dropless bench gpu` runs: where gpu_bench.jsonl and the logs go, the sections (of
+    plan.SECTIONS, run in the order given), the grouped-matmul routings, the shape labels (None: all
+    of the table, plan.SHAPES or, in a dry run, plan.DRY_SHAPES), the training steps, the training
+    run's directory (None: a new temporary one), the whole check's deadline in seconds, the
+    sections' time caps overridden (section -> seconds), the faults injected (a section "gmm" or
+    one measurement "gmm:pallas_gpu" -> one of FAULT_KINDS) and `dry_run` (every section on CPU
+    with tiny shapes; the dry run's budget and caps are plan.DRY_CAP_SCALE times longer)."""
+    out_dir: str = "gpu_bench_out"
+    sections: tuple[str, ...] = plan.SECTIONS
+    routings: tuple[str, ...] = plan.ROUTINGS
+    shapes: tuple[str, ...] | None = None
+    train_steps: int = plan.TRAIN_STEPS
+    train_dir: str | None = None
+    budget_s: float = plan.BUDGET_S
+    caps: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    faults: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    dry_run: bool = False
 
 
-def _pairs(items: list[str], what: str) -> dict[str, str]:
-    out = {}
-    for item in (i for i in items if i):
-        key, sep, val = item.partition("=")
-        if not sep or not key or not val:
-            raise ValueError(f"{what}: {item!r} is not KEY=VALUE")
-        out[key] = val
-    return out
-
-
-def _caps(args) -> dict[str, float]:
+def _caps(args: GpuOptions) -> dict[str, float]:
     scale = plan.DRY_CAP_SCALE if args.dry_run else 1
     caps = {name: cap * scale for name, cap in plan.CAPS_S.items()}
-    for key, val in _pairs(args.cap, "--cap").items():
+    for key, val in args.caps.items():
         if key not in caps:
             raise ValueError(f"--cap: unknown section {key!r}; known: {list(caps)}")
-        try:
-            caps[key] = float(val)
-        except ValueError:
-            raise ValueError(f"--cap {key}={val!r} is not a number of seconds") from None
+        caps[key] = float(val)
     return caps
 
 
-def _faults(args) -> dict[str, str]:
-    faults = _pairs(args.inject_fault.split(","), "--inject-fault")
-    for key, kind in faults.items():
+def _faults(args: GpuOptions) -> dict[str, str]:
+    for key, kind in args.faults.items():
         if kind not in FAULT_KINDS:
             raise ValueError(f"--inject-fault {key}={kind!r}: the kind is one of {FAULT_KINDS}")
         if key.split(":")[0] not in plan.SECTIONS:
             raise ValueError(f"--inject-fault {key}: unknown section; known: {plan.SECTIONS}")
-    return faults
+    return dict(args.faults)
 
 
-def _shapes(args) -> tuple[plan.Shape, ...]:
+def _shapes(args: GpuOptions) -> tuple[plan.Shape, ...]:
     table = plan.DRY_SHAPES if args.dry_run else plan.SHAPES
     if not args.shapes:
         return table
-    want = args.shapes.split(",")
-    bad = sorted(set(want) - {s.label for s in table})
+    bad = sorted(set(args.shapes) - {s.label for s in table})
     if bad:
         raise ValueError(f"--shapes: unknown {bad}; known: {[s.label for s in table]}")
-    return tuple(s for s in table if s.label in want)
+    return tuple(s for s in table if s.label in args.shapes)
 
 
-def _sections(args) -> list[str]:
-    sections = [s for s in args.sections.split(",") if s]
+def _sections(args: GpuOptions) -> list[str]:
+    sections = list(args.sections)
     bad = sorted(set(sections) - set(plan.SECTIONS))
     if bad:
         raise ValueError(f"--sections: unknown {bad}; known: {list(plan.SECTIONS)}")
@@ -163,7 +143,7 @@ def run_process(cmd: list[str], *, env: dict, timeout_s: float, log: Path,
     return status, lines, time.perf_counter() - t
 
 
-def _tests_command(args, root: Path) -> list[str] | None:
+def _tests_command(args: GpuOptions, root: Path) -> list[str] | None:
     files = sorted({f for pat in TEST_PATTERNS for f in glob.glob(str(root / pat))})
     if not files:
         return None
@@ -198,19 +178,19 @@ def _tests_record(lines: list[str]) -> dict:
             **({"collected": collected[-1].strip()} if collected else {})}
 
 
-def _spec(args, section: str, t0: float, results: Path, train_dir: str) -> dict:
+def _spec(args: GpuOptions, section: str, t0: float, results: Path, train_dir: str) -> dict:
     dry = args.dry_run
     return {"section": section, "results": str(results), "t0": t0, "dry_run": dry,
             "fault": _faults(args),
             "timing": plan.DRY_TIMING if dry else plan.TIMING,
             "shapes": [[s.label, s.m, s.k, s.n, s.g, list(s.backends)] for s in _shapes(args)],
-            "routings": args.routings.split(","),
+            "routings": list(args.routings),
             "moe_cases": plan.DRY_MOE_CASES if dry else plan.MOE_CASES,
             "moe_shape": plan.DRY_MOE_SHAPE if dry else plan.MOE_SHAPE,
             "train_steps": 2 if dry else args.train_steps, "out_dir": train_dir}
 
 
-def run_section(args, section: str, *, timeout_s: float, t0: float, out_dir: Path,
+def run_section(args: GpuOptions, section: str, *, timeout_s: float, t0: float, out_dir: Path,
                 results: Path, train_dir: str) -> dict:
     """One section in its own process; its "section_end" record (status ok / error / timeout)."""
     env, log = _child_env(), out_dir / f"{section}.log"
@@ -261,7 +241,7 @@ def _append(path: Path, rec: dict) -> None:
         fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: GpuOptions) -> int:
     """Run the selected sections in order; 0 when every one ended "ok", else 1 (every result,
     failed sections' included, is in OUT_DIR/gpu_bench.jsonl). Raises ValueError for bad
     options, or when a real run finds no GPU."""

@@ -240,15 +240,15 @@ SECTION_FNS = {"info": info_section, "gmm": gmm_section, "moe": moe_section,
                "train": train_section}
 
 
-def main(argv: list[str]) -> int:
-    """Run the section SPEC_JSON names (see the module docstring); exceptions propagate (the
-    runner records the exit status and the last lines of output)."""
+def main(argv: list[str]) -> None:
+    """Run the section SPEC_JSON (`argv[0]`) names (see the module docstring); exceptions
+    propagate, so the process exits 1 with the trace (the runner records the exit status and the
+    last lines of output)."""
     spec = json.loads(argv[0])
     fault(spec, spec["section"])
     emit = Emitter(spec["results"], spec["section"], spec["t0"], spec["dry_run"])
     SECTION_FNS[spec["section"]](emit, spec)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -1,7 +1,7 @@
-"""The benches' side of measuring on noisy machines: each candidate timed against its baseline,
-JSON lines. The round-robin timer itself (`time_interleaved`), what machine a number came from
-and how busy it was are `dropless.machine` (the planner's calibration times with it too); the
-readable table is `dropless.text_table`.
+"""The benches' side of measuring on noisy machines: the start-up they share, each candidate timed
+against its baseline, JSON lines. The round-robin timer itself (`time_interleaved`), what
+machine a number came from and how busy it was are `dropless.machine` (the planner's
+calibration times with it too); the readable table is `dropless.text_table`.
 
 Two cores swing ~2x over minutes, so only ratios measured in one process mean anything: every
 candidate is timed alternately with its baseline (A, B, A, B, ...) and medians are compared.
@@ -9,9 +9,36 @@ candidate is timed alternately with its baseline (A, B, A, B, ...) and medians a
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from dropless import json_out, machine
+
+
+class QuickSized(Protocol):
+    """A bench's options with a smoke-run form: `quick` asks for it, `quick_sized` returns it."""
+    quick: bool
+
+    def quick_sized(self): ...
+
+
+Options = TypeVar("Options", bound=QuickSized)
+
+
+def start(args: Options, *, devices: int | None = None
+          ) -> tuple[Options, dict[str, Any], float | None]:
+    """The start-up of a timed bench: `args` in their smoke-run sizes when `args.quick`, the
+    machine (`machine.machine_info()`) and how busy others keep it (`machine.busy_fraction()`),
+    printed as the header line `# CPU xCORES, jax V, PLATFORM; others' load before start: B`
+    (with `devices`: `N PLATFORM devices` in place of the platform).
+    Returns (the options to run, the machine, the busy fraction)."""
+    if args.quick:
+        args = args.quick_sized()
+    info = machine.machine_info()
+    busy = machine.busy_fraction()
+    where = info["platform"] if devices is None else f"{devices} {info['platform']} devices"
+    print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {where}; "
+          f"others' load before start: {busy}", flush=True)
+    return args, info, busy
 
 
 def time_against_baseline(fns: Mapping[str, Callable[[], Any]], core: list[str], *,

@@ -11,7 +11,7 @@ returns the output and every gradient; the dense FFN's backward runs on the inpu
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 
 import jax
@@ -101,45 +101,45 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s, fused
     return records
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", type=int, default=8192, help="routed rows N = T*K (default 8192)")
-    p.add_argument("--d-model", type=int, default=1024, help="D (default 1024)")
-    p.add_argument("--d-ff", type=int, default=1024, help="expert hidden F (default 1024)")
-    p.add_argument("--experts", default="8:2,64:8",
-                   help="comma list of E:K pairs (default 8:2,64:8)")
-    p.add_argument("--routings", default="uniform,zipf", help="uniform and/or zipf")
-    p.add_argument("--dtypes", default="float32", help="comma list of dtypes")
-    p.add_argument("--backends", default="auto,ragged_dot",
-                   help="grouped-matmul backends for the dropless layer (default auto,ragged_dot)")
-    p.add_argument("--capacity-factors", default="1.0,1.25,2.0",
-                   help="capacity baseline factors (default 1.0,1.25,2.0; empty for none)")
-    p.add_argument("--no-fused", action="store_true",
-                   help="skip the prefuse_moe_weights rows (fused/<backend>)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--budget-s", type=float, default=60.0,
-                   help="skip a variant whose estimated total time exceeds this (default 60)")
-    p.add_argument("--quick", action="store_true",
-                   help="small smoke run: 2048 rows, D=F=256, E:K=8:2, uniform, 3 repeats")
-    p.add_argument("--out", default=None, help="append JSON lines here")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoEOptions:
+    """What `dropless bench moe` runs: routed rows N = T*K, D and F, the cases (every (E, K)
+    pair x routing x dtype), the grouped-matmul backends of the dropless layer (the first shares
+    dense's round-robin), the capacity baseline's factors (empty: none), `fused` (also the
+    prefuse_moe_weights rows, fused/<backend>), timed runs per function, the budget in seconds
+    past which a variant is skipped, `quick` (the smoke-run sizes, `quick_sized`) and the
+    JSON-lines file appended to (None: none)."""
+    rows: int = 8192
+    d_model: int = 1024
+    d_ff: int = 1024
+    experts: tuple[tuple[int, int], ...] = ((8, 2), (64, 8))
+    routings: tuple[str, ...] = ("uniform", "zipf")
+    dtypes: tuple[str, ...] = ("float32",)
+    backends: tuple[str, ...] = ("auto", "ragged_dot")
+    capacity_factors: tuple[float, ...] = (1.0, 1.25, 2.0)
+    fused: bool = True
+    repeats: int = 5
+    budget_s: float = 60.0
+    quick: bool = False
+    out: str | None = None
+
+    def quick_sized(self) -> "MoEOptions":
+        """The smoke run: 2048 rows, D=F=256, E:K=8:2, uniform, 3 repeats."""
+        return dataclasses.replace(self, rows=2048, d_model=256, d_ff=256, repeats=3,
+                                   experts=((8, 2),), routings=("uniform",))
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.quick:
-        args.rows, args.d_model, args.d_ff, args.repeats = 2048, 256, 256, 3
-        args.experts, args.routings = "8:2", "uniform"
-    info = machine.machine_info()
-    busy = machine.busy_fraction()
-    print(f"# {info['cpu']} x{info['cores']}, jax {info['jax']}, {info['platform']}; "
-          f"others' load before start: {busy}")
-    cfs = [float(v) for v in args.capacity_factors.split(",") if v]
-    for dtype in args.dtypes.split(","):
-        for ek in args.experts.split(","):
-            e, k = (int(v) for v in ek.split(":"))
-            for routing in args.routings.split(","):
+def run(args: MoEOptions) -> int:
+    """Time every case of `args`, printing a table per case and appending the records to
+    `args.out`. Returns 0."""
+    args, info, busy = harness.start(args)
+    for dtype in args.dtypes:
+        for e, k in args.experts:
+            for routing in args.routings:
                 t = math.ceil(args.rows / k)
                 recs = _case(t, args.d_model, args.d_ff, e, k, routing, dtype,
-                             args.backends.split(","), cfs, args.repeats, args.budget_s,
-                             fused=not args.no_fused)
+                             list(args.backends), list(args.capacity_factors), args.repeats,
+                             args.budget_s, fused=args.fused)
                 after = machine.busy_fraction(0.2)
                 for r in recs:
                     r.update(machine=info, busy_before=busy, busy_after=after)

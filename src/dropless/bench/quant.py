@@ -4,8 +4,9 @@ Legend: M routed rows, K contraction dim, N output dim, G experts (groups).
 
 Three parts (JSON lines, one record per row, plus a readable table):
   error     quantization error of a tensor, relative Frobenius and worst 1x32 block, on N(0,1),
-            heavy-tailed (Student t, 2 dof) and wide-range rows (see `sample`), for per-tensor FP8 E4M3 (one float scale
-            amax/448) vs MXFP8 with floor (OCP) and round-up scales (and E5M2);
+            heavy-tailed (Student t, 2 dof) and wide-range rows (see `sample`), for per-tensor
+            FP8 E4M3 (one float scale amax/448) vs MXFP8 with floor (OCP) and round-up scales
+            (and E5M2);
   gmm       relative Frobenius error of the grouped matmul against float64, bf16 vs MXFP8;
   cost      time of the MXFP8 grouped matmul (forward, forward+backward) relative to the bf16
             grouped matmul on the same backend, interleaved in one process.
@@ -14,7 +15,7 @@ Three parts (JSON lines, one record per row, plus a readable table):
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from typing import Any
 
 import jax
@@ -141,24 +142,28 @@ def cost_rows(m: int, k: int, n: int, g: int, backend: str, repeats: int
     return rows
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", type=int, nargs=4, default=(2048, 512, 512, 8),
-                        metavar=("M", "K", "N", "G"),
-                        help="grouped-matmul shape for the gmm error and cost parts")
-    parser.add_argument("--error-shape", type=int, nargs=2, default=(512, 1024),
-                        metavar=("R", "C"), help="tensor shape for the quantization-error part")
-    parser.add_argument("--backend", default="auto", help="grouped-matmul backend wrapped")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per candidate")
-    parser.add_argument("--skip-cost", action="store_true", help="accuracy parts only")
-    parser.add_argument("--convergence", action="store_true",
-                        help="also train the two-layer MoE regression task, bf16 vs MXFP8")
-    parser.add_argument("--steps", type=int, default=500, help="training steps (convergence)")
-    parser.add_argument("--plot", default=None,
-                        help="PNG path for the convergence losses (needs matplotlib)")
-    parser.add_argument("--out", default=None, help="append JSON lines to this file")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantOptions:
+    """What `dropless bench quant` runs: the grouped-matmul shape (M, K, N, G) of the gmm error
+    and cost parts, the tensor shape (R, C) of the quantization-error part, the grouped-matmul
+    backend wrapped, timed repeats per candidate, `skip_cost` (accuracy parts only),
+    `convergence` (also train the two-layer MoE regression task, bf16 vs MXFP8, for `steps`
+    steps; `plot`: a PNG of its losses, needs matplotlib) and the JSON-lines file appended to
+    (None: none)."""
+    shape: tuple[int, int, int, int] = (2048, 512, 512, 8)
+    error_shape: tuple[int, int] = (512, 1024)
+    backend: str = "auto"
+    repeats: int = 5
+    skip_cost: bool = False
+    convergence: bool = False
+    steps: int = 500
+    plot: str | None = None
+    out: str | None = None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: QuantOptions) -> int:
+    """The parts `args` asks for, each printed as a table and appended to `args.out` (one
+    record per row, with the machine). Returns 0."""
     info = machine.machine_info()
     m, k, n, g = args.shape
     rows = error_rows(tuple(args.error_shape)) + gmm_error_rows(m, k, n, g, args.backend)

@@ -1,25 +1,257 @@
-"""`dropless bench KIND`: one module per kind, each with `add_arguments` and `run`.
+"""`dropless bench KIND`: each kind's flags, checked, then handed to its bench module's `run` as
+that bench's typed options (`dropless.bench.gmm.GmmOptions`, ...).
 
 Every kind's arguments are checked here, before its module runs (so before anything is compiled
 or timed): sizes and repeats are positive, buffer factors >= 1, comma lists name known dtypes,
-backends, routings and dispatchers, `--experts E:K` has 0 < K <= E (`bench gpu` checks its
-own `--sections`, `--shapes` and `--inject-fault` first thing). A bad one is a
-ValueError naming the flag and the value (one line, exit 2, at the command line).
+backends, routings and dispatchers, `--experts E:K` has 0 < K <= E, `--cap` and
+`--inject-fault` are KEY=VALUE pairs and a cap is a number of seconds (`bench gpu` checks its
+own sections, shapes and fault kinds first thing). A bad one is a ValueError naming the flag and
+the value (one line, exit 2, at the command line).
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib
 import math
+import os
+from typing import Any, Callable, NamedTuple
+
+
+class Kind(NamedTuple):
+    """One `dropless bench` kind: its module (with `run(options)`), its help line, the function
+    that adds its flags to a parser, and the one that turns the parsed flags into its options."""
+    module: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    options: Callable[[argparse.Namespace], Any]
+
+
+def _join(items) -> str:
+    return ",".join(map(str, items))
+
+
+def _split(text: str) -> tuple[str, ...]:
+    """The items of a comma list, stripped (`check_arguments` refuses empty ones first)."""
+    return tuple(x.strip() for x in str(text).split(","))
+
+
+def _options(cls, args: argparse.Namespace, **typed):
+    """`cls` from the parsed flags named as its fields, with `typed` (the fields parsed from
+    text: comma lists, KEY=VALUE pairs) given."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in typed]
+    return cls(**{name: getattr(args, name) for name in names}, **typed)
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in (i for i in items if i):
+        key, sep, val = item.partition("=")
+        if not sep or not key or not val:
+            raise ValueError(f"{what}: {item!r} is not KEY=VALUE")
+        out[key] = val
+    return out
+
+
+def _seconds(pairs: dict[str, str], what: str) -> dict[str, float]:
+    out = {}
+    for key, val in pairs.items():
+        try:
+            out[key] = float(val)
+        except ValueError:
+            raise ValueError(f"{what} {key}={val!r} is not a number of seconds") from None
+    return out
+
+
+def _dispatch_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.dispatch import DispatchOptions
+    d = DispatchOptions()
+    p.add_argument("--tokens", type=int, default=d.tokens,
+                   help=f"global tokens T (default {d.tokens})")
+    p.add_argument("--d-model", type=int, default=d.d_model, help=f"D (default {d.d_model})")
+    p.add_argument("--d-ff", type=int, default=d.d_ff, help=f"expert hidden F (default {d.d_ff})")
+    p.add_argument("--experts", type=int, default=d.experts, help=f"E (default {d.experts})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"K (default {d.top_k})")
+    p.add_argument("--ep", type=int, default=d.ep, help=f"expert-parallel ranks (default {d.ep})")
+    p.add_argument("--host-devices", type=int, default=d.host_devices,
+                   help=f"on CPU, host devices to create (default {d.host_devices}; needs a "
+                        "fresh process)")
+    p.add_argument("--devices-per-node", type=int, default=d.devices_per_node,
+                   help=f"for intra/inter-node byte accounting (default {d.devices_per_node})")
+    p.add_argument("--buffer-factor", type=float, default=d.buffer_factor,
+                   help=f"ragged_buffer_factor (default {d.buffer_factor})")
+    p.add_argument("--dispatchers", default=_join(d.dispatchers),
+                   help=f"comma list (default {_join(d.dispatchers)}; ragged_a2a on GPU/TPU)")
+    p.add_argument("--rows-only", action="store_true",
+                   help="no timing: deterministic rows per dispatcher for each of --routings")
+    p.add_argument("--routings", default=_join(d.routings),
+                   help="with --rows-only: router bias, uniform and/or zipf (default both)")
+    p.add_argument("--projection-only", action="store_true",
+                   help="only the DeepSeek-V3 projection; with 64 devices (--host-devices 64) "
+                        "also measured through node_a2a")
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--projection-tokens", type=int, default=d.projection_tokens,
+                   help="tokens in the DeepSeek-V3 routing sample (0 to skip; default "
+                        f"{d.projection_tokens})")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1024 tokens, D=F=128, 3 repeats, 1024-token projection")
+    p.add_argument("--out", default=None, help="append JSON lines here")
+
+
+def _dispatch_options(args: argparse.Namespace):
+    from dropless.bench.dispatch import DispatchOptions
+    return _options(DispatchOptions, args, dispatchers=_split(args.dispatchers),
+                    routings=_split(args.routings))
+
+
+def _gmm_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.gmm import ROUTINGS, GmmOptions
+    d = GmmOptions()
+    p.add_argument("--m", type=int, default=d.m, help=f"routed rows M (default {d.m})")
+    p.add_argument("--k", type=int, default=d.k, help=f"contraction dim K (default {d.k})")
+    p.add_argument("--n", type=int, default=d.n, help=f"output dim N (default {d.n})")
+    p.add_argument("--groups", default=_join(d.groups),
+                   help=f"comma list of G (default {_join(d.groups)})")
+    p.add_argument("--routings", default=_join(d.routings), help=f"comma list of {ROUTINGS}")
+    p.add_argument("--dtypes", default=_join(d.dtypes), help="comma list of dtypes")
+    p.add_argument("--backends", default=_join(d.backends),
+                   help="comma list of backends to time beside dense (default "
+                        f"{_join(d.backends)}; padded uses capacity = largest group)")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="timed runs per function (median)")
+    p.add_argument("--budget-s", type=float, default=d.budget_s,
+                   help="time budget per baseline and case: G-fold baselines get fewer runs, "
+                        f"and are skipped if two calls would not fit (default {d.budget_s:g})")
+    p.add_argument("--quick", action="store_true",
+                   help="small smoke run: M=2048, K=N=256, G=8,64, uniform+half, 3 repeats")
+    p.add_argument("--model-only", action="store_true",
+                   help="print pallas_gpu's cost model for each case and time nothing")
+    p.add_argument("--out", default=None, help="append JSON lines here")
+
+
+def _gmm_options(args: argparse.Namespace):
+    from dropless.bench.gmm import GmmOptions
+    return _options(GmmOptions, args, groups=tuple(int(v) for v in _split(args.groups)),
+                    routings=_split(args.routings), dtypes=_split(args.dtypes),
+                    backends=_split(args.backends))
+
+
+def _gpu_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench import gpu_plan as plan
+    from dropless.bench.gpu import FAULT_KINDS, GpuOptions
+    d = GpuOptions()
+    p.add_argument("--out-dir", default=os.environ.get("OUT", d.out_dir),
+                   help=f"where gpu_bench.jsonl and the logs go (default $OUT, else ./{d.out_dir})")
+    p.add_argument("--sections", default=_join(d.sections),
+                   help=f"comma list of {plan.SECTIONS}, run in that order")
+    p.add_argument("--routings", default=_join(d.routings), help="grouped-matmul routings")
+    p.add_argument("--shapes", default=None,
+                   help="comma list of shape labels (default all: "
+                        f"{_join(s.label for s in plan.SHAPES)}; dry run: "
+                        f"{_join(s.label for s in plan.DRY_SHAPES)})")
+    p.add_argument("--train-steps", type=int, default=d.train_steps)
+    p.add_argument("--train-dir", default=None,
+                   help="the training run's directory (default: a new temporary one, so OUT_DIR "
+                        "holds only the results and the logs)")
+    p.add_argument("--budget-s", type=float, default=d.budget_s,
+                   help=f"the whole check's deadline in seconds (default {d.budget_s}; the "
+                        f"dry run's, and its caps, are {plan.DRY_CAP_SCALE} times longer)")
+    p.add_argument("--cap", action="append", default=[], metavar="SECTION=SECONDS",
+                   help=f"override a section's time cap (defaults {plan.CAPS_S})")
+    p.add_argument("--inject-fault", default="", metavar="KEY=KIND,...",
+                   help="make a section (KEY=gmm) or one measurement (KEY=gmm:pallas_gpu) "
+                        f"{'/'.join(FAULT_KINDS)}: shows on CPU that failures stay isolated")
+    p.add_argument("--dry-run", action="store_true",
+                   help="every section on CPU with tiny shapes (pallas_gpu in interpret mode, "
+                        "the tests only collected)")
+
+
+def _gpu_options(args: argparse.Namespace):
+    from dropless.bench.gpu import GpuOptions
+    return _options(GpuOptions, args,
+                    sections=tuple(s for s in _split(args.sections) if s),
+                    routings=_split(args.routings),
+                    shapes=_split(args.shapes) if args.shapes else None,
+                    caps=_seconds(_pairs(args.cap, "--cap"), "--cap"),
+                    faults=_pairs(args.inject_fault.split(","), "--inject-fault"))
+
+
+def _moe_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.moe import MoEOptions
+    d = MoEOptions()
+    experts = _join(f"{e}:{k}" for e, k in d.experts)
+    p.add_argument("--rows", type=int, default=d.rows,
+                   help=f"routed rows N = T*K (default {d.rows})")
+    p.add_argument("--d-model", type=int, default=d.d_model, help=f"D (default {d.d_model})")
+    p.add_argument("--d-ff", type=int, default=d.d_ff, help=f"expert hidden F (default {d.d_ff})")
+    p.add_argument("--experts", default=experts,
+                   help=f"comma list of E:K pairs (default {experts})")
+    p.add_argument("--routings", default=_join(d.routings), help="uniform and/or zipf")
+    p.add_argument("--dtypes", default=_join(d.dtypes), help="comma list of dtypes")
+    p.add_argument("--backends", default=_join(d.backends),
+                   help="grouped-matmul backends for the dropless layer (default "
+                        f"{_join(d.backends)})")
+    p.add_argument("--capacity-factors", default=_join(d.capacity_factors),
+                   help=f"capacity baseline factors (default {_join(d.capacity_factors)}; "
+                        "empty for none)")
+    p.add_argument("--no-fused", action="store_true",
+                   help="skip the prefuse_moe_weights rows (fused/<backend>)")
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--budget-s", type=float, default=d.budget_s,
+                   help="skip a variant whose estimated total time exceeds this (default "
+                        f"{d.budget_s:g})")
+    p.add_argument("--quick", action="store_true",
+                   help="small smoke run: 2048 rows, D=F=256, E:K=8:2, uniform, 3 repeats")
+    p.add_argument("--out", default=None, help="append JSON lines here")
+
+
+def _moe_options(args: argparse.Namespace):
+    from dropless.bench.moe import MoEOptions
+    pairs = (item.split(":") for item in _split(args.experts))
+    return _options(MoEOptions, args, experts=tuple((int(e), int(k)) for e, k in pairs),
+                    routings=_split(args.routings), dtypes=_split(args.dtypes),
+                    backends=_split(args.backends),
+                    capacity_factors=tuple(float(v) for v in _split(args.capacity_factors) if v),
+                    fused=not args.no_fused)
+
+
+def _quant_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.quant import QuantOptions
+    d = QuantOptions()
+    p.add_argument("--shape", type=int, nargs=4, default=d.shape, metavar=("M", "K", "N", "G"),
+                   help="grouped-matmul shape for the gmm error and cost parts")
+    p.add_argument("--error-shape", type=int, nargs=2, default=d.error_shape,
+                   metavar=("R", "C"), help="tensor shape for the quantization-error part")
+    p.add_argument("--backend", default=d.backend, help="grouped-matmul backend wrapped")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed repeats per candidate")
+    p.add_argument("--skip-cost", action="store_true", help="accuracy parts only")
+    p.add_argument("--convergence", action="store_true",
+                   help="also train the two-layer MoE regression task, bf16 vs MXFP8")
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps (convergence)")
+    p.add_argument("--plot", default=None,
+                   help="PNG path for the convergence losses (needs matplotlib)")
+    p.add_argument("--out", default=None, help="append JSON lines to this file")
+
+
+def _quant_options(args: argparse.Namespace):
+    from dropless.bench.quant import QuantOptions
+    return _options(QuantOptions, args, shape=tuple(args.shape),
+                    error_shape=tuple(args.error_shape))
+
 
 KINDS = {
-    "dispatch": ("dropless.bench.dispatch",
-                 "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving"),
-    "gpu": ("dropless.bench.gpu", "the prepared device check for one NVIDIA GPU: GPU tests, "
-            "grouped matmul vs cuBLAS and torch, MoE layer, a few training steps (--dry-run: CPU)"),
-    "gmm": ("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs"),
-    "moe": ("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN"),
-    "quant": ("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation cost, "
-              "convergence"),
+    "dispatch": Kind("dropless.bench.dispatch",
+                     "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving",
+                     _dispatch_arguments, _dispatch_options),
+    "gpu": Kind("dropless.bench.gpu", "the prepared device check for one NVIDIA GPU: GPU tests, "
+                "grouped matmul vs cuBLAS and torch, MoE layer, a few training steps (--dry-run: "
+                "CPU)", _gpu_arguments, _gpu_options),
+    "gmm": Kind("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs",
+                _gmm_arguments, _gmm_options),
+    "moe": Kind("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN",
+                _moe_arguments, _moe_options),
+    "quant": Kind("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation "
+                  "cost, convergence", _quant_arguments, _quant_options),
 }
 POSITIVE = ("tokens", "d_model", "d_ff", "top_k", "ep", "host_devices", "devices_per_node",
             "repeats", "m", "k", "n", "rows", "steps", "train_steps", "tests_timeout_s",
@@ -31,10 +263,8 @@ ROUTINGS = {"gmm": None, "gpu": None, "moe": ("uniform", "zipf"), "dispatch": ("
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for name, (module, help_text) in KINDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_bench_module=module)
-        importlib.import_module(module).add_arguments(p)
+    for name, kind in KINDS.items():
+        kind.add_arguments(sub.add_parser(name, help=kind.help, description=kind.help))
 
 
 def _flag(dest: str) -> str:
@@ -43,7 +273,7 @@ def _flag(dest: str) -> str:
 
 def _items(args, dest: str) -> list[str]:
     text = getattr(args, dest)
-    items = [x.strip() for x in str(text).split(",")]
+    items = list(_split(text))
     if not all(items):
         raise ValueError(f"{_flag(dest)} {text!r} has an empty item (a comma list: a,b,c)")
     return items
@@ -126,5 +356,7 @@ def check_arguments(kind: str, args) -> None:
 
 
 def run(args) -> int:
+    """Check the flags of `dropless bench KIND`, then run KIND's bench with its options."""
     check_arguments(args.kind, args)
-    return int(importlib.import_module(args._bench_module).run(args) or 0)
+    kind = KINDS[args.kind]
+    return int(importlib.import_module(kind.module).run(kind.options(args)) or 0)
