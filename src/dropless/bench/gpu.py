@@ -106,8 +106,7 @@ def _sections(args: GpuOptions) -> list[str]:
 
 def _child_env() -> dict[str, str]:
     """This process's environment, with this dropless first on the path of the children."""
-    import dropless
-    src = str(Path(dropless.__file__).resolve().parents[1])
+    src = str(Path(__file__).resolve().parents[2])   # .../src (this file: src/dropless/bench)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     return env

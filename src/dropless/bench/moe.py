@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dropless import MoEConfig, machine, moe, text_table
+from dropless import machine, moe, text_table
+from dropless.config import MoEConfig
 from dropless.bench import dense, harness
 from dropless.ops import resolve_backend
 
