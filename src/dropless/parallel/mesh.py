@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence, Union
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -61,7 +61,7 @@ class NodeMesh:
         return np.zeros_like(ids) if n is None else ids // n
 
 
-AnyMesh = Union[Mesh, AbstractMesh, NodeMesh]
+AnyMesh = Mesh | AbstractMesh | NodeMesh   # what a `mesh=` argument takes
 
 
 def node_mesh(mesh: AnyMesh) -> NodeMesh:

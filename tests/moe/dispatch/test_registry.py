@@ -72,7 +72,7 @@ def test_state_and_metadata_are_the_specs_namedtuples(name):
         return spec.combine(expert_ffn(x_ND, sizes_El, experts, cfg), meta, ctx)
 
     tok = PartitionSpec(ctx.all_axes)
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(tok, tok, tok, {k: PartitionSpec(
+    fn = jax.shard_map(body, mesh=mesh.mesh, in_specs=(tok, tok, tok, {k: PartitionSpec(
         ctx.expert_axis) for k in experts}), out_specs=tok, check_vma=False)
     ids_TK = (jnp.arange(T * K, dtype=jnp.int32) % E).reshape(T, K)
     y = jax.eval_shape(fn, jnp.ones((T, D)), jnp.ones((T, K)), ids_TK, experts)

@@ -43,10 +43,10 @@ def node_layout(mesh: AnyMesh) -> tuple[int, int]:
     g = int(np.sum(nodes[0] == nodes[0, 0]))
     blocks = nodes.reshape(nodes.shape[0], p // g, g) if p % g == 0 else None
     if blocks is None or not (blocks == blocks[..., :1]).all():
-        raise ValueError(f"devices_per_node={mesh.devices_per_node} (MeshConfig: mesh.dcn_*) does "
-                         f"not split the "
-                         f"expert axis ({p} peers) into equal blocks of neighbouring devices on "
-                         f"one node: node of each peer {nodes[0].tolist()}")
+        raise ValueError(f"devices_per_node={mesh.devices_per_node} (MeshConfig: mesh.dcn_*) "
+                         f"does not split the expert axis ({p} peers) into equal blocks of "
+                         f"neighbouring devices on one node: node of each peer "
+                         f"{nodes[0].tolist()}")
     return p // g, g
 
 
