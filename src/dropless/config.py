@@ -18,10 +18,19 @@ from dropless.runtime.xla_flags import RECIPES, check_flags
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 GMM_QUANTIZATIONS = ("none", "mxfp8")
-# MoEConfig.dispatcher's values: "auto", "local" (no dispatcher), then one per strategy of
-# moe/dispatch/registry.py, which is keyed by exactly these (checked when it is imported):
-# config sits below moe, so it names the values and the registry holds what they mean
-DISPATCHERS = ("auto", "local", "allgather", "a2a", "ragged_a2a", "node_a2a")
+# The expert-parallel strategies, each with what it does. config sits below moe, so it names
+# them and moe/dispatch/registry.py builds each one's spec from these names (its import fails
+# when a name here has no implementation there)
+DISPATCH_STRATEGIES: dict[str, str] = {
+    "allgather": "gather all tokens, run local experts, reduce-scatter back",
+    "a2a": "deduplicated rows over all_to_all in static per-peer chunks (every backend)",
+    "ragged_a2a": "deduplicated rows over ragged_all_to_all (GPU/TPU; padding never travels)",
+    "node_a2a": "node-level dedup: one row per (token, node) across nodes, fanned out inside "
+                "the node",
+}
+# MoEConfig.dispatcher's values: "auto" (a strategy chosen per mesh and platform), "local" (no
+# dispatcher: the single-device layer), then the strategies
+DISPATCHERS = ("auto", "local", *DISPATCH_STRATEGIES)
 OVERFLOW_POLICIES = ("rounds", "error")
 
 
@@ -201,7 +210,7 @@ class MoEConfig:
         return self.num_experts // self.n_groups
 
 
-MESH_AXES = ("data", "fsdp", "expert")   # the one axes tuple, in mesh order
+MESH_AXES = ("data", "fsdp", "expert")   # the mesh axes, in mesh order
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -214,7 +223,8 @@ class MeshConfig:
     with fsdp > 1, over `fsdp` (their model dim). Devices are grouped into nodes of
     `devices_per_node` consecutive ids (`parallel.mesh.make_mesh`); the expert axis varies
     fastest, so an expert group stays inside a node when dcn_expert = 1. The node size is read
-    from here only (the dispatcher gets it from its caller; the planner has its own layout).
+    from here only: `parallel.mesh.train_mesh` puts it beside the mesh (a `NodeMesh`), which is
+    how the dispatcher gets it.
     """
 
     data: int = 1
@@ -269,7 +279,15 @@ class MeshConfig:
 ATTENTION_KINDS = ("mla", "mha")
 ROPE_TYPES = ("default", "yarn")
 LAYER_KINDS = {"D": "dense", "M": "moe"}
-REMAT_POLICIES = ("none", "full", "minimal", "offload")
+# Each remat policy -> the jax.checkpoint_policies policy it is (None: no rematerialisation);
+# models/deepseek.py builds the policy from that name
+REMAT_CHECKPOINT_POLICIES: dict[str, str | None] = {
+    "none": None,
+    "full": "nothing_saveable",
+    "minimal": "dots_with_no_batch_dims_saveable",
+    "offload": "save_and_offload_only_these_names",   # attention's marked activations to host
+}
+REMAT_POLICIES = tuple(REMAT_CHECKPOINT_POLICIES)     # TrainConfig.remat's values
 
 
 

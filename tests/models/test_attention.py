@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dropless.config import ModelConfig, MoEConfig
+from dropless.config import ATTENTION_KINDS, REMAT_POLICIES, ModelConfig, MoEConfig
 from dropless.models import attention as att
 from dropless.models import deepseek
 
@@ -127,12 +127,19 @@ def remat_case():
     return grads, grads("none")
 
 
-@pytest.mark.parametrize("remat", ["full", "minimal", "offload"])
+@pytest.mark.parametrize("remat", [r for r in REMAT_POLICIES if r != "none"])
 def test_remat_equals_no_remat(remat, remat_case):
     grads, g0 = remat_case
     g1 = grads(remat)
     for a, b in zip(jax.tree_util.tree_leaves(g0), jax.tree_util.tree_leaves(g1)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_every_attention_kind_has_a_spec():
+    """config names the kinds; models/attention.ATTENTION holds one named spec per kind."""
+    assert tuple(att.ATTENTION) == ATTENTION_KINDS
+    for spec in att.ATTENTION.values():
+        assert callable(spec.init) and callable(spec.apply) and spec.offloaded
 
 
 def test_forward_rejects_bad_tokens():

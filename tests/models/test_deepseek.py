@@ -40,9 +40,10 @@ def test_yarn_attention_factors():
     m = 0.1 * math.log(40) + 1
     cfg = yarn_cfg()
     assert att.mla_softmax_scale(cfg) == pytest.approx(m * m / math.sqrt(24))
-    cos, sin = att.model_rope_tables(cfg, 3)      # mscale == mscale_all_dim: factor 1
+    cos, sin = att.rope_tables(3, cfg.rope_dim, cfg.rope_theta, cfg)   # mscale == all_dim: 1
     np.testing.assert_allclose(np.asarray(cos[0]), 1.0, rtol=1e-6)
-    cos2, _ = att.model_rope_tables(cfg.replace(rope_mscale=0.0), 3)   # mscale(40) on cos/sin
+    cos2, _ = att.rope_tables(3, cfg.rope_dim, cfg.rope_theta,
+                              cfg.replace(rope_mscale=0.0))   # mscale(40) on cos/sin
     np.testing.assert_allclose(np.asarray(cos2[0]), m, rtol=1e-6)
     plain = cfg.replace(rope_type="default")
     assert att.mla_softmax_scale(plain) == pytest.approx(1 / math.sqrt(24))
@@ -91,7 +92,7 @@ def test_mla_norm_eps_is_used():
     cfg = moe_cfg(q_lora_rank=8).replace(moe=None)
     p = att.init_mla(jax.random.key(0), cfg)
     x = 1e-3 * jax.random.normal(jax.random.key(1), (1, 3, 16))   # tiny: eps matters
-    cos, sin = att.model_rope_tables(cfg, 3)
+    cos, sin = att.rope_tables(3, cfg.rope_dim, cfg.rope_theta, cfg)
     mla = jax.jit(att.mla, static_argnums=2)
     a = mla(p, x, cfg, cos, sin)
     b = mla(p, x, cfg.replace(mla_norm_eps=1e-2), cos, sin)

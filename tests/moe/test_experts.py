@@ -18,7 +18,7 @@ from dropless.config import MeshConfig
 from dropless.moe import (convert_expert_weights, expert_layout, fuse_expert_weights,
                           unfuse_expert_weights)
 from dropless.moe import layer
-from dropless.parallel import make_mesh, param_specs, shard_params
+from dropless.parallel import NodeMesh, make_mesh, param_specs, shard_params
 
 E, K, D, F, T = 8, 2, 32, 32, 64
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -33,10 +33,11 @@ def _cfg(**kw) -> MoEConfig:
 
 @functools.lru_cache(maxsize=None)
 def _grad_fn(cfg: MoEConfig, mesh_name: str | None, nodes: int | None = None):
-    mesh = make_mesh(MeshConfig(data=2, expert=4)) if mesh_name else None
+    mesh = (NodeMesh(make_mesh(MeshConfig(data=2, expert=4)), devices_per_node=nodes)
+            if mesh_name else None)
 
     def loss(p, x):
-        y, aux = layer.apply(p, x, cfg, mesh=mesh, devices_per_node=nodes)
+        y, aux = layer.apply(p, x, cfg, mesh=mesh)
         return jnp.sum(y * jnp.cos(jnp.arange(y.size, dtype=jnp.float32)).reshape(y.shape)), y
     return mesh, jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
 

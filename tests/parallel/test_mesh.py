@@ -66,10 +66,10 @@ def test_hybrid_mesh_groups_devices_into_nodes():
     (8 devices as 2 nodes of 4: fsdp 2 inside a node, expert 4 = ici 2 x dcn 2)."""
     if jax.device_count() < 8:
         pytest.skip("needs 8 host devices (tests/conftest.py)")
-    from dropless.parallel.mesh import make_hybrid_mesh, mesh_nodes
+    from dropless.parallel.mesh import NodeMesh, make_hybrid_mesh
     mesh = make_hybrid_mesh((1, 2, 2), (1, 1, 2), jax.devices()[:8])
     assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 4}
-    nodes = mesh_nodes(mesh, 4)
+    nodes = NodeMesh(mesh, devices_per_node=4).node_ids()
     # expert positions 0-1 are node 0 and 2-3 node 1, whatever the fsdp row
     np.testing.assert_array_equal(nodes[0], [[0, 0, 1, 1], [0, 0, 1, 1]])
     ids = np.vectorize(lambda d: d.id)(mesh.devices)[0]
@@ -85,10 +85,10 @@ def test_train_mesh_from_ici_dcn_keys():
                         ("dcn_expert_parallelism", 2)])
     assert (cfg.mesh.fsdp, cfg.mesh.expert, cfg.mesh.dcn_expert) == (2, 4, 2)
     assert cfg.mesh.devices_per_node == 4
-    mesh = train_mesh(cfg.mesh)
-    from dropless.parallel.mesh import mesh_nodes
-    assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 4}
-    assert sorted(np.unique(mesh_nodes(mesh, 4)[0, :, :2])) == [0]
+    mesh = train_mesh(cfg.mesh)   # the mesh and its node size, from MeshConfig
+    assert dict(mesh.mesh.shape) == {"data": 1, "fsdp": 2, "expert": 4}
+    assert mesh.devices_per_node == 4
+    assert sorted(np.unique(mesh.node_ids()[0, :, :2])) == [0]
 
 
 def test_mesh_config_validates_and_derives():

@@ -30,7 +30,8 @@ def _set_host_devices(n: int) -> None:
 
 
 def _stage_fn(spec, ctx, mesh, stage: str):
-    """Round 0 of a dispatcher cut after `stage` (dispatch | gmm | round), jitted."""
+    """Round 0 of a dispatcher cut after `stage` (dispatch | gmm | round), jitted; `mesh` a
+    NodeMesh (parallel.mesh)."""
     import jax
     from jax.sharding import PartitionSpec as P
 
@@ -46,11 +47,12 @@ def _stage_fn(spec, ctx, mesh, stage: str):
 
     tok = P(ctx.all_axes)
     ex = {k: P(ctx.expert_axis) for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD")}
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, ex), out_specs=tok,
-                                 check_vma=False))
+    return jax.jit(jax.shard_map(local, mesh=mesh.mesh, in_specs=(tok, tok, tok, ex),
+                                 out_specs=tok, check_vma=False))
 
 
 def _case(args, dispatchers, mesh):
+    """Timings and rows of each dispatcher on `mesh` (a NodeMesh: the mesh and its node size)."""
     import jax
     import jax.numpy as jnp
 
@@ -63,7 +65,6 @@ def _case(args, dispatchers, mesh):
 
     cfg = MoEConfig(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model,
                     d_ff=args.d_ff, ragged_buffer_factor=args.buffer_factor)
-    nodes = args.devices_per_node
     params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
     x = jax.random.normal(jax.random.key(1), (args.tokens, args.d_model), jnp.float32)
     routing = router.route(router.router_logits(x, params["router"]["w_DE"]),
@@ -74,15 +75,15 @@ def _case(args, dispatchers, mesh):
     for name in dispatchers:
         c = cfgs[name] = cfg.replace(dispatcher=name)
         spec = dsp.DISPATCHERS[dsp.resolve_dispatcher(name)]
-        m = split_expert_axis(mesh, nodes) if spec.split_nodes else mesh
-        ctx = dsp.make_context(c, m, args.tokens, x.dtype, devices_per_node=nodes)
+        m = split_expert_axis(mesh) if spec.split_nodes else mesh
+        ctx = dsp.make_context(c, m, args.tokens, x.dtype)
         for stage in ("dispatch", "gmm", "round"):
             f = _stage_fn(spec, ctx, m, stage)
             fns[f"{name}/{stage}"] = functools.partial(f, x, w, ids, ex)
 
         def path(x, w, ex, c=c):
             r = routing._replace(weights_TK=w)
-            return dsp.expert_parallel_experts(x, r, ex, c, mesh, devices_per_node=nodes)[0]
+            return dsp.expert_parallel_experts(x, r, ex, c, mesh)[0]
         fwd = jax.jit(path)
         fwd_bwd = jax.jit(lambda x, w, ex, path=path: jax.vjp(path, x, w, ex)[1](dy))
         fns[f"{name}/forward"] = functools.partial(fwd, x, w, ex)
@@ -93,14 +94,14 @@ def _case(args, dispatchers, mesh):
         med = {s: stats[f"{name}/{s}"]["median_ms"]
                for s in ("dispatch", "gmm", "round", "forward", "fwd+bwd")}
         aux = jax.jit(lambda x, c=cfgs[name]: dsp.expert_parallel_experts(
-            x, routing, ex, c, mesh, devices_per_node=nodes)[2])(x)
+            x, routing, ex, c, mesh)[2])(x)
         aux = {k: float(v) for k, v in aux.items()}
         spec = dsp.DISPATCHERS[dsp.resolve_dispatcher(name)]
-        m = split_expert_axis(mesh, nodes) if spec.split_nodes else mesh
-        ctx = dsp.make_context(cfgs[name], m, args.tokens, x.dtype, devices_per_node=nodes)
+        m = split_expert_axis(mesh) if spec.split_nodes else mesh
+        ctx = dsp.make_context(cfgs[name], m, args.tokens, x.dtype)
         rec = {"bench": "dispatch", "dispatcher": name, "tokens": args.tokens,
                "d_model": args.d_model, "d_ff": args.d_ff, "experts": args.experts,
-               "top_k": args.top_k, "ep": int(mesh.shape["expert"]),
+               "top_k": args.top_k, "ep": int(mesh.mesh.shape["expert"]),
                "buffer_factor": args.buffer_factor, "row_chunk": ctx.budget.row_chunk,
                "entry_chunk": ctx.budget.entry_chunk,
                "dispatch_ms": med["dispatch"], "gmm_ms": med["gmm"] - med["dispatch"],
@@ -154,7 +155,7 @@ def measured_v3_rows(tokens: int, seed: int = 0) -> dict:
     from dropless.moe import layer
     from dropless.moe.dispatch import expert_parallel_experts
     from dropless.moe.router import Routing
-    from dropless.parallel import make_mesh, shard_params
+    from dropless.parallel import NodeMesh, make_mesh, shard_params
 
     p = PROJECTION
     ep, t_local = p["ep"], tokens // p["ep"]
@@ -167,16 +168,16 @@ def measured_v3_rows(tokens: int, seed: int = 0) -> dict:
     ids_TK = jnp.asarray(ids[order], jnp.int32)
     cfg = MoEConfig(num_experts=p["num_experts"], top_k=p["top_k"], d_model=8, d_ff=8,
                     dispatcher="node_a2a", ragged_buffer_factor=2.0, gmm_backend="ragged_dot")
-    mesh = make_mesh(MeshConfig(data=jax.device_count() // ep, expert=ep))
-    if mesh.size != ep:
-        raise ValueError(f"measured_v3_rows wants exactly {ep} devices; got {mesh.size}")
+    mesh = NodeMesh(make_mesh(MeshConfig(data=jax.device_count() // ep, expert=ep)),
+                    devices_per_node=p["devices_per_node"])
+    if mesh.mesh.size != ep:
+        raise ValueError(f"measured_v3_rows wants exactly {ep} devices; got {mesh.mesh.size}")
     experts = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)["experts"]
     w_TK = jnp.full(ids_TK.shape, 1.0 / p["top_k"], jnp.float32)
     routing = Routing(w_TK, ids_TK, None, None)
     x = jnp.ones((tokens, cfg.d_model), jnp.float32)
     aux = jax.jit(lambda x, w: expert_parallel_experts(
-        x, routing._replace(weights_TK=w), experts, cfg, mesh,
-        devices_per_node=p["devices_per_node"])[2])(x, w_TK)
+        x, routing._replace(weights_TK=w), experts, cfg, mesh)[2])(x, w_TK)
     aux = {k: float(v) for k, v in aux.items()}
     row = p["d_model"] * p["bytes_per_value"]
     out = {"bench": "dispatch_projection_measured", "model": "deepseek-v3",
@@ -195,7 +196,8 @@ def measured_v3_rows(tokens: int, seed: int = 0) -> dict:
 
 
 def rows_by_routing(args, dispatchers, mesh) -> list[dict]:
-    """Deterministic rows per dispatcher and routing (no timing): the dispatchers' aux."""
+    """Deterministic rows per dispatcher and routing (no timing): the dispatchers' aux on
+    `mesh` (a NodeMesh: the mesh and its node size)."""
     import jax
     import jax.numpy as jnp
 
@@ -218,11 +220,10 @@ def rows_by_routing(args, dispatchers, mesh) -> list[dict]:
         for name in dispatchers:
             c = cfg.replace(dispatcher=name)
             aux = jax.jit(lambda x, c=c: dsp.expert_parallel_experts(
-                x, routing, params["experts"], c, mesh,
-                devices_per_node=args.devices_per_node)[2])(x)
+                x, routing, params["experts"], c, mesh)[2])(x)
             rec = {"bench": "dispatch_rows", "dispatcher": name, "routing": routing_name,
                    "tokens": args.tokens, "experts": args.experts, "top_k": args.top_k,
-                   "ep": int(mesh.shape["expert"]), "devices_per_node": args.devices_per_node,
+                   "ep": int(mesh.mesh.shape["expert"]), "devices_per_node": mesh.devices_per_node,
                    "buffer_factor": args.buffer_factor,
                    "max_over_mean_load": float(load.max() / load.mean()),
                    **{k: float(v) for k, v in aux.items()}}
@@ -321,7 +322,7 @@ def run(args: DispatchOptions) -> int:
     from dropless import machine, text_table
     from dropless.bench import harness
     from dropless.config import MeshConfig
-    from dropless.parallel import make_mesh
+    from dropless.parallel import NodeMesh, make_mesh
 
     n = jax.device_count()
     if n % args.ep:
@@ -330,7 +331,8 @@ def run(args: DispatchOptions) -> int:
     args, info, busy = harness.start(args, devices=n)
     if args.projection_only:
         return _projection_only(args, info)
-    mesh = make_mesh(MeshConfig(data=n // args.ep, expert=args.ep))
+    mesh = NodeMesh(make_mesh(MeshConfig(data=n // args.ep, expert=args.ep)),
+                    devices_per_node=args.devices_per_node)
     if args.rows_only:
         records = rows_by_routing(args, list(args.dispatchers), mesh)
         for r in records:

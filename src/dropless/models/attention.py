@@ -7,7 +7,9 @@ V value head dim, R rotary dims, N no-rope (content) dims, Q q low-rank dim, L k
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,8 @@ from jax.ad_checkpoint import checkpoint_name
 from dropless.config import ModelConfig
 from dropless.moe.ffn import scaled_normal
 
-# Names of activations that the `offload` remat policy moves to host memory (as MaxText does).
+# The activations each attention kind marks (checkpoint_name) for the `offload` remat policy to
+# move to host memory (as MaxText does).
 OFFLOADED_NAMES = ("query_proj", "value_proj")
 
 
@@ -68,11 +71,6 @@ def rope_tables(seq_len: int, dim: int, theta: float, cfg: ModelConfig | None = 
         attn = 1.0
     angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
     return jnp.cos(angles) * attn, jnp.sin(angles) * attn
-
-
-def model_rope_tables(cfg: ModelConfig, seq_len: int) -> tuple[jax.Array, jax.Array]:
-    """The rotary tables the model uses at `seq_len` (default or YaRN, per cfg.rope_type)."""
-    return rope_tables(seq_len, cfg.rope_dim, cfg.rope_theta, cfg)
 
 
 def mla_softmax_scale(cfg: ModelConfig) -> float:
@@ -193,4 +191,23 @@ def mha(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     return _dot(out, p["wo_HKD"], "bshk,hkd->bsd")
 
 
-ATTENTION = {"mla": (init_mla, mla), "mha": (init_mha, mha)}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionSpec:
+    """One attention kind (ModelConfig.attention, config.ATTENTION_KINDS).
+
+    init: (key, cfg) -> its parameters.
+    apply: (params, x_BSD, cfg, cos_SR2, sin_SR2) -> y_BSD.
+    offloaded: the activations it marks (checkpoint_name) that the `offload` remat policy
+      moves to host memory.
+    """
+
+    init: Callable[[jax.Array, ModelConfig], dict[str, jax.Array]]
+    apply: Callable[..., jax.Array]
+    offloaded: tuple[str, ...] = OFFLOADED_NAMES
+
+
+# keyed by config.ATTENTION_KINDS (tests/models/test_attention.py checks they are the same)
+ATTENTION: dict[str, AttentionSpec] = {
+    "mla": AttentionSpec(init=init_mla, apply=mla),
+    "mha": AttentionSpec(init=init_mha, apply=mha),
+}

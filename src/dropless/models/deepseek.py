@@ -1,7 +1,7 @@
 """The model: DeepSeek-V3-style decoder (MLA, dense-first layers, MoE layers with shared experts,
 optional multi-token prediction) and, through the same blocks, the Mixtral / Qwen3-MoE shape
-(standard attention, softmax routing). Math only: the mesh (and its node size,
-`devices_per_node`) is passed through to the MoE layer.
+(standard attention, softmax routing). Math only: the mesh (a `parallel.NodeMesh`, which
+carries its node size, or a plain jax mesh) is passed through to the MoE layer.
 
 Legend: B batch, S sequence, D model dim, F dense hidden, V vocabulary, E experts, Lm MoE layers.
 
@@ -20,10 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from dropless import moe as moe_lib
-from dropless.config import ModelConfig
-from dropless.models.attention import ATTENTION, OFFLOADED_NAMES, rms_norm, rope_tables
+from dropless.config import REMAT_CHECKPOINT_POLICIES, REMAT_POLICIES, ModelConfig
+from dropless.models.attention import ATTENTION, rms_norm, rope_tables
 from dropless.models.scan import run_layers, stack_layers
 from dropless.moe.ffn import init_swiglu_ffn, scaled_normal, swiglu_ffn
+from dropless.parallel.mesh import AnyMesh
 
 Params = dict[str, Any]
 
@@ -32,7 +33,7 @@ def init_block(key: jax.Array, cfg: ModelConfig, is_moe: bool) -> Params:
     wdt = jnp.dtype(cfg.weight_dtype)
     k_a, k_f = jax.random.split(key)
     block = {"attn_norm_D": jnp.ones((cfg.d_model,), wdt),
-             "attn": ATTENTION[cfg.attention][0](k_a, cfg),
+             "attn": ATTENTION[cfg.attention].init(k_a, cfg),
              "ffn_norm_D": jnp.ones((cfg.d_model,), wdt)}
     if is_moe:
         block["moe"] = moe_lib.init_params(k_f, cfg.moe)
@@ -77,55 +78,59 @@ def init_mtp_module(key: jax.Array, cfg: ModelConfig) -> Params:
             "out_norm_D": jnp.ones((d,), wdt)}
 
 
-REMAT_POLICIES = {
-    "none": None,
-    "full": lambda: jax.checkpoint_policies.nothing_saveable,
-    "minimal": lambda: jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "offload": lambda: jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED_NAMES),
-        offload_src="device", offload_dst="pinned_host"),
-}
+def remat_policy(remat: str, cfg: ModelConfig):
+    """The jax.checkpoint policy that remat policy `remat` names (config's
+    REMAT_CHECKPOINT_POLICIES), None for "none"; the offloading one moves the activations the
+    model's attention marks (AttentionSpec.offloaded) to pinned host memory. Raises ValueError
+    for an unknown name."""
+    if remat not in REMAT_CHECKPOINT_POLICIES:
+        raise ValueError(f"remat={remat!r} must be one of {REMAT_POLICIES}")
+    name = REMAT_CHECKPOINT_POLICIES[remat]
+    if name is None:
+        return None
+    policy = getattr(jax.checkpoint_policies, name)
+    if name == "save_and_offload_only_these_names":   # a policy built from the names it moves
+        return policy(names_which_can_be_saved=[],
+                      names_which_can_be_offloaded=list(ATTENTION[cfg.attention].offloaded),
+                      offload_src="device", offload_dst="pinned_host")
+    return policy
 
 
-def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig, mesh: Any = None,
-          devices_per_node: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig,
+          mesh: AnyMesh | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Pre-norm block: x + attn(norm(x)), then + ffn(norm(.)) (dense SwiGLU or MoE layer).
 
     Returns (y_BSD, aux); aux is empty for dense blocks and the MoE layer's aux otherwise.
     """
     h = attention_residual(p, x_BSD, cos_SR2, sin_SR2, cfg=cfg)
-    return ffn_residual(p, h, cfg=cfg, mesh=mesh, devices_per_node=devices_per_node)
+    return ffn_residual(p, h, cfg=cfg, mesh=mesh)
 
 
 def attention_residual(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig
                        ) -> jax.Array:
     """The block's first half: x + attn(norm(x))."""
-    attn_fn = ATTENTION[cfg.attention][1]
+    attn_fn = ATTENTION[cfg.attention].apply
     with jax.named_scope("attention"):
         return x_BSD + attn_fn(p["attn"], rms_norm(x_BSD, p["attn_norm_D"], cfg.norm_eps), cfg,
                                cos_SR2, sin_SR2)
 
 
-def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: Any = None,
-                 devices_per_node: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: AnyMesh | None = None
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The block's second half: h + ffn(norm(h)), and the MoE layer's aux (empty if dense)."""
     z = rms_norm(h, p["ffn_norm_D"], cfg.norm_eps)
     if "moe" in p:
         with jax.named_scope("moe"):
-            y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh,
-                                   devices_per_node=devices_per_node)
+            y, aux = moe_lib.apply(p["moe"], z, cfg.moe, mesh=mesh)
         return h + y.astype(h.dtype), aux
     with jax.named_scope("dense_ffn"):
         return h + swiglu_ffn(p["ffn"], z, z.dtype).astype(z.dtype), {}
 
 
-def _block_fn(cfg: ModelConfig, mesh: Any, remat: str, devices_per_node: int | None = None):
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"remat={remat!r} must be one of {tuple(REMAT_POLICIES)}")
-    fn = functools.partial(block, cfg=cfg, mesh=mesh, devices_per_node=devices_per_node)
-    if remat == "none":
-        return fn
-    return jax.checkpoint(fn, policy=REMAT_POLICIES[remat]())
+def _block_fn(cfg: ModelConfig, mesh: AnyMesh | None, remat: str):
+    policy = remat_policy(remat, cfg)
+    fn = functools.partial(block, cfg=cfg, mesh=mesh)
+    return fn if policy is None else jax.checkpoint(fn, policy=policy)
 
 
 _SUMMED_AUX = {"loss": "moe_loss", "dropped_tokens": "dropped_tokens",
@@ -173,8 +178,8 @@ def logits_from_hidden(params: Params, h_BSD: jax.Array, norm_w_D: jax.Array,
     return jnp.dot(z, w_DV.astype(z.dtype), preferred_element_type=jnp.float32)
 
 
-def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any = None,
-            remat: str = "none", devices_per_node: int | None = None
+def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *,
+            mesh: AnyMesh | None = None, remat: str = "none"
             ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """Token ids [B, S] -> (logits_BSV float32, last hidden h_BSD, aux).
 
@@ -191,13 +196,13 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *, mesh: Any
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
-    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat, devices_per_node), cos, sin)
+    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat), cos, sin)
     logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
     return logits, x, _merge_aux(auxes)
 
 
 def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: ModelConfig, *,
-               mesh: Any = None, remat: str = "none", devices_per_node: int | None = None
+               mesh: AnyMesh | None = None, remat: str = "none"
                ) -> tuple[list[jax.Array], dict]:
     """DeepSeek-V3 multi-token prediction. Module k (1-based) at position i combines the previous
     depth's hidden state with the embedding of token i+k and predicts token i+k+1.
@@ -207,7 +212,7 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
     """
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
-    fn = _block_fn(cfg, mesh, remat, devices_per_node)
+    fn = _block_fn(cfg, mesh, remat)
     out, auxes = [], []
     for k, m in enumerate(params.get("mtp", []), start=1):
         e = params["embed"]["w_VD"][jnp.roll(tokens_BS, -k, axis=1)].astype(dt)

@@ -12,7 +12,6 @@ Parameter names are a public contract:
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ from dropless.moe import router as rt
 from dropless.moe.dispatch import expert_parallel_experts
 from dropless.moe.experts import check_layout, dropless_experts, fuse_expert_weights
 from dropless.moe.ffn import init_swiglu_ffn, scaled_normal, swiglu, swiglu_ffn
+from dropless.parallel.mesh import AnyMesh
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -100,14 +100,14 @@ def check_input(x: jax.Array, cfg: MoEConfig) -> None:
                          f"{cfg.d_model}]; got {x.shape}")
 
 
-def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: Any = None,
-          devices_per_node: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: AnyMesh | None = None
+          ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The MoE layer on x of shape [T, D] or [B, S, D]; returns (y like x, aux).
 
     aux: `tokens_per_expert` [E], `dropped_tokens` (0 when dropless), `load_balance_loss`,
     `seq_aux_loss`, `z_loss`, and `loss` = the coefficient-weighted sum to add to the objective.
-    With `mesh` (a jax.sharding.Mesh with an `expert` axis) the experts run expert-parallel;
-    `devices_per_node` is its devices' node size (MeshConfig.devices_per_node; None: one node).
+    With `mesh` (a mesh with an `expert` axis: a jax.sharding.Mesh, one node, or a
+    parallel.NodeMesh, which carries its devices' node size) the experts run expert-parallel.
     """
     check_input(x, cfg)
     x_TD = x.reshape(-1, cfg.d_model)
@@ -116,7 +116,7 @@ def apply(params: Params, x: jax.Array, cfg: MoEConfig, *, mesh: Any = None,
     extra: dict[str, jax.Array] = {}
     if mesh is not None:
         y_TD, sizes_E, extra = expert_parallel_experts(x_TD, routing, params["experts"], cfg,
-                                                       mesh, devices_per_node=devices_per_node)
+                                                       mesh)
         dropped = jnp.zeros((), jnp.int32)
     elif cfg.capacity_factor is None:
         y_TD, sizes_E = dropless_experts(x_TD, routing, params["experts"], cfg)

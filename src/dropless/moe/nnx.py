@@ -7,14 +7,13 @@ the optimizer (`MoE.update_bias`), so optimizers built on `nnx.Param` leave it a
 """
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 from flax import nnx
 
 from dropless.config import MoEConfig
 from dropless.moe import layer
 from dropless.moe import router as rt
+from dropless.parallel.mesh import AnyMesh
 
 
 class RouterBias(nnx.Variable):
@@ -54,10 +53,9 @@ class MoE(nnx.Module):
                                 "w_down_FD": self.w_shared_down_FD[...]}
         return params
 
-    def __call__(self, x: jax.Array, *, mesh: Any = None, devices_per_node: int | None = None
-                 ) -> tuple[jax.Array, dict]:
-        return layer.apply(self.params_dict(), x, self.cfg, mesh=mesh,
-                           devices_per_node=devices_per_node)
+    def __call__(self, x: jax.Array, *, mesh: AnyMesh | None = None) -> tuple[jax.Array, dict]:
+        """The layer on x [T, D] or [B, S, D]: (y like x, aux), as `dropless.moe.apply`."""
+        return layer.apply(self.params_dict(), x, self.cfg, mesh=mesh)
 
     def update_bias(self, tokens_per_expert_E: jax.Array) -> None:
         """Apply the DeepSeek-V3 bias rule with `cfg.bias_update_speed` (call once per step)."""

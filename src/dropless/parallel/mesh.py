@@ -1,19 +1,20 @@
-"""Mesh construction from a MeshConfig (the one builder: trainer, benches, tests), and the
-logical-axis -> mesh-axis rules.
+"""Mesh construction from a MeshConfig (the builder of the trainer, benches and tests), the mesh
+with its node size (`NodeMesh`), and the logical-axis -> mesh-axis rules.
 
-Math code names logical axes only ("batch", "expert", "embed", "mlp"); this module is the one
+Math code names logical axes only ("batch", "expert", "embed", "mlp"); this module is the
 place that says which mesh axes carry them. Meshes use `AxisType.Auto` axes, so jit may
 reshard around the single `shard_map` boundary in the dispatcher (jax 0.10 `make_mesh`
 defaults to Explicit axes, which would make every array's sharding part of its type).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from dropless.config import MESH_AXES, MeshConfig
 
@@ -30,6 +31,48 @@ LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "router": (),                          # router columns: replicated
     "layers": (),                          # scan-stacked layer dim: each scan step takes one
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeMesh:
+    """A device mesh and the node size of its devices: a device's node (ICI domain) is its id //
+    `devices_per_node`; None puts every device on one node. The value every `mesh=` argument
+    of the MoE layer, the model and the trainer takes (a plain Mesh or AbstractMesh passed
+    there is one node, `node_mesh`); hashable, so it may be a static argument.
+    """
+
+    mesh: Mesh | AbstractMesh
+    _: dataclasses.KW_ONLY
+    devices_per_node: int | None = None
+
+    def device_ids(self) -> np.ndarray:
+        """Device ids in mesh order (an int array shaped like the mesh); an abstract mesh
+        (cross-lowering) numbers its positions instead."""
+        devices = getattr(self.mesh, "devices", None)
+        if devices is None:
+            sizes = tuple(self.mesh.axis_sizes)
+            return np.arange(math.prod(sizes)).reshape(sizes)
+        return np.vectorize(lambda d: int(d.id), otypes=[np.int64])(devices)
+
+    def node_ids(self) -> np.ndarray:
+        """Node of each mesh position: device id // devices_per_node; all 0 for one node."""
+        ids = self.device_ids()
+        n = self.devices_per_node
+        return np.zeros_like(ids) if n is None else ids // n
+
+
+AnyMesh = Mesh | AbstractMesh | NodeMesh   # what a `mesh=` argument takes
+
+
+def node_mesh(mesh: AnyMesh) -> NodeMesh:
+    """`mesh` with its node size: a NodeMesh as it is, a plain Mesh or AbstractMesh as one
+    node."""
+    return mesh if isinstance(mesh, NodeMesh) else NodeMesh(mesh)
+
+
+def jax_mesh(mesh: AnyMesh | None) -> Mesh | AbstractMesh | None:
+    """The jax mesh of `mesh` (a NodeMesh's `mesh`, a plain mesh as it is; None stays None)."""
+    return mesh.mesh if isinstance(mesh, NodeMesh) else mesh
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -52,24 +95,27 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
-def train_mesh(cfg: MeshConfig) -> Mesh | None:
+def train_mesh(cfg: MeshConfig) -> NodeMesh | None:
     """The trainer's mesh: None for one device (plain jit), else `make_mesh` over the first
-    cfg.num_devices of `jax.devices()`. Any mesh of more than one device goes to the MoE layer
-    too: with an expert axis of 1 the dispatcher still runs each device's tokens shard-locally
-    (left to GSPMD, every device's routed rows were gathered and all-reduced: an 8-device step
-    measured 1.7x its shard-local time). Raises ValueError when JAX sees fewer devices."""
+    cfg.num_devices of `jax.devices()`, with cfg.devices_per_node as its node size. Any mesh of
+    more than one device goes to the MoE layer too: with an expert axis of 1 the dispatcher
+    still runs each device's tokens shard-locally (left to GSPMD, every device's routed rows
+    were gathered and all-reduced: an 8-device step measured 1.7x its shard-local time).
+    Raises ValueError when JAX sees fewer devices."""
     if cfg.num_devices == 1:
         return None
     have = jax.device_count()
     if cfg.num_devices > have:
         raise ValueError(f"mesh data*fsdp*expert parallelism = {cfg.num_devices} but JAX sees "
                          f"{have} devices (on a CPU, try xla_recipe=cpu8)")
-    return make_mesh(cfg, jax.devices()[:cfg.num_devices])
+    return NodeMesh(make_mesh(cfg, jax.devices()[:cfg.num_devices]),
+                    devices_per_node=cfg.devices_per_node)
 
 
-def batch_sharding(mesh: Mesh | None) -> NamedSharding | None:
+def batch_sharding(mesh: AnyMesh | None) -> NamedSharding | None:
     """The batch's placement: its first (batch) dim split over every mesh axis (`batch_axes`);
     None without a mesh."""
+    mesh = jax_mesh(mesh)
     return None if mesh is None else NamedSharding(mesh, PartitionSpec(batch_axes(mesh)))
 
 
@@ -78,7 +124,7 @@ def make_hybrid_mesh(ici_shape: Sequence[int], dcn_shape: Sequence[int],
                      axis_names: Sequence[str] = MESH_AXES) -> Mesh:
     """A mesh over nodes (MaxText's ICI x DCN): axis i has size ici_shape[i] * dcn_shape[i].
 
-    Devices are grouped into nodes of prod(ici_shape) consecutive device ids (`node_of`), the
+    Devices are grouped into nodes of prod(ici_shape) consecutive device ids (`NodeMesh`), the
     grouping the dispatcher's node accounting uses. Along each axis the node index varies
     slowest (position = dcn index * ici size + ici index), so every ICI sub-block of the mesh is
     one node and only the dcn parts of the axes cross nodes. Raises ValueError when the device
@@ -100,31 +146,22 @@ def make_hybrid_mesh(ici_shape: Sequence[int], dcn_shape: Sequence[int],
     return Mesh(grid, tuple(axis_names), axis_types=(AxisType.Auto,) * n)
 
 
-def node_of(device: jax.Device, devices_per_node: int) -> int:
-    """The node `device` belongs to: blocks of `devices_per_node` consecutive device ids."""
-    return int(device.id) // devices_per_node
-
-
-def mesh_nodes(mesh: Mesh, devices_per_node: int) -> np.ndarray:
-    """Node id of each mesh position (an int array shaped like the mesh)."""
-    return np.vectorize(lambda d: node_of(d, devices_per_node), otypes=[int])(mesh.devices)
-
-
-def mesh_axis_size(mesh: Mesh, axis: str) -> int:
+def mesh_axis_size(mesh: AnyMesh, axis: str) -> int:
     """Size of `axis` in `mesh`, 1 if the mesh has no such axis."""
+    mesh = jax_mesh(mesh)
     return int(mesh.shape[axis]) if axis in mesh.axis_names else 1
 
 
-def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+def batch_axes(mesh: AnyMesh) -> tuple[str, ...]:
     """Mesh axes the token dim is split over: every axis of the mesh, in mesh order.
 
     A user-built mesh may have axes beyond (data, fsdp, expert); tokens are split over those too,
     so every device holds distinct tokens.
     """
-    return tuple(mesh.axis_names)
+    return tuple(jax_mesh(mesh).axis_names)
 
 
-def logical_to_spec(logical: Sequence[str | None], mesh: Mesh,
+def logical_to_spec(logical: Sequence[str | None], mesh: AnyMesh,
                     shape: Sequence[int] | None = None) -> PartitionSpec:
     """PartitionSpec for an array whose dims have these logical axis names (None: replicated).
 
@@ -133,6 +170,7 @@ def logical_to_spec(logical: Sequence[str | None], mesh: Mesh,
     an earlier dim already carries is dropped too (an array uses each mesh axis once).
     Raises ValueError for a logical name missing from LOGICAL_RULES.
     """
+    mesh = jax_mesh(mesh)
     dims, used = [], set()
     for i, name in enumerate(logical):
         if name is None:

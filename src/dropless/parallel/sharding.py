@@ -13,9 +13,8 @@ Paths: "/"-joined dict keys, list indices written `*` in the table
 A path in a train state matches the table entry it ends with ("params/layers/3/attn/wq_DHK",
 "opt_state/0/mu/layers/3/attn/wq_DHK": the optimizer's moments mirror the parameters), the
 longest entry first. Each array has at most one FSDP dim, the one its entry names with a
-sharded logical axis (the larger of its model / vocabulary / latent dims: the placement the
-trainer has always used); the other dims are None (replicated) or name an axis without mesh
-axes ("mlp", "heads", "router").
+sharded logical axis (the larger of its model / vocabulary / latent dims); the other dims are
+None (replicated) or name an axis without mesh axes ("mlp", "heads", "router").
 """
 from __future__ import annotations
 
@@ -23,9 +22,9 @@ import re
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
-from dropless.parallel.mesh import logical_to_spec
+from dropless.parallel.mesh import AnyMesh, jax_mesh, logical_to_spec
 
 # The parameter group whose arrays are stacked over layers (scanned layers, models/scan.py).
 STACKED_GROUP = "layer_runs"
@@ -122,32 +121,33 @@ def param_axes(path: str, ndim: int) -> tuple[str | None, ...]:
     return axes
 
 
-def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+def param_spec(path: str, shape: tuple[int, ...], mesh: AnyMesh) -> PartitionSpec:
     """PartitionSpec of the parameter at `path` of `shape` on `mesh` (a mesh axis that does not
     divide its dim is dropped: that dim is replicated, see `logical_to_spec`). Raises
     ValueError as `param_axes`."""
     return logical_to_spec(param_axes(path, len(shape)), mesh, shape=tuple(shape))
 
 
-def param_specs(params: Any, mesh: Mesh) -> Any:
+def param_specs(params: Any, mesh: AnyMesh) -> Any:
     """A pytree of PartitionSpecs like `params` (a model's or one MoE layer's parameters).
     Raises ValueError naming a path that PARAM_AXES does not know."""
     return jax.tree_util.tree_map_with_path(
         lambda keys, leaf: param_spec(param_path(keys), tuple(leaf.shape), mesh), params)
 
 
-def param_shardings(params: Any, mesh: Mesh) -> Any:
+def param_shardings(params: Any, mesh: AnyMesh) -> Any:
     """NamedShardings for `params` on `mesh` (see PARAM_AXES)."""
+    mesh = jax_mesh(mesh)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params, mesh),
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def shard_params(params: Any, mesh: Mesh) -> Any:
+def shard_params(params: Any, mesh: AnyMesh) -> Any:
     """Place `params` on `mesh` according to PARAM_AXES."""
     return jax.device_put(params, param_shardings(params, mesh))
 
 
-def state_shardings(state: Any, mesh: Mesh | None) -> Any:
+def state_shardings(state: Any, mesh: AnyMesh | None) -> Any:
     """NamedShardings for a whole train state (params, optimizer state, step, rng) on `mesh`;
     None without a mesh.
 
@@ -156,6 +156,7 @@ def state_shardings(state: Any, mesh: Mesh | None) -> Any:
     scanned layers unsharded: each scan step takes one layer); any other leaf (the step, the
     rng key, the optimizer's counters) is replicated. Raises ValueError naming a parameter path
     the table does not know."""
+    mesh = jax_mesh(mesh)
     if mesh is None:
         return None
 

@@ -140,8 +140,7 @@ def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfi
     bad = nonfinite_leaves(canon)
     if bad:
         return f"parameters were already non-finite before the step: {_first(bad)}"
-    forward = _locate_forward(canon, batch_BS1[:, :-1], cfg.model, mesh,
-                              cfg.mesh.devices_per_node)
+    forward = _locate_forward(canon, batch_BS1[:, :-1], cfg.model, mesh)
     if forward:
         return f"first non-finite value in the forward pass: {forward}"
     loss = functools.partial(step_lib.loss_fn, cfg=cfg, mesh=mesh)
@@ -162,7 +161,7 @@ def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfi
     return "not reproduced when the step was run again piece by piece"
 
 
-def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh, nodes: int | None) -> str:
+def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh) -> str:
     """The first non-finite output of the forward pass, in words ("" when all are finite).
     Each piece is jitted on its own; same-kind layers share one compiled function."""
     from dropless.models import deepseek
@@ -173,8 +172,7 @@ def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh, nodes: int | No
     if _bad(x):
         return "the embedding of the batch's tokens"
     attn = jax.jit(functools.partial(deepseek.attention_residual, cfg=m))
-    ffn = jax.jit(functools.partial(deepseek.ffn_residual, cfg=m, mesh=mesh,
-                                    devices_per_node=nodes))
+    ffn = jax.jit(functools.partial(deepseek.ffn_residual, cfg=m, mesh=mesh))
     for i, p in enumerate(params["layers"]):
         x = attn(p, x, cos, sin)
         if _bad(x):
@@ -188,8 +186,7 @@ def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh, nodes: int | No
     if _bad(logits):
         return "the output head (final_norm, lm_head)"
     if params.get("mtp"):
-        outs, _ = jax.jit(functools.partial(deepseek.mtp_logits, cfg=m, mesh=mesh,
-                                            devices_per_node=nodes))(
+        outs, _ = jax.jit(functools.partial(deepseek.mtp_logits, cfg=m, mesh=mesh))(
             params, x, tokens_BS)
         for k, lg in enumerate(outs, start=1):
             if _bad(lg):

@@ -16,6 +16,7 @@ import optax
 from dropless.config import TrainConfig
 from dropless.models import deepseek
 from dropless.moe import update_bias
+from dropless.parallel.mesh import AnyMesh
 
 State = dict[str, Any]
 
@@ -73,20 +74,18 @@ def cross_entropy(logits_BSV: jax.Array, targets_BS: jax.Array,
     return jnp.sum(nll * mask_BS) / jnp.maximum(jnp.sum(mask_BS), 1)
 
 
-def loss_fn(params, batch_BS1: jax.Array, cfg: TrainConfig, mesh: Any = None
+def loss_fn(params, batch_BS1: jax.Array, cfg: TrainConfig, mesh: AnyMesh | None = None
             ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed)."""
+    """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed).
+    `mesh`: the trainer's (`parallel.mesh.train_mesh`: the mesh with its node size)."""
     m = cfg.model
     inputs, targets = batch_BS1[:, :-1], batch_BS1[:, 1:]
-    nodes = cfg.mesh.devices_per_node   # the node size of the mesh's devices (MeshConfig)
-    logits, h, aux = deepseek.forward(params, inputs, m, mesh=mesh, remat=cfg.remat,
-                                      devices_per_node=nodes)
+    logits, h, aux = deepseek.forward(params, inputs, m, mesh=mesh, remat=cfg.remat)
     ce = cross_entropy(logits, targets)
     total = ce + aux["moe_loss"]
     metrics = {"ce_loss": ce, **aux}
     if m.mtp_depth:
-        mtp, mtp_aux = deepseek.mtp_logits(params, h, inputs, m, mesh=mesh, remat=cfg.remat,
-                                           devices_per_node=nodes)
+        mtp, mtp_aux = deepseek.mtp_logits(params, h, inputs, m, mesh=mesh, remat=cfg.remat)
         s = inputs.shape[1]
         losses = []
         for k, lg in enumerate(mtp, start=1):
@@ -130,7 +129,8 @@ def _update_biases(params, metrics, cfg: TrainConfig):
 
 
 def train_step(state: State, batch_BS1: jax.Array, *, cfg: TrainConfig,
-               opt: optax.GradientTransformation, mesh: Any = None) -> tuple[State, dict]:
+               opt: optax.GradientTransformation, mesh: AnyMesh | None = None
+               ) -> tuple[State, dict]:
     """One optimizer step on a [B, S + 1] batch; returns (new state, metrics)."""
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state["params"], batch_BS1, cfg, mesh)
@@ -144,8 +144,8 @@ def train_step(state: State, batch_BS1: jax.Array, *, cfg: TrainConfig,
     return new_state, metrics
 
 
-def eval_loss(params, batch_BS1: jax.Array, *, cfg: TrainConfig, mesh: Any = None) -> jax.Array:
+def eval_loss(params, batch_BS1: jax.Array, *, cfg: TrainConfig, mesh: AnyMesh | None = None
+              ) -> jax.Array:
     """Held-out next-token cross-entropy (no MTP, no balance losses)."""
-    logits, _, _ = deepseek.forward(params, batch_BS1[:, :-1], cfg.model, mesh=mesh,
-                                    devices_per_node=cfg.mesh.devices_per_node)
+    logits, _, _ = deepseek.forward(params, batch_BS1[:, :-1], cfg.model, mesh=mesh)
     return cross_entropy(logits, batch_BS1[:, 1:])

@@ -3,11 +3,11 @@
 Legend: E experts, K top-k, D model dim, F expert hidden, T tokens, P = 8 EP peers, El = 2
 experts per peer, G devices per node, M = P/G nodes.
 
-8 host devices, EP 8, arranged as 4 nodes of 2 or 2 nodes of 4 (`devices_per_node`, which the
-caller passes next to the mesh), under
-uniform, Zipf and all-to-one-node routing (experts 0-3, all on node 0 in both layouts). The
-buffer factor is 1.0 so skewed routing needs extra hop-1 rounds. One compiled function per
-layout covers the three routings (they differ only through the router bias).
+8 host devices, EP 8, arranged as 4 nodes of 2 or 2 nodes of 4 (the NodeMesh's
+`devices_per_node`), under uniform, Zipf and all-to-one-node routing (experts 0-3, all on node 0
+in both layouts). The buffer factor is 1.0 so skewed routing needs extra hop-1 rounds. One
+compiled function per layout covers the three routings (they differ only through the router
+bias).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dropless.config import MeshConfig
 from dropless.moe import layer
 from dropless.moe.dispatch import resolve_dispatcher
 from dropless.moe.dispatch.context import multi_node_groups, node_layout
-from dropless.parallel import make_mesh, shard_params
+from dropless.parallel import NodeMesh, make_mesh, shard_params
 
 E, K, D, F, T, P = 16, 4, 8, 16, 64, 8
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -43,15 +43,15 @@ def _bias(kind: str):
     return jnp.asarray([5.0] * 4 + [0.0] * (E - 4), jnp.float32)   # node 0 in both layouts
 
 
-def _loss(params, x, cfg, mesh, nodes=None):
-    y, aux = layer.apply(params, x, cfg, mesh=mesh, devices_per_node=nodes)
+def _loss(params, x, cfg, mesh):
+    y, aux = layer.apply(params, x, cfg, mesh=mesh)
     return jnp.sum(y * jnp.sin(jnp.arange(y.size, dtype=jnp.float32)).reshape(y.shape)), (y, aux)
 
 
 @functools.lru_cache(maxsize=None)
 def _step(cfg: MoEConfig, with_mesh: bool, nodes: int | None = None):
-    mesh = make_mesh(MeshConfig(expert=P)) if with_mesh else None
-    return mesh, jax.jit(jax.value_and_grad(lambda p, x: _loss(p, x, cfg, mesh, nodes),
+    mesh = NodeMesh(make_mesh(MeshConfig(expert=P)), devices_per_node=nodes) if with_mesh else None
+    return mesh, jax.jit(jax.value_and_grad(lambda p, x: _loss(p, x, cfg, mesh),
                                             argnums=(0, 1), has_aux=True))
 
 
@@ -89,7 +89,7 @@ def _rows_by_loop(ids_TK: np.ndarray, g: int) -> tuple[int, int, int]:
 @pytest.mark.parametrize("devices_per_node", [2, 4])
 def test_node_dedup_matches_single_device(devices_per_node):
     mesh, step = _step(_cfg(), True, devices_per_node)
-    assert node_layout(mesh, devices_per_node) == (P // devices_per_node, devices_per_node)
+    assert node_layout(mesh) == (P // devices_per_node, devices_per_node)
     for routing in ROUTINGS:
         params, x = _inputs(routing)
         (_, (y, aux)), grads = step(shard_params(params, mesh), x)
@@ -115,9 +115,10 @@ def test_node_dedup_matches_single_device(devices_per_node):
 
 def test_auto_picks_node_a2a_only_across_nodes():
     mesh = make_mesh(MeshConfig(expert=P))
-    assert multi_node_groups(mesh, 2) == 4 and multi_node_groups(mesh, 4) == 2
-    assert multi_node_groups(mesh, 8) == 1 and multi_node_groups(mesh, 1) == 1
-    assert multi_node_groups(mesh, None) == 1   # no node size given: one node
+    nodes = lambda n: multi_node_groups(NodeMesh(mesh, devices_per_node=n))
+    assert nodes(2) == 4 and nodes(4) == 2
+    assert nodes(8) == 1 and nodes(1) == 1
+    assert nodes(None) == 1 and multi_node_groups(mesh) == 1   # a plain mesh: one node
     assert resolve_dispatcher("auto", "cpu", num_nodes=2) == "node_a2a"
     assert resolve_dispatcher("auto", "cpu", num_nodes=1) == "a2a"
 
@@ -126,4 +127,4 @@ def test_misaligned_nodes_are_a_clear_error():
     with pytest.raises(ValueError, match=r"devices_per_node=3 \(MeshConfig: mesh.dcn_\*\) does "
                                          r"not split the expert axis \(8 peers\)"):
         layer.apply(layer.init_params(jax.random.key(0), _cfg()), jnp.ones((T, D)), _cfg(),
-                    mesh=make_mesh(MeshConfig(expert=P)), devices_per_node=3)
+                    mesh=NodeMesh(make_mesh(MeshConfig(expert=P)), devices_per_node=3))

@@ -24,7 +24,7 @@ from dropless.moe.dispatch import DISPATCHERS, DispatcherSpec
 from dropless.moe.dispatch.context import make_context, split_expert_axis
 from dropless.moe.dispatch.send_plan import SendPlan
 from dropless.moe.experts import expert_ffn
-from dropless.parallel import make_mesh
+from dropless.parallel import NodeMesh, make_mesh
 
 E, K, D, F, T, P, G = 16, 4, 8, 16, 64, 8, 4
 
@@ -58,10 +58,10 @@ def test_state_and_metadata_are_the_specs_namedtuples(name):
     spec = DISPATCHERS[name]
     cfg = MoEConfig(num_experts=E, top_k=K, d_model=D, d_ff=F, gmm_backend="ragged_dot",
                     dispatcher=name)
-    mesh = make_mesh(MeshConfig(expert=P))
+    mesh = NodeMesh(make_mesh(MeshConfig(expert=P)), devices_per_node=G)
     if spec.split_nodes:
-        mesh = split_expert_axis(mesh, G)
-    ctx = make_context(cfg, mesh, T, jnp.float32, devices_per_node=G)
+        mesh = split_expert_axis(mesh)
+    ctx = make_context(cfg, mesh, T, jnp.float32)
     experts = layer.init_params(jax.random.key(0), cfg)["experts"]
     seen = {}
 
@@ -72,7 +72,7 @@ def test_state_and_metadata_are_the_specs_namedtuples(name):
         return spec.combine(expert_ffn(x_ND, sizes_El, experts, cfg), meta, ctx)
 
     tok = PartitionSpec(ctx.all_axes)
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(tok, tok, tok, {k: PartitionSpec(
+    fn = jax.shard_map(body, mesh=mesh.mesh, in_specs=(tok, tok, tok, {k: PartitionSpec(
         ctx.expert_axis) for k in experts}), out_specs=tok, check_vma=False)
     ids_TK = (jnp.arange(T * K, dtype=jnp.int32) % E).reshape(T, K)
     y = jax.eval_shape(fn, jnp.ones((T, D)), jnp.ones((T, K)), ids_TK, experts)

@@ -22,7 +22,7 @@ from dropless.moe.dispatch import expert_parallel_experts
 from dropless.moe.experts import dropless_experts
 from dropless.moe.layer import init_params
 from dropless.moe.router import Routing
-from dropless.parallel import make_mesh
+from dropless.parallel import NodeMesh, make_mesh
 
 
 ONE_ROUND = sp.Budget(rows=3, entries=6, row_chunk=3, entry_chunk=6, max_rounds=1)
@@ -162,14 +162,15 @@ def test_two_devices_two_experts_token_travels_once(devices_per_node):
     Rows: 6 sent (8 routed); crossing devices: 4 (6 without dedup)."""
     cfg = MoEConfig(num_experts=4, top_k=2, d_model=4, d_ff=8, gmm_backend="ragged_dot",
                     dispatcher="a2a", ragged_buffer_factor=2.0)
-    mesh = make_mesh(MeshConfig(expert=2), devices=jax.devices()[:2])
+    mesh = NodeMesh(make_mesh(MeshConfig(expert=2), devices=jax.devices()[:2]),
+                    devices_per_node=devices_per_node)
     ids = jnp.asarray([[2, 3], [1, 2], [0, 1], [3, 0]], jnp.int32)
     w = jnp.asarray([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8], [0.7, 0.3]], jnp.float32)
     routing = Routing(w, ids, jnp.zeros((4, 4)), jnp.zeros((4, 4)))
     experts = init_params(jax.random.key(0), cfg)["experts"]
     x = jax.random.normal(jax.random.key(1), (4, 4), jnp.float32)
     y, sizes, aux = jax.jit(lambda x: expert_parallel_experts(
-        x, routing, experts, cfg, mesh, devices_per_node=devices_per_node))(x)
+        x, routing, experts, cfg, mesh))(x)
     y_ref, sizes_ref = jax.jit(lambda x: dropless_experts(x, routing, experts, cfg))(x)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(sizes, sizes_ref)

@@ -3,11 +3,12 @@
 Legend: T tokens, K top-k, E experts, P peers on the `expert` mesh axis, El = E/P local experts,
 J = min(K, El) entries a row can carry, M nodes an EP group spans, G = P/M peers per node.
 
-Nodes: device id // devices_per_node, which the caller passes next to the mesh (the trainer
-reads it from MeshConfig, whose ici/dcn shape the mesh builder used); None: one node. The `expert` axis varies fastest in our meshes, so an EP group is M blocks of G
-neighbouring devices. `split_expert_axis` re-expresses the same devices, in the same order, with
-the `expert` axis split into (`expert_node`, `expert_local`) so the two-hop dispatcher
-(`node_a2a`) can run one collective across nodes and one inside a node.
+Nodes: the mesh arrives as a `parallel.mesh.NodeMesh` (device id // devices_per_node is a
+device's node; the trainer's comes from MeshConfig, whose ici/dcn shape the mesh builder used);
+a plain Mesh or AbstractMesh is one node. The `expert` axis varies fastest in our meshes, so an
+EP group is M blocks of G neighbouring devices. `split_expert_axis` re-expresses the same
+devices, in the same order, with the `expert` axis split into (`expert_node`, `expert_local`) so
+the two-hop dispatcher (`node_a2a`) can run one collective across nodes and one inside a node.
 """
 from __future__ import annotations
 
@@ -21,55 +22,46 @@ from jax.sharding import Mesh
 
 from dropless.config import MoEConfig
 from dropless.moe.dispatch import send_plan as sp
+from dropless.parallel.mesh import AnyMesh, NodeMesh, node_mesh
 
 EXPERT_AXIS = "expert"
 NODE_AXES = ("expert_node", "expert_local")   # the expert axis split at node boundaries
 
 
-def _device_ids(mesh) -> np.ndarray:
-    """Device ids in mesh order; an abstract mesh (cross-lowering) numbers positions."""
-    devices = getattr(mesh, "devices", None)
-    if devices is None:
-        return np.arange(math.prod(mesh.axis_sizes)).reshape(mesh.axis_sizes)
-    return np.vectorize(lambda d: int(d.id), otypes=[np.int64])(devices)
-
-
-def _node_ids(mesh, devices_per_node: int | None) -> np.ndarray:
-    """Node of each mesh position: device id // devices_per_node; all 0 for None (one node)."""
-    ids = _device_ids(mesh)
-    return np.zeros_like(ids) if devices_per_node is None else ids // devices_per_node
-
-
-def node_layout(mesh, devices_per_node: int | None) -> tuple[int, int]:
+def node_layout(mesh: AnyMesh) -> tuple[int, int]:
     """(M nodes, G peers per node) of every EP group on `mesh`'s `expert` axis.
 
     Raises ValueError naming devices_per_node when the groups do not split into equal blocks of
     neighbouring peers that share a node.
     """
-    names = tuple(mesh.axis_names)
+    mesh = node_mesh(mesh)
+    names = tuple(mesh.mesh.axis_names)
     ax = names.index(EXPERT_AXIS)
-    nodes = np.moveaxis(_node_ids(mesh, devices_per_node), ax, -1)
+    nodes = np.moveaxis(mesh.node_ids(), ax, -1)
     nodes = nodes.reshape(-1, nodes.shape[-1])
     p = nodes.shape[1]
     g = int(np.sum(nodes[0] == nodes[0, 0]))
     blocks = nodes.reshape(nodes.shape[0], p // g, g) if p % g == 0 else None
     if blocks is None or not (blocks == blocks[..., :1]).all():
-        raise ValueError(f"devices_per_node={devices_per_node} (MeshConfig: mesh.dcn_*) does "
-                         f"not split the "
-                         f"expert axis ({p} peers) into equal blocks of neighbouring devices on "
-                         f"one node: node of each peer {nodes[0].tolist()}")
+        raise ValueError(f"devices_per_node={mesh.devices_per_node} (MeshConfig: mesh.dcn_*) "
+                         f"does not split the expert axis ({p} peers) into equal blocks of "
+                         f"neighbouring devices on one node: node of each peer "
+                         f"{nodes[0].tolist()}")
     return p // g, g
 
 
-def split_expert_axis(mesh: Mesh, devices_per_node: int | None) -> Mesh:
-    """The same devices, same order, with `expert` split into (`expert_node`, `expert_local`)."""
-    m, g = node_layout(mesh, devices_per_node)
-    names = tuple(mesh.axis_names)
+def split_expert_axis(mesh: AnyMesh) -> NodeMesh:
+    """The same devices, same order and node size, with `expert` split into (`expert_node`,
+    `expert_local`)."""
+    mesh = node_mesh(mesh)
+    m, g = node_layout(mesh)
+    devices, names = mesh.mesh.devices, tuple(mesh.mesh.axis_names)
     ax = names.index(EXPERT_AXIS)
-    shape = mesh.devices.shape[:ax] + (m, g) + mesh.devices.shape[ax + 1:]
+    shape = devices.shape[:ax] + (m, g) + devices.shape[ax + 1:]
     new_names = names[:ax] + NODE_AXES + names[ax + 1:]
-    return Mesh(mesh.devices.reshape(shape), new_names,
-                axis_types=(jax.sharding.AxisType.Auto,) * len(new_names))
+    split = Mesh(devices.reshape(shape), new_names,
+                 axis_types=(jax.sharding.AxisType.Auto,) * len(new_names))
+    return NodeMesh(split, devices_per_node=mesh.devices_per_node)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +81,7 @@ class EPContext:
     overflow: str
     row_bytes: int                      # one travelling row: D activations
     entry_bytes: int                    # one travelling entry: (row, expert) code + weight
-    num_nodes: int = 1                  # M: nodes of an EP group (devices_per_node)
+    num_nodes: int = 1                  # M: nodes of an EP group
     node_size: int = 1                  # G: peers per node
 
     @property
@@ -98,14 +90,15 @@ class EPContext:
         return self.budget.max_rounds
 
 
-def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype, *,
-                 devices_per_node: int | None = None) -> EPContext:
-    """Validate the mesh against the config and the token count; build the EPContext.
-    `devices_per_node`: the node size (device id // it is a device's node); None: one node.
+def make_context(cfg: MoEConfig, mesh: AnyMesh, num_tokens: int, dtype) -> EPContext:
+    """Validate the mesh against the config and the token count; build the EPContext. The
+    nodes are `mesh`'s (a NodeMesh's node size; a plain mesh is one node).
 
     Raises ValueError when the mesh has no `expert` axis, num_experts is not divisible by it,
     or the tokens do not split evenly over the devices.
     """
+    nodes_mesh = node_mesh(mesh)
+    mesh = nodes_mesh.mesh
     names = tuple(mesh.axis_names)
     split = all(a in names for a in NODE_AXES)
     if EXPERT_AXIS not in names and not split:
@@ -121,9 +114,9 @@ def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype, *,
     t_local = num_tokens // mesh.size
     el = cfg.num_experts // ep
     j = sp.slots_per_row(cfg.top_k, el)
-    nodes = tuple(int(i) for i in _node_ids(mesh, devices_per_node).flat)
+    nodes = tuple(int(i) for i in nodes_mesh.node_ids().flat)
     m, g = ((int(mesh.shape[NODE_AXES[0]]), int(mesh.shape[NODE_AXES[1]])) if split
-            else node_layout(mesh, devices_per_node) if _aligned(mesh, devices_per_node)
+            else node_layout(nodes_mesh) if _aligned(nodes_mesh)
             else (1, ep))
     return EPContext(
         cfg=cfg, expert_axis=axis, all_axes=names,
@@ -134,18 +127,19 @@ def make_context(cfg: MoEConfig, mesh: Mesh, num_tokens: int, dtype, *,
         num_nodes=m, node_size=g)
 
 
-def multi_node_groups(mesh, devices_per_node: int | None) -> int:
+def multi_node_groups(mesh: AnyMesh) -> int:
     """M when every EP group spans M > 1 nodes of G > 1 devices each (node dedup can help),
-    else 1. A mesh without an `expert` axis or not aligned to nodes gives 1."""
-    if EXPERT_AXIS not in tuple(mesh.axis_names) or not _aligned(mesh, devices_per_node):
+    else 1. A mesh without an `expert` axis, not aligned to nodes or of one node gives 1."""
+    mesh = node_mesh(mesh)
+    if EXPERT_AXIS not in tuple(mesh.mesh.axis_names) or not _aligned(mesh):
         return 1
-    m, g = node_layout(mesh, devices_per_node)
+    m, g = node_layout(mesh)
     return m if g > 1 else 1
 
 
-def _aligned(mesh, devices_per_node: int | None) -> bool:
+def _aligned(mesh: NodeMesh) -> bool:
     try:
-        node_layout(mesh, devices_per_node)
+        node_layout(mesh)
         return True
     except ValueError:
         return False

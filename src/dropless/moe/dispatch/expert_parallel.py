@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from dropless.config import MoEConfig
 from dropless.moe.dispatch.context import (EPContext, make_context, multi_node_groups,
@@ -35,6 +35,7 @@ from dropless.moe.dispatch.registry import (DISPATCHERS, LOCAL, DispatcherSpec,
 from dropless.moe.dispatch.send_plan import SendPlan
 from dropless.moe.experts import dropless_experts, expert_ffn
 from dropless.moe.router import Routing, expert_counts
+from dropless.parallel.mesh import AnyMesh, jax_mesh
 
 
 def _one_round(r, x_TD, w_TK, experts, state, spec: DispatcherSpec, ctx: EPContext):
@@ -151,17 +152,17 @@ def _platform_dependent(*args, default, per_platform):
 
 
 def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str, jax.Array],
-                            cfg: MoEConfig, mesh: Mesh, *, devices_per_node: int | None = None):
+                            cfg: MoEConfig, mesh: AnyMesh):
     """The routed experts of the MoE layer, expert-parallel over `mesh`'s `expert` axis.
 
     x_TD [T, D] and the routing are split over all mesh axes (tokens); experts [E, ...] over
     `expert`. Returns (y_TD f32, tokens_per_expert_E, aux) where aux holds the traffic stats
     (rows_sent, padding_rows, rounds, buffer_headroom, overflow_rows, dropped_rows,
     sufficient_buffer_factor, rows/bytes intra- and inter-node, with and without dedup).
-    `devices_per_node`: the node size of `mesh`'s devices (MeshConfig.devices_per_node); None:
-    one node. Raises ValueError for a bad mesh, token count or dispatcher (see make_context).
+    The nodes are `mesh`'s: a NodeMesh's node size (parallel.mesh); a plain Mesh is one node.
+    Raises ValueError for a bad mesh, token count or dispatcher (see make_context).
     """
-    num_nodes = multi_node_groups(mesh, devices_per_node)
+    num_nodes = multi_node_groups(mesh)
     name = resolve_dispatcher(cfg.dispatcher, num_nodes=num_nodes)   # this host's backend
     sizes_E = expert_counts(routing.ids_TK, cfg.num_experts)
     if name == LOCAL:
@@ -169,8 +170,8 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
         return y_TD, sizes_E, {}
     spec = DISPATCHERS[name]
     if spec.split_nodes:
-        mesh = split_expert_axis(mesh, devices_per_node)
-    ctx = make_context(cfg, mesh, x_TD.shape[0], x_TD.dtype, devices_per_node=devices_per_node)
+        mesh = split_expert_axis(mesh)
+    ctx = make_context(cfg, mesh, x_TD.shape[0], x_TD.dtype)
     tok = PartitionSpec(ctx.all_axes)
     exp_specs = {k: PartitionSpec(ctx.expert_axis) for k in experts}
     body = functools.partial(_per_device, spec=spec, ctx=ctx)
@@ -184,7 +185,7 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
         per_platform = {p: bodies[n] for p, n in choices.items() if n != choices["cpu"]}
         body = functools.partial(_platform_dependent, default=bodies[choices["cpu"]],
                                  per_platform=per_platform)
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(tok, tok, tok, exp_specs),
+    fn = jax.shard_map(body, mesh=jax_mesh(mesh), in_specs=(tok, tok, tok, exp_specs),
                        out_specs=(tok, PartitionSpec()), check_vma=False)
     y_TD, stats = fn(x_TD, routing.weights_TK, routing.ids_TK, experts)
     return y_TD, sizes_E, stats

@@ -31,7 +31,8 @@ class DispatcherSpec:
     shard_map boundary (`expert_parallel.py`) needs to know of it, so that nothing there tests
     a strategy's name.
 
-    name, description: what `MoEConfig.dispatcher` says and what it does.
+    name, description: what `MoEConfig.dispatcher` says and what it does (config's
+      DISPATCH_STRATEGIES, where both are written).
     prepare, rounds, dispatch, combine: the contract in the module docstring.
     state_type: the NamedTuple `prepare` returns (carried unchanged through all rounds).
     meta_type: the NamedTuple `dispatch` returns as metadata and `combine` consumes.
@@ -67,50 +68,50 @@ def _itself(plan: SendPlan) -> SendPlan:
     return plan
 
 
-DISPATCHERS: dict[str, DispatcherSpec] = {
-    "allgather": DispatcherSpec(
-        name="allgather",
-        description="gather all tokens, run local experts, reduce-scatter back",
+def _implements(name: str, **fields: Any) -> DispatcherSpec:
+    """The spec of config's strategy `name` (config.DISPATCH_STRATEGIES: its name and
+    description) with its implementation `fields`."""
+    return DispatcherSpec(name=name, description=config.DISPATCH_STRATEGIES[name], **fields)
+
+
+DISPATCHERS: dict[str, DispatcherSpec] = {spec.name: spec for spec in (
+    _implements(
+        "allgather",
         prepare=ag.allgather_prepare, rounds=ag.allgather_rounds,
         dispatch=ag.allgather_dispatch, combine=ag.allgather_combine,
         state_type=ag.AllGatherState, meta_type=ag.AllGatherMeta,
         device_plan=lambda state: state.plan, replicates_tokens=True, overflows=False,
         buffer_rows=lambda ctx: ctx.num_tokens),
-    "a2a": DispatcherSpec(
-        name="a2a",
-        description="deduplicated rows over all_to_all in static per-peer chunks (every backend)",
+    _implements(
+        "a2a",
         prepare=a2a.a2a_prepare, rounds=a2a.a2a_rounds,
         dispatch=a2a.a2a_dispatch, combine=a2a.a2a_combine,
         state_type=SendPlan, meta_type=a2a.A2AMeta, device_plan=_itself),
-    "ragged_a2a": DispatcherSpec(
-        name="ragged_a2a",
-        description="deduplicated rows over ragged_all_to_all (GPU/TPU; padding never travels)",
+    _implements(
+        "ragged_a2a",
         prepare=a2a.a2a_prepare, rounds=a2a.a2a_rounds,
         dispatch=ra.ragged_dispatch, combine=ra.ragged_combine,
         state_type=SendPlan, meta_type=ra.RaggedA2AMeta, device_plan=_itself,
         unsupported_on=("cpu",)),
-    "node_a2a": DispatcherSpec(
-        name="node_a2a",
-        description="node-level dedup: one row per (token, node) across nodes, fanned out "
-                    "inside the node",
+    _implements(
+        "node_a2a",
         prepare=na.node_prepare, rounds=na.node_rounds,
         dispatch=na.node_dispatch, combine=na.node_combine,
         state_type=na.NodeA2AState, meta_type=na.NodeA2AMeta,
         device_plan=lambda state: state.devices,
         buffer_rows=na.node_buffer_rows, split_nodes=True, traffic=na.node_traffic),
-}
+)}
+if set(DISPATCHERS) != set(config.DISPATCH_STRATEGIES):   # every strategy config accepts
+    raise ImportError(f"config.DISPATCH_STRATEGIES names {sorted(config.DISPATCH_STRATEGIES)} "
+                      f"but moe/dispatch/registry.py implements {sorted(DISPATCHERS)}")
 LOCAL = "local"   # no dispatcher: the single-device layer (MoEConfig.dispatcher="local")
 GPU_PLATFORMS = ("cuda", "rocm", "tpu")
 
 
 def dispatcher_names() -> tuple[str, ...]:
-    """Names accepted by MoEConfig.dispatcher with a mesh: auto, local, then the registry."""
-    return ("auto", LOCAL) + tuple(DISPATCHERS)
-
-
-if dispatcher_names() != config.DISPATCHERS:   # the values config accepts are these strategies
-    raise ImportError(f"moe/dispatch/registry.py registers {dispatcher_names()} but "
-                      f"config.DISPATCHERS accepts {config.DISPATCHERS}: make them equal")
+    """Names accepted by MoEConfig.dispatcher with a mesh: auto, local, then the strategies
+    (config.DISPATCHERS)."""
+    return config.DISPATCHERS
 
 
 @functools.lru_cache(maxsize=None)

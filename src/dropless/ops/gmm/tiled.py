@@ -47,10 +47,6 @@ class TileClass(NamedTuple):
     end_P: jax.Array   # end row (exclusive) of the tile's group
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def effective_tile_sizes(m: int, tile_sizes: Sequence[int]) -> tuple[int, ...]:
     """Tile sizes that fit in m rows, largest first; a single m-row tile when none fits."""
     sizes = tuple(sorted({int(b) for b in tile_sizes if 0 < int(b) <= m}, reverse=True))
