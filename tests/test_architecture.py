@@ -242,3 +242,47 @@ def test_every_test_file_names_the_module_it_tests():
                            f"test: {misplaced}")
     assert _tested_module(TESTS / "train" / "test_loop_inflight.py")
     assert not _tested_module(TESTS / "plan" / "test_calibrate.py")   # calibrate is bench's
+
+
+def test_only_cli_parses_arguments_and_exits():
+    """argparse, SystemExit and sys.exit belong to `cli/` alone: below it, errors are raised."""
+    bad = []
+    for name, tree in MODULES.items():
+        if name == "dropless.cli" or name.startswith("dropless.cli."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names) \
+                    or isinstance(node, ast.ImportFrom) and node.module == "argparse" \
+                    or isinstance(node, ast.Name) and node.id == "SystemExit" \
+                    or isinstance(node, ast.Attribute) and node.attr == "exit" \
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys":
+                bad.append(f"{name}:{node.lineno}")
+    assert not bad, f"parse arguments and exit in cli/ only: {bad}"
+
+
+def drawing() -> str:
+    """The units' imports as they are, one line a unit, top layer first:
+    `12 cli -> bench, config_file, ...` (the units it imports directly, by layer, highest
+    first). docs/architecture.md shows this between its `<!-- drawing -->` markers."""
+    deps: dict[str, set[str]] = {u: set() for u in TABLE}
+    for src, dst, _, _ in edges():
+        if unit_of(src) != unit_of(dst):
+            deps[unit_of(src)].add(unit_of(dst))
+    order = sorted(TABLE, key=lambda u: (-TABLE[u], u))
+    width = max(map(len, order))
+    lines = []
+    for u in order:
+        down = sorted(deps[u], key=lambda d: (-TABLE[d], d))
+        lines.append(f"{TABLE[u]:>2} {u:<{width}} -> {', '.join(down) or '(nothing)'}".rstrip())
+    return "\n".join(lines)
+
+
+def test_the_docs_drawing_is_the_code():
+    shown = DOC.read_text().split("<!-- drawing -->")[1].strip().strip("`").strip()
+    assert shown == drawing(), ("docs/architecture.md's drawing differs from the imports; "
+                                "paste the output of `python -m tests.test_architecture`:\n"
+                                + drawing())
+
+
+if __name__ == "__main__":
+    print(drawing())

@@ -56,7 +56,7 @@ def _case(args, dispatchers, mesh):
     import jax
     import jax.numpy as jnp
 
-    from dropless import MoEConfig
+    from dropless.config import MoEConfig
     from dropless import machine
     from dropless.moe import dispatch as dsp
     from dropless.moe import layer, router
@@ -124,7 +124,7 @@ def _v3_routing_sample(tokens: int, seed: int = 0) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from dropless import MoEConfig
+    from dropless.config import MoEConfig
     from dropless.moe import router
 
     p = PROJECTION
@@ -150,7 +150,7 @@ def measured_v3_rows(tokens: int, seed: int = 0) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from dropless import MoEConfig
+    from dropless.config import MoEConfig
     from dropless.config import MeshConfig
     from dropless.moe import layer
     from dropless.moe.dispatch import expert_parallel_experts
@@ -201,7 +201,7 @@ def rows_by_routing(args, dispatchers, mesh) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from dropless import MoEConfig
+    from dropless.config import MoEConfig
     from dropless.bench.moe import _router_bias
     from dropless.moe import dispatch as dsp
     from dropless.moe import layer, router
