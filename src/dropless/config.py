@@ -32,6 +32,11 @@ DISPATCH_STRATEGIES: dict[str, str] = {
 # dispatcher: the single-device layer), then the strategies
 DISPATCHERS = ("auto", "local", *DISPATCH_STRATEGIES)
 OVERFLOW_POLICIES = ("rounds", "error")
+# How documents fill a batch's rows (TrainConfig.packing): "documents" packs several per row with
+# segment ids and positions that restart per document, attention and loss never crossing a
+# boundary (MaxText's packing=true); "pad" holds one document per row, padded (packing=false);
+# "stream" joins documents with EOS and lets windows run across them (runs made before packing).
+PACKINGS = ("documents", "pad", "stream")
 
 
 def _fail(cls: str, field: str, value: Any, why: str) -> None:
@@ -496,6 +501,11 @@ class TrainConfig:
     eval_fraction: float = 0.02
     eval_every: int = 50
     eval_batches: int = 2
+    packing: str = "documents"       # PACKINGS
+    sft: bool = False                # records are prompt/completion or chat messages
+    sft_completion_only: bool = True  # with sft: the loss counts completion tokens only
+    eval_data: str = ""              # held-out data; "" = eval_fraction of `data`
+    prefetch: int = 2                # batches the loader produces ahead of the step
     # output
     run_dir: str = "runs"
     run_name: str = ""               # "" = a timestamped name
@@ -534,12 +544,14 @@ class TrainConfig:
         if not 0 < self.eval_fraction < 1:
             _fail(c, "eval_fraction", self.eval_fraction, "must be in (0, 1)")
         _one_of(c, self, "bin_dtype", ("uint8", "uint16", "int32", "uint32"))
+        _one_of(c, self, "packing", PACKINGS)
+        _positive_ints(c, self, ("prefetch",), allow_zero=True)
         _one_of(c, self, "xla_recipe", tuple(RECIPES))
         moe = self.model.moe
         if moe is not None and moe.num_experts % self.mesh.expert:
             _fail(c, "mesh.expert", self.mesh.expert,
                   f"must divide model.moe.num_experts={moe.num_experts}")
-        for name in ("distributed", "check_nan"):
+        for name in ("distributed", "check_nan", "sft", "sft_completion_only"):
             if not isinstance(getattr(self, name), bool):
                 _fail(c, name, getattr(self, name), "must be true or false")
         check_flags(self.xla_flags)
