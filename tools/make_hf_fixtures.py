@@ -12,6 +12,13 @@ with the transformers version of the running interpreter: 4.x writes tests/fixtu
 (`--counts-only`: only param_counts.json and transformers_defaults.json, for a new released
 config.)
 
+`--chat` writes only the chat-template fixture, tests/fixtures/chat/ (see `chat_fixtures`); it
+needs transformers and tokenizers, no torch:
+
+    python3.11 -m venv /tmp/venv-chat
+    /tmp/venv-chat/bin/pip install transformers==5.24.0 tokenizers
+    /tmp/venv-chat/bin/python tools/make_hf_fixtures.py --chat
+
 Each fixture folder holds what `save_pretrained` wrote (config.json, safetensors, maybe an
 index), plus
   * `reference.npz`: `tokens` [2, 12], the float32 `logits` transformers computed for them and
@@ -43,9 +50,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 import transformers
-from safetensors.torch import load_file, save_file
+
+try:   # the checkpoint fixtures need torch; --chat needs only transformers and tokenizers
+    import torch
+    from safetensors.torch import load_file, save_file
+except ImportError:
+    torch = None
 
 ROOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
 MAJOR = int(transformers.__version__.split(".")[0])
@@ -324,7 +335,121 @@ def save_compat() -> None:
     _merge_json(ROOT / "save_compat.json", out)
 
 
+CHAT = ROOT.parent / "chat"
+# The real templates (tests/fixtures/chat/templates/, verbatim) and the special tokens their
+# folders declare; tokenizer_class is the generic one so transformers reads tokenizer.json as is.
+CHAT_FOLDERS = {
+    # Qwen3's template with {% generation %} around every assistant turn:
+    # github.com/HarryMayne/qwen_3_chat_templates all_assistant.jinja @ e775c85
+    "qwen3_all_assistant": {"bos_token": None, "eos_token": "<|im_end|>",
+                            "pad_token": "<|endoftext|>"},
+    # DeepSeek-R1-Distill-Qwen-32B's (a DeepSeek-V3 style template: BOS, <｜User｜>,
+    # <｜Assistant｜>): tokenizer_config.json of the hub folder as mirrored at
+    # github.com/Evilcarbon/DeepSeek-R1-Distill-Qwen-32B @ 95ed187 (add_bos_token true there:
+    # the tokenizer.json below adds BOS, which a rendered chat must not get twice)
+    "deepseek_r1_distill": {"bos_token": "<｜begin▁of▁sentence｜>",
+                            "eos_token": "<｜end▁of▁sentence｜>",
+                            "pad_token": "<｜end▁of▁sentence｜>", "add_bos_token": True,
+                            "add_eos_token": False},
+}
+CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<｜begin▁of▁sentence｜>",
+                 "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]
+CHAT_ADDED = ["<think>", "</think>"]   # Qwen3's: added tokens that are not special
+CHATS = [
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "What is 2 + 2?"},
+     {"role": "assistant", "content": "4."}],
+    [{"role": "user", "content": "Name a colour."},
+     {"role": "assistant", "content": "Blue."},
+     {"role": "user", "content": "Another one?"},
+     {"role": "assistant", "content": "Green, and then red."}],
+    [{"role": "user", "content": "naïve café — 中文 🙂\n  indented"},
+     {"role": "assistant", "content": "  leading spaces,\ta tab\n"}],
+    [{"role": "user", "content": "What is 2 + 2?"},
+     {"role": "assistant", "content": "<think>\nlet me add\n</think>\n\nThe answer is 4."}],
+    [{"role": "user", "content": "What does <|im_end|> mean in a prompt?"},
+     {"role": "assistant", "content": "It ends a turn: <|im_end|>"}],
+]
+
+
+def chat_tokenizer():
+    """A small byte-level BPE (Qwen / DeepSeek style) that knows the templates' control tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = [m["content"] for chat in CHATS for m in chat] * 30 + [
+        "The quick brown fox jumps over the lazy dog.", "You are a helpful assistant."] * 30
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=CHAT_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(text, trainer)
+    tok.add_tokens(CHAT_ADDED)
+    return tok
+
+
+def _prefix_spans(hf_tok, chat) -> list[tuple[int, int]]:
+    """The assistant turns' characters by prefix rendering (dropless.data.chat_template's method
+    for templates without {% generation %}), from transformers' own renderings."""
+    full = hf_tok.apply_chat_template(chat, tokenize=False)
+    spans = []
+    for k, m in enumerate(chat):
+        if m["role"] == "assistant":
+            before = hf_tok.apply_chat_template(chat[:k], tokenize=False,
+                                                add_generation_prompt=True)
+            upto = hf_tok.apply_chat_template(chat[:k + 1], tokenize=False)
+            assert upto.startswith(before) and full.startswith(upto), (k, chat)
+            spans.append((len(before), len(upto)))
+    return spans
+
+
+def chat_fixtures() -> None:
+    """tests/fixtures/chat/<name>/: tokenizer.json and tokenizer_config.json (a template of
+    CHAT_FOLDERS), and reference.json: for each of CHATS, transformers' rendering, its ids
+    (`apply_chat_template`) and mask: `return_assistant_tokens_mask` for a template with
+    {% generation %}, else the prefix method's spans on transformers' renderings, mapped to
+    tokens by transformers' offsets and its overlap rule."""
+    from tokenizers import processors
+    out = {"transformers": transformers.__version__}
+    for name, special in CHAT_FOLDERS.items():
+        d = CHAT / name
+        d.mkdir(parents=True, exist_ok=True)
+        tok = chat_tokenizer()
+        if special.get("add_bos_token"):
+            bos = special["bos_token"]
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+        tok.save(str(d / "tokenizer.json"))
+        template = (CHAT / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
+                  "chat_template": template}
+        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=1,
+                                                            ensure_ascii=False) + "\n")
+        hf_tok = transformers.AutoTokenizer.from_pretrained(str(d))
+        cases = []
+        for chat in CHATS:
+            text = hf_tok.apply_chat_template(chat, tokenize=False)
+            if "{% generation %}" in template:
+                enc = hf_tok.apply_chat_template(chat, return_assistant_tokens_mask=True,
+                                                 return_dict=True)
+                ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+            else:
+                ids = list(hf_tok.apply_chat_template(chat, return_dict=False))
+                enc = hf_tok(text, add_special_tokens=False, return_offsets_mapping=True)
+                assert list(enc["input_ids"]) == ids
+                spans = _prefix_spans(hf_tok, chat)
+                mask = [int(any(e > s0 and s < e0 for s0, e0 in spans))
+                        for s, e in enc["offset_mapping"]]
+            cases.append({"messages": chat, "text": text, "ids": ids, "mask": mask})
+        out[name] = cases
+    (CHAT / "reference.json").write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    print(f"transformers {transformers.__version__}: chat fixtures in {CHAT}", file=sys.stderr)
+
+
 def main() -> None:
+    if "--chat" in sys.argv:
+        chat_fixtures()
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     if "--counts-only" not in sys.argv:   # only the released configs' counts and the defaults
         checkpoints()

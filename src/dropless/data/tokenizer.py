@@ -48,6 +48,15 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         return bytes(np.asarray(ids, np.uint8)).decode("utf-8", errors="replace")
 
+    def encode_offsets(self, text: str, *, add_special_tokens: bool = True
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """`encode(text)` and, per token, the [start, end) characters of `text` it came from
+        (every byte of a character points at that character)."""
+        del add_special_tokens   # bytes have no special tokens
+        ids = self.encode(text)
+        starts = np.repeat(np.arange(len(text)), [len(c.encode("utf-8")) for c in text])
+        return ids, np.stack([starts, starts + 1], axis=1).reshape(-1, 2)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpecialTokens:
@@ -166,6 +175,15 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids])
+
+    def encode_offsets(self, text: str, *, add_special_tokens: bool = True
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `text` (with the post-processor's special tokens, or without them as
+        transformers' apply_chat_template encodes a rendered chat) and, per token, the
+        [start, end) characters of `text` it covers ((0, 0) for an added BOS / EOS)."""
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        return (np.asarray(enc.ids, np.int32),
+                np.asarray(enc.offsets, np.int64).reshape(-1, 2))
 
 
 def make_tokenizer(name: str):
