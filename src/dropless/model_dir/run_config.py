@@ -3,7 +3,9 @@
 `to_dict` writes nested plain data (`dataclasses.asdict`), `from_dict` reads it back validated,
 and `upgrade` brings a config.json written in the flat mesh form (`fsdp_parallelism`,
 `dcn_fsdp`, ... at the top, and the MoE layer's `devices_per_node`) to the current one, so an
-old run resumes and an old converted model loads. Pure data: no JAX computation, no files.
+old run resumes and an old converted model loads; a whole saved config without `packing`
+(written before documents were packed with segment ids) gets packing="stream", how it trained.
+Pure data: no JAX computation, no files.
 
 Layer: `model_dir` (docs/architecture.md); reads `config` and `compat.maxtext`'s table of the
 flat mesh keys.
@@ -23,10 +25,14 @@ def to_dict(cfg: TrainConfig) -> dict:
 
 def upgrade(tree: dict) -> dict:
     """A saved config (a run's or a converted model's config.json) in the current form: the
-    flat mesh keys (`fsdp_parallelism`, `dcn_fsdp`, ...) put under `mesh`, and the MoE layer's
-    `devices_per_node` dropped (the mesh says it). A current-form tree comes back equal; `tree`
-    is not changed."""
+    flat mesh keys (`fsdp_parallelism`, `dcn_fsdp`, ...) put under `mesh`, the MoE layer's
+    `devices_per_node` dropped (the mesh says it), and packing="stream" for a whole config
+    (one with `seq_len`) saved before the `packing` key existed: such a run joined documents
+    with EOS across windows, and resumes so. A current-form tree comes back equal; `tree` is
+    not changed."""
     out = {k: v for k, v in tree.items() if k not in maxtext.FORMER_KEYS}
+    if "seq_len" in out and "packing" not in out:
+        out["packing"] = "stream"
     mesh = dict(out.get("mesh") or {})
     for old, new in maxtext.FORMER_KEYS.items():
         if old in tree:
