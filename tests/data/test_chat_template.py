@@ -149,3 +149,25 @@ def test_read_chat_template_sources(tmp_path):
         {"chat_template": [{"name": "tool_use", "template": "T"}]}))
     with pytest.raises(ValueError, match="without a 'default'.*tool_use"):
         ct.read_chat_template(tmp_path)
+
+
+def test_prefix_method_on_qwen3_without_generation_blocks():
+    """Qwen3's template with its {% generation %} tags made plain blocks (same whitespace): the
+    prefix method finds transformers' masks for one turn, and refuses two turns, because Qwen3
+    renders a <think> block only for turns after the last user message."""
+    d = CHAT / "qwen3_all_assistant"
+    gen = ct.read_chat_template(d)
+    plain = ct.ChatTemplate(text=gen.text.replace("{% generation %}", "{% if true %}")
+                            .replace("{% endgeneration %}", "{% endif %}"),
+                            source="plain", special=gen.special)
+    assert not plain.has_generation_blocks
+    tok = HFTokenizer(d / "tokenizer.json")
+    for case in REFERENCE["qwen3_all_assistant"]:
+        if sum(m["role"] == "assistant" for m in case["messages"]) > 1:
+            with pytest.raises(ct.PrefixMismatch, match="message 2.*differently once later"):
+                ct.assistant_spans(plain, case["messages"])
+            continue
+        text, spans = ct.assistant_spans(plain, case["messages"])
+        _, offsets = tok.encode_offsets(text, add_special_tokens=False)
+        assert text == case["text"]
+        assert ct.token_mask(offsets, spans).astype(int).tolist() == case["mask"]

@@ -247,12 +247,12 @@ def assistant_spans(tpl: ChatTemplate, messages: list[dict]) -> tuple[str, list[
         before, _ = render(tpl, messages[:k], add_generation_prompt=True)
         upto, _ = render(tpl, messages[:k + 1])
         if not (upto.startswith(before) and text.startswith(upto)):
-            what = ("the conversation up to it with a generation prompt" if not
-                    upto.startswith(before) else "the whole conversation")
+            what = ("the conversation up to it does not render as the one before it plus the "
+                    "generation prompt, then the turn" if not upto.startswith(before) else
+                    "the conversation renders this turn differently once later turns follow")
             raise PrefixMismatch(
-                f"message {k + 1} (assistant): the chat template renders the conversation up to "
-                f"it so that it does not begin {what}, so its tokens cannot be told from the "
-                "prompt's (the template rewrites earlier turns); mark the assistant text with "
+                f"message {k + 1} (assistant): {what}, so the chat template's rendering cannot "
+                "tell this turn's tokens from the prompt's; mark the assistant text with "
                 "{% generation %} in the template, or give prompt / completion records")
         spans.append((len(before), len(upto)))
     return text, spans
