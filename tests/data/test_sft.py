@@ -57,6 +57,7 @@ def test_chat_record_uses_the_folder_template():
     tok, tpl = HFTokenizer(d / "tokenizer.json"), read_chat_template(d)
     ref = json.loads((CHAT / "reference.json").read_text(encoding="utf-8"))
     case = ref["deepseek_r1_distill"][1]
+    assert sft.template_for(tok) == tpl and sft.template_for(BYTE) is None
     data = sft.read_examples([("d.jsonl line 1", {"messages": case["messages"]})], tok=tok,
                              template=tpl, source="d.jsonl")
     assert data.examples[0].ids_T.tolist() == case["ids"]

@@ -37,14 +37,16 @@ import bisect
 import dataclasses
 import functools
 import zlib
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
 from dropless.data.batch import Batch
 from dropless.data.chat_template import ChatTemplate, PrefixMismatch, assistant_spans, \
-    render, token_mask
+    read_chat_template, render, token_mask
 from dropless.data.corpus import _json_kind, is_eval_document
+from dropless.data.tokenizer import ByteTokenizer
 
 MAX_TOKENS = 1 << 25    # 33.5 M tokens: ~170 MB of ids and masks
 SFT_PACKINGS = ("documents", "pad")
@@ -195,6 +197,14 @@ def example_from_record(where: str, record, *, tok, template: ChatTemplate | Non
     if not ex.completion_T.any():
         raise ValueError(f"{where}: no token of the completion survives tokenizing")
     return ex
+
+
+def template_for(tok) -> ChatTemplate | None:
+    """The chat template of the folder `tok` (a data.tokenizer tokenizer) was read from: its
+    tokenizer.json's folder (`chat_template.read_chat_template`); None for byte tokens."""
+    if isinstance(tok, ByteTokenizer):
+        return None
+    return read_chat_template(Path(tok.name).parent)
 
 
 def read_examples(records: Iterable[tuple[str, dict]], *, tok, template: ChatTemplate | None,
