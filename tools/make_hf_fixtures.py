@@ -450,6 +450,9 @@ def main() -> None:
     if "--chat" in sys.argv:
         chat_fixtures()
         return
+    if torch is None:
+        sys.exit("make_hf_fixtures.py: the checkpoint fixtures need torch and safetensors "
+                 "(see the module docstring); --chat needs neither")
     OUT.mkdir(parents=True, exist_ok=True)
     if "--counts-only" not in sys.argv:   # only the released configs' counts and the defaults
         checkpoints()
