@@ -107,7 +107,8 @@ def test_prefix_spans_hand_worked():
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
             {"role": "user", "content": "r"}, {"role": "assistant", "content": "a2"}]
     text, spans = ct.assistant_spans(_tpl(CHATML), msgs)
-    # the header <|im_start|>assistant\n is the generation prompt's; content + <|im_end|>\n the turn's
+    # the header <|im_start|>assistant\n is the generation prompt's, content + <|im_end|>\n
+    # the turn's
     assert [text[a:b] for a, b in spans] == ["a1<|im_end|>\n", "a2<|im_end|>\n"]
 
 
