@@ -172,3 +172,20 @@ def test_prefix_method_on_qwen3_without_generation_blocks():
         _, offsets = tok.encode_offsets(text, add_special_tokens=False)
         assert text == case["text"]
         assert ct.token_mask(offsets, spans).astype(int).tolist() == case["mask"]
+
+
+# Meta-Llama-3-8B-Instruct's chat_template (its tokenizer_config.json)
+LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+          "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] "
+          "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content "
+          "%}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+          "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+
+def test_prefix_spans_llama3():
+    tpl = _tpl(LLAMA3, bos_token="<|begin_of_text|>")
+    msgs = [{"role": "user", "content": " 2+2? "}, {"role": "assistant", "content": "4\n"}]
+    text, spans = ct.assistant_spans(tpl, msgs)
+    assert text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>")
+    assert [text[a:b] for a, b in spans] == ["4<|eot_id|>"]

@@ -26,11 +26,12 @@ Which characters are the assistant's (`assistant_spans`), one of two exact metho
   as transformers' `return_assistant_tokens_mask` takes them;
 * otherwise, by rendering prefixes: for message k (from 0), an assistant turn, its characters
   are those that `render(messages[:k + 1])` adds after
-  `render(messages[:k], add_generation_prompt=True)` (the assistant header is the prompt's; the turn's content and end-of-turn markup, e.g. ChatML's
-  `<|im_end|>\\n` or Llama-3's `<|eot_id|>`, are the completion's). This holds only when each
-  rendering is a prefix of the next and of the whole conversation; a template that renders earlier
-  turns differently once later ones follow (Qwen3 drops the reasoning of turns before the last
-  user message) is refused for that conversation, with the way out: a template with
+  `render(messages[:k], add_generation_prompt=True)` (the assistant header is the prompt's; the
+  turn's content and end-of-turn markup, e.g. ChatML's `<|im_end|>\\n` or Llama-3's
+  `<|eot_id|>`, are the completion's). This holds only when each rendering is a prefix of the
+  next and of the whole conversation; a template that renders earlier turns differently once
+  later ones follow (Qwen3 writes a turn's <think> block only after the last user message) is
+  refused for that conversation, with the way out: a template with
   `{% generation %}` blocks, or prompt / completion records.
 A token is the assistant's when its characters overlap a span (`token_mask`), transformers' rule.
 """
