@@ -18,6 +18,7 @@ needs transformers and tokenizers, no torch:
     python3.11 -m venv /tmp/venv-chat
     /tmp/venv-chat/bin/pip install transformers==5.24.0 tokenizers
     /tmp/venv-chat/bin/python tools/make_hf_fixtures.py --chat
+(and again with transformers==4.57.6: reference.json holds one entry per version)
 
 Each fixture folder holds what `save_pretrained` wrote (config.json, safetensors, maybe an
 index), plus
@@ -404,22 +405,26 @@ def _prefix_spans(hf_tok, chat) -> list[tuple[int, int]]:
 
 
 def chat_fixtures() -> None:
-    """tests/fixtures/chat/<name>/: tokenizer.json and tokenizer_config.json (a template of
-    CHAT_FOLDERS), and reference.json: for each of CHATS, transformers' rendering, its ids
-    (`apply_chat_template`) and mask: `return_assistant_tokens_mask` for a template with
+    """tests/fixtures/chat/<name>/: tokenizer.json (trained once, then kept, so every version
+    is compared on the same one) and tokenizer_config.json (a template of CHAT_FOLDERS), and
+    reference.json's entry for this transformers version: for each of CHATS, its rendering, its
+    ids (`apply_chat_template`) and mask: `return_assistant_tokens_mask` for a template with
     {% generation %}, else the prefix method's spans on transformers' renderings, mapped to
     tokens by transformers' offsets and its overlap rule."""
     from tokenizers import processors
-    out = {"transformers": transformers.__version__}
+    ref_path = CHAT / "reference.json"
+    everything = json.loads(ref_path.read_text(encoding="utf-8")) if ref_path.is_file() else {}
+    out = {}
     for name, special in CHAT_FOLDERS.items():
         d = CHAT / name
         d.mkdir(parents=True, exist_ok=True)
-        tok = chat_tokenizer()
-        if special.get("add_bos_token"):
-            bos = special["bos_token"]
-            tok.post_processor = processors.TemplateProcessing(
-                single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
-        tok.save(str(d / "tokenizer.json"))
+        if not (d / "tokenizer.json").is_file():
+            tok = chat_tokenizer()
+            if special.get("add_bos_token"):
+                bos = special["bos_token"]
+                tok.post_processor = processors.TemplateProcessing(
+                    single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+            tok.save(str(d / "tokenizer.json"))
         template = (CHAT / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
                   "chat_template": template}
@@ -442,7 +447,9 @@ def chat_fixtures() -> None:
                         for s, e in enc["offset_mapping"]]
             cases.append({"messages": chat, "text": text, "ids": ids, "mask": mask})
         out[name] = cases
-    (CHAT / "reference.json").write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    everything[transformers.__version__] = out
+    ref_path.write_text(json.dumps(dict(sorted(everything.items())), indent=1,
+                                   ensure_ascii=False) + "\n")
     print(f"transformers {transformers.__version__}: chat fixtures in {CHAT}", file=sys.stderr)
 
 

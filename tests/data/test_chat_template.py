@@ -1,6 +1,7 @@
 """data/chat_template.py against transformers (tests/fixtures/chat/reference.json, written by
-`tools/make_hf_fixtures.py --chat` with transformers 5.24: its renderings, ids and assistant
-masks for two real templates), and the environment's details on hand-written templates."""
+`tools/make_hf_fixtures.py --chat` with transformers 5.24.0 and 4.57.6: their renderings, ids and
+assistant masks for two real templates), and the environment's details on hand-written
+templates."""
 import json
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from dropless.data.sft import example_from_record
 from dropless.data.tokenizer import HFTokenizer
 
 CHAT = Path(__file__).parents[1] / "fixtures" / "chat"
-REFERENCE = json.loads((CHAT / "reference.json").read_text(encoding="utf-8"))
+VERSIONS = json.loads((CHAT / "reference.json").read_text(encoding="utf-8"))
+REFERENCE = VERSIONS["5.24.0"]
 FOLDERS = ("qwen3_all_assistant", "deepseek_r1_distill")
 
 
@@ -27,12 +29,13 @@ def test_fixture_covers_both_mask_methods():
     tpls = {n: ct.read_chat_template(CHAT / n) for n in FOLDERS}
     assert tpls["qwen3_all_assistant"].has_generation_blocks
     assert not tpls["deepseek_r1_distill"].has_generation_blocks
-    assert REFERENCE["transformers"].startswith("5.")
+    assert sorted(VERSIONS) == ["4.57.6", "5.24.0"]   # the current release and the one before
 
 
-def test_text_ids_and_mask_equal_transformers(folder):
+@pytest.mark.parametrize("version", ["4.57.6", "5.24.0"])
+def test_text_ids_and_mask_equal_transformers(folder, version):
     name, tok, tpl = folder
-    for case in REFERENCE[name]:
+    for case in VERSIONS[version][name]:
         text, spans = ct.assistant_spans(tpl, case["messages"])
         assert text == case["text"]
         ids, offsets = tok.encode_offsets(text, add_special_tokens=False)
