@@ -77,7 +77,7 @@ def write_tokenizer(case: Path, template: str | None) -> Path:
     return write_folder(case / "tok", config, None, None) / "tokenizer.json"
 
 
-def _setup(record, template):
+def case_setup(record, template):
     def setup(case: Path, _artifacts) -> None:
         write_tokenizer(case, template)
         (case / "d.jsonl").write_text(json.dumps(GOOD) + "\n" + _line(record) + "\n")
@@ -88,7 +88,7 @@ TRAIN = ["train", "steps=1", "time_kernels=false", "eval_every=1", "run_dir=runs
          "run_name=r", "data=d.jsonl", "sft=true", "tokenizer=tok/tokenizer.json", "seq_len=64"]
 
 ROWS = [Fault(id_, TRAIN, rc=2, words=("d.jsonl", "line 2") + words,
-              setup=_setup(record, template), unchanged=("d.jsonl",), in_process=True,
+              setup=case_setup(record, template), unchanged=("d.jsonl",), in_process=True,
               timeout=300)
         for id_, record, words, template in CASES] \
     if importlib.util.find_spec("dropless.data.loader") is not None else []

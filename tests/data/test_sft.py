@@ -226,3 +226,18 @@ def test_split_and_fingerprint():
     changed = sft.ExampleSet(examples=(flipped,) + data.examples[1:], source="d.jsonl")
     assert changed.fingerprint() != data.fingerprint()
     assert data.fingerprint()["sft_tokens"] == sum(LENGTHS) * 10
+
+
+@pytest.mark.parametrize("case", faults_sft.CASES, ids=[c[0] for c in faults_sft.CASES])
+def test_fault_row_inputs_are_refused_by_the_library(case, tmp_path):
+    """What each CLI row of faults_sft writes (a tokenizer folder, d.jsonl with a good line 1),
+    read as the trainer will: the folder's tokenizer and template, the file's lines."""
+    id_, record, words, template = case
+    faults_sft.case_setup(record, template)(tmp_path, None)
+    tok = HFTokenizer(tmp_path / "tok" / "tokenizer.json")
+    lines = (tmp_path / "d.jsonl").read_text().splitlines()
+    records = [(f"d.jsonl line {i}", json.loads(line)) for i, line in enumerate(lines, 1)]
+    with pytest.raises(ValueError) as e:
+        sft.read_examples(records, tok=tok, template=sft.template_for(tok), source="d.jsonl")
+    msg = str(e.value)
+    assert msg.startswith("d.jsonl line 2: ") and all(w.lower() in msg.lower() for w in words), msg
