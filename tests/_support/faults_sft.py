@@ -53,6 +53,8 @@ CASES = [
      ("message 2", "no 'content'"), CHATML),
     ("sft-role-not-string", {"messages": [{"role": 1, "content": "Hi"}, ASSISTANT]},
      ("message 1", "'role'", "string", "int"), CHATML),
+    ("sft-role-empty", {"messages": [{"role": "", "content": "Hi"}, ASSISTANT]},
+     ("message 1", "'role'", "empty"), CHATML),
     ("sft-content-parts", {"messages": [{"role": "user", "content": [{"text": "Hi"}]},
                                         ASSISTANT]},
      ("message 1", "'content'", "string", "list"), CHATML),

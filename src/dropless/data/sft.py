@@ -122,7 +122,7 @@ def _checked_messages(where: str, messages) -> list[dict]:
                 raise ValueError(f"{where}: message {i} has no '{key}'")
         if not isinstance(m["role"], str) or not m["role"]:
             raise ValueError(f"{where}: message {i}: 'role' must be a non-empty string, not "
-                             f"{_json_kind(m['role'])}")
+                             + ("an empty one" if m["role"] == "" else _json_kind(m["role"])))
         if not isinstance(m["content"], str):
             raise ValueError(f"{where}: message {i} ({m['role']}): 'content' must be a string, "
                              f"not {_json_kind(m['content'])} (content parts are not read)")
