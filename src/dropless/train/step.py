@@ -9,9 +9,11 @@ The step takes a `data.batch.Batch` (or, the same as `batch.from_windows` of it,
 array of stream windows). Under `TrainConfig.packing` "documents" and "pad" the model sees the
 batch's segment ids and positions (attention and rope per document) and the loss is the mean
 over `loss_mask_BS`; under "stream" (and for a windows array) attention runs across the row
-with positions 0..S-1 and every target counts (the mask is read only when `sft` is on), which
-is the computation of the runs made before packing, bit for bit. The choice is made at trace
-time from the config and the batch's type, never from its values.
+with positions 0..S-1 and every target counts (the mask is read only when `sft` is on): the
+computation of the runs made before packing (the loss and gradients bit for bit, tested; a
+Batch's eval loss may differ from a windows array's in the last bit, where XLA fuses the mean
+over targets that arrive as their own array differently). The choice is made at trace time
+from the config and the batch's type, never from its values.
 """
 from __future__ import annotations
 

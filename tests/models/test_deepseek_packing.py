@@ -205,23 +205,6 @@ def test_one_segment_per_row_is_the_plain_row():
     np.testing.assert_allclose(plain[2, :len(x)], own[0], rtol=1e-5, atol=1e-6)
 
 
-def test_stream_packing_reads_neither_segments_nor_positions():
-    """Under packing="stream" the step runs the plain causal row whatever the batch's segment
-    ids and positions say (the computation of runs made before packing)."""
-    cfg = TrainConfig(model=model_cfg("mha", False, mtp_depth=0), packing="stream")
-    x = step.step_inputs(packed_batch(documents()), cfg)
-    assert x.segment_ids_BS is None and x.positions_BS is None and x.loss_mask_BS is None
-    sft = step.step_inputs(packed_batch(documents()), cfg.replace(sft=True))
-    assert sft.segment_ids_BS is None and sft.loss_mask_BS is not None
-    w = np.arange(2 * (S + 1), dtype=np.int32).reshape(2, S + 1)
-    x = step.step_inputs(w, cfg.replace(packing="documents"))
-    np.testing.assert_array_equal(x.tokens_BS, w[:, :-1])
-    np.testing.assert_array_equal(x.targets_BS, w[:, 1:])
-    assert x.segment_ids_BS is None and x.loss_mask_BS is None
-    with pytest.raises(ValueError, match="data.batch.Batch"):
-        step.step_inputs(np.zeros(3, np.int32), cfg)
-
-
 def test_segment_ids_shaped_unlike_the_tokens_are_refused():
     cfg = model_cfg("mla", False)
     params = deepseek.init_params(jax.random.key(1), cfg)
