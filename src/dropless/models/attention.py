@@ -2,8 +2,16 @@
 standard multi-head attention (`mha`: grouped-query when there are fewer kv heads than query
 heads). Functional; parameters are plain dicts.
 
+Packed rows (several documents in one row, `data.batch.Batch`): with `segment_ids_BS` a query
+sees only the keys of its own segment (causal AND same segment); rotary tables gathered at
+`positions_BS` (`rope_at`) give every document its own positions from 0. Without them (None,
+decided at trace time) attention is plainly causal over the row and positions run 0..S-1.
+This is the XLA path; there is no fused attention kernel.
+
 Legend: B batch, S sequence, D model dim, H query heads, G key/value heads, K query/key head dim,
-V value head dim, R rotary dims, N no-rope (content) dims, Q q low-rank dim, L kv low-rank dim.
+V value head dim, R rotary dims, N no-rope (content) dims, Q q low-rank dim, L kv low-rank dim,
+R2 = R // 2 rotary frequencies. Rotary tables are [S, R2] (one per position) or [B, S, R2]
+(gathered per row at its positions).
 """
 from __future__ import annotations
 
@@ -81,22 +89,47 @@ def mla_softmax_scale(cfg: ModelConfig) -> float:
     return scale
 
 
-def apply_rope(x_BSHR: jax.Array, cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
-    """Rotate (first half, second half) pairs of the last axis by the position's angles."""
+def rope_at(cos_SR2: jax.Array, sin_SR2: jax.Array, positions_BS: jax.Array
+            ) -> tuple[jax.Array, jax.Array]:
+    """cos_BSR2, sin_BSR2: the tables' rows at each token's position (a gather, so exactly the
+    values the tables hold). Positions must lie in [0, S) of the tables (a packed row's do:
+    they restart per document inside the row)."""
+    return cos_SR2[positions_BS], sin_SR2[positions_BS]
+
+
+def apply_rope(x_BSHR: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate (first half, second half) pairs of the last axis by the position's angles; `cos`,
+    `sin` are [S, R2] (positions 0..S-1 in every row) or [B, S, R2] (per row, `rope_at`)."""
     x = x_BSHR.astype(jnp.float32)
     x1, x2 = jnp.split(x, 2, axis=-1)
-    c, s = cos_SR2[None, :, None, :], sin_SR2[None, :, None, :]
+    if cos.ndim == 2:
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
+    else:
+        c, s = cos[:, :, None, :], sin[:, :, None, :]
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x_BSHR.dtype)
 
 
+def attention_mask(seq_len: int, segment_ids_BS: jax.Array | None = None) -> jax.Array:
+    """Which keys each query sees: causal [1, 1, S, S] or, with segment ids, causal AND same
+    segment [B, 1, S, S]. The diagonal is always kept, so no query (padding included: segment 0
+    sees segment 0) is left without a key and softmax never divides by zero."""
+    mask = jnp.tril(jnp.ones((seq_len, seq_len), bool))[None, None]
+    if segment_ids_BS is None:
+        return mask
+    same_BSS = segment_ids_BS[:, :, None] == segment_ids_BS[:, None, :]
+    return mask & same_BSS[:, None]
+
+
 def causal_attention(q_BSHK: jax.Array, k_BSHK: jax.Array, v_BSHV: jax.Array,
-                     scale: float) -> jax.Array:
-    """softmax(q k^T * scale + causal mask) v, scores and softmax in float32. Returns [B,S,H,V]."""
+                     scale: float, segment_ids_BS: jax.Array | None = None) -> jax.Array:
+    """softmax(q k^T * scale + mask) v, scores and softmax in float32. Returns [B,S,H,V]. The
+    mask is causal, and with `segment_ids_BS` also confined to each query's segment
+    (`attention_mask`)."""
     s = q_BSHK.shape[1]
     logits_BHSS = jnp.einsum("bqhk,bshk->bhqs", q_BSHK, k_BSHK,
                              preferred_element_type=jnp.float32) * scale
-    mask_SS = jnp.tril(jnp.ones((s, s), bool))
-    logits_BHSS = jnp.where(mask_SS[None, None], logits_BHSS, jnp.finfo(jnp.float32).min)
+    mask = attention_mask(s, segment_ids_BS)
+    logits_BHSS = jnp.where(mask, logits_BHSS, jnp.finfo(jnp.float32).min)
     probs_BHSS = jax.nn.softmax(logits_BHSS, axis=-1).astype(v_BSHV.dtype)
     return jnp.einsum("bhqs,bshv->bqhv", probs_BHSS, v_BSHV, preferred_element_type=jnp.float32
                       ).astype(v_BSHV.dtype)
@@ -130,9 +163,10 @@ def init_mla(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
 
 
 def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
-        cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
+        cos: jax.Array, sin: jax.Array, segment_ids_BS: jax.Array | None = None) -> jax.Array:
     """Multi-head Latent Attention (DeepSeek-V2/V3): keys and values come from a shared
-    low-rank latent; a decoupled rotary key of R dims is shared by all heads."""
+    low-rank latent; a decoupled rotary key of R dims is shared by all heads. `cos`, `sin`:
+    rotary tables ([S, R2] or per row [B, S, R2]); `segment_ids_BS`: see `causal_attention`."""
     n, r, l_kv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
     if "wq_a_DQ" in p:
         c_q = rms_norm(_dot(x_BSD, p["wq_a_DQ"], "bsd,dq->bsq"), p["q_norm_Q"],
@@ -143,15 +177,15 @@ def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     q_BSHK = checkpoint_name(q_BSHK, "query_proj")
     kv_a = _dot(x_BSD, p["wkv_a_DL"], "bsd,dl->bsl")
     c_kv_BSL = rms_norm(kv_a[..., :l_kv], p["kv_norm_L"], cfg.mla_norm_eps)
-    k_rope_BS1R = apply_rope(kv_a[..., None, l_kv:], cos_SR2, sin_SR2)
+    k_rope_BS1R = apply_rope(kv_a[..., None, l_kv:], cos, sin)
     kv_BSHN = _dot(c_kv_BSL, p["wkv_b_LHN"], "bsl,lhn->bshn")
     k_nope, v_BSHV = kv_BSHN[..., :n], kv_BSHN[..., n:]
     v_BSHV = checkpoint_name(v_BSHV, "value_proj")
-    q_rope = apply_rope(q_BSHK[..., n:], cos_SR2, sin_SR2)
+    q_rope = apply_rope(q_BSHK[..., n:], cos, sin)
     q_BSHK = jnp.concatenate([q_BSHK[..., :n], q_rope], axis=-1)
     k_BSHK = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope_BS1R, k_nope.shape[:-1] + (r,))],
                              axis=-1)
-    out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, mla_softmax_scale(cfg))
+    out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, mla_softmax_scale(cfg), segment_ids_BS)
     return _dot(out_BSHV, p["wo_HVD"], "bshv,hvd->bsd")
 
 
@@ -172,22 +206,23 @@ def init_mha(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
 
 
 def mha(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
-        cos_SR2: jax.Array, sin_SR2: jax.Array) -> jax.Array:
+        cos: jax.Array, sin: jax.Array, segment_ids_BS: jax.Array | None = None) -> jax.Array:
     """Standard multi-head attention (`attention="mha"`) with G = num_kv_heads key/value heads:
     each serves H/G query heads, i.e. grouped-query attention when G < H (Mixtral, Qwen3),
-    plain multi-head attention when G = H."""
+    plain multi-head attention when G = H. `cos`, `sin`, `segment_ids_BS` as for `mla`."""
     q_BSHK = checkpoint_name(_dot(x_BSD, p["wq_DHK"], "bsd,dhk->bshk"), "query_proj")
     k_BSGK = _dot(x_BSD, p["wk_DGK"], "bsd,dgk->bsgk")
     v_BSGK = checkpoint_name(_dot(x_BSD, p["wv_DGK"], "bsd,dgk->bsgk"), "value_proj")
     if "q_norm_K" in p:
         q_BSHK = rms_norm(q_BSHK, p["q_norm_K"], cfg.norm_eps)
         k_BSGK = rms_norm(k_BSGK, p["k_norm_K"], cfg.norm_eps)
-    q_BSHK = apply_rope(q_BSHK, cos_SR2, sin_SR2)
-    k_BSGK = apply_rope(k_BSGK, cos_SR2, sin_SR2)
+    q_BSHK = apply_rope(q_BSHK, cos, sin)
+    k_BSGK = apply_rope(k_BSGK, cos, sin)
     rep = cfg.num_heads // cfg.kv_heads
     k_BSHK = jnp.repeat(k_BSGK, rep, axis=2)
     v_BSHK = jnp.repeat(v_BSGK, rep, axis=2)
-    out = causal_attention(q_BSHK, k_BSHK, v_BSHK, 1.0 / math.sqrt(cfg.mha_head_dim))
+    out = causal_attention(q_BSHK, k_BSHK, v_BSHK, 1.0 / math.sqrt(cfg.mha_head_dim),
+                           segment_ids_BS)
     return _dot(out, p["wo_HKD"], "bshk,hkd->bsd")
 
 
@@ -196,7 +231,8 @@ class AttentionSpec:
     """One attention kind (ModelConfig.attention, config.ATTENTION_KINDS).
 
     init: (key, cfg) -> its parameters.
-    apply: (params, x_BSD, cfg, cos_SR2, sin_SR2) -> y_BSD.
+    apply: (params, x_BSD, cfg, cos, sin, segment_ids_BS=None) -> y_BSD (rotary tables [S, R2]
+      or [B, S, R2]; with segment ids, attention stays inside each segment).
     offloaded: the activations it marks (checkpoint_name) that the `offload` remat policy
       moves to host memory.
     """

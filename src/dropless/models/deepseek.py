@@ -5,6 +5,10 @@ carries its node size, or a plain jax mesh) is passed through to the MoE layer.
 
 Legend: B batch, S sequence, D model dim, F dense hidden, V vocabulary, E experts, Lm MoE layers.
 
+Packed rows: `forward` and `mtp_logits` take optional `segment_ids_BS` (attention stays inside a
+segment) and `positions_BS` (rotary positions per document); None keeps the plain causal row
+with positions 0..S-1 (the "stream" packing), chosen at trace time.
+
 Parameters: {"embed": {"w_VD"}, "layers": [block, ...], "final_norm": {"w_D"},
 "lm_head": {"w_DV"} (untied only), "mtp": [module, ...] (mtp_depth > 0 only)}; a block is
 {"attn_norm_D", "attn": {...}, "ffn_norm_D", "ffn": {...dense...} | "moe": {...moe layer...}}.
@@ -21,7 +25,7 @@ import jax.numpy as jnp
 
 from dropless import moe as moe_lib
 from dropless.config import REMAT_CHECKPOINT_POLICIES, REMAT_POLICIES, ModelConfig
-from dropless.models.attention import ATTENTION, rms_norm, rope_tables
+from dropless.models.attention import ATTENTION, rms_norm, rope_at, rope_tables
 from dropless.models.scan import run_layers, stack_layers
 from dropless.moe.ffn import init_swiglu_ffn, scaled_normal, swiglu_ffn
 from dropless.parallel.mesh import AnyMesh
@@ -96,23 +100,25 @@ def remat_policy(remat: str, cfg: ModelConfig):
     return policy
 
 
-def block(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig,
+def block(p: Params, x_BSD: jax.Array, cos, sin, segment_ids_BS=None, *, cfg: ModelConfig,
           mesh: AnyMesh | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Pre-norm block: x + attn(norm(x)), then + ffn(norm(.)) (dense SwiGLU or MoE layer).
+    `cos`, `sin`: rotary tables ([S, R2] or per row [B, S, R2]); `segment_ids_BS`: attention
+    stays inside each segment (None: plain causal).
 
     Returns (y_BSD, aux); aux is empty for dense blocks and the MoE layer's aux otherwise.
     """
-    h = attention_residual(p, x_BSD, cos_SR2, sin_SR2, cfg=cfg)
+    h = attention_residual(p, x_BSD, cos, sin, segment_ids_BS, cfg=cfg)
     return ffn_residual(p, h, cfg=cfg, mesh=mesh)
 
 
-def attention_residual(p: Params, x_BSD: jax.Array, cos_SR2, sin_SR2, *, cfg: ModelConfig
-                       ) -> jax.Array:
+def attention_residual(p: Params, x_BSD: jax.Array, cos, sin, segment_ids_BS=None, *,
+                       cfg: ModelConfig) -> jax.Array:
     """The block's first half: x + attn(norm(x))."""
     attn_fn = ATTENTION[cfg.attention].apply
     with jax.named_scope("attention"):
         return x_BSD + attn_fn(p["attn"], rms_norm(x_BSD, p["attn_norm_D"], cfg.norm_eps), cfg,
-                               cos_SR2, sin_SR2)
+                               cos, sin, segment_ids_BS)
 
 
 def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: AnyMesh | None = None
@@ -178,40 +184,71 @@ def logits_from_hidden(params: Params, h_BSD: jax.Array, norm_w_D: jax.Array,
     return jnp.dot(z, w_DV.astype(z.dtype), preferred_element_type=jnp.float32)
 
 
+def rope_for(tokens_BS: jax.Array, cfg: ModelConfig, positions_BS: jax.Array | None = None
+             ) -> tuple[jax.Array, jax.Array]:
+    """The model's rotary tables for a [B, S] batch: [S, R2] for positions 0..S-1, or gathered
+    at `positions_BS` ([B, S, R2], each position in [0, S))."""
+    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
+    return (cos, sin) if positions_BS is None else rope_at(cos, sin, positions_BS)
+
+
+def check_documents(tokens_BS: jax.Array, segment_ids_BS: jax.Array | None,
+                    positions_BS: jax.Array | None) -> None:
+    """ValueError unless token ids are a 2-D integer array and the segment ids and positions
+    given are integer arrays of the same shape."""
+    if tokens_BS.ndim != 2 or not jnp.issubdtype(tokens_BS.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an int array [batch, seq]; got {tokens_BS.dtype}"
+                         f"{tuple(tokens_BS.shape)}")
+    for name, a in (("segment_ids_BS", segment_ids_BS), ("positions_BS", positions_BS)):
+        if a is not None and (a.shape != tokens_BS.shape
+                              or not jnp.issubdtype(a.dtype, jnp.integer)):
+            raise ValueError(f"{name} must be an int array shaped like the tokens "
+                             f"{tuple(tokens_BS.shape)}; got {a.dtype}{tuple(a.shape)}")
+
+
 def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *,
+            segment_ids_BS: jax.Array | None = None, positions_BS: jax.Array | None = None,
             mesh: AnyMesh | None = None, remat: str = "none"
             ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """Token ids [B, S] -> (logits_BSV float32, last hidden h_BSD, aux).
+
+    Packed rows: `segment_ids_BS` confines attention to each segment (causal AND same
+    segment), `positions_BS` (in [0, S)) gives the rotary positions; either None: a plain
+    causal row, positions 0..S-1.
 
     aux: `moe_loss` (the summed weighted balance losses to add to the objective),
     `dropped_tokens`, `tokens_per_expert_LE` (one row per MoE layer), mean balance losses, and
     every other per-layer MoE aux value stacked over MoE layers (`_merge_aux`). The layers run
     unrolled or, for parameters in the scanned layout, under one lax.scan per run of same-kind
     layers; both give the same numbers.
-    Raises ValueError for token ids that are not a 2-D integer array.
+    Raises ValueError for token ids that are not a 2-D integer array, or segment ids /
+    positions not shaped like them.
     """
-    if tokens_BS.ndim != 2 or not jnp.issubdtype(tokens_BS.dtype, jnp.integer):
-        raise ValueError(f"tokens must be an int array [batch, seq]; got {tokens_BS.dtype}"
-                         f"{tuple(tokens_BS.shape)}")
+    check_documents(tokens_BS, segment_ids_BS, positions_BS)
     dt = jnp.dtype(cfg.dtype)
-    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
+    cos, sin = rope_for(tokens_BS, cfg, positions_BS)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
-    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat), cos, sin)
+    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat), cos, sin, segment_ids_BS)
     logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
     return logits, x, _merge_aux(auxes)
 
 
 def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: ModelConfig, *,
+               segment_ids_BS: jax.Array | None = None, positions_BS: jax.Array | None = None,
                mesh: AnyMesh | None = None, remat: str = "none"
                ) -> tuple[list[jax.Array], dict]:
     """DeepSeek-V3 multi-token prediction. Module k (1-based) at position i combines the previous
-    depth's hidden state with the embedding of token i+k and predicts token i+k+1.
+    depth's hidden state with the embedding of token i+k and predicts token i+k+1; its block
+    attends with the row's segment ids and rotary positions of position i, as `forward`.
 
-    Returns ([logits_BSV per depth], aux); positions i >= S - k see wrapped tokens and must be
-    masked out of the loss (see `dropless.train.step.loss_fn`).
+    Returns ([logits_BSV per depth], aux); positions i >= S - k see wrapped tokens, and in a
+    packed row positions whose token i+k lies in another segment see another document: both
+    must be masked out of the loss (see `dropless.train.step.loss_fn`). Positions that are
+    kept never attend to those.
     """
+    check_documents(tokens_BS, segment_ids_BS, positions_BS)
     dt = jnp.dtype(cfg.dtype)
-    cos, sin = rope_tables(tokens_BS.shape[1], cfg.rope_dim, cfg.rope_theta, cfg)
+    cos, sin = rope_for(tokens_BS, cfg, positions_BS)
     fn = _block_fn(cfg, mesh, remat)
     out, auxes = [], []
     for k, m in enumerate(params.get("mtp", []), start=1):
@@ -220,7 +257,7 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
                                rms_norm(e, m["embed_norm_D"], cfg.norm_eps)], axis=-1)
         h_BSD = jnp.dot(cat, m["proj_2DD"].astype(dt), preferred_element_type=jnp.float32
                         ).astype(dt)
-        h_BSD, aux = fn(m["block"], h_BSD, cos, sin)
+        h_BSD, aux = fn(m["block"], h_BSD, cos, sin, segment_ids_BS)
         if aux:
             auxes.append(aux)
         out.append(logits_from_hidden(params, h_BSD, m["out_norm_D"], cfg))

@@ -34,6 +34,7 @@ from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
 from dropless import checkpoint as ckpt
 from dropless.data import corpus as data_lib
+from dropless.data.batch import from_windows
 from dropless.train import guards as guards_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
@@ -359,8 +360,9 @@ def _read_metrics(m: dict) -> dict:
 def _batch_at(ctx: _Ctx, i: int):
     """Step i+1's batch (0-based i), placed on the batch sharding."""
     cfg = ctx.cfg
-    batch = data_lib.batch_at(ctx.corpus.train_TOK, i, batch_size=cfg.global_batch_size,
-                              seq_len=cfg.seq_len, seed=cfg.seed)
+    batch = from_windows(data_lib.batch_at(ctx.corpus.train_TOK, i,
+                                           batch_size=cfg.global_batch_size,
+                                           seq_len=cfg.seq_len, seed=cfg.seed))
     return batch if ctx.bshard is None else jax.device_put(batch, ctx.bshard)
 
 

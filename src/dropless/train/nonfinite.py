@@ -140,7 +140,7 @@ def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfi
     bad = nonfinite_leaves(canon)
     if bad:
         return f"parameters were already non-finite before the step: {_first(bad)}"
-    forward = _locate_forward(canon, batch_BS1[:, :-1], cfg.model, mesh)
+    forward = _locate_forward(canon, step_lib.step_inputs(batch_BS1, cfg), cfg.model, mesh)
     if forward:
         return f"first non-finite value in the forward pass: {forward}"
     loss = functools.partial(step_lib.loss_fn, cfg=cfg, mesh=mesh)
@@ -161,20 +161,21 @@ def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfi
     return "not reproduced when the step was run again piece by piece"
 
 
-def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh) -> str:
-    """The first non-finite output of the forward pass, in words ("" when all are finite).
-    Each piece is jitted on its own; same-kind layers share one compiled function."""
+def _locate_forward(params: dict, inputs, m, mesh) -> str:
+    """The first non-finite output of the forward pass on `inputs` (`step.StepInputs`), in words
+    ("" when all are finite). Each piece is jitted on its own; same-kind layers share one
+    compiled function."""
     from dropless.models import deepseek
-    from dropless.models.attention import rope_tables
     dt = jnp.dtype(m.dtype)
-    cos, sin = rope_tables(tokens_BS.shape[1], m.rope_dim, m.rope_theta, m)
+    tokens_BS, seg_BS = inputs.tokens_BS, inputs.segment_ids_BS
+    cos, sin = deepseek.rope_for(tokens_BS, m, inputs.positions_BS)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
     if _bad(x):
         return "the embedding of the batch's tokens"
     attn = jax.jit(functools.partial(deepseek.attention_residual, cfg=m))
     ffn = jax.jit(functools.partial(deepseek.ffn_residual, cfg=m, mesh=mesh))
     for i, p in enumerate(params["layers"]):
-        x = attn(p, x, cos, sin)
+        x = attn(p, x, cos, sin, seg_BS)
         if _bad(x):
             return f"layer {i}, attention (layers/{i}/attn)"
         x, _ = ffn(p, x)
@@ -187,7 +188,7 @@ def _locate_forward(params: dict, tokens_BS: jax.Array, m, mesh) -> str:
         return "the output head (final_norm, lm_head)"
     if params.get("mtp"):
         outs, _ = jax.jit(functools.partial(deepseek.mtp_logits, cfg=m, mesh=mesh))(
-            params, x, tokens_BS)
+            params, x, tokens_BS, segment_ids_BS=seg_BS, positions_BS=inputs.positions_BS)
         for k, lg in enumerate(outs, start=1):
             if _bad(lg):
                 return f"MTP module {k} (mtp/{k - 1})"

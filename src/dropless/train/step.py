@@ -4,16 +4,27 @@ cosine and global-norm clipping, then the aux-loss-free router-bias update outsi
 Legend: B batch, S sequence, V vocabulary, E experts, Lm MoE layers.
 
 State is a plain dict pytree {"params", "opt_state", "step", "rng"} so it checkpoints as is.
+
+The step takes a `data.batch.Batch` (or, the same as `batch.from_windows` of it, a [B, S + 1]
+array of stream windows). Under `TrainConfig.packing` "documents" and "pad" the model sees the
+batch's segment ids and positions (attention and rope per document) and the loss is the mean
+over `loss_mask_BS`; under "stream" (and for a windows array) attention runs across the row
+with positions 0..S-1 and every target counts (the mask is read only when `sft` is on): the
+computation of the runs made before packing (the loss and gradients bit for bit, tested; a
+Batch's eval loss may differ from a windows array's in the last bit, where XLA fuses the mean
+over targets that arrive as their own array differently). The choice is made at trace time
+from the config and the batch's type, never from its values.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from dropless.config import TrainConfig
+from dropless.data.batch import Batch
 from dropless.models import deepseek
 from dropless.moe import update_bias
 from dropless.parallel.mesh import AnyMesh
@@ -74,23 +85,70 @@ def cross_entropy(logits_BSV: jax.Array, targets_BS: jax.Array,
     return jnp.sum(nll * mask_BS) / jnp.maximum(jnp.sum(mask_BS), 1)
 
 
-def loss_fn(params, batch_BS1: jax.Array, cfg: TrainConfig, mesh: AnyMesh | None = None
+class StepInputs(NamedTuple):
+    """What the model and the loss read of a batch; the document fields are None where the
+    computation does not use them (see the module docstring)."""
+    tokens_BS: jax.Array
+    targets_BS: jax.Array
+    segment_ids_BS: jax.Array | None
+    positions_BS: jax.Array | None
+    loss_mask_BS: jax.Array | None
+
+
+def step_inputs(batch: Batch | jax.Array, cfg: TrainConfig) -> StepInputs:
+    """The model's and the loss's view of `batch` (a Batch, or [B, S + 1] stream windows)
+    under cfg.packing and cfg.sft. Raises ValueError for anything else."""
+    if isinstance(batch, Batch):
+        docs = cfg.packing != "stream"
+        masked = docs or cfg.sft
+        return StepInputs(batch.tokens_BS, batch.targets_BS,
+                          batch.segment_ids_BS if docs else None,
+                          batch.positions_BS if docs else None,
+                          batch.loss_mask_BS if masked else None)
+    if getattr(batch, "ndim", None) != 2:
+        raise ValueError(f"a batch must be a data.batch.Batch or a [batch, seq + 1] array of "
+                         f"token windows; got {type(batch).__name__}"
+                         f"{tuple(getattr(batch, 'shape', ()))}")
+    return StepInputs(batch[:, :-1], batch[:, 1:], None, None, None)
+
+
+def mtp_mask(x: StepInputs, k: int) -> jax.Array:
+    """[B, S] mask of MTP depth k's targets (target i + k at position i): inside the row
+    (i < S - k), and, where the batch says, counted by the loss mask at i + k and in the same
+    segment as position i (so no depth predicts across a document boundary)."""
+    s = x.tokens_BS.shape[1]
+    inside = jnp.broadcast_to((jnp.arange(s) < s - k)[None, :], x.targets_BS.shape)
+    if x.loss_mask_BS is None and x.segment_ids_BS is None:
+        return inside
+    mask = inside.astype(jnp.float32)
+    if x.loss_mask_BS is not None:
+        mask = mask * jnp.roll(x.loss_mask_BS, -k, axis=1).astype(jnp.float32)
+    if x.segment_ids_BS is not None:
+        same = jnp.roll(x.segment_ids_BS, -k, axis=1) == x.segment_ids_BS
+        mask = mask * same.astype(jnp.float32)
+    return mask
+
+
+def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | None = None
             ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed).
+    """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed);
+    the CE terms are means over the targets the loss mask counts (`step_inputs`).
     `mesh`: the trainer's (`parallel.mesh.train_mesh`: the mesh with its node size)."""
     m = cfg.model
-    inputs, targets = batch_BS1[:, :-1], batch_BS1[:, 1:]
-    logits, h, aux = deepseek.forward(params, inputs, m, mesh=mesh, remat=cfg.remat)
-    ce = cross_entropy(logits, targets)
+    x = step_inputs(batch, cfg)
+    docs = {"segment_ids_BS": x.segment_ids_BS, "positions_BS": x.positions_BS}
+    logits, h, aux = deepseek.forward(params, x.tokens_BS, m, **docs, mesh=mesh,
+                                      remat=cfg.remat)
+    ce = cross_entropy(logits, x.targets_BS, x.loss_mask_BS)
     total = ce + aux["moe_loss"]
     metrics = {"ce_loss": ce, **aux}
     if m.mtp_depth:
-        mtp, mtp_aux = deepseek.mtp_logits(params, h, inputs, m, mesh=mesh, remat=cfg.remat)
-        s = inputs.shape[1]
+        mtp, mtp_aux = deepseek.mtp_logits(params, h, x.tokens_BS, m, **docs, mesh=mesh,
+                                           remat=cfg.remat)
         losses = []
         for k, lg in enumerate(mtp, start=1):
-            mask = jnp.broadcast_to((jnp.arange(s) < s - k)[None, :], targets.shape)
-            losses.append(cross_entropy(lg, jnp.roll(targets, -k, axis=1), mask))
+            losses.append(cross_entropy(lg, jnp.roll(x.targets_BS, -k, axis=1),
+                                        mtp_mask(x, k)))
         metrics["mtp_loss"] = sum(losses) / len(losses)
         total = total + m.mtp_loss_coef * metrics["mtp_loss"] + mtp_aux["moe_loss"]
         for k in ("tokens_per_expert_LE", "dropped_rows_L", "sufficient_buffer_factor_L"):
@@ -128,12 +186,13 @@ def _update_biases(params, metrics, cfg: TrainConfig):
     return params
 
 
-def train_step(state: State, batch_BS1: jax.Array, *, cfg: TrainConfig,
+def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
                opt: optax.GradientTransformation, mesh: AnyMesh | None = None
                ) -> tuple[State, dict]:
-    """One optimizer step on a [B, S + 1] batch; returns (new state, metrics)."""
+    """One optimizer step on a batch (a Batch or [B, S + 1] windows, see `step_inputs`);
+    returns (new state, metrics)."""
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state["params"], batch_BS1, cfg, mesh)
+        state["params"], batch, cfg, mesh)
     updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     params = _update_biases(params, metrics, cfg)
@@ -144,8 +203,12 @@ def train_step(state: State, batch_BS1: jax.Array, *, cfg: TrainConfig,
     return new_state, metrics
 
 
-def eval_loss(params, batch_BS1: jax.Array, *, cfg: TrainConfig, mesh: AnyMesh | None = None
-              ) -> jax.Array:
-    """Held-out next-token cross-entropy (no MTP, no balance losses)."""
-    logits, _, _ = deepseek.forward(params, batch_BS1[:, :-1], cfg.model, mesh=mesh)
-    return cross_entropy(logits, batch_BS1[:, 1:])
+def eval_loss(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
+              mesh: AnyMesh | None = None) -> jax.Array:
+    """Held-out next-token cross-entropy over the counted targets (no MTP, no balance losses);
+    the batch is read as `step_inputs` says."""
+    x = step_inputs(batch, cfg)
+    logits, _, _ = deepseek.forward(params, x.tokens_BS, cfg.model,
+                                    segment_ids_BS=x.segment_ids_BS,
+                                    positions_BS=x.positions_BS, mesh=mesh)
+    return cross_entropy(logits, x.targets_BS, x.loss_mask_BS)

@@ -1,0 +1,67 @@
+"""The step's view of a batch: under packing="stream" (and for a [B, S + 1] windows array) the
+plain causal row of the runs made before packing, bit for bit; under "documents" / "pad" the
+batch's segment ids, positions and loss mask."""
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from dropless.config import ModelConfig, TrainConfig
+from dropless.data.batch import Batch, from_windows
+from dropless.models import deepseek
+from dropless.train import step
+
+MODEL = ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, d_ff=24,
+                    attention="mha", num_kv_heads=1, head_dim=4, mtp_depth=1)
+
+
+def _packed() -> Batch:
+    seg = np.int32([[1, 1, 1, 2, 2, 0]])
+    return Batch(np.int32([[3, 4, 5, 6, 7, 0]]), np.int32([[4, 5, 9, 7, 8, 0]]), seg,
+                 np.int32([[0, 1, 2, 0, 1, 0]]), np.float32([[1, 1, 0, 1, 1, 0]]))
+
+
+def test_stream_reads_neither_segments_nor_positions():
+    cfg = TrainConfig(model=MODEL, packing="stream")
+    x = step.step_inputs(_packed(), cfg)
+    assert x.segment_ids_BS is None and x.positions_BS is None and x.loss_mask_BS is None
+    sft = step.step_inputs(_packed(), cfg.replace(sft=True))
+    assert sft.segment_ids_BS is None and sft.loss_mask_BS is not None
+    for packing in ("documents", "pad"):
+        x = step.step_inputs(_packed(), cfg.replace(packing=packing))
+        assert x.segment_ids_BS is not None and x.positions_BS is not None
+        assert x.loss_mask_BS is not None
+    w = np.arange(2 * 7, dtype=np.int32).reshape(2, 7)
+    x = step.step_inputs(w, cfg.replace(packing="documents"))
+    np.testing.assert_array_equal(x.tokens_BS, w[:, :-1])
+    np.testing.assert_array_equal(x.targets_BS, w[:, 1:])
+    assert x.segment_ids_BS is None and x.loss_mask_BS is None
+    with pytest.raises(ValueError, match="data.batch.Batch"):
+        step.step_inputs(np.zeros(3, np.int32), cfg)
+
+
+def test_mtp_mask_stays_inside_each_document():
+    """Depth 1 at position i counts target i + 1 when it is counted and of i's segment."""
+    x = step.step_inputs(_packed(), TrainConfig(model=MODEL))
+    # targets counted [1 1 0 1 1 0]; segments [1 1 1 2 2 0]
+    # i=0: t1 counted, same seg -> 1; i=1: t2 not counted -> 0; i=2: next is seg 2 -> 0;
+    # i=3: t4 counted, same seg -> 1; i=4: next is padding -> 0; i=5: past the row -> 0
+    np.testing.assert_array_equal(step.mtp_mask(x, 1), [[1, 0, 0, 1, 0, 0]])
+    np.testing.assert_array_equal(step.mtp_mask(x, 2), [[0, 0, 0, 0, 0, 0]])
+
+
+def test_stream_batch_is_bitwise_the_windows_step():
+    """The loop hands the step `from_windows` batches: under "stream" the loss and every
+    gradient are those of the [B, S + 1] windows the step took before, bit for bit."""
+    model = MODEL.replace(mtp_depth=0)   # the MTP masks are the same code under "stream"
+    cfg = TrainConfig(model=model, packing="stream")
+    params = deepseek.init_params(jax.random.key(0), model)
+    w = np.asarray(jax.random.randint(jax.random.key(1), (2, 9), 0, 32), np.int32)
+    fn = jax.jit(jax.value_and_grad(functools.partial(step.loss_fn, cfg=cfg), has_aux=True))
+    (l1, m1), g1 = fn(params, w)
+    (l2, m2), g2 = fn(params, from_windows(w))
+    assert np.asarray(l1).tobytes() == np.asarray(l2).tobytes()
+    assert m1["ce_loss"] == m2["ce_loss"]
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
+        np.testing.assert_array_equal(a, b)
