@@ -545,6 +545,9 @@ class TrainConfig:
             _fail(c, "eval_fraction", self.eval_fraction, "must be in (0, 1)")
         _one_of(c, self, "bin_dtype", ("uint8", "uint16", "int32", "uint32"))
         _one_of(c, self, "packing", PACKINGS)
+        if self.sft is True and self.packing == "stream":
+            _fail(c, "packing", self.packing, "cannot hold SFT examples (attention would cross "
+                  "them): use packing=documents or packing=pad with sft=true")
         _positive_ints(c, self, ("prefetch",), allow_zero=True)
         _one_of(c, self, "xla_recipe", tuple(RECIPES))
         moe = self.model.moe
