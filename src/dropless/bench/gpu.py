@@ -228,7 +228,8 @@ def _tests_record(lines: list[str]) -> dict:
     tail = [ln for ln in lines if ln.strip()][-1:]
     collected = [ln for ln in lines if "collected" in ln or "tests collected" in ln]
     selected = None
-    for ln in lines:   # "collected 116 items / 2 deselected / 114 selected", "4 workers [114 items]"
+    # "collected 116 items / 2 deselected / 114 selected", "4 workers [114 items]"
+    for ln in lines:
         m = (re.search(r"(\d+) selected", ln) or re.search(r"workers \[(\d+) items?\]", ln)
              or re.search(r"collected (\d+) items?", ln)
              or re.search(r"(\d+)(?:/\d+)? tests? collected", ln))
@@ -349,9 +350,11 @@ def summarize(recs: list[dict]) -> list[dict]:
         if r.get("event") == "section_end":
             row.update(status=r["status"], seconds=r.get("seconds"),
                        estimated_h200_s=r.get("estimated_h200_s"), cap_s=r.get("timeout_s"))
-            if sec == "tests" and "counts" in r:
+            if sec == "tests" and "not_reached" in r:
                 row["tests"] = (f"{r.get('passed', 0)} passed, {r.get('failed_count', 0)} "
-                                f"failed, {r.get('not_reached', '?')} not reached")
+                                f"failed, {r['not_reached']} not reached")
+            elif sec == "tests" and "selected" in r:
+                row["tests"] = f"{r['selected']} collected"
             continue
         if r.get("event") == "section_start":
             continue

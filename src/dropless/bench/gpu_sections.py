@@ -158,12 +158,7 @@ def gmm_section(emit: Emitter, spec: dict) -> None:
     matmul of equal FLOPs at its shape (same run), and the torch peer; fwd and fwd+bwd, every
     routing. A unit the plan dropped, or one the deadline no longer allows, is a "skipped"
     record with the reason; one measurement's failure is an "error" record, not raised."""
-    import jax.numpy as jnp
-
-    from dropless.bench import gpu_timing
-    from dropless.bench.gmm import group_sizes_for
     from dropless.ops.gmm import registry
-    timing = spec["timing"]
     units = {(u["shape"], u["backend"]): u for u in spec["gmm_units"]}
     for u in spec["gmm_dropped"]:
         emit({"shape": u["shape"], "backend": u["backend"], "skipped": u["skipped"]})
@@ -182,14 +177,19 @@ def gmm_section(emit: Emitter, spec: dict) -> None:
             emit({"shape": s.label, "error": f"operands: {_error(e)}"})
             continue
         backends = ["dense_xla"] + [b for b in mine if b != "torch"]
-        _gmm_shape(emit, spec, s, backends, "torch" in mine, (x, w, dy), group_sizes_for, jnp,
-                   gpu_timing, timing, units)
+        _gmm_shape(emit, spec, s, backends, "torch" in mine, (x, w, dy), units)
         del x, w, dy
 
 
-def _gmm_shape(emit, spec, s, backends, torch, ops, group_sizes_for, jnp, gpu_timing, timing,
-               units) -> None:
-    """One shape's measurements: each backend compiled once per mode, timed per routing."""
+def _gmm_shape(emit: Emitter, spec: dict, s: plan.Shape, backends: list[str], torch: bool,
+               ops: tuple, units: dict) -> None:
+    """One shape's measurements: each backend compiled once per mode (through the fallback, so
+    the record says what ran), timed per routing, then the torch peer."""
+    import jax.numpy as jnp
+
+    from dropless.bench import gpu_timing
+    from dropless.bench.gmm import group_sizes_for
+    timing = spec["timing"]
     x, w, dy = ops
     fns: dict = {}
     sizes_of = {r: group_sizes_for(r, s.m, s.g, seed=s.g) for r in spec["routings"]}
@@ -247,8 +247,8 @@ def _gmm_shape(emit, spec, s, backends, torch, ops, group_sizes_for, jnp, gpu_ti
                 peer = {f"torch/{m}": {"error": _error(e)} for m in plan.MODES}
             for name, r in peer.items():
                 backend, mode = name.split("/")
-                emit(dict(base, mode=mode, backend=backend, ran=backend,
-                          useful_flops=plan.flops(s, mode), **r))
+                emit(dict(base, mode=mode, backend=backend, useful_flops=plan.flops(s, mode),
+                          **({"ran": backend} if "median_ms" in r else {}), **r))
 
 
 def _moe_case(e: int, k: int, routing: str, shape: dict):

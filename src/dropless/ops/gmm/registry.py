@@ -98,7 +98,7 @@ AUTO_CHAINS = {"cpu": ("tiled",), "cuda": ("tokamax", "pallas_gpu"), "rocm": ("r
 
 @contextlib.contextmanager
 def stand_in(name: str, fn: Callable[..., jax.Array], *, first_on: str,
-             description: str = "a stand-in backend (tests, bench gpu --dry-run)") -> Iterator[None]:
+             description: str = "a stand-in (tests, bench gpu --dry-run)") -> Iterator[None]:
     """Within the block, backend `name` is `fn` (replacing a registered one of that name) and
     `auto` tries it first on platform `first_on`, before that platform's chain. Not
     thread-safe (the registry is shared): for tests and a dry run's own process."""
