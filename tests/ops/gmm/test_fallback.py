@@ -32,9 +32,18 @@ def _operands():
     return jax.random.normal(ka, (M, K)), jax.random.normal(kb, (G, K, N)), SIZES
 
 
+@jax.jit
 def _reference(a, b, gs):
     return jax.value_and_grad(lambda a, b: reference_gmm(a, b, gs, out_dtype=a.dtype).sum(),
                               (0, 1))(a, b)
+
+
+@pytest.fixture
+def cheap_floor(monkeypatch):
+    """CPU's chain ends at `reference` (a masked loop over G=3 groups: a quick compile) instead
+    of `tiled`, so each retrace costs little; one test keeps the real floor."""
+    monkeypatch.setitem(registry.AUTO_CHAINS, "cpu", ("reference",))
+    return "reference"
 
 
 def _lines(caplog):
@@ -43,7 +52,7 @@ def _lines(caplog):
 
 @pytest.mark.parametrize("stage", standins.STAGES)
 @pytest.mark.parametrize("probe", [True, False], ids=["kernel-probe", "whole-function"])
-def test_a_kernel_failing_after_lowering_falls_back(stage, probe, caplog):
+def test_a_kernel_failing_after_lowering_falls_back(stage, probe, caplog, cheap_floor):
     args = _operands()
     with registry.stand_in("tokamax", standins.failing_gmm(stage), first_on="cpu"):
         assert registry.resolve_backend("auto") == "tokamax"
@@ -54,19 +63,28 @@ def test_a_kernel_failing_after_lowering_falls_back(stage, probe, caplog):
     want = _reference(*args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-    assert out.backend == "tiled" and len(out.fallbacks) == 1
+    assert out.backend == cheap_floor and len(out.fallbacks) == 1
     fb = out.fallbacks[0]
-    assert (fb["from"], fb["to"], fb["stage"]) == ("tokamax", "tiled", stage)
+    assert (fb["from"], fb["to"], fb["stage"]) == ("tokamax", cheap_floor, stage)
     # the kernel probe names the shape; a failure of the whole function refuses every shape
     assert (fb["shape"] is not None) == probe
     lines = _lines(caplog)
     assert len(lines) == 1 and f"tokamax failed to {stage} in the loss" in lines[0], lines
-    assert lines[0].endswith("using tiled there")
+    assert lines[0].endswith(f"using {cheap_floor} there")
     rec = out.record()
-    assert rec["gmm_backend_ran"] == "tiled" and rec["gmm_fallbacks"][0]["from"] == "tokamax"
+    assert rec["gmm_backend_ran"] == cheap_floor and rec["gmm_fallbacks"][0]["from"] == "tokamax"
 
 
-def test_only_the_failing_shape_falls_back():
+def test_the_real_cpu_floor_takes_over(caplog):
+    args = _operands()
+    with registry.stand_in("tokamax", standins.failing_gmm("compile"), first_on="cpu"):
+        compiled, out = fallback.compile_auto(_loss_and_grads, *args, what="loss")
+        got = compiled(*args)
+    assert out.backend == "tiled" and out.fallbacks[0]["to"] == "tiled"
+    np.testing.assert_allclose(got[0], _reference(*args)[0], rtol=1e-5)
+
+
+def test_only_the_failing_shape_falls_back(cheap_floor):
     # [12, 8] x [3, 8, 6] fails to compile, [12, 6] x [3, 6, 8] works: each shape decides
     bad_rhs = (G, K, N)
 
@@ -84,13 +102,13 @@ def test_only_the_failing_shape_falls_back():
     with registry.stand_in("tokamax", picky, first_on="cpu"):
         compiled, out = fallback.compile_auto(two, a, b, c, gs, what="two layers")
     by_rhs = {r["shape"][2]: r["backend"] for r in out.ran}
-    assert by_rhs == {bad_rhs: "tiled", (G, N, K): "tokamax"}
+    assert by_rhs == {bad_rhs: cheap_floor, (G, N, K): "tokamax"}
     assert [f["shape"][2] for f in out.fallbacks] == [bad_rhs]
-    np.testing.assert_allclose(compiled(a, b, c, gs), two(a, b, c, gs), rtol=1e-5)
+    np.testing.assert_allclose(compiled(a, b, c, gs), jax.jit(two)(a, b, c, gs), rtol=1e-5)
 
 
-def test_a_failure_with_nothing_to_fall_back_to_raises():
-    # tiled is CPU's floor: a function that fails to compile there is not retried
+def test_a_failure_with_nothing_to_fall_back_to_raises(cheap_floor):
+    # the floor: a function that fails to compile there is not retried
     def broken(a, b, gs):
         return standins.failing_gmm("compile")(a, b, gs, out_dtype=a.dtype) + grouped_matmul(
             a, b, gs)
@@ -122,3 +140,21 @@ def test_stand_in_is_undone_and_refusals_are_scoped():
     # the floor is never refused
     with registry.auto_scope(refused=frozenset({("tiled", None)})):
         assert registry.resolve_backend("auto", "cpu") == "tiled"
+
+
+def test_what_ran_takes_tokamax_s_own_decision_at_each_shape():
+    # auto chose tokamax on CUDA at two shapes; tokamax declined one when traced (pallas_gpu ran)
+    a, b = ("a",), ("b",)
+    events = [{"asked": "auto", "platform": "cpu", "backend": "tiled", "shape": a},
+              {"asked": "auto", "platform": "cuda", "backend": "tokamax", "shape": a},
+              {"asked": "tokamax", "backend": "pallas_gpu", "shape": a, "reason": "declined"},
+              {"asked": "auto", "platform": "cpu", "backend": "tiled", "shape": b},
+              {"asked": "auto", "platform": "cuda", "backend": "tokamax", "shape": b},
+              {"asked": "tokamax", "backend": "tokamax", "shape": b, "implementation": "mosaic"}]
+    assert registry.what_ran(events, "cuda") == [
+        {"asked": "auto", "backend": "pallas_gpu", "shape": a, "reason": "declined"},
+        {"asked": "auto", "backend": "tokamax", "shape": b, "implementation": "mosaic"}]
+    # lowered for CPU the tokamax branch is not what runs
+    assert registry.what_ran(events, "cpu") == [
+        {"asked": "auto", "backend": "tiled", "shape": a},
+        {"asked": "auto", "backend": "tiled", "shape": b}]
