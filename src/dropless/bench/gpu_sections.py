@@ -275,8 +275,9 @@ def _moe_case(e: int, k: int, routing: str, shape: dict):
 def moe_section(emit: Emitter, spec: dict) -> None:
     """The plan's moe units (case, mode): the MoE layer (gmm_backend auto, bf16) against a
     dense SwiGLU over the same rows, each compiled through the fallback and timed back to back;
-    one record per measurement (dense, then the layer, with the backend that ran and the rows
-    dropped); a unit dropped by the plan or the deadline is a "skipped" record."""
+    one record per measurement (dense, then the layer with the backend that ran; the layer is
+    dropless, so no rows are dropped); a unit dropped by the plan or the deadline is a
+    "skipped" record."""
     from dropless import moe
     from dropless.bench import dense, gpu_timing
     cases = spec["moe_cases"]
