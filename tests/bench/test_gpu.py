@@ -156,10 +156,11 @@ def test_a_section_that_hangs_or_crashes_is_recorded_and_the_next_runs(tmp_path,
     monkeypatch.setenv("XLA_FLAGS", "")
     rc = bench_gpu.run(_cli_options(["--dry-run", "--out-dir", str(tmp_path),
                                      "--sections", "gmm,moe,info",
-                                     "--inject-fault", "gmm=hang,moe=exit", "--cap", "gmm=3"]))
+                                     "--inject-fault", "gmm=hang,moe=exit", "--cap", "gmm=1"]))
     recs = _records(tmp_path)
     ends = _ends(recs)
     assert rc == 1
+    # --cap gmm=1: 5 s in a dry run (DRY_CAP_SCALE)
     assert ends["gmm"]["status"] == "timeout" and ends["gmm"]["seconds"] < 20
     # the hung section's process group is gone
     pid = next(r["pid"] for r in recs if r.get("event") == "section_start"

@@ -90,7 +90,7 @@ def _caps(args: GpuOptions) -> dict[str, float]:
     for key, val in args.caps.items():
         if key not in caps:
             raise ValueError(f"--cap: unknown section {key!r}; known: {list(caps)}")
-        caps[key] = float(val)
+        caps[key] = float(val) * scale    # a dry run's given caps are scaled as the defaults
     return caps
 
 
