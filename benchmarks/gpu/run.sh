@@ -6,7 +6,8 @@
 # JSON line each, appended as it is taken), run.log (this script's output) and info.log,
 # gmm.log, moe.log, train.log, tests.log (each section's output). Extra arguments go to
 # `dropless bench gpu`, e.g. --sections gmm --shapes G8,G64. Each section runs in its own
-# process with a time cap; the whole check gets what is left of HARD_S after the wheels install.
+# process with a time cap; the whole check gets what is left of HARD_S after the wheels install;
+# at the hard stop `timeout` sends SIGTERM and the runner kills the running section's group.
 # Check it on a CPU first: `dropless bench gpu --dry-run` (tests/bench/test_gpu.py runs that).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +25,8 @@ main() {
     fi
   fi
   export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-  # allocate on demand: the torch peer and the section processes share the GPU
+  # allocate on demand: the torch peer and the section processes share the GPU (`bench gpu`
+  # sets this itself too, so running it without this script is safe)
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   local left=$((HARD_S - SECONDS))

@@ -10,16 +10,26 @@ as each measurement is taken, output in OUT_DIR/<section>.log:
           ragged_dot (where its padded product is cheap) against XLA's dense matmul of equal
           FLOPs in the same run, and torch._grouped_mm / torch.mm as the peer; G=8/64/256 at
           M=8192, K=N=1024 and the DeepSeek-V3 expert-parallel shape (M=24576, K=7168, N=2048,
-          G=32); uniform and Zipf routing
-  moe     the MoE layer fwd+bwd against a dense SwiGLU over the same rows (`bench moe` cases)
+          G=32); uniform and Zipf routing; the units that fit the cap with margin, most
+          informative first
+  moe     the MoE layer fwd+bwd (then fwd) against a dense SwiGLU over the same rows
   train   `dropless train --preset deepseek3-test` for a few steps: step time, TFLOPS, MFU, peak
           device memory
-  tests   the GPU tests under JAX_PLATFORMS=cuda (Triton kernels for real), time-boxed
+  tests   the GPU tests under JAX_PLATFORMS=cuda (Triton kernels for real), time-boxed: passed,
+          failed and not reached are counted; cut at its cap it is still "ok"
+Every grouped-matmul function is compiled through ops/gmm/fallback.py: a kernel `auto` chose
+that fails to compile or run falls back (one log line) and every record names the backend that
+ran; the summary table at the end counts the fallbacks.
 Isolation: a section that raises, crashes or hangs is recorded (a "section_end" record with its
-status, exit code and last lines) and the next one runs; each section is killed at its cap and
-the whole check ends by its budget (330 s). `--dry-run` runs the same runner on CPU with tiny
-shapes (pallas_gpu in interpret mode; the tests section only collects), and every run prints the
-estimated time of each section on one H200 first. Nothing here asserts a speed.
+status, exit code and last lines) and the next one runs; each section's process group is
+killed at its cap, at the budget's end (330 s) and when the runner is signalled (SIGTERM from
+run.sh's hard stop, SIGINT, SIGHUP). The runner never starts a device client itself and gives
+the sections the allocator settings they need (ALLOCATOR_ENV: no preallocation), so run.sh is
+not needed for correctness. Exit status: 0 when every section produced its measurements, 1
+when one failed or was skipped, 128 + the signal when stopped. `--dry-run` runs the same
+runner on CPU with tiny shapes (pallas_gpu in interpret mode; the tests section only collects),
+and every run prints the estimated time of each section on one H200 first. Nothing here
+asserts a speed.
 """
 from __future__ import annotations
 
@@ -27,6 +37,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +55,12 @@ TEST_PATTERNS = ("tests/ops/gmm/test_pallas_gpu.py", "tests/ops/gmm/test_registr
                  "tests/ops/gmm/test_triton_check*.py", "tests/ops/gmm/test_tokamax_backend.py")
 TEST_DESELECT = "not property and not default_tiles"
 FAULT_KINDS = ("raise", "hang", "exit")
+# a stand-in tokamax that fails there, put first in `auto` (KEY=SECTION:tokamax only)
+STANDIN_KINDS = ("compile", "run")
+# what the device's allocator needs: the runner, the section processes, the tests' workers and
+# the torch peer share one GPU, so none may take most of its memory up front
+ALLOCATOR_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,16 +90,21 @@ def _caps(args: GpuOptions) -> dict[str, float]:
     for key, val in args.caps.items():
         if key not in caps:
             raise ValueError(f"--cap: unknown section {key!r}; known: {list(caps)}")
-        caps[key] = float(val)
+        caps[key] = float(val) * scale    # a dry run's given caps are scaled as the defaults
     return caps
 
 
 def _faults(args: GpuOptions) -> dict[str, str]:
     for key, kind in args.faults.items():
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"--inject-fault {key}={kind!r}: the kind is one of {FAULT_KINDS}")
+        if kind not in FAULT_KINDS + STANDIN_KINDS:
+            raise ValueError(f"--inject-fault {key}={kind!r}: the kind is one of "
+                             f"{FAULT_KINDS + STANDIN_KINDS}")
         if key.split(":")[0] not in plan.SECTIONS:
             raise ValueError(f"--inject-fault {key}: unknown section; known: {plan.SECTIONS}")
+        if (kind in STANDIN_KINDS) != key.endswith(":tokamax"):
+            raise ValueError(f"--inject-fault {key}={kind}: {STANDIN_KINDS} go with "
+                             f"SECTION:tokamax (a stand-in tokamax kernel), the others with a "
+                             f"section or a measurement")
     return dict(args.faults)
 
 
@@ -105,17 +127,32 @@ def _sections(args: GpuOptions) -> list[str]:
 
 
 def _child_env() -> dict[str, str]:
-    """This process's environment, with this dropless first on the path of the children."""
+    """This process's environment, with this dropless first on the path of the children and
+    the allocator settings (ALLOCATOR_ENV) unless the caller set them."""
     src = str(Path(__file__).resolve().parents[2])   # .../src (this file: src/dropless/bench)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = {**ALLOCATOR_ENV, **os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     return env
 
 
+class Signalled(BaseException):
+    """The runner received SIGTERM, SIGINT or SIGHUP (`run` turns it into an exit status)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_signalled(signum, frame):
+    raise Signalled(signum)
+
+
 def run_process(cmd: list[str], *, env: dict, timeout_s: float, log: Path,
-                prefix: str) -> tuple[int | str, list[str], float]:
+                prefix: str, started=None) -> tuple[int | str, list[str], float]:
     """Run `cmd` in its own process group, echoing each output line (stdout and stderr) as it
-    comes, with `prefix`, and writing it to `log`; kill the group at `timeout_s`.
+    comes, with `prefix`, and writing it to `log`; kill the group at `timeout_s`, and also when
+    anything interrupts the wait (the runner signalled: the group is killed, then the
+    interruption propagates). `started(pid)` is called once the process runs.
     Returns (exit status or "timeout", the output lines, seconds)."""
     t = time.perf_counter()
     lines: list[str] = []
@@ -133,13 +170,30 @@ def run_process(cmd: list[str], *, env: dict, timeout_s: float, log: Path,
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
+        if started is not None:
+            started(proc.pid)
         status: int | str = proc.wait(timeout=max(timeout_s, 0.1))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _kill_group(proc)
         status = "timeout"
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    _kill_group(proc, wait=False)      # what the section left behind in its group
     reader.join(timeout=5)
     return status, lines, time.perf_counter() - t
+
+
+def _kill_group(proc: subprocess.Popen, wait: bool = True) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if wait:
+        proc.wait()
 
 
 def _tests_command(args: GpuOptions, root: Path) -> list[str] | None:
@@ -173,14 +227,38 @@ def _tests_record(lines: list[str]) -> dict:
                 break
     tail = [ln for ln in lines if ln.strip()][-1:]
     collected = [ln for ln in lines if "collected" in ln or "tests collected" in ln]
-    return {"counts": counts, "failed": failed[:20], "summary": tail,
-            **({"collected": collected[-1].strip()} if collected else {})}
+    selected = None
+    # "collected 116 items / 2 deselected / 114 selected", "4 workers [114 items]"
+    for ln in lines:
+        m = (re.search(r"(\d+) selected", ln) or re.search(r"workers \[(\d+) items?\]", ln)
+             or re.search(r"collected (\d+) items?", ln)
+             or re.search(r"(\d+)(?:/\d+)? tests? collected", ln))
+        if m:
+            selected = int(m.group(1))
+    done = sum(counts.values())
+    out = {"counts": counts, "passed": counts.get("passed", 0),
+           "failed_count": counts.get("failed", 0) + counts.get("error", 0),
+           "failed": failed[:20], "summary": tail,
+           **({"collected": collected[-1].strip()} if collected else {})}
+    if selected is not None:
+        out["selected"], out["not_reached"] = selected, max(selected - done, 0)
+    return out
 
 
-def _spec(args: GpuOptions, section: str, t0: float, results: Path, train_dir: str) -> dict:
+def _spec(args: GpuOptions, section: str, t0: float, results: Path, train_dir: str,
+          timeout_s: float, est: dict) -> dict:
     dry = args.dry_run
+    sec = est.get(section, {})
     return {"section": section, "results": str(results), "t0": t0, "dry_run": dry,
             "fault": _faults(args),
+            # units start only while their H200 estimate fits before the cap (the dry run's
+            # tiny shapes are not the H200's: there only the cap itself counts)
+            "deadline_t": time.time() + timeout_s - plan.SECTION_RESERVE_S,
+            "est": 0.0 if dry else 1.0,
+            "gmm_units": sec.get("kept", []) if section == "gmm" else [],
+            "gmm_dropped": sec.get("dropped", []) if section == "gmm" else [],
+            "moe_units": sec.get("kept", []) if section == "moe" else [],
+            "moe_dropped": sec.get("dropped", []) if section == "moe" else [],
             "timing": plan.DRY_TIMING if dry else plan.TIMING,
             "shapes": [[s.label, s.m, s.k, s.n, s.g, list(s.backends)] for s in _shapes(args)],
             "routings": list(args.routings),
@@ -190,8 +268,11 @@ def _spec(args: GpuOptions, section: str, t0: float, results: Path, train_dir: s
 
 
 def run_section(args: GpuOptions, section: str, *, timeout_s: float, t0: float, out_dir: Path,
-                results: Path, train_dir: str) -> dict:
-    """One section in its own process; its "section_end" record (status ok / error / timeout)."""
+                results: Path, train_dir: str, est: dict) -> dict:
+    """One section in its own process; its "section_end" record: status ok / error / timeout
+    (the time-boxed tests section is "ok" when cut at its cap: it reports passed / failed /
+    not reached). A "section_start" record names the process (its group is killed at the cap
+    or when the runner is signalled)."""
     env, log = _child_env(), out_dir / f"{section}.log"
     prefix = f"  {section}| "
     extra: dict = {}
@@ -210,13 +291,21 @@ def run_section(args: GpuOptions, section: str, *, timeout_s: float, t0: float, 
                 "raise": "raise RuntimeError('injected fault at tests')",
                 "hang": "time.sleep(10**6)", "exit": "os._exit(3)"}[kind]]
     else:
-        spec = _spec(args, section, t0, results, train_dir)
+        spec = _spec(args, section, t0, results, train_dir, timeout_s, est)
         cmd = [sys.executable, "-m", "dropless.bench.gpu_sections", json.dumps(spec)]
+
+    def started(pid):
+        _append(results, {"section": section, "event": "section_start", "pid": pid,
+                          "t_s": round(time.time() - t0, 2)})
     status, lines, seconds = run_process(cmd, env=env, timeout_s=timeout_s, log=log,
-                                         prefix=prefix)
+                                         prefix=prefix, started=started)
     if section == "tests":
         extra = _tests_record(lines)
+        if args.dry_run:          # collected only: nothing was to be reached
+            extra.pop("not_reached", None)
     ok = status == 0
+    if section == "tests" and not args.dry_run and status in (0, 1, "timeout"):
+        ok = True     # tests ran: failures and the ones not reached are in the counts
     rec = {"status": "ok" if ok else ("timeout" if status == "timeout" else "error"),
            "returncode": status, "seconds": round(seconds, 2), "timeout_s": round(timeout_s, 1),
            "log": log.name, **extra}
@@ -240,53 +329,150 @@ def _append(path: Path, rec: dict) -> None:
         fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
 
 
+def _gpu_backend(env: dict) -> str:
+    """jax's default backend as a child process sees it: the runner itself never starts a
+    device client (it would hold GPU memory the sections need)."""
+    out = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    return (out.stdout.strip().splitlines() or [f"none ({out.stderr.strip()[-200:]})"])[-1]
+
+
+def summarize(recs: list[dict]) -> list[dict]:
+    """One row per section of a results file's records: status, seconds, the estimate and cap,
+    measurements, errors, skipped units, fallbacks (a record whose backend fell back)."""
+    rows: dict[str, dict] = {}
+    for r in recs:
+        sec = r.get("section")
+        if sec in (None, "plan"):
+            continue
+        row = rows.setdefault(sec, {"section": sec, "measurements": 0, "errors": 0,
+                                    "skipped": 0, "fallbacks": 0})
+        if r.get("event") == "section_end":
+            row.update(status=r["status"], seconds=r.get("seconds"),
+                       estimated_h200_s=r.get("estimated_h200_s"), cap_s=r.get("timeout_s"))
+            if sec == "tests" and "not_reached" in r:
+                row["tests"] = (f"{r.get('passed', 0)} passed, {r.get('failed_count', 0)} "
+                                f"failed, {r['not_reached']} not reached")
+            elif sec == "tests" and "selected" in r:
+                row["tests"] = f"{r['selected']} collected"
+            continue
+        if r.get("event") == "section_start":
+            continue
+        row["errors"] += "error" in r
+        row["skipped"] += "skipped" in r
+        row["measurements"] += "median_ms" in r or r.get("event") in ("step", "summary") or (
+            sec == "info")
+        row["fallbacks"] += bool(r.get("gmm_fallbacks"))
+    return list(rows.values())
+
+
 def run(args: GpuOptions) -> int:
-    """Run the selected sections in order; 0 when every one ended "ok", else 1 (every result,
-    failed sections' included, is in OUT_DIR/gpu_bench.jsonl). Raises ValueError for bad
-    options, or when a real run finds no GPU."""
+    """Run the selected sections in order; 0 when every one ended "ok" (it produced its
+    measurements; the time-boxed tests section is ok when cut at its cap), else 1; 128 + the
+    signal when the runner is stopped by SIGTERM, SIGINT or SIGHUP (the running section's
+    process group is killed first, and its end recorded). Every result, failed sections'
+    included, is in OUT_DIR/gpu_bench.jsonl, and a summary table ends the output. Raises
+    ValueError for bad options, or when a real run finds no GPU."""
     t0 = time.time()
     sections, caps = _sections(args), _caps(args)
     budget_s = args.budget_s * (plan.DRY_CAP_SCALE if args.dry_run else 1)
     _shapes(args), _faults(args)                      # bad options fail before anything runs
     if args.train_steps < 1:
         raise ValueError(f"--train-steps={args.train_steps} must be >= 1")
+    for key, val in ALLOCATOR_ENV.items():            # before anything here starts a device
+        os.environ.setdefault(key, val)
     if not args.dry_run:
-        import jax
-        if jax.default_backend() != "gpu":
-            raise ValueError(f"bench gpu needs a GPU (jax's default backend is "
-                             f"{jax.default_backend()!r}); use --dry-run to check it on CPU")
+        backend = _gpu_backend(_child_env())
+        if backend != "gpu":
+            raise ValueError(f"bench gpu needs a GPU (jax's default backend is {backend!r}); "
+                             f"use --dry-run to check it on CPU")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "gpu_bench.jsonl"
     train_dir = args.train_dir or tempfile.mkdtemp(prefix="dropless-gpu-train-")
     # the dry run estimates the device run: torch there, tokamax too (when its wheels travel)
+    # planned against the H200 caps, or the ones given (--cap, in seconds as given)
+    plan_caps = {**plan.CAPS_S, **{k: float(v) for k, v in args.caps.items()}}
     est = plan.estimate(tokamax=args.dry_run or _tokamax_installed(),
-                        torch=args.dry_run or _torch_installed(), train_steps=args.train_steps)
+                        torch=args.dry_run or _torch_installed(), train_steps=args.train_steps,
+                        caps=plan_caps)
+    if args.dry_run:   # the dry run's own shapes, planned as the H200's would be
+        est["gmm"] = plan.section_plan("gmm", tokamax=True, shapes=_shapes(args),
+                                       routings=args.routings, cap_s=plan_caps["gmm"])
+        est["moe"] = plan.section_plan("moe", tokamax=True, moe_cases=plan.DRY_MOE_CASES,
+                                       cap_s=plan_caps["moe"])
     print(plan.format_estimate(est), flush=True)
     _append(results, {"section": "plan", "estimate_h200": est, "caps_s": caps,
                       "budget_s": budget_s, "sections": sections,
                       "dry_run": bool(args.dry_run), "t_s": 0.0})
-    ends = {}
-    for section in sections:
-        left = budget_s - (time.time() - t0)
-        timeout_s = min(caps[section], left)
-        print(f"# section {section} (cap {timeout_s:.0f} s, estimated "
-              f"{est[section]['seconds']:.0f} s on an H200)", flush=True)
-        if left < plan.MIN_SECTION_S:
-            rec = {"status": "skipped", "reason": f"{max(left, 0):.0f} s left of the "
-                   f"{budget_s:g} s budget"}
-        else:
-            rec = run_section(args, section, timeout_s=timeout_s, t0=t0, out_dir=out_dir,
-                              results=results, train_dir=train_dir)
-        rec = {"section": section, "event": "section_end", **rec,
-               "estimated_h200_s": round(est[section]["seconds"], 1),
+    handlers = _install_handlers()
+    ends: dict = {}
+    try:
+        for section in sections:
+            ends[section] = _one_section(args, section, caps, budget_s, t0, out_dir, results,
+                                         train_dir, est)
+    except Signalled as e:
+        section = next((s for s in sections if s not in ends), sections[-1])
+        rec = {"section": section, "event": "section_end", "status": "killed",
+               "reason": f"the runner got {e}: the section's process group was killed",
                "dry_run": bool(args.dry_run), "t_s": round(time.time() - t0, 2)}
         _append(results, rec)
         ends[section] = rec
-        print(f"# section {section}: {rec['status']}"
-              + (f" ({rec['returncode']})" if rec["status"] in ("error", "timeout") else "")
-              + (f" in {rec['seconds']:.1f} s" if "seconds" in rec else "")
-              + (f": {rec['reason']}" if "reason" in rec else ""), flush=True)
-    print(f"# wrote {results} in {time.time() - t0:.0f} s: "
-          + ", ".join(f"{s} {r['status']}" for s, r in ends.items()), flush=True)
+        print(f"# section {section}: killed ({e})", flush=True)
+        _print_summary(results, t0)
+        return 128 + e.signum
+    finally:
+        _restore_handlers(handlers)
+    _print_summary(results, t0)
     return 0 if all(r["status"] == "ok" for r in ends.values()) else 1
+
+
+def _one_section(args, section, caps, budget_s, t0, out_dir, results, train_dir, est) -> dict:
+    """Run (or skip, when the budget is spent) one section; its section_end record."""
+    left = budget_s - (time.time() - t0)
+    timeout_s = min(caps[section], left)
+    print(f"# section {section} (cap {timeout_s:.0f} s, estimated "
+          f"{est[section]['seconds']:.0f} s on an H200)", flush=True)
+    if left < plan.MIN_SECTION_S:
+        rec = {"status": "skipped", "reason": f"{max(left, 0):.0f} s left of the "
+               f"{budget_s:g} s budget"}
+    else:
+        rec = run_section(args, section, timeout_s=timeout_s, t0=t0, out_dir=out_dir,
+                          results=results, train_dir=train_dir, est=est)
+    rec = {"section": section, "event": "section_end", **rec,
+           "estimated_h200_s": round(est[section]["seconds"], 1),
+           "dry_run": bool(args.dry_run), "t_s": round(time.time() - t0, 2)}
+    _append(results, rec)
+    print(f"# section {section}: {rec['status']}"
+          + (f" ({rec['returncode']})" if rec["status"] in ("error", "timeout") else "")
+          + (f" in {rec['seconds']:.1f} s" if "seconds" in rec else "")
+          + (f": {rec['reason']}" if "reason" in rec else ""), flush=True)
+    return rec
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _install_handlers() -> dict:
+    """SIGTERM/SIGINT/SIGHUP raise Signalled in the runner (main thread only; elsewhere, as
+    under a test's thread, nothing is installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _raise_signalled) for sig in SIGNALS}
+
+
+def _restore_handlers(handlers: dict) -> None:
+    for sig, old in handlers.items():
+        signal.signal(sig, old)
+
+
+def _print_summary(results: Path, t0: float) -> None:
+    from dropless import text_table
+    recs = [json.loads(ln) for ln in results.read_text().splitlines() if ln.strip()]
+    rows = summarize(recs)
+    _append(results, {"section": "summary", "event": "summary", "rows": rows,
+                      "t_s": round(time.time() - t0, 2)})
+    print(f"# wrote {results} in {time.time() - t0:.0f} s", flush=True)
+    print(text_table.format_table(rows, ["section", "status", "seconds", "estimated_h200_s",
+                                         "cap_s", "measurements", "errors", "skipped",
+                                         "fallbacks", "tests"]), flush=True)

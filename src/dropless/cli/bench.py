@@ -160,7 +160,9 @@ def _gpu_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"override a section's time cap (defaults {plan.CAPS_S})")
     p.add_argument("--inject-fault", default="", metavar="KEY=KIND,...",
                    help="make a section (KEY=gmm) or one measurement (KEY=gmm:pallas_gpu) "
-                        f"{'/'.join(FAULT_KINDS)}: shows on CPU that failures stay isolated")
+                        f"{'/'.join(FAULT_KINDS)}: shows on CPU that failures stay isolated; "
+                        "KEY=moe:tokamax (gmm, moe, train) =compile/=run puts a stand-in "
+                        "tokamax that fails there first in auto, to show the fallback")
     p.add_argument("--dry-run", action="store_true",
                    help="every section on CPU with tiny shapes (pallas_gpu in interpret mode, "
                         "the tests only collected)")

@@ -30,6 +30,7 @@ import numpy as np
 from dropless import machine
 from dropless.config import TrainConfig
 from dropless.models.arithmetic import flops_per_token, format_counts, param_counts
+from dropless.ops.gmm.fallback import compile_auto
 from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
 from dropless import checkpoint as ckpt
@@ -202,8 +203,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
                    evaluator=Evaluator(cfg, corpus, mesh, prog),
                    tb=Scalars(out_dir), config_json=to_dict(cfg))
         prog.line(_header(ctx, start))
-        step_fn, batch0, compile_s = _compile(ctx, state, start)
-        ctx.writer.record(*_start_record(ctx, compile_s, start))
+        step_fn, batch0, compile_s, gmm = _compile(ctx, state, start)
+        ctx.writer.record(*_start_record(ctx, compile_s, start, gmm))
         stop.begin_steps()        # start-up is over: a signal now stops after a step
         return _loop(ctx, state, step_fn, batch0, start, stop_at)
     except BaseException:
@@ -248,16 +249,19 @@ def _set_aside(plan, saver: ckpt.Saver, out_dir: Path, prog: Progress) -> None:
 
 
 def _compile(ctx: _Ctx, state, start: int):
-    """(the compiled step, wrapped by the guards; step start+1's batch; compile seconds)."""
+    """(the compiled step, wrapped by the guards; step start+1's batch; compile seconds; what
+    its grouped matmuls ran as: a kernel `auto` chose that fails to compile or run falls back,
+    ops/gmm/fallback.py)."""
     fn = functools.partial(step_lib.train_step, cfg=ctx.cfg, opt=ctx.opt, mesh=ctx.mesh)
     fn = guards_lib.wrap_all(ctx.guards, fn)
     batch0 = _batch_at(ctx, start)
     with Timed(ctx.prog, "compiling (first step)", "compiled") as t:
-        step_fn = jax.jit(fn, donate_argnums=0).lower(state, batch0).compile()
-    return step_fn, batch0, t.seconds
+        step_fn, gmm = compile_auto(fn, state, batch0, what="train step",
+                                    jit_kwargs={"donate_argnums": 0})
+    return step_fn, batch0, t.seconds, gmm
 
 
-def _start_record(ctx: _Ctx, compile_s: float, start: int) -> tuple[dict, str]:
+def _start_record(ctx: _Ctx, compile_s: float, start: int, gmm=None) -> tuple[dict, str]:
     """The "start" record of metrics.jsonl and its line for the terminal."""
     cfg, peak, peak_src = ctx.cfg, ctx.peak, ctx.peak_source
     kernels = {}
@@ -268,7 +272,7 @@ def _start_record(ctx: _Ctx, compile_s: float, start: int) -> tuple[dict, str]:
            "params": ctx.counts, "flops_per_token": ctx.fpt, "peak_flops_per_device": peak,
            "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
            "corpus": ctx.corpus.fingerprint(), "busy_fraction": machine.busy_fraction(0.2),
-           "moe_kernels": kernels, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+           "moe_kernels": kernels, **(gmm.record() if gmm else {}), "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "machine": machine.machine_info()}
     line = (f"  peak {(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src})"
             + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "

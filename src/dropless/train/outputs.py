@@ -12,6 +12,7 @@ import numpy as np
 
 from dropless.config import TrainConfig
 from dropless.data import corpus as data_lib
+from dropless.ops.gmm.fallback import compile_auto
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
 
@@ -37,13 +38,14 @@ class Evaluator:
         self.batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
                                              batch_size=cfg.global_batch_size,
                                              seq_len=cfg.seq_len)
-        self.jitted = jax.jit(functools.partial(step_lib.eval_loss, cfg=cfg, mesh=mesh))
+        self.fn = functools.partial(step_lib.eval_loss, cfg=cfg, mesh=mesh)
         self.compiled = None
 
     def __call__(self, params) -> float:
         if self.compiled is None:
             with Timed(self.prog, "compiling eval", "compiled"):
-                self.compiled = self.jitted.lower(params, self.batches[0]).compile()
+                self.compiled, _ = compile_auto(self.fn, params, self.batches[0],
+                                                what="eval step")
         return float(np.mean([float(self.compiled(params, b)) for b in self.batches]))
 
 

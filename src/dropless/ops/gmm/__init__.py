@@ -2,7 +2,7 @@
 from dropless.ops.gmm.baselines import (loop_gmm, padded_gmm, padding_stats, ragged_dot_gmm,
                                         reference_gmm)
 from dropless.ops.gmm.registry import (backend_spec, grouped_matmul, grouped_matmul_backends,
-                                       register_backend, resolve_backend)
+                                       register_backend, resolve_backend, tokamax_unusable)
 from dropless.ops.gmm.pallas_gpu import OPTIONS as PALLAS_GPU_OPTIONS, pallas_gpu_gmm
 from dropless.ops.gmm.tiled import DEFAULT_TILE_SIZES, tiled_gmm
 from dropless.ops.gmm.tokamax_backend import tokamax_gmm
@@ -17,7 +17,7 @@ register_backend("tiled", tiled_gmm, options=("tile_sizes",),
 register_backend("pallas_gpu", pallas_gpu_gmm, options=PALLAS_GPU_OPTIONS,
                  description="our Pallas kernels via Triton (fwd, dlhs, drhs), sizes on device; "
                              "CUDA; interpret mode on CPU (slow, for tests)")
-register_backend("tokamax", tokamax_gmm, options=("implementation",),
+register_backend("tokamax", tokamax_gmm, options=("implementation",), problem=tokamax_unusable,
                  description="tokamax.ragged_dot (Mosaic GPU SM90/SM100, Triton); optional "
                              "dependency, the `gpu` extra")
 register_backend("padded", padded_gmm, options=("capacity",),

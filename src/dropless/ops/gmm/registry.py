@@ -14,17 +14,29 @@ jitted function is right on CPU and on CUDA, and lowers for CUDA on a machine wi
   rocm/tpu   ragged_dot                                   a grouped kernel in XLA (TPU)
 
 `ragged_dot` runs on CUDA only when asked for by name.
+
+`auto` is a chain per platform (`AUTO_CHAINS`): the first usable backend that is not refused
+runs, and the last is the floor (never refused). A backend is refused for one shape or for a
+whole function by `auto_scope(refused=...)`, which `ops/gmm/fallback.py` sets when the chosen
+backend fails to compile or to run on the device; tracing inside `auto_scope(events=[...])`
+records, per grouped matmul, what `auto` chose on each platform and what `tokamax` ran, so a
+caller can say which backend ran. `stand_in` puts a backend first on a platform's chain (tests
+and `bench gpu --dry-run` use failing stand-ins to show the fallback on CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from dropless.ops.gmm import choices
+from dropless.ops.gmm.choices import auto_scope, note, shape_key  # noqa: F401 (re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,17 +48,20 @@ class BackendSpec:
     description: str
     options: tuple[str, ...] = ()
     jittable: bool = True
+    problem: Callable[[], str | None] | None = None   # why it cannot run here (None: it can)
 
 
 _REGISTRY: dict[str, BackendSpec] = {}
 
 
 def register_backend(name: str, fn: Callable[..., jax.Array], *, description: str,
-                     options: tuple[str, ...] = (), jittable: bool = True) -> None:
-    """Add a backend under `name` (raises ValueError if the name is taken)."""
+                     options: tuple[str, ...] = (), jittable: bool = True,
+                     problem: Callable[[], str | None] | None = None) -> None:
+    """Add a backend under `name` (raises ValueError if the name is taken). `problem()` says
+    why an optional backend cannot run here (None when it can); `auto` skips it then."""
     if name in _REGISTRY or name == "auto":
         raise ValueError(f"grouped-matmul backend name {name!r} is already registered")
-    _REGISTRY[name] = BackendSpec(name, fn, description, tuple(options), jittable)
+    _REGISTRY[name] = BackendSpec(name, fn, description, tuple(options), jittable, problem)
 
 
 def grouped_matmul_backends() -> tuple[str, ...]:
@@ -76,6 +91,77 @@ def check_backend_name(name: str, where: str = "backend") -> None:
 
 
 AUTO_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+# what `auto` tries on each platform, in order; the last is the floor
+AUTO_CHAINS = {"cpu": ("tiled",), "cuda": ("tokamax", "pallas_gpu"), "rocm": ("ragged_dot",),
+               "tpu": ("ragged_dot",)}
+
+
+@contextlib.contextmanager
+def stand_in(name: str, fn: Callable[..., jax.Array], *, first_on: str,
+             description: str = "a stand-in (tests, bench gpu --dry-run)") -> Iterator[None]:
+    """Within the block, backend `name` is `fn` (replacing a registered one of that name) and
+    `auto` tries it first on platform `first_on`, before that platform's chain. Not
+    thread-safe (the registry is shared): for tests and a dry run's own process."""
+    saved = _REGISTRY.get(name)
+    _REGISTRY[name] = BackendSpec(name, fn, description)
+    state = choices.STATE.get()
+    token = choices.STATE.set(dataclasses.replace(state, first=state.first + ((first_on, name),)))
+    try:
+        yield
+    finally:
+        choices.STATE.reset(token)
+        if saved is None:
+            del _REGISTRY[name]
+        else:
+            _REGISTRY[name] = saved
+
+
+def unusable(name: str) -> str | None:
+    """Why backend `name` cannot run in this process (not registered, optional package missing
+    or unsuited); None when it can."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        return f"{name!r} is not registered"
+    return spec.problem() if spec.problem is not None else None
+
+
+def auto_chain(platform: str) -> tuple[str, ...]:
+    """The usable backends `auto` tries on `platform` ("cuda", "gpu", "cpu", ...), in order:
+    stand-ins first, then `AUTO_CHAINS`; the last one is the floor."""
+    platform = platform_name(platform)
+    firsts = tuple(b for p, b in choices.STATE.get().first if p == platform)
+    chain = [b for b in firsts + AUTO_CHAINS[platform] if unusable(b) is None]
+    return tuple(dict.fromkeys(chain)) or AUTO_CHAINS[platform][-1:]
+
+
+def _refused(backend: str, shape: tuple | None) -> bool:
+    refused = choices.STATE.get().refused
+    return (backend, None) in refused or (shape is not None and (backend, shape) in refused)
+
+
+def fallback_after(backend: str, platform: str, shape: tuple | None = None) -> str | None:
+    """The backend `auto` would use on `platform` at `shape` if `backend` were refused there
+    (None: `backend` is the floor, or not on that platform's chain)."""
+    chain = auto_chain(platform)
+    if backend not in chain or backend == chain[-1]:
+        return None
+    rest = chain[chain.index(backend) + 1:]
+    return next((b for b in rest[:-1] if not _refused(b, shape)), rest[-1])
+
+
+def platform_name(platform: str) -> str:
+    """A jax backend or lowering platform name as a key of AUTO_CHAINS ("gpu" -> "cuda" or
+    "rocm"); ValueError for another."""
+    if platform == "gpu":
+        return "rocm" if _gpu_is_rocm() else "cuda"
+    if platform not in AUTO_CHAINS:
+        raise ValueError(f"platform={platform!r} is not one of {sorted(AUTO_CHAINS)}")
+    return platform
+
+
+def current_platform() -> str:
+    """jax's default backend as a lowering platform name ("cpu", "cuda", "rocm", "tpu")."""
+    return platform_name(jax.default_backend())
 
 
 def tokamax_available() -> bool:
@@ -87,23 +173,50 @@ def tokamax_available() -> bool:
     return tokamax_problem() is None
 
 
-def resolve_backend(name: str, platform: str | None = None) -> str:
-    """The backend `name` runs as on `platform` (default: jax's default backend).
+def tokamax_unusable() -> str | None:
+    """Why `auto` cannot use tokamax here (None: it can); the tokamax backend's `problem`."""
+    if tokamax_available():
+        return None
+    from dropless.ops.gmm.tokamax_backend import tokamax_problem  # noqa: PLC0415
+    return tokamax_problem() if importlib.util.find_spec("tokamax") else "tokamax is not installed"
+
+
+def what_ran(events: list[dict], platform: str) -> list[dict]:
+    """Per grouped-matmul shape traced (events of an `auto_scope`), what runs on `platform`:
+    {"asked", "backend", "shape"} and, where tokamax decided, "implementation" or "reason"
+    (why it is not the backend asked for). `auto`'s choice for `platform` first, refined by
+    what tokamax did at that shape; a backend asked for by name is itself."""
+    platform = platform_name(platform)
+    out: dict[tuple, dict] = {}
+    for e in events:
+        if e["asked"] == "auto" and e["platform"] == platform:
+            out[e["shape"]] = dict(e)
+    for e in events:
+        if e["asked"] == "auto":
+            continue
+        cur = out.get(e["shape"])
+        if cur is None:
+            out[e["shape"]] = dict(e)
+        elif cur["backend"] == e["asked"]:
+            cur.update({k: v for k, v in e.items() if k not in ("asked", "shape")})
+    for r in out.values():
+        r.pop("platform", None)
+    return list(out.values())
+
+
+def resolve_backend(name: str, platform: str | None = None, shape: tuple | None = None) -> str:
+    """The backend `name` runs as on `platform` (default: jax's default backend), at `shape`
+    (a `shape_key`; None: any shape) under the active `auto_scope`'s refusals.
 
     `auto` -> `tiled` on CPU (ragged_dot does G times the work there); on CUDA (`gpu`/`cuda`)
-    `tokamax` when it is installed and suits this jax, else `pallas_gpu` (never ragged_dot: XLA runs it as a
-    zero-padded dense product on CUDA); `ragged_dot` on TPU and ROCm. Other names: themselves.
+    `tokamax` when it is installed and suits this jax, else `pallas_gpu` (never ragged_dot: XLA
+    runs it as a zero-padded dense product on CUDA); `ragged_dot` on TPU and ROCm: the first
+    of `auto_chain(platform)` not refused, the last one if all are. Other names: themselves.
     """
     if name != "auto":
         return name
-    platform = platform or jax.default_backend()
-    if platform == "cpu":
-        return "tiled"
-    if platform in ("gpu", "cuda"):
-        if platform == "gpu" and _gpu_is_rocm():
-            return "ragged_dot"
-        return "tokamax" if tokamax_available() and "tokamax" in _REGISTRY else "pallas_gpu"
-    return "ragged_dot"
+    chain = auto_chain(platform or jax.default_backend())
+    return next((b for b in chain[:-1] if not _refused(b, shape)), chain[-1])
 
 
 def _gpu_is_rocm() -> bool:
@@ -117,11 +230,15 @@ def auto_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
     """`auto`: each platform's backend, picked when the caller is lowered (not traced).
 
     Every branch is traced (cheap), only the lowering platform's branch is lowered, so a CUDA
-    module holds the GPU kernels and no CPU or ragged_dot code.
+    module holds the GPU kernels and no CPU or ragged_dot code. Each branch's choice is noted
+    (`note`) for an `auto_scope(events=...)`.
     """
+    key = shape_key(lhs_MK, rhs_GKN, group_sizes_G, out_dtype)
+
     def branch(platform):
-        fn = _REGISTRY[resolve_backend("auto", platform)].fn
-        return functools.partial(fn, out_dtype=out_dtype)
+        name = resolve_backend("auto", platform, key)
+        note({"asked": "auto", "platform": platform, "backend": name, "shape": key})
+        return functools.partial(_REGISTRY[name].fn, out_dtype=out_dtype)
     return jax.lax.platform_dependent(
         lhs_MK, rhs_GKN, group_sizes_G, **{p: branch(p) for p in AUTO_PLATFORMS})
 

@@ -22,6 +22,7 @@ import logging
 
 import jax
 
+from dropless.ops.gmm import choices
 from dropless.ops.gmm.pallas_gpu import pallas_gpu_gmm
 
 IMPLEMENTATIONS = ("mosaic", "triton", "xla")
@@ -145,7 +146,10 @@ def tokamax_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, implementation=Non
     """
     impls = _check_implementation(implementation)
     tokamax = import_tokamax()
+    key = choices.shape_key(lhs_MK, rhs_GKN, group_sizes_G, out_dtype)
     if impls is not None and "xla" in impls:   # asked for tokamax's own fallback: as is
+        choices.note({"asked": "tokamax", "backend": "tokamax", "shape": key,
+                       "implementation": ",".join(impls)})
         return tokamax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G,
                                   preferred_element_type=out_dtype, implementation=impls)
     problem = version_problem(tokamax_version() or "0", jax.__version__)
@@ -160,12 +164,16 @@ def tokamax_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, implementation=Non
         for impl in impls:
             why = _works(impl, shapes, dtypes, out_dtype)
             if why is None:
+                choices.note({"asked": "tokamax", "backend": "tokamax", "shape": key,
+                               "implementation": impl})
                 return tokamax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G,
                                           preferred_element_type=out_dtype,
                                           implementation=(impl,))
             reasons.append(f"{impl}: {why}")
     _warn_once(f"grouped_matmul: tokamax did not run lhs {tuple(lhs_MK.shape)} rhs "
                f"{tuple(rhs_GKN.shape)} {lhs_MK.dtype} ({'; '.join(reasons)}); using pallas_gpu")
+    choices.note({"asked": "tokamax", "backend": "pallas_gpu", "shape": key,
+                   "reason": f"tokamax did not trace or lower: {'; '.join(reasons)}"[:400]})
     return pallas_gpu_gmm(lhs_MK, rhs_GKN, group_sizes_G, out_dtype=out_dtype)
 
 
