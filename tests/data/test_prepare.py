@@ -198,9 +198,11 @@ def test_refusals(corpus, tmp_path):
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"text": ""}\n')
+    (tmp_path / "o2").mkdir()
     with pytest.raises(ValueError, match="blank.jsonl.*holds no document"):
         prepare(PrepareConfig(sources=(str(corpus / "a.jsonl"), str(blank)),
                               out=str(tmp_path / "o2"), workers=0), created_by="t")
+    assert list((tmp_path / "o2").iterdir()) == [], "the refused run removed its shards"
     with pytest.raises(ValueError, match="--eval-fraction"):
         PrepareConfig(sources=("x",), out="o", eval_fraction=1.0)
 
@@ -212,4 +214,4 @@ def test_a_bad_record_is_named(tmp_path):
                                          r"txt\)"):
         prepare(PrepareConfig(sources=(str(bad),), out=str(tmp_path / "o"), workers=0),
                 created_by="t")
-    assert not (tmp_path / "o" / "manifest.json").exists()
+    assert not (tmp_path / "o").exists(), "a refused run leaves the folder it created"

@@ -51,7 +51,10 @@ def resolve_tokenizer(spec: str) -> str:
             raise ValueError(f"--tokenizer={spec!r} does not exist")
         return spec
     if spec.startswith("hf:") or os.path.isdir(spec):
-        path = folder_tokenizer(spec, override="--tokenizer byte")
+        try:
+            path = folder_tokenizer(spec, override="--tokenizer byte")
+        except ValueError as e:
+            raise ValueError(f"--tokenizer={spec!r}: {e}") from None
         if path == "byte" or not path.endswith(".json"):
             raise ValueError(f"--tokenizer={spec!r}: the folder holds no tokenizer.json")
         return path
@@ -75,7 +78,8 @@ class _Display:
     """A rich bar on a terminal (bytes read, documents/s, tokens/s, ETA), else a line / 10 s."""
 
     def __init__(self):
-        self.start, self.last_line, self.bar, self.task = time.monotonic(), 0.0, None, None
+        self.start, self.bar, self.task = time.monotonic(), None, None
+        self.last_line = self.start
         if sys.stderr.isatty():
             from rich.console import Console
             from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
@@ -105,13 +109,18 @@ class _Display:
 
 
 def run(args) -> int:
-    import dropless
+    from importlib.metadata import PackageNotFoundError, version
+
     from dropless.data.prepare import prepare
+    try:
+        created_by = f"dropless {version('dropless')}"
+    except PackageNotFoundError:   # run from a source tree that is not installed
+        created_by = "dropless (source tree)"
     cfg = _config(args)
     display = _Display()
     try:
         t0 = time.monotonic()
-        m = prepare(cfg, created_by=f"dropless {dropless.__version__}", on_progress=display)
+        m = prepare(cfg, created_by=created_by, on_progress=display)
     finally:
         display.close()
     dt = time.monotonic() - t0

@@ -299,8 +299,10 @@ def parse_manifest(data, *, where: str) -> Manifest:
         raise ValueError(f"{where}: sources is empty")
     m = Manifest(tokenizer=tok, vocab_size=vocab, dtype=dtype, bos_id=ids["bos_id"],
                  eos_id=ids["eos_id"], add_bos=c.bool("add_bos"), add_eos=c.bool("add_eos"),
-                 eval_fraction=c.float("eval_fraction", lo=0.0, hi=0.5), splits=splits,
+                 eval_fraction=c.float("eval_fraction", lo=0.0, hi=1.0), splits=splits,
                  sources=sources, created_by=c.str("created_by"))
+    if m.eval_fraction == 1.0:
+        c.fail("eval_fraction", "must be below 1 (the train split holds the rest)")
     if m.add_bos and m.bos_id is None:
         c.fail("add_bos", "is true but bos_id is null")
     if m.add_eos and m.eos_id is None:

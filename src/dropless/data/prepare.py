@@ -23,7 +23,9 @@ either to `shard_tokens`, so shard boundaries depend only on the input and the s
 cut the shard files are written beside and renamed, then `OUT/.prepare/state.json` records the
 input position reached; a killed run started again with the same command resumes from the last
 cut (finished shards kept, anything after them removed). manifest.json is written last and the
-state removed: a folder without manifest.json is not a dataset.
+state removed: a folder without manifest.json is not a dataset. A bad input (a ValueError: a bad
+record, a source without text) ends the run and removes what it wrote, since the command must
+change and nothing of it could be resumed.
 """
 from __future__ import annotations
 
@@ -328,7 +330,23 @@ class _Run:
     # the loop
 
     def run(self) -> mf.Manifest:
+        created = not self.out.exists()
         self.start()
+        try:
+            return self._run()
+        except ValueError:
+            # a bad input: the command must change, so nothing written here can be resumed
+            self._discard(remove_out=created)
+            raise
+
+    def _discard(self, *, remove_out: bool) -> None:
+        self.shards = {s: [] for s in mf.SPLITS}
+        self._remove_unrecorded()
+        shutil.rmtree(self.out / STATE_DIR, ignore_errors=True)
+        if remove_out and not any(self.out.iterdir()):
+            self.out.rmdir()
+
+    def _run(self) -> mf.Manifest:
         self.writers = {s: _ShardWriter(self.out, s, self.enc.dtype, len(self.shards[s]))
                         for s in mf.SPLITS}
         self.total = sum(f.size for f in self.files)
@@ -473,6 +491,22 @@ class _Done:
         return self.value
 
 
+# A worker imports the data package alone: `dropless/__init__.py` imports JAX (seconds and
+# ~150 MB a process), which tokenizing never needs. The initializer is `exec` (a builtin:
+# unpickling it imports nothing) of WORKER_START, which registers `dropless` as a bare package
+# (its path, no __init__ run) before anything of dropless is unpickled, then starts the worker.
+WORKER_START = """
+import importlib.util, sys, types
+if "dropless" not in sys.modules:
+    spec = importlib.util.find_spec("dropless")
+    pkg = types.ModuleType("dropless")
+    pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
+    sys.modules["dropless"] = pkg
+from dropless.data.prepare import _Encoder, _init_worker
+_init_worker(_Encoder(**enc))
+"""
+
+
 def _pool(workers: int, enc: _Encoder):
     if workers == 0:
         _init_worker(enc)
@@ -480,8 +514,8 @@ def _pool(workers: int, enc: _Encoder):
     # spawn: the parent may have imported JAX (threads), which fork would copy half-locked;
     # a worker that dies (killed for memory) breaks the pool: an error here, never a hang
     return concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-        initargs=(enc,))
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=exec,
+        initargs=(WORKER_START, {"enc": dataclasses.asdict(enc)}))
 
 
 def _submit(pool, fn, args):
@@ -494,7 +528,8 @@ def prepare(cfg: PrepareConfig, *, created_by: str,
     its manifest. `on_progress` is called at most 5 times a second and once at the end. Raises
     ValueError naming the file and line / row of a bad record, a source that does not exist or
     holds no text, an output folder that holds something else or an unfinished prepare of other
-    inputs; a refused or killed run leaves only finished shards and the resume state."""
+    inputs. A run refused for a bad input removes what it wrote (an output folder it created
+    too); a killed or failed one leaves only finished shards and the resume state."""
     run = _Run(cfg, on_progress)
     run.created_by = created_by
     return run.run()
