@@ -19,10 +19,12 @@ import time
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     p = sub.add_parser("prepare", help="corpora -> token shards + manifest.json",
-                       description="corpora -> token shards + manifest.json (docs/data.md)")
-    p.add_argument("paths", nargs="+", metavar="SRC... OUT",
-                   help="sources (a file, folder or glob; SRC@WEIGHT repeats its training "
-                        "documents WEIGHT times, see docs/data.md), then the output folder")
+                       description="corpora -> token shards + manifest.json (docs/data.md)",
+                       usage="dropless data prepare SRC... OUT --tokenizer TOKENIZER [options]")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="SRC... OUT: the sources (a file, folder or glob; SRC@WEIGHT writes its "
+                        "training documents WEIGHT times, see docs/data.md), then the output "
+                        "folder")
     p.add_argument("--tokenizer", required=True,
                    help="byte, hf:DIR (the folder's tokenizer.json), or a tokenizer.json path")
     p.add_argument("--text-field", default="text",
@@ -32,7 +34,8 @@ def add_arguments(parser) -> None:
     p.add_argument("--shard-tokens", type=int, default=1 << 26,
                    help="tokens per shard, cut at document boundaries (2**26)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="tokenizing processes; 0 = in this process (all cores)")
+                   help="tokenizing processes (default: the number of cores); 0 = in this "
+                        "process")
     p.add_argument("--add-bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before each document (default: as the tokenizer's "
                         "post-processor does; --no-add-bos: never)")

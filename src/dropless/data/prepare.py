@@ -253,8 +253,9 @@ class _FileStats:
 class _Run:
     """One `prepare` from its resume point to the manifest."""
 
-    def __init__(self, cfg: PrepareConfig, on_progress: Callable[[Progress], None] | None):
-        self.cfg, self.on_progress = cfg, on_progress
+    def __init__(self, cfg: PrepareConfig, created_by: str,
+                 on_progress: Callable[[Progress], None] | None):
+        self.cfg, self.created_by, self.on_progress = cfg, created_by, on_progress
         self.out = Path(cfg.out)
         self.groups = [(spec, readers.input_files(spec)) for spec in cfg.sources]
         self.files = [f for _, files in self.groups for f in files]
@@ -530,6 +531,4 @@ def prepare(cfg: PrepareConfig, *, created_by: str,
     holds no text, an output folder that holds something else or an unfinished prepare of other
     inputs. A run refused for a bad input removes what it wrote (an output folder it created
     too); a killed or failed one leaves only finished shards and the resume state."""
-    run = _Run(cfg, on_progress)
-    run.created_by = created_by
-    return run.run()
+    return _Run(cfg, created_by, on_progress).run()

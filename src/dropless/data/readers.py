@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from dropless.data.corpus import TEXT_SUFFIXES
+from dropless.data.corpus import TEXT_SUFFIXES, _json_kind
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -198,13 +198,6 @@ def input_files(spec: str) -> list[InputFile]:
 
 # --- JSONL --------------------------------------------------------------------------------------
 
-def _kind_name(value) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "an int", float: "a float", str: "a string", list: "a list",
-            dict: "an object"}.get(type(value), type(value).__name__)
-
-
 def parse_jsonl_line(raw: bytes, at: str) -> dict:
     """The JSON object of one raw JSONL line; ValueError naming `at` (file and line) for bytes
     that are not UTF-8, invalid JSON, or a value that is not an object."""
@@ -218,7 +211,7 @@ def parse_jsonl_line(raw: bytes, at: str) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"{at}, column {e.colno}: invalid JSON ({e.msg})") from None
     if not isinstance(rec, dict):
-        raise ValueError(f"{at} is {_kind_name(rec)}, not a JSON object (JSONL: one object "
+        raise ValueError(f"{at} is {_json_kind(rec)}, not a JSON object (JSONL: one object "
                          "per line)")
     return rec
 
@@ -231,7 +224,7 @@ def record_text(rec: dict, text_field: str, at: str) -> str:
                          "text field with --text-field")
     text = rec[text_field]
     if not isinstance(text, str):
-        raise ValueError(f"{at}: {text_field!r} must be a string, not {_kind_name(text)}")
+        raise ValueError(f"{at}: {text_field!r} must be a string, not {_json_kind(text)}")
     return text
 
 
