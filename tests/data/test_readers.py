@@ -88,6 +88,8 @@ def test_directory_glob_names_and_weights(tmp_path, files):
     g = readers.input_files(str(tmp_path / "x" / "**" / "*.*") + "@2.5")
     assert [f.name for f in g] == ["a.parquet", "b.jsonl", "y/a.txt"]   # below the glob root
     assert {f.weight for f in g} == {2.5}
+    both = readers.input_files(str(tmp_path / "x" / "**"))      # the folders and their files
+    assert [f.name for f in both] == ["a.parquet", "b.jsonl", "y/a.txt"]
     assert readers.identity(g[1], 4) == "b.jsonl:4" and readers.identity(g[2], 0) == "y/a.txt"
     (tmp_path / "odd@name.jsonl").write_bytes((files / "a.jsonl").read_bytes())
     assert readers.parse_source(str(tmp_path / "odd@name.jsonl")) == (

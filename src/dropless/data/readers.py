@@ -166,8 +166,7 @@ def _directory(folder: Path, root: Path, weight: float, spec: str) -> list[Input
 def _glob_root(pattern: str) -> Path:
     """The directory part of a glob before its first wildcard."""
     parts = Path(pattern).parts
-    fixed = [p for p in parts[:next((i for i, p in enumerate(parts) if glob.has_magic(p)),
-                                    len(parts))]]
+    fixed = parts[:next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))]
     return Path(*fixed) if fixed else Path(".")
 
 
@@ -182,8 +181,9 @@ def input_files(spec: str) -> list[InputFile]:
         matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
         if not matches:
             raise ValueError(f"source {spec!r} matches no file")
-        files = [f for m in matches for f in (_directory(m, root, weight, spec) if m.is_dir()
+        found = [f for m in matches for f in (_directory(m, root, weight, spec) if m.is_dir()
                                              else [_file(m, root, weight, spec)])]
+        files = list({f.path: f for f in found}.values())   # `**` matches a folder and its files
     elif path.is_dir():
         files = _directory(path, path, weight, spec)
     elif path.is_file():
