@@ -152,8 +152,11 @@ def test_a_killed_run_resumes_to_the_same_dataset(corpus, tmp_path):
     (out / "train-00042.tokens").write_bytes(b"\x01\x00")
     with pytest.raises(ValueError, match="read_manifest|interrupted"):
         mf.read_manifest(out)
-    m = prepare(_cfg(corpus, out), created_by="t")
+    seen = []
+    m = prepare(_cfg(corpus, out), created_by="t", on_progress=seen.append)
     assert m == whole
+    done = sum(sh["tokens"] for s in ("train", "eval") for sh in state["shards"][s])
+    assert seen[-1].resumed_tokens == done > 0
     for p in (tmp_path / "whole").iterdir():
         assert (out / p.name).read_bytes() == p.read_bytes(), p.name
     assert not (out / ".prepare").exists() and not (out / "train-00042.tokens").exists()

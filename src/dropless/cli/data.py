@@ -81,7 +81,7 @@ class _Display:
     """A rich bar on a terminal (bytes read, documents/s, tokens/s, ETA), else a line / 10 s."""
 
     def __init__(self):
-        self.start, self.bar, self.task = time.monotonic(), None, None
+        self.start, self.bar, self.task, self.first = time.monotonic(), None, None, None
         self.last_line = self.start
         if sys.stderr.isatty():
             from rich.console import Console
@@ -94,8 +94,12 @@ class _Display:
             self.bar.start()
 
     def __call__(self, p) -> None:
+        if self.first is None:   # a resumed run counts from where it starts
+            self.first = p
+        self.last = p
         dt = max(time.monotonic() - self.start, 1e-9)
-        rates = f"{p.documents / dt:,.0f} docs/s | {p.tokens / dt:,.0f} tok/s | {p.shards} shards"
+        rates = (f"{(p.documents - self.first.documents) / dt:,.0f} docs/s | "
+                 f"{(p.tokens - p.resumed_tokens) / dt:,.0f} tok/s | {p.shards} shards")
         if self.bar is not None:
             if self.task is None:
                 self.task = self.bar.add_task("prepare", total=p.bytes_total, rates="")
@@ -131,6 +135,7 @@ def run(args) -> int:
                       "num_documents": m.num_documents,
                       "shards": {s: len(m.splits[s]) for s in m.splits}, "dtype": m.dtype,
                       "vocab_size": m.vocab_size, "skipped": sum(s.skipped for s in m.sources),
-                      "seconds": round(dt, 2),
-                      "tokens_per_s": round(sum(m.num_tokens.values()) / max(dt, 1e-9))}))
+                      "seconds": round(dt, 2), "resumed_tokens": display.last.resumed_tokens,
+                      "tokens_per_s": round((sum(m.num_tokens.values())
+                                             - display.last.resumed_tokens) / max(dt, 1e-9))}))
     return 0

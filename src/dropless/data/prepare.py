@@ -94,12 +94,13 @@ class PrepareConfig:
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """Where a running `prepare` is: input bytes read of the total, documents and tokens
-    written (this run, resumed part included), shards finished."""
+    written (a resumed run's earlier part included: `resumed_tokens` of them), shards finished."""
     bytes_done: int
     bytes_total: int
     documents: int
     tokens: int
     shards: int
+    resumed_tokens: int = 0
 
 
 # --- tokenizing (worker side) -------------------------------------------------------------------
@@ -348,6 +349,7 @@ class _Run:
             self.out.rmdir()
 
     def _run(self) -> mf.Manifest:
+        self.resumed_tokens = sum(sh.tokens for s in mf.SPLITS for sh in self.shards[s])
         self.writers = {s: _ShardWriter(self.out, s, self.enc.dtype, len(self.shards[s]))
                         for s in mf.SPLITS}
         self.total = sum(f.size for f in self.files)
@@ -433,7 +435,8 @@ class _Run:
             documents=sum(sh.documents for sh in shards) + sum(
                 len(w.ends) for w in self.writers.values()),
             tokens=sum(sh.tokens for sh in shards) + sum(
-                w.tokens for w in self.writers.values()), shards=len(shards)))
+                w.tokens for w in self.writers.values()), shards=len(shards),
+            resumed_tokens=self.resumed_tokens))
 
     def _manifest(self) -> mf.Manifest:
         for spec, files in self.groups:
