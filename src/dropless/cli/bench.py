@@ -241,6 +241,32 @@ def _quant_options(args: argparse.Namespace):
                     error_shape=tuple(args.error_shape))
 
 
+def _prepare_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.prepare import PrepareOptions
+    d = PrepareOptions()
+    p.add_argument("--corpus-mb", type=int, default=d.corpus_mb,
+                   help=f"MB of text to write, half JSONL.zst, half Parquet (default {d.corpus_mb})")
+    p.add_argument("--corpus", default=d.corpus, help="an existing source instead (any SRC)")
+    p.add_argument("--tokenizer", default=d.tokenizer,
+                   help="a tokenizer.json, or byte (default: a byte-level BPE trained here)")
+    p.add_argument("--vocab", type=int, default=d.vocab,
+                   help=f"the trained BPE's vocabulary (default {d.vocab})")
+    p.add_argument("--workers", default=_join(d.workers),
+                   help=f"comma list of worker counts (default {_join(d.workers)})")
+    p.add_argument("--quick", action="store_true", help="smoke run: 4 MB, vocab 2000, 1 worker")
+    p.add_argument("--out", default=None, help="append JSON lines here")
+
+
+def _prepare_options(args: argparse.Namespace):
+    from dropless.bench.prepare import PrepareOptions
+    workers = _items(args, "workers")
+    if not all(w.isdigit() and int(w) >= 1 for w in workers):
+        raise ValueError(f"--workers {args.workers!r}: each must be a whole number >= 1")
+    if args.corpus_mb < 1 or args.vocab < 300:
+        raise ValueError("--corpus-mb must be >= 1 and --vocab >= 300")
+    return _options(PrepareOptions, args, workers=tuple(int(w) for w in workers))
+
+
 KINDS = {
     "dispatch": Kind("dropless.bench.dispatch",
                      "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving",
@@ -254,6 +280,9 @@ KINDS = {
                 _moe_arguments, _moe_options),
     "quant": Kind("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation "
                   "cost, convergence", _quant_arguments, _quant_options),
+    "prepare": Kind("dropless.bench.prepare", "`data prepare` tokens/s per worker vs the "
+                    "tokenizer's batch encoder, scaling with workers, peak memory",
+                    _prepare_arguments, _prepare_options),
 }
 POSITIVE = ("tokens", "d_model", "d_ff", "top_k", "ep", "host_devices", "devices_per_node",
             "repeats", "m", "k", "n", "rows", "steps", "train_steps", "tests_timeout_s",

@@ -25,6 +25,7 @@ COMMANDS = {
     "convert": ("dropless.cli.convert", "Hugging Face checkpoint -> dropless directory, and back"),
     "eval": ("dropless.cli.eval", "loss and perplexity of a model on a text or JSONL file"),
     "generate": ("dropless.cli.generate", "continue a prompt (greedy or temperature sampling)"),
+    "data": ("dropless.cli.data", "prepare corpora (JSONL, Parquet, Arrow, text) as token shards"),
 }
 EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
 EXIT_USAGE = 2           # bad arguments or config (argparse uses 2 too)

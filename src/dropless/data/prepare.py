@@ -1,0 +1,537 @@
+"""`dropless data prepare`: sources -> token shards + manifest (format: `data.manifest`).
+
+Legend: N documents of a chunk, T tokens.
+
+The pipeline: the main process reads each file in chunks (`readers.text_chunks`: raw JSONL lines
+or a column's strings; it only reads and decompresses), worker processes parse and tokenize the
+chunks (the `tokenizers` batch encoder, one thread each), and the main process takes the
+results back in reading order and appends each document to its split's open shard. The output
+is therefore the same for any number of workers. At most `2 * workers` chunks are in flight and
+a shard is written to disk as it grows, so memory is bounded whatever the input's size.
+
+What each document becomes:
+* its text encoded without the tokenizer's special tokens, then BOS first when `add_bos` and EOS
+  last when `add_eos`; a text that encodes to no token is skipped (counted per source);
+* held out for eval when `corpus.is_eval_document(identity, eval_fraction)` holds, identity =
+  the file's path relative to its source's root, ':' and the record index (`readers.identity`);
+* a training document of a source of weight w is written floor(w) times, and once more when the
+  CRC32 of "weight:" + identity, over 2**32, is below w - floor(w) (so 0.5 keeps a stable half
+  of the documents, 2.5 writes each twice and half of them a third time); eval documents once.
+
+Shards: both splits' open shards are closed together ("a cut") after the document that brings
+either to `shard_tokens`, so shard boundaries depend only on the input and the settings. At each
+cut the shard files are written beside and renamed, then `OUT/.prepare/state.json` records the
+input position reached; a killed run started again with the same command resumes from the last
+cut (finished shards kept, anything after them removed). manifest.json is written last and the
+state removed: a folder without manifest.json is not a dataset. A bad input (a ValueError: a bad
+record, a source without text) ends the run and removes what it wrote, since the command must
+change and nothing of it could be resumed.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import time
+import zlib
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dropless.data import manifest as mf
+from dropless.data import readers
+from dropless.data.corpus import is_eval_document
+from dropless.data.tokenizer import HFTokenizer, make_tokenizer
+
+STATE_DIR = ".prepare"
+SHARD_NAME = re.compile(r"^(train|eval)-\d{5}\.(tokens|docs)$")
+WRITE_BUFFER = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrepareConfig:
+    """What `prepare` reads and how it writes (module doc).
+
+    sources: `PATH[@WEIGHT]` each (`readers.input_files`); out: the dataset folder;
+    tokenizer: "byte" or a tokenizer.json path; tokenizer_source: how the user named it (kept in
+    the manifest; default: `tokenizer`); add_bos: None = as the tokenizer's post-processor does;
+    workers: tokenizing processes (0: in this process)."""
+    sources: tuple[str, ...]
+    out: str
+    tokenizer: str = "byte"
+    tokenizer_source: str = ""
+    text_field: str = "text"
+    eval_fraction: float = 0.02
+    shard_tokens: int = 1 << 26
+    add_bos: bool | None = None
+    add_eos: bool = True
+    workers: int = 1
+    records_per_chunk: int = readers.CHUNK_RECORDS
+
+    def __post_init__(self):
+        if not self.sources:
+            raise ValueError("prepare: give at least one source")
+        if not 0 <= self.eval_fraction < 1:
+            raise ValueError(f"--eval-fraction={self.eval_fraction} must be in [0, 1)")
+        if self.shard_tokens < 1:
+            raise ValueError(f"--shard-tokens={self.shard_tokens} must be >= 1")
+        if self.workers < 0:
+            raise ValueError(f"--workers={self.workers} must be >= 0")
+        if not self.text_field:
+            raise ValueError("--text-field must not be empty")
+        if self.records_per_chunk < 1:
+            raise ValueError(f"records_per_chunk={self.records_per_chunk} must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a running `prepare` is: input bytes read of the total, documents and tokens
+    written (a resumed run's earlier part included: `resumed_tokens` of them), shards finished."""
+    bytes_done: int
+    bytes_total: int
+    documents: int
+    tokens: int
+    shards: int
+    resumed_tokens: int = 0
+
+
+# --- tokenizing (worker side) -------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Encoder:
+    """What a worker needs to turn texts into documents' tokens."""
+    tokenizer: str
+    dtype: str
+    bos: int | None     # prepended when set
+    eos: int | None     # appended when set
+
+
+_WORKER: dict = {}
+
+
+def raw_tokenizer(name: str):
+    """The `tokenizers.Tokenizer` of a tokenizer.json path, or None for "byte"."""
+    if name == "byte":
+        return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(name)
+
+
+def _init_worker(enc: _Encoder) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"   # one thread per worker process
+    _WORKER["enc"], _WORKER["tok"] = enc, raw_tokenizer(enc.tokenizer)
+
+
+def encode_texts(tok, texts: list[str], enc: _Encoder) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths_N int64, tokens_T of enc.dtype): each text's ids by the `tokenizers.Tokenizer`
+    `tok` (None: UTF-8 bytes) without its special tokens, with BOS / EOS as `enc` says; a text of
+    no token has length 0 (and no BOS / EOS either)."""
+    if tok is None:
+        ids = [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+    else:
+        ids = [np.array(e.ids, enc.dtype)
+               for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+    raw_N = np.fromiter((a.size for a in ids), np.int64, len(ids))
+    flat = np.concatenate(ids) if ids else np.zeros(0, enc.dtype)
+    extra = (enc.bos is not None) + (enc.eos is not None)
+    if not extra:
+        return raw_N, flat.astype(enc.dtype)
+    lengths_N = np.where(raw_N > 0, raw_N + extra, 0)
+    out_T = np.empty(int(lengths_N.sum()), enc.dtype)
+    ends = np.cumsum(lengths_N)
+    starts = ends - lengths_N
+    keep = raw_N > 0
+    # place each document's ids after its BOS slot: a position map over the flat ids
+    src_start = np.cumsum(raw_N) - raw_N
+    shift = np.repeat((starts + (enc.bos is not None) - src_start)[keep], raw_N[keep])
+    out_T[np.arange(flat.size) + shift] = flat
+    if enc.bos is not None:
+        out_T[starts[keep]] = enc.bos
+    if enc.eos is not None:
+        out_T[ends[keep] - 1] = enc.eos
+    return lengths_N, out_T
+
+
+def _encode_chunk(file: readers.InputFile, chunk: readers.Chunk, text_field: str):
+    texts = readers.chunk_texts(file, chunk, text_field)
+    return encode_texts(_WORKER["tok"], texts, _WORKER["enc"])
+
+
+# --- the shards ---------------------------------------------------------------------------------
+
+class _ShardWriter:
+    """The open shard of one split: tokens appended to a temporary file as they come (hashed on
+    the way), document ends kept; `close` renames it into place and returns its Shard."""
+
+    def __init__(self, out: Path, split: str, dtype: str, index: int):
+        self.out, self.split, self.dtype = out, split, np.dtype(dtype).newbyteorder("<")
+        self.index = index
+        self._open()
+
+    def _open(self) -> None:
+        self.name = f"{self.split}-{self.index:05d}"
+        self.tmp = self.out / f".{self.name}.tokens.tmp"
+        self.file = open(self.tmp, "wb")
+        self.hash = hashlib.sha256()
+        self.buffer: list[bytes] = []
+        self.buffered = 0
+        self.tokens = 0
+        self.ends: list[int] = []
+
+    def add(self, tokens_T: np.ndarray, copies: int) -> None:
+        data = tokens_T.astype(self.dtype, copy=False).tobytes()
+        for _ in range(copies):
+            self.buffer.append(data)
+            self.buffered += len(data)
+            self.tokens += tokens_T.size
+            self.ends.append(self.tokens)
+        if self.buffered >= WRITE_BUFFER:
+            self._flush()
+
+    def _flush(self) -> None:
+        for b in self.buffer:
+            self.hash.update(b)
+            self.file.write(b)
+        self.buffer, self.buffered = [], 0
+
+    def close(self) -> mf.Shard | None:
+        """Finish the shard (None when it holds no document) and open the next."""
+        self._flush()
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        if not self.ends:
+            self.tmp.unlink()
+            self._open()
+            return None
+        ends = np.asarray(self.ends, mf.DOCS_DTYPE).tobytes()
+        docs_tmp = self.out / f".{self.name}.docs.tmp"
+        with open(docs_tmp, "wb") as f:
+            f.write(ends)
+            f.flush()
+            os.fsync(f.fileno())
+        shard = mf.Shard(tokens_file=f"{self.name}.tokens", docs_file=f"{self.name}.docs",
+                         tokens=self.tokens, documents=len(self.ends),
+                         sha256=self.hash.hexdigest(),
+                         docs_sha256=hashlib.sha256(ends).hexdigest())
+        os.replace(self.tmp, self.out / shard.tokens_file)
+        os.replace(docs_tmp, self.out / shard.docs_file)
+        self.index += 1
+        self._open()
+        return shard
+
+    def abandon(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def copies_of(identity: str, weight: float) -> int:
+    """How many times a training document of a source of `weight` is written (module doc)."""
+    whole = math.floor(weight)
+    frac = weight - whole
+    return whole + int(frac > 0 and zlib.crc32(b"weight:" + identity.encode("utf-8"))
+                       < frac * 2 ** 32)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _FileStats:
+    documents: int = 0
+    tokens: int = 0
+    skipped: int = 0
+    sha256: str | None = None
+
+
+class _Run:
+    """One `prepare` from its resume point to the manifest."""
+
+    def __init__(self, cfg: PrepareConfig, created_by: str,
+                 on_progress: Callable[[Progress], None] | None):
+        self.cfg, self.created_by, self.on_progress = cfg, created_by, on_progress
+        self.out = Path(cfg.out)
+        self.groups = [(spec, readers.input_files(spec)) for spec in cfg.sources]
+        self.files = [f for _, files in self.groups for f in files]
+        self.tok = make_tokenizer(cfg.tokenizer)
+        self.enc = _encoder(self.tok, cfg)
+        self.settings = self._settings()
+        self.stats = [_FileStats() for _ in self.files]
+        self.shards: dict[str, list[mf.Shard]] = {s: [] for s in mf.SPLITS}
+        self.position = (0, 0)
+
+    def _settings(self) -> dict:
+        """What a resumed run must share with the one it resumes (inputs as found on disk)."""
+        c = self.cfg
+        return {"sources": list(c.sources), "tokenizer": _tokenizer_id(c).__dict__,
+                "text_field": c.text_field, "eval_fraction": c.eval_fraction,
+                "shard_tokens": c.shard_tokens, "bos": self.enc.bos, "eos": self.enc.eos,
+                "dtype": self.enc.dtype,
+                "files": [[str(f.path), f.size, f.path.stat().st_mtime_ns] for f in self.files]}
+
+    # resume state
+
+    def start(self) -> None:
+        """Refuse an OUT that holds something else; load the state of an interrupted run."""
+        if (self.out / mf.MANIFEST).exists():
+            raise ValueError(f"{self.out} already holds a prepared dataset ({mf.MANIFEST}); "
+                             "remove it or choose another output folder")
+        state_path = self.out / STATE_DIR / "state.json"
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"output {self.out} is a file, not a folder")
+        if self.out.is_dir() and not state_path.is_file():
+            if any(self.out.iterdir()):
+                raise ValueError(f"output folder {self.out} is not empty and holds no "
+                                 "unfinished prepare; choose an empty or new folder")
+        (self.out / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        if state_path.is_file():
+            self._load(state_path)
+        self._remove_unrecorded()
+
+    def _load(self, path: Path) -> None:
+        try:
+            state = json.loads(path.read_text())
+            saved = state["settings"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: unreadable ({e}); remove {self.out} to start "
+                             "again") from None
+        for key, value in self.settings.items():
+            if saved.get(key) != value:
+                what = ("an input file changed (size or time) or the files differ"
+                        if key == "files" else f"{key} differs")
+                raise ValueError(f"{self.out} holds an unfinished prepare of other inputs or "
+                                 f"settings ({what}: was {json.dumps(saved.get(key))[:120]}); "
+                                 f"remove {self.out} to start again, or run the same command")
+        self.position = tuple(state["position"])
+        self.shards = {s: [mf.Shard(**d) for d in state["shards"][s]] for s in mf.SPLITS}
+        for st, d in zip(self.stats, state["stats"]):
+            st.__dict__.update(d)
+
+    def _remove_unrecorded(self) -> None:
+        """Delete shard files no recorded shard names and temporary files (a killed run's)."""
+        keep = {n for s in mf.SPLITS for sh in self.shards[s]
+                for n in (sh.tokens_file, sh.docs_file)}
+        for p in self.out.iterdir():
+            if (SHARD_NAME.match(p.name) and p.name not in keep) or (
+                    p.name.startswith(".") and p.name.endswith(".tmp")):
+                p.unlink()
+
+    def _save_state(self) -> None:
+        mf.write_json_atomic(self.out / STATE_DIR / "state.json", {
+            "settings": self.settings, "position": list(self.position),
+            "shards": {s: [dataclasses.asdict(x) for x in self.shards[s]] for s in mf.SPLITS},
+            "stats": [dataclasses.asdict(x) for x in self.stats]})
+
+    # the loop
+
+    def run(self) -> mf.Manifest:
+        created = not self.out.exists()
+        self.start()
+        try:
+            return self._run()
+        except ValueError:
+            # a bad input: the command must change, so nothing written here can be resumed
+            self._discard(remove_out=created)
+            raise
+
+    def _discard(self, *, remove_out: bool) -> None:
+        self.shards = {s: [] for s in mf.SPLITS}
+        self._remove_unrecorded()
+        shutil.rmtree(self.out / STATE_DIR, ignore_errors=True)
+        if remove_out and not any(self.out.iterdir()):
+            self.out.rmdir()
+
+    def _run(self) -> mf.Manifest:
+        self.resumed_tokens = sum(sh.tokens for s in mf.SPLITS for sh in self.shards[s])
+        self.writers = {s: _ShardWriter(self.out, s, self.enc.dtype, len(self.shards[s]))
+                        for s in mf.SPLITS}
+        self.total = sum(f.size for f in self.files)
+        self.done_bytes = sum(f.size for f in self.files[:self.position[0]])
+        self.last_report = 0.0
+        pool = _pool(self.cfg.workers, self.enc)
+        try:
+            hash_jobs = {i: _submit(pool, mf.file_sha256, (f.path,))
+                         for i, f in enumerate(self.files) if self.stats[i].sha256 is None}
+            self._read_all(pool)
+            for i, job in hash_jobs.items():
+                self.stats[i].sha256 = job.result()
+            self.position = (len(self.files), 0)
+            self._cut()
+        finally:
+            for w in self.writers.values():
+                w.abandon()
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        m = self._manifest()
+        mf.write_manifest(self.out, m)
+        shutil.rmtree(self.out / STATE_DIR)
+        self._report()
+        return m
+
+    def _read_all(self, pool) -> None:
+        pending: collections.deque = collections.deque()
+        first, start = self.position
+        for fi in range(first, len(self.files)):
+            f = self.files[fi]
+            base = self.done_bytes
+            for chunk in readers.text_chunks(f, self.cfg.text_field,
+                                             start=start if fi == first else 0,
+                                             records_per_chunk=self.cfg.records_per_chunk):
+                job = _submit(pool, _encode_chunk, (f, chunk, self.cfg.text_field))
+                pending.append((fi, chunk.indices, base + chunk.bytes_done, job))
+                while len(pending) > 2 * max(1, self.cfg.workers):
+                    self._consume(*pending.popleft())
+            while pending:
+                self._consume(*pending.popleft())
+            self.done_bytes = base + f.size
+
+    def _consume(self, fi: int, indices: list[int], bytes_done: int, job) -> None:
+        lengths_N, tokens_T = job.result()
+        f, st = self.files[fi], self.stats[fi]
+        ends = np.cumsum(lengths_N)
+        for j, idx in enumerate(indices):
+            n = int(lengths_N[j])
+            if n == 0:
+                st.skipped += 1
+                continue
+            doc = tokens_T[ends[j] - n: ends[j]]
+            ident = readers.identity(f, idx)
+            st.documents += 1
+            st.tokens += n
+            if is_eval_document(ident, self.cfg.eval_fraction):
+                self.writers["eval"].add(doc, 1)
+            else:
+                self.writers["train"].add(doc, copies_of(ident, f.weight))
+            if max(w.tokens for w in self.writers.values()) >= self.cfg.shard_tokens:
+                self.position = (fi, idx + 1)
+                self._cut()
+        self._report(bytes_done)
+
+    def _cut(self) -> None:
+        """Close both open shards, then record the position reached (module doc)."""
+        for s, w in self.writers.items():
+            shard = w.close()
+            if shard is not None:
+                self.shards[s].append(shard)
+        self._save_state()
+
+    def _report(self, bytes_done: int | None = None) -> None:
+        """Call on_progress (at most 5 times a second; bytes_done None: the end, always)."""
+        now = time.monotonic()
+        if self.on_progress is None or (bytes_done is not None and now - self.last_report < 0.2):
+            return
+        self.last_report = now
+        done = self.total if bytes_done is None else bytes_done
+        shards = [sh for s in mf.SPLITS for sh in self.shards[s]]
+        self.on_progress(Progress(
+            bytes_done=done, bytes_total=self.total,
+            documents=sum(sh.documents for sh in shards) + sum(
+                len(w.ends) for w in self.writers.values()),
+            tokens=sum(sh.tokens for sh in shards) + sum(
+                w.tokens for w in self.writers.values()), shards=len(shards),
+            resumed_tokens=self.resumed_tokens))
+
+    def _manifest(self) -> mf.Manifest:
+        for spec, files in self.groups:
+            idx = [self.files.index(f) for f in files]
+            if not any(self.stats[i].documents for i in idx):
+                raise ValueError(f"source {spec!r} holds no document with text (every record "
+                                 "of it encodes to no token)")
+        if not self.shards["train"]:
+            raise ValueError(f"the train split of {self.out} is empty (every document was "
+                             f"held out: --eval-fraction={self.cfg.eval_fraction}); lower it")
+        return mf.Manifest(
+            tokenizer=_tokenizer_id(self.cfg), vocab_size=self.tok.vocab_size,
+            dtype=self.enc.dtype, bos_id=self.tok.bos_id, eos_id=self.tok.eos_id,
+            add_bos=self.enc.bos is not None, add_eos=self.enc.eos is not None,
+            eval_fraction=self.cfg.eval_fraction,
+            splits={s: tuple(self.shards[s]) for s in mf.SPLITS},
+            sources=tuple(mf.Source(path=str(f.path), bytes=f.size, sha256=st.sha256,
+                                    weight=f.weight, documents=st.documents, tokens=st.tokens,
+                                    skipped=st.skipped)
+                          for f, st in zip(self.files, self.stats)),
+            created_by=self.created_by)
+
+
+def _tokenizer_id(cfg: PrepareConfig) -> mf.TokenizerId:
+    if cfg.tokenizer == "byte":
+        return mf.TokenizerId(kind="byte", source=cfg.tokenizer_source or "byte", sha256=None)
+    return mf.TokenizerId(kind="hf", source=cfg.tokenizer_source or cfg.tokenizer,
+                          sha256=mf.file_sha256(cfg.tokenizer))
+
+
+def _encoder(tok, cfg: PrepareConfig) -> _Encoder:
+    """The BOS / EOS policy: add_bos None follows the tokenizer's post-processor."""
+    if isinstance(tok, HFTokenizer):
+        raw = raw_tokenizer(cfg.tokenizer)
+        with_sp, without = raw.encode("a").ids, raw.encode("a", add_special_tokens=False).ids
+        default_bos = (tok.bos_id is not None and with_sp[:1] == [tok.bos_id]
+                       and without[:1] != [tok.bos_id])
+    else:
+        default_bos = False
+    add_bos = default_bos if cfg.add_bos is None else cfg.add_bos
+    if add_bos and tok.bos_id is None:
+        raise ValueError(f"--add-bos: tokenizer {tok.name} has no BOS token")
+    if cfg.add_eos and tok.eos_id is None:
+        raise ValueError(f"--add-eos: tokenizer {tok.name} has no EOS token")
+    return _Encoder(tokenizer=cfg.tokenizer, dtype=mf.dtype_for_vocab(tok.vocab_size),
+                    bos=tok.bos_id if add_bos else None, eos=tok.eos_id if cfg.add_eos else None)
+
+
+class _Done:
+    """An already computed result with a Future's `result` (workers=0)."""
+
+    def __init__(self, fn, args):
+        self.value = fn(*args)
+
+    def result(self):
+        return self.value
+
+
+# A worker imports the data package alone: `dropless/__init__.py` imports JAX (seconds and
+# ~150 MB a process), which tokenizing never needs. The initializer is `exec` (a builtin:
+# unpickling it imports nothing) of WORKER_START, which registers `dropless` as a bare package
+# (its path, no __init__ run) before anything of dropless is unpickled, then starts the worker.
+WORKER_START = """
+import importlib.util, sys, types
+if "dropless" not in sys.modules:
+    spec = importlib.util.find_spec("dropless")
+    pkg = types.ModuleType("dropless")
+    pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
+    sys.modules["dropless"] = pkg
+from dropless.data.prepare import _Encoder, _init_worker
+_init_worker(_Encoder(**enc))
+"""
+
+
+def _pool(workers: int, enc: _Encoder):
+    if workers == 0:
+        _init_worker(enc)
+        return None
+    # spawn: the parent may have imported JAX (threads), which fork would copy half-locked;
+    # a worker that dies (killed for memory) breaks the pool: an error here, never a hang
+    return concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=exec,
+        initargs=(WORKER_START, {"enc": dataclasses.asdict(enc)}))
+
+
+def _submit(pool, fn, args):
+    return _Done(fn, args) if pool is None else pool.submit(fn, *args)
+
+
+def prepare(cfg: PrepareConfig, *, created_by: str,
+            on_progress: Callable[[Progress], None] | None = None) -> mf.Manifest:
+    """Read `cfg.sources`, tokenize and write the dataset folder `cfg.out` (module doc); returns
+    its manifest. `on_progress` is called at most 5 times a second and once at the end. Raises
+    ValueError naming the file and line / row of a bad record, a source that does not exist or
+    holds no text, an output folder that holds something else or an unfinished prepare of other
+    inputs. A run refused for a bad input removes what it wrote (an output folder it created
+    too); a killed or failed one leaves only finished shards and the resume state."""
+    return _Run(cfg, created_by, on_progress).run()

@@ -1,0 +1,425 @@
+"""Records from the files corpora come in: JSONL (plain, .gz, .zst), Parquet, Arrow (IPC file or
+stream, a `datasets.save_to_disk` folder) and text files, streamed (a file is never held whole).
+
+A source is `PATH[@WEIGHT]`: a file, a directory (every readable file under it, sorted by path;
+a `save_to_disk` folder: its Arrow files in its own order, a DatasetDict folder: its `train`
+split) or a glob (`data/*.parquet`, `**` recursive). `input_files` expands a source into
+`InputFile`s; each record of a file has an index (JSONL: its 0-based line number, blank lines
+skipped; Parquet / Arrow: its 0-based row; a text file is one record, index 0) and a `name`
+(`InputFile.name`: the path relative to the source's root) that, with the index, identifies a
+document stably wherever the data is moved (`identity`).
+
+Two ways to read:
+* `records(file)`: (index, record dict) for every record (SFT reads prompt / completion or
+  messages through it);
+* `text_chunks(file, text_field)`: the fast path of `data.prepare`: raw chunks (undecoded JSONL
+  lines, or a column's strings) that a worker process turns into texts with `chunk_texts`.
+
+Errors are ValueErrors naming the file and the line or row (`where`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import io
+import json
+from pathlib import Path
+from typing import Iterator
+
+from dropless.data.corpus import TEXT_SUFFIXES, _json_kind
+
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+ARROW_SUFFIXES = (".arrow",)
+CHUNK_RECORDS = 1024
+CHUNK_BYTES = 4 << 20        # a JSONL chunk ends at this many raw bytes even when short of records
+KINDS = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES, "arrow": ARROW_SUFFIXES,
+         "text": TEXT_SUFFIXES}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InputFile:
+    """One file of a source. name: its path relative to the source's root (the identity of its
+    documents); weight: the source's (see `data.prepare`)."""
+    path: Path
+    name: str
+    kind: str
+    weight: float
+    size: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """Consecutive records of one file, undecoded. indices[i] is the index of payload[i];
+    `decoded`: payload holds texts (or None) rather than raw JSONL lines; bytes_done: how far
+    into the file (bytes of the file on disk) the chunk ends, for progress."""
+    indices: list[int]
+    payload: list
+    decoded: bool
+    bytes_done: int
+
+
+def kind_of(path: Path) -> str | None:
+    """The reader of a file by its suffix ("jsonl", "parquet", "arrow", "text"), or None."""
+    name = path.name.lower()
+    for kind, suffixes in KINDS.items():
+        if any(name.endswith(s) for s in suffixes):
+            return kind
+    return None
+
+
+def where(file: InputFile, index: int) -> str:
+    """How an error names a record: 'a.jsonl line 3', 'b.parquet row 17', 'c.txt'."""
+    if file.kind == "jsonl":
+        return f"{file.path} line {index + 1}"
+    if file.kind == "text":
+        return str(file.path)
+    return f"{file.path} row {index}"
+
+
+def identity(file: InputFile, index: int) -> str:
+    """The stable name of a record, held out for eval by its CRC32 (`corpus.is_eval_document`)."""
+    return file.name if file.kind == "text" else f"{file.name}:{index}"
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+def parse_source(spec: str) -> tuple[str, float]:
+    """(pattern, weight) of `PATH[@WEIGHT]`; a path that exists as written keeps its '@'.
+    Raises ValueError for a weight that is not a positive number."""
+    if "@" not in spec or Path(spec).exists():
+        return spec, 1.0
+    pattern, _, w = spec.rpartition("@")
+    try:
+        weight = float(w)
+    except ValueError:
+        raise ValueError(f"source {spec!r}: weight {w!r} after '@' is not a number "
+                         "(SRC@WEIGHT, e.g. data/wiki.jsonl.zst@2)") from None
+    if not weight > 0 or weight > 1e6:
+        raise ValueError(f"source {spec!r}: weight {weight} must be > 0 (and at most 1e6)")
+    return pattern, weight
+
+
+def _unsupported(path: Path, spec: str) -> ValueError:
+    extra = ("; a .json file is not JSONL (one JSON object per line, suffix .jsonl)"
+             if path.suffix == ".json" else "")
+    return ValueError(f"source {spec!r}: {path} is not a format dropless reads (JSONL "
+                      f"{', '.join(JSONL_SUFFIXES)}; Parquet .parquet; Arrow .arrow; text "
+                      f"{', '.join(TEXT_SUFFIXES)}){extra}")
+
+
+def _file(path: Path, root: Path, weight: float, spec: str) -> InputFile:
+    kind = kind_of(path)
+    if kind is None:
+        raise _unsupported(path, spec)
+    name = path.name if path == root else path.relative_to(root).as_posix()
+    return InputFile(path=path, name=name, kind=kind, weight=weight, size=path.stat().st_size)
+
+
+def _saved_dataset(folder: Path, spec: str) -> list[Path] | None:
+    """The Arrow files of a `datasets.save_to_disk` folder in its own order (a DatasetDict
+    folder: its train split's), or None when `folder` is not one."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = _json_file(folder / "dataset_dict.json").get("splits", [])
+        if "train" not in splits:
+            raise ValueError(f"source {spec!r}: {folder} is a DatasetDict with splits "
+                             f"{', '.join(map(str, splits)) or '(none)'} and no 'train'; give "
+                             "the split's folder (DIR/<split>)")
+        return _saved_dataset(folder / "train", spec)
+    if not (folder / "state.json").is_file():
+        return None
+    files = _json_file(folder / "state.json").get("_data_files")
+    if not isinstance(files, list) or not all(isinstance(f, dict) and "filename" in f
+                                              for f in files):
+        raise ValueError(f"{folder / 'state.json'}: '_data_files' must be a list of "
+                         "{\"filename\": ...} (is this a datasets.save_to_disk folder?)")
+    paths = [folder / f["filename"] for f in files]
+    for p in paths:
+        if not p.is_file():
+            raise ValueError(f"{folder / 'state.json'} names {p.name}, which is missing")
+    return paths
+
+
+def _json_file(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
+def _directory(folder: Path, root: Path, weight: float, spec: str) -> list[InputFile]:
+    saved = _saved_dataset(folder, spec)
+    if saved is not None:
+        return [_file(p, root, weight, spec) for p in saved]
+    found = sorted((p for p in folder.rglob("*") if p.is_file() and kind_of(p) is not None),
+                   key=lambda p: p.relative_to(folder).as_posix())
+    if not found:
+        raise ValueError(f"source {spec!r}: {folder} holds no file dropless reads (JSONL, "
+                         "Parquet, Arrow or text)")
+    return [_file(p, root, weight, spec) for p in found]
+
+
+def _glob_root(pattern: str) -> Path:
+    """The directory part of a glob before its first wildcard."""
+    parts = Path(pattern).parts
+    fixed = parts[:next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))]
+    return Path(*fixed) if fixed else Path(".")
+
+
+def input_files(spec: str) -> list[InputFile]:
+    """The files of one source `PATH[@WEIGHT]` (module doc), in reading order. Raises
+    ValueError for a path that does not exist, a glob that matches nothing, an unsupported
+    file, an empty file, and a folder with nothing to read."""
+    pattern, weight = parse_source(spec)
+    path = Path(pattern)
+    if glob.has_magic(pattern) and not path.exists():
+        root = _glob_root(pattern)
+        matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
+        if not matches:
+            raise ValueError(f"source {spec!r} matches no file")
+        found = [f for m in matches for f in (_directory(m, root, weight, spec) if m.is_dir()
+                                             else [_file(m, root, weight, spec)])]
+        files = list({f.path: f for f in found}.values())   # `**` matches a folder and its files
+    elif path.is_dir():
+        files = _directory(path, path, weight, spec)
+    elif path.is_file():
+        files = [_file(path, path, weight, spec)]
+    else:
+        raise ValueError(f"source {spec!r} does not exist")
+    for f in files:
+        if f.size == 0:
+            raise ValueError(f"source {spec!r}: {f.path} is empty (0 bytes)")
+    return files
+
+
+# --- JSONL --------------------------------------------------------------------------------------
+
+def parse_jsonl_line(raw: bytes, at: str) -> dict:
+    """The JSON object of one raw JSONL line; ValueError naming `at` (file and line) for bytes
+    that are not UTF-8, invalid JSON, or a value that is not an object."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{at} is not valid UTF-8 at byte {e.start} of the line: {e.reason}"
+                         ) from None
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{at}, column {e.colno}: invalid JSON ({e.msg})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{at} is {_json_kind(rec)}, not a JSON object (JSONL: one object "
+                         "per line)")
+    return rec
+
+
+def record_text(rec: dict, text_field: str, at: str) -> str:
+    """rec[text_field], which must be a string; ValueError naming `at` and the fields there."""
+    if text_field not in rec:
+        fields = ", ".join(sorted(map(str, rec))[:8]) or "none"
+        raise ValueError(f"{at} has no {text_field!r} field (its fields: {fields}); choose the "
+                         "text field with --text-field")
+    text = rec[text_field]
+    if not isinstance(text, str):
+        raise ValueError(f"{at}: {text_field!r} must be a string, not {_json_kind(text)}")
+    return text
+
+
+def _open_jsonl(path: Path):
+    """(line-iterable binary stream, the raw file whose tell() is the progress) of a JSONL file."""
+    raw = open(path, "rb")
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+    if name.endswith(".zst"):
+        return io.BufferedReader(_ZstdFrames(raw), buffer_size=1 << 20), raw
+    return raw, raw
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a file of zstd frames, one after another; a file that ends
+    inside a frame raises EOFError (zstandard's stream_reader would end there silently)."""
+
+    def __init__(self, raw):
+        import zstandard
+        self.raw, self.zstd = raw, zstandard
+        self.obj, self.fed = zstandard.ZstdDecompressor().decompressobj(), False
+        self.pending, self.at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while self.at == len(self.pending):
+            block = self.raw.read(1 << 20)
+            if not block:
+                if self.fed and not self.obj.eof:
+                    raise EOFError("the file ends inside a zstd frame (cut short?)")
+                return 0
+            self.pending, self.at = b"", 0
+            while block:
+                if self.obj.eof:
+                    self.obj = self.zstd.ZstdDecompressor().decompressobj()
+                self.pending += self.obj.decompress(block)
+                self.fed = True
+                block = self.obj.unused_data if self.obj.eof else b""
+        n = min(len(buf), len(self.pending) - self.at)
+        buf[:n] = self.pending[self.at: self.at + n]
+        self.at += n
+        return n
+
+
+def _jsonl_lines(file: InputFile, start: int) -> Iterator[tuple[int, bytes, int]]:
+    """(line index, raw line without its newline, bytes read) per non-blank line >= start."""
+    stream, raw = _open_jsonl(file.path)
+    try:
+        for i, line in enumerate(_read_lines(stream, file)):
+            if i >= start and line.strip():
+                yield i, line.rstrip(b"\r\n"), raw.tell()
+    finally:
+        stream.close()
+        raw.close()
+
+
+def _read_lines(stream, file: InputFile) -> Iterator[bytes]:
+    import zstandard
+    try:
+        yield from stream
+    except (OSError, EOFError, zstandard.ZstdError) as e:
+        raise ValueError(f"{file.path}: cannot be decompressed ({e})") from None
+
+
+# --- Parquet and Arrow --------------------------------------------------------------------------
+
+def _string_type(t) -> bool:
+    import pyarrow as pa
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or (
+        hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
+
+
+def _check_column(file: InputFile, schema, text_field: str) -> None:
+    if text_field not in schema.names:
+        raise ValueError(f"{file.path} has no column {text_field!r} (its columns: "
+                         f"{', '.join(schema.names[:8]) or 'none'}); choose the text column "
+                         "with --text-field")
+    t = schema.field(text_field).type
+    if not _string_type(t):
+        raise ValueError(f"{file.path}: column {text_field!r} is {t}, not a string column; "
+                         "choose the text column with --text-field")
+
+
+def _arrow_batches(file: InputFile, columns: list[str] | None, start: int, size: int):
+    """(first row, pyarrow RecordBatch, fraction of the file done) from row `start` on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    if file.kind == "parquet":
+        try:
+            pf = pq.ParquetFile(file.path)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{file.path}: not a readable Parquet file ({e})") from None
+        schema, total = pf.schema_arrow, pf.metadata.num_rows
+        # the row groups from the one holding row `start` on; `row`: the first one's first row
+        groups, row, pos = [], 0, 0
+        for g in range(pf.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            if pos + n > start:
+                groups.append(g)
+            elif not groups:
+                row = pos + n
+            pos += n
+        batches = pf.iter_batches(batch_size=size, row_groups=groups, columns=columns) \
+            if groups else iter(())
+    else:
+        source = pa.memory_map(str(file.path))
+        try:
+            reader = pa.ipc.open_file(source)
+            total = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            try:
+                reader = pa.ipc.open_stream(source)
+            except pa.ArrowInvalid as e:
+                raise ValueError(f"{file.path}: not an Arrow IPC file or stream ({e})") from None
+            total, batches = None, iter(reader)
+        schema, row = reader.schema, 0
+    if columns:
+        for c in columns:
+            _check_column(file, schema, c)
+    try:
+        for b in batches:
+            n = b.num_rows
+            if row + n > start:
+                lo = max(0, start - row)
+                part = b.slice(lo) if lo else b
+                if columns and file.kind == "arrow":
+                    part = part.select(columns)
+                done = (row + n) / total if total else min(1.0, (source.tell() / file.size))
+                yield row + lo, part, done
+            row += n
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{file.path}: cannot be read at row {row} ({e})") from None
+
+
+# --- the two ways to read -----------------------------------------------------------------------
+
+def records(file: InputFile, *, start: int = 0) -> Iterator[tuple[int, dict]]:
+    """(index, record) of every record of `file` from index `start` on (a text file: one record
+    {"text": its content}). Raises ValueError naming the file and line / row of a bad record."""
+    if file.kind == "jsonl":
+        for i, line, _ in _jsonl_lines(file, start):
+            yield i, parse_jsonl_line(line, where(file, i))
+    elif file.kind == "text":
+        if start == 0:
+            yield 0, {"text": _read_text(file)}
+    else:
+        for first, batch, _ in _arrow_batches(file, None, start, CHUNK_RECORDS):
+            for j, rec in enumerate(batch.to_pylist()):
+                yield first + j, rec
+
+
+def _read_text(file: InputFile) -> str:
+    # as data.corpus reads text files: undecodable bytes replaced
+    return file.path.read_text(encoding="utf-8", errors="replace")
+
+
+def text_chunks(file: InputFile, text_field: str, *, start: int = 0,
+                records_per_chunk: int = CHUNK_RECORDS) -> Iterator[Chunk]:
+    """`file`'s records from index `start` on, in chunks for `chunk_texts`. A Parquet / Arrow
+    column's name and type are checked here, before any chunk (ValueError naming the file)."""
+    if file.kind == "text":
+        if start == 0:
+            yield Chunk(indices=[0], payload=[_read_text(file)], decoded=True,
+                        bytes_done=file.size)
+    elif file.kind == "jsonl":
+        idx, lines, size = [], [], 0
+        for i, line, done in _jsonl_lines(file, start):
+            idx.append(i)
+            lines.append(line)
+            size += len(line)
+            if len(lines) >= records_per_chunk or size >= CHUNK_BYTES:
+                yield Chunk(indices=idx, payload=lines, decoded=False, bytes_done=done)
+                idx, lines, size = [], [], 0
+        if lines:
+            yield Chunk(indices=idx, payload=lines, decoded=False, bytes_done=file.size)
+    else:
+        for first, batch, done in _arrow_batches(file, [text_field], start, records_per_chunk):
+            texts = batch.column(0).to_pylist()
+            yield Chunk(indices=list(range(first, first + len(texts))), payload=texts,
+                        decoded=True, bytes_done=int(done * file.size))
+
+
+def chunk_texts(file: InputFile, chunk: Chunk, text_field: str) -> list[str]:
+    """The texts of a chunk (worker side): JSONL lines parsed and their `text_field` read, a
+    column's nulls refused. Raises ValueError naming the file and line / row."""
+    if chunk.decoded:
+        for i, t in zip(chunk.indices, chunk.payload):
+            if t is None:
+                raise ValueError(f"{where(file, i)}: {text_field!r} is null; it must be a "
+                                 "string")
+        return chunk.payload
+    return [record_text(parse_jsonl_line(raw, where(file, i)), text_field, where(file, i))
+            for i, raw in zip(chunk.indices, chunk.payload)]
