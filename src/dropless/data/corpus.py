@@ -50,12 +50,16 @@ class Corpus:
 
     def fingerprint(self) -> dict:
         """Identifies the corpus in a checkpoint, so a resume on different data is refused.
-        The path is left out: moving the same data elsewhere does not change the batches."""
-        head = np.asarray(self.train_TOK[:4096]).astype(np.int64)
-        fp = {"train_tokens": int(self.train_TOK.size),
-              "eval_tokens": int(self.eval_TOK.size), "vocab_size": self.vocab_size,
-              "crc32": int(zlib.crc32(head.tobytes()))}
-        return fp | ({"prepared": self.prepared} if self.prepared else {})
+        The path is left out: moving the same data elsewhere does not change the batches.
+        Computed once (a checkpoint saved after the data changed still names the data read)."""
+        if "_fingerprint" not in self.__dict__:
+            head = np.asarray(self.train_TOK[:4096]).astype(np.int64)
+            fp = {"train_tokens": int(self.train_TOK.size),
+                  "eval_tokens": int(self.eval_TOK.size), "vocab_size": self.vocab_size,
+                  "crc32": int(zlib.crc32(head.tobytes()))}
+            self.__dict__["_fingerprint"] = fp | ({"prepared": self.prepared}
+                                                  if self.prepared else {})
+        return dict(self.__dict__["_fingerprint"])
 
     def check(self) -> None:
         """DataChanged when a file the corpus reads changed since it was opened."""

@@ -34,6 +34,8 @@ from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
 from dropless import checkpoint as ckpt
 from dropless.data import corpus as data_lib
+from dropless.data import loader as loader_lib
+from dropless.data.shards import DataChanged
 from dropless.train import guards as guards_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
@@ -153,6 +155,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
                          f"tokenizer's vocabulary ({corpus.vocab_size}); raise it or use "
                          "another tokenizer")
+    for note in corpus.notes:
+        prog.line(note)
     replan = functools.partial(plan_resume, cfg, out_dir, corpus.fingerprint(), stop_at=stop_at,
                                echo=prog.line, resume=resume, strict=strict)
     plan = replan()
@@ -172,6 +176,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         state["params"] = initial_params(cfg)
     saver = ckpt.Saver(ckpt.manager(out_dir / "checkpoints", keep=cfg.keep_checkpoints,
                                     async_save=cfg.async_checkpoints))
+    batches = None
     try:
         if plan.latest is not None:
             state, plan = _restore_intact(plan, replan, saver, state, to_dict(cfg)["model"],
@@ -199,7 +204,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
                    prog=prog, stop=stop, saver=saver, run=run, guards=guards,
                    writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
                    evaluator=Evaluator(cfg, corpus, mesh, prog),
-                   tb=Scalars(out_dir), config_json=to_dict(cfg))
+                   tb=Scalars(out_dir), config_json=to_dict(cfg),
+                   loader=(batches := _loader(cfg, corpus, batch_sharding(mesh), start)))
         prog.line(_header(ctx, start))
         step_fn, batch0, compile_s = _compile(ctx, state, start)
         ctx.writer.record(*_start_record(ctx, compile_s, start))
@@ -208,6 +214,9 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     except BaseException:
         saver.close()
         raise
+    finally:
+        if batches is not None:
+            batches.close()
 
 
 def _restore_intact(plan, replan, saver: ckpt.Saver, like, model: dict, out_dir: Path,
@@ -250,7 +259,7 @@ def _compile(ctx: _Ctx, state, start: int):
     """(the compiled step, wrapped by the guards; step start+1's batch; compile seconds)."""
     fn = functools.partial(step_lib.train_step, cfg=ctx.cfg, opt=ctx.opt, mesh=ctx.mesh)
     fn = guards_lib.wrap_all(ctx.guards, fn)
-    batch0 = _batch_at(ctx, start)
+    batch0 = ctx.loader.next()
     with Timed(ctx.prog, "compiling (first step)", "compiled") as t:
         step_fn = jax.jit(fn, donate_argnums=0).lower(state, batch0).compile()
     return step_fn, batch0, t.seconds
@@ -300,6 +309,7 @@ class _Ctx:
     evaluator: Evaluator
     tb: Scalars
     config_json: dict
+    loader: loader_lib.Loader         # the run's batches, from `start` on, built ahead
 
     def meta(self, step: int) -> dict:
         return {"next_batch": step, "corpus": self.corpus.fingerprint()}
@@ -332,7 +342,11 @@ def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) ->
             _finish(ctx, result, clock, *inflight, state=None, end=end, profile=profile)
         inflight = (i + 1, batch, m)
         if i + 1 < end:                   # host work while step i+1 runs
-            batch = _batch_at(ctx, i + 1)
+            try:
+                batch = ctx.loader.next()
+            except DataChanged as e:      # stop with step i+1 saved, never on a torn read
+                _finish(ctx, result, clock, *inflight, state=state, end=end, profile=profile)
+                raise _data_changed(ctx, state, i + 1, e) from None
         if _needs_state(ctx, i + 1, end, profile):
             _finish(ctx, result, clock, *inflight, state=state, end=end, profile=profile)
             inflight = None
@@ -356,12 +370,32 @@ def _read_metrics(m: dict) -> dict:
     return jax.device_get(m)
 
 
-def _batch_at(ctx: _Ctx, i: int):
-    """Step i+1's batch (0-based i), placed on the batch sharding."""
-    cfg = ctx.cfg
-    batch = data_lib.batch_at(ctx.corpus.train_TOK, i, batch_size=cfg.global_batch_size,
-                              seq_len=cfg.seq_len, seed=cfg.seed)
-    return batch if ctx.bshard is None else jax.device_put(batch, ctx.bshard)
+def _loader(cfg: TrainConfig, corpus, sharding, start: int) -> loader_lib.Loader:
+    """The run's batches from step start+1 on (0-based index `start`), as the step takes them,
+    on the batch sharding, `cfg.prefetch` ahead."""
+    addr = loader_lib.Addressing(loader_lib.as_stream(corpus.train_TOK, corpus.train_ends_D),
+                                 seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed)
+    return loader_lib.Loader(addr, batch_size=cfg.global_batch_size, sharding=sharding,
+                             prefetch=cfg.prefetch, start=start, to_step=_step_input)
+
+
+def _step_input(b) -> np.ndarray:
+    """The step's input for a data.batch.Batch: today's step takes [B, S + 1] windows (its
+    tokens, then the last target), so segment ids, positions and the loss mask stay unused
+    until the step takes the Batch itself."""
+    return np.concatenate([b.tokens_BS, b.targets_BS[:, -1:]], axis=1)
+
+
+def _data_changed(ctx: _Ctx, state, done: int, e: DataChanged) -> DataChanged:
+    """A data file changed under the run: checkpoint step `done` (unless it is saved), wait
+    for it, and the one-line error that says so."""
+    saver = ctx.saver
+    if done not in (saver.last_saved, saver.pending):
+        saver.save(done, guards_lib.strip_all(ctx.guards, state), ctx.meta(done))
+    saver.finish()
+    ctx.writer.record({"event": "stopped", "step": done, "reason": "data changed"})
+    return DataChanged(f"{e}; stopped after step {done} with a checkpoint (resume with: "
+                       f"dropless train --resume {ctx.out_dir}, on the data it started with)")
 
 
 class _Due(NamedTuple):
@@ -395,6 +429,7 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
     m = _read_metrics(m)
     now = time.perf_counter()
     rec = _step_metrics(m, step=n, dt=now - clock.last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
+    rec["input_wait_s"] = ctx.loader.wait_s.pop(n - 1, 0.0)   # its batch: index n - 1
     clock.last, clock.done = now, n
     ctx.run.steps_done += 1
     if ctx.run.steps_done == 1 and not ctx.run.created:
