@@ -221,13 +221,15 @@ class ShardSet:
 
     def __init__(self, shards: list[tuple[Path, Path, int, int]], dtype, *, what: str):
         self.what = what
+        for t, d, n, nd in shards:
+            for path, want in ((t, n * np.dtype(dtype).itemsize), (d, nd * 8)):
+                got = Path(path).stat().st_size
+                if got != want:
+                    raise ValueError(f"{what}: {path} holds {got} bytes, not the {want} its "
+                                     "manifest says: it changed since `dropless data prepare`; "
+                                     "prepare the data again")
         self.tokens = [TokenFile(t, dtype, count=n, what=what) for t, _, n, _ in shards]
         self.docs = [DocEnds(d, count=nd, num_tokens=n, what=what) for _, d, n, nd in shards]
-        for f in self.tokens + [d.file for d in self.docs]:
-            if f.opened.size != f.size * f.dtype.itemsize:
-                raise ValueError(f"{what}: {f.path} holds {f.opened.size} bytes, not the "
-                                 f"{f.size * f.dtype.itemsize} its manifest says: it changed "
-                                 "since `dropless data prepare`; prepare the data again")
         self.base_K = np.cumsum([0] + [n for *_, n, _ in shards]).astype(np.int64)
         self.size = int(self.base_K[-1])
         self.num_documents = int(sum(nd for *_, nd in shards))
