@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from dropless import report
 from dropless.data.shards import DataChanged
 from dropless.train import loop
 from tests._support.prepared_data import write_prepared
@@ -51,6 +52,8 @@ def test_a_resume_on_a_prepared_dataset_is_bitwise(tmp_path, prepared):
     assert {n: resumed.losses[n] for n in (3, 4)} == {n: full.losses[n] for n in (3, 4)}
     start = _records(full.run_dir, "start")[0]
     assert "prepared" in start["corpus"]
+    shown = report.summary(report.read_metrics(full.run_dir), skip=0)["median_input_wait_s"]
+    assert shown == float(np.median([r["input_wait_s"] for r in steps]))
 
 
 def test_a_token_file_truncated_under_the_run_stops_it_with_a_checkpoint(tmp_path, monkeypatch):
