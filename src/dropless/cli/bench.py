@@ -239,7 +239,27 @@ def _quant_options(args: argparse.Namespace):
                     error_shape=tuple(args.error_shape))
 
 
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.data import DataOptions
+    d = DataOptions()
+    for name in ("dir", "tokens", "doc_len", "shard_tokens", "batch", "seq_len", "batches",
+                 "packings", "mfu"):
+        default = getattr(d, name)
+        p.add_argument(_flag(name), type=type(default), default=default,
+                       help=f"(default {default})")
+    p.add_argument("--quick", action="store_true", help="a small dataset, few batches")
+    p.add_argument("--out", default=None, help="append JSON lines to this file")
+
+
+def _data_options(args: argparse.Namespace):
+    from dropless.bench.data import DataOptions
+    return _options(DataOptions, args)
+
+
 KINDS = {
+    "data": Kind("dropless.bench.data", "the loader: prepared shards -> device batches, tokens/s "
+                 "against what training consumes, resident memory", _data_arguments,
+                 _data_options),
     "dispatch": Kind("dropless.bench.dispatch",
                      "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving",
                      _dispatch_arguments, _dispatch_options),
@@ -253,7 +273,7 @@ KINDS = {
     "quant": Kind("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation "
                   "cost, convergence", _quant_arguments, _quant_options),
 }
-POSITIVE = ("tokens", "d_model", "d_ff", "top_k", "ep", "host_devices", "devices_per_node",
+POSITIVE = ("doc_len", "shard_tokens", "batch", "seq_len", "batches", "mfu", "tokens", "d_model", "d_ff", "top_k", "ep", "host_devices", "devices_per_node",
             "repeats", "m", "k", "n", "rows", "steps", "train_steps", "tests_timeout_s",
             "budget_s", "shape", "error_shape")
 AT_LEAST_ZERO = ("projection_tokens",)
