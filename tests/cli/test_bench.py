@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from dropless import machine
-from dropless.bench import dispatch, gmm, gpu, harness, moe, quant
+from dropless.bench import data, dispatch, gmm, gpu, harness, moe, quant
 from dropless.cli import bench as bench_cli
 
-OPTIONS = {"dispatch": dispatch.DispatchOptions, "gmm": gmm.GmmOptions, "gpu": gpu.GpuOptions,
+OPTIONS = {"data": data.DataOptions, "dispatch": dispatch.DispatchOptions, "gmm": gmm.GmmOptions, "gpu": gpu.GpuOptions,
            "moe": moe.MoEOptions, "quant": quant.QuantOptions}
 
 

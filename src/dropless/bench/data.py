@@ -8,19 +8,27 @@ What it measures, in one process:
   is written under `dir` in shards (data.manifest's format), streamed: never held whole;
 - per packing, `batches` batches of B x S are built by data.loader.Loader (the trainer's
   addressing and placement on the default device), without prefetch; tokens/s is B * S *
-  batches over the wall time; the median and max per-batch time too;
+  batches over their wall time, after a first batch timed alone (it builds the epoch's
+  permutation, which the trainer does before compiling); the median and max per-batch time;
 - the consumption it is compared with: the `tiny` preset's measured training tokens/s on this
   machine (benchmarks/results/train_tiny_cpu.jsonl, read, not re-run), and what one H200 would
   consume on `deepseek3-test` at the given MFU by the arithmetic model
   (models.arithmetic.flops_per_token, machine.PROFILES["h200"].peak_bf16);
 - the process's resident memory (VmRSS) before the loader is built and after every batch:
-  flat means the loader holds no more than its windows, whatever the dataset's size.
+  flat means the loader holds no more than its windows, whatever the dataset's size;
+- with `memory_steps`, `dropless train` (the tiny preset) on the dataset in a subprocess, its
+  VmRSS sampled every 0.2 s and set against its step records: the trainer's memory at its first
+  and last step, beside what the dataset's tokens would take in memory as int32.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +52,7 @@ class DataOptions:
     batches: int = 400                       # timed batches per packing
     packings: str = "documents,pad,stream"
     mfu: float = 0.4                         # the H200 consumption's assumed MFU
+    memory_steps: int = 0                     # > 0: also train `tiny` that long on the dataset
     quick: bool = False
     out: str | None = None
 
@@ -132,6 +141,9 @@ def measure(corpus, packing: str, opts: DataOptions) -> dict:
     ld = loader.Loader(addr, batch_size=opts.batch,
                        to_step=lambda b: jax.device_put(b, jax.devices()[0]))
     rss_built = rss_bytes()
+    t0 = time.perf_counter()
+    jax.block_until_ready(ld.next())   # the epoch's permutation: built once, before compiling
+    first = time.perf_counter() - t0
     times, rss = [], []
     t_all = time.perf_counter()
     for _ in range(opts.batches):
@@ -143,10 +155,53 @@ def measure(corpus, packing: str, opts: DataOptions) -> dict:
     ld.close()
     return {"packing": packing, "batches": opts.batches, "batch": f"{opts.batch} x {opts.seq_len}",
             "tokens_per_s": opts.batch * opts.seq_len * opts.batches / wall,
-            "median_batch_ms": 1e3 * float(np.median(times)),
+            "first_batch_ms": 1e3 * first, "median_batch_ms": 1e3 * float(np.median(times)),
             "max_batch_ms": 1e3 * float(np.max(times)),
             "rss_mb_before": rss0 / 2**20, "rss_mb_after_build": rss_built / 2**20,
             "rss_mb_first_batch": rss[0] / 2**20, "rss_mb_last_batch": rss[-1] / 2**20}
+
+
+def _rss_of(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def train_memory(folder: Path, steps: int, tokens: int) -> dict:
+    """Train the tiny preset `steps` steps on `folder` in a subprocess; its RSS over time."""
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, "-m", "dropless.cli", "train", f"data={folder}",
+                f"steps={steps}", f"eval_every={steps}", "checkpoint_every=0",
+                "time_kernels=false", f"run_dir={tmp}", "run_name=mem"]
+        t0 = time.time()
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=dict(os.environ))
+        samples = []
+        while proc.poll() is None:
+            samples.append((time.time(), _rss_of(proc.pid)))
+            time.sleep(0.2)
+        err = proc.stderr.read()
+        if proc.returncode:
+            raise RuntimeError(f"dropless train exited {proc.returncode}: {err[-2000:]}")
+        recs = [json.loads(x) for x in (Path(tmp) / "mem" / "metrics.jsonl").read_text()
+                .splitlines()]
+    steps_ = [r for r in recs if r["event"] == "step"]
+    # the steps' span: the last sample is at exit; the steps ran in the sum of their times
+    end = samples[-1][0]
+    span = sum(r["step_time_s"] for r in steps_)
+    during = [r for t, r in samples if end - span - 1.0 <= t <= end and r]
+    half = max(1, len(during) // 2)
+    return {"memory_steps": steps, "train_wall_s": end - t0,
+            "train_rss_mb_peak": max(r for _, r in samples) / 2**20,
+            "train_rss_mb_steps_first_half": float(np.median(during[:half])) / 2**20,
+            "train_rss_mb_steps_second_half": float(np.median(during[half:] or during)) / 2**20,
+            "dataset_as_int32_mb": tokens * 4 / 2**20,
+            "median_input_wait_s": float(np.median([r["input_wait_s"] for r in steps_])),
+            "median_step_time_s": float(np.median([r["step_time_s"] for r in steps_]))}
 
 
 def run(opts: DataOptions) -> int:
@@ -172,7 +227,8 @@ def run(opts: DataOptions) -> int:
     print(f"dataset: {folder} ({c.train_TOK.size:,} train tokens, "
           f"{c.train_TOK.size * 2 / 2**30:.2f} GiB on disk; written/reused in {prep_s:.1f} s, "
           f"opened (hashes checked) in {open_s:.1f} s)")
-    print(text_table.format_table(rows, ["packing", "batch", "tokens_per_s", "median_batch_ms",
+    print(text_table.format_table(rows, ["packing", "batch", "tokens_per_s", "first_batch_ms",
+                                         "median_batch_ms",
                                          "max_batch_ms", "x_tiny_consumption",
                                          "x_h200_deepseek3_test", "rss_mb_first_batch",
                                          "rss_mb_last_batch"]))
@@ -180,6 +236,10 @@ def run(opts: DataOptions) -> int:
     print(f"consumption: tiny here {want['tiny_here'] and want['tiny_here']['tokens_per_s']:.0f}"
           f" tok/s; one H200 on deepseek3-test at MFU {h['mfu']}: {h['tokens_per_s']:.3g} tok/s "
           f"({h['flops_per_token'] / 1e6:.2f} MFLOPs/token)")
+    if opts.memory_steps:
+        mem = train_memory(folder, opts.memory_steps, int(c.train_TOK.size))
+        print("training tiny on it: " + ", ".join(f"{k} {v:.3g}" for k, v in mem.items()))
+        rows.append({"packing": "documents", "part": "train_memory", **mem})
     harness.write_jsonl(opts.out, [{"bench": "data", **info, "busy_fraction": busy,
                                     "train_tokens": int(c.train_TOK.size),
                                     "open_s": open_s, "consumption": want, **r} for r in rows])

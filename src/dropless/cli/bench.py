@@ -243,7 +243,7 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     from dropless.bench.data import DataOptions
     d = DataOptions()
     for name in ("dir", "tokens", "doc_len", "shard_tokens", "batch", "seq_len", "batches",
-                 "packings", "mfu"):
+                 "packings", "mfu", "memory_steps"):
         default = getattr(d, name)
         p.add_argument(_flag(name), type=type(default), default=default,
                        help=f"(default {default})")
