@@ -143,3 +143,14 @@ def test_a_large_text_source_gets_the_prepare_command(tmp_path, monkeypatch):
     c = corpus.load_corpus(str(p))
     assert c.notes and f"dropless data prepare {p} " in c.notes[0]
 
+
+
+def test_eval_data_replaces_the_held_out_split(tmp_path):
+    folder, docs = _prepared(tmp_path, np.random.default_rng(5))
+    other = tmp_path / "other.txt"
+    other.write_text("x = 1\n" * 500)
+    c = corpus.with_eval_split(corpus.load_corpus(str(other)),
+                               corpus.load_corpus(str(folder), vocab_size=256))
+    np.testing.assert_array_equal(c.eval_TOK[0:c.eval_TOK.size],
+                                  np.concatenate(docs["eval"][0]))
+    assert c.train_TOK.size == corpus.load_corpus(str(other)).train_TOK.size

@@ -25,6 +25,7 @@ import json
 import sysconfig
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,9 +38,10 @@ LARGE_TEXT_BYTES = 64 << 20   # text above this is tokenized at every start: sug
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Corpus:
-    """Token streams for training and held-out evaluation."""
-    train_TOK: np.ndarray
-    eval_TOK: np.ndarray
+    """Token streams for training and held-out evaluation: arrays in memory, or
+    data.shards.TokenFile / ShardSet read a window at a time (both slice like 1-D arrays)."""
+    train_TOK: Any
+    eval_TOK: Any
     vocab_size: int
     source: str
     num_documents: int
@@ -60,12 +62,6 @@ class Corpus:
             self.__dict__["_fingerprint"] = fp | ({"prepared": self.prepared}
                                                   if self.prepared else {})
         return dict(self.__dict__["_fingerprint"])
-
-    def check(self) -> None:
-        """DataChanged when a file the corpus reads changed since it was opened."""
-        for toks in (self.train_TOK, self.eval_TOK):
-            if hasattr(toks, "check"):
-                toks.check()
 
 
 def stdlib_files() -> list[Path]:
@@ -381,6 +377,13 @@ def load_prepared(folder: Path, source: str, *, tokenizer: str,
     return Corpus(train_TOK=train, eval_TOK=ev, vocab_size=m.vocab_size, source=source,
                   num_documents=m.num_documents["train"] + m.num_documents["eval"],
                   prepared=ident)
+
+
+def with_eval_split(c: Corpus, held: Corpus) -> Corpus:
+    """`c` evaluated on `held`'s eval split (TrainConfig.eval_data: a prepared dataset's eval
+    split, or the part of other data that `load_corpus` holds out)."""
+    return dataclasses.replace(c, eval_TOK=held.eval_TOK, eval_ends_D=held.eval_ends_D,
+                               notes=c.notes + held.notes)
 
 
 def _checked(c: Corpus, seq_len: int | None, eval_fraction: float) -> Corpus:

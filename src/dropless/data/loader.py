@@ -59,9 +59,6 @@ class ArrayStream:
     def document_lengths(self):
         yield np.diff(self.ends_D, prepend=0)
 
-    def check(self) -> None:
-        return None
-
 
 def as_stream(tokens, ends_D=None):
     """A stream for `tokens`: a data.shards.ShardSet is one already; an array gets `ends_D`

@@ -13,7 +13,9 @@ verify (integrity.py) is skipped for the newest intact one, and only once that o
 are the damaged steps moved aside, a torn metrics.jsonl healed and the fall-back recorded.
 SIGTERM/SIGINT stop the loop at the next step boundary with a checkpoint (signals.py), or,
 before the first step, exit at once; a failed asynchronous save stops it at the next step
-boundary (checkpoint.Saver).
+boundary (checkpoint.Saver). Batches come from data.loader (the run's packing, this process's
+rows, `prefetch` ahead on a thread); a data file that changed underneath (data.shards.DataChanged)
+stops the loop after the step in flight, with a checkpoint of that step and one error.
 """
 from __future__ import annotations
 
@@ -148,9 +150,12 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
          stop_at: int | None, *, resume: bool = False, strict: bool = False) -> RunResult:
     from dropless.model_dir import to_dict
     out_dir = run.path
-    corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
-                                  eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype,
-                                  vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len)
+    load = functools.partial(data_lib.load_corpus, tokenizer=cfg.tokenizer,
+                             eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype,
+                             vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len)
+    corpus = load(cfg.data)
+    if cfg.eval_data:
+        corpus = data_lib.with_eval_split(corpus, load(cfg.eval_data))
     if corpus.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
                          f"tokenizer's vocabulary ({corpus.vocab_size}); raise it or use "
