@@ -130,13 +130,13 @@ def test_an_error_while_prefetching_is_raised_by_the_batch_that_hit_it(tmp_path,
 
 
 def test_each_process_builds_only_its_rows_of_the_global_batch(docs):
-    """The rows a process builds are those its devices hold: here 8 devices of one process and a
-    sharding over them, so all rows; the placed batch equals the one built whole."""
+    """The rows a process builds are those its devices hold: here 4 devices of one process and a
+    sharding over them, so all rows, in 4 blocks; the placed batch equals the one built whole."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
     sh = NamedSharding(mesh, PartitionSpec("data"))
-    assert loader.process_rows(sh, 8) == (0, 8)
-    assert loader.process_rows(None, 8) == (0, 8)
+    assert loader.process_rows(sh, 8) == ((0, 2), (2, 4), (4, 6), (6, 8))
+    assert loader.process_rows(None, 8) == ((0, 8),)
     toks, ends = _stream(docs)
     a = loader.Addressing(loader.as_stream(toks, ends), seq_len=S, packing="documents", seed=1)
     placed = loader.Loader(a, batch_size=8, sharding=sh).build(2)
@@ -144,3 +144,20 @@ def test_each_process_builds_only_its_rows_of_the_global_batch(docs):
     for x, y in zip(placed, whole):
         assert x.sharding == sh
         np.testing.assert_array_equal(np.asarray(x), y)
+
+
+def test_rows_held_by_devices_in_any_order_are_placed_where_they_belong(docs):
+    """A 2-D mesh whose batch dim is split over (data, fsdp) with the devices listed out of
+    order: every device's shard is cut from the process's blocks at its own rows; a
+    device pair holding the same rows (a replicated axis) shares one block."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    devs = np.array(jax.devices()[:8])[[5, 2, 7, 0, 1, 6, 3, 4]].reshape(2, 2, 2)
+    sh = NamedSharding(Mesh(devs, ("data", "fsdp", "rep")), PartitionSpec(("data", "fsdp")))
+    assert loader.process_rows(sh, 8) == ((0, 2), (2, 4), (4, 6), (6, 8))
+    toks, ends = _stream(docs)
+    a = loader.Addressing(loader.as_stream(toks, ends), seq_len=S, packing="pad", seed=1)
+    placed = loader.Loader(a, batch_size=8, sharding=sh).build(3)
+    for x, y in zip(placed, a.rows(range(24, 32))):
+        np.testing.assert_array_equal(np.asarray(x), y)
+        for s_ in x.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(s_.data), y[s_.index])

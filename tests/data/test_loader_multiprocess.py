@@ -58,9 +58,9 @@ def test_two_processes_build_their_rows_of_the_single_process_batch(tmp_path):
     for pid, (rc, log) in enumerate(results):
         assert rc == 0, f"process {pid} exited {rc}:\n{log[-4000:]}"
     got = np.load(out)
-    assert got["rows"].tolist() == [[0, 4], [4, 8]]        # each built only its half
+    assert got["rows"].tolist() == [[[0, 2], [2, 4]], [[4, 6], [6, 8]]]   # each built its half
     ref, rows = worker.batches(str(data), None)             # one process, every row
-    assert rows == (0, worker.B)
+    assert rows == ((0, worker.B),)
     for k, b in enumerate(ref):
         for name in b._fields:
             np.testing.assert_array_equal(got[f"{name}_{k}"], getattr(b, name), err_msg=name)

@@ -149,34 +149,39 @@ def _stack(rows) -> Batch:
     return Batch(*(np.stack(c) for c in cols))
 
 
-def process_rows(sharding, batch_size: int) -> tuple[int, int]:
-    """[lo, hi) of the global rows this process's devices hold under `sharding` (None: all).
-    Raises ValueError when they are not one contiguous block."""
+def process_rows(sharding, batch_size: int) -> tuple[tuple[int, int], ...]:
+    """The [lo, hi) blocks of global rows this process's devices hold under `sharding`
+    (None: all rows), ascending and distinct (devices holding the same rows share a block)."""
     if sharding is None:
-        return 0, batch_size
+        return ((0, batch_size),)
     idx = sharding.addressable_devices_indices_map((batch_size, 1))
-    spans = sorted({(s[0].start or 0, batch_size if s[0].stop is None else s[0].stop)
-                    for s in idx.values()})
-    lo, hi = spans[0][0], spans[-1][1]
-    covered = sum(b - a for a, b in spans)
-    if covered != hi - lo or any(b[0] != a[1] for a, b in zip(spans, spans[1:])):
-        raise ValueError(f"this process's batch rows {spans} are not one contiguous block")
-    return lo, hi
+    return tuple(sorted({(s[0].start or 0, batch_size if s[0].stop is None else s[0].stop)
+                         for s in idx.values()}))
 
 
-def place(tree, sharding, batch_size: int):
-    """Host arrays of this process's rows -> the global batch on `sharding` (None: as is)."""
+def place(tree, sharding, batch_size: int, blocks: tuple[tuple[int, int], ...]):
+    """Host arrays of this process's `blocks` of rows (concatenated in order) -> the global
+    batch on `sharding` (None: as is). Each device's shard is cut from the rows this process
+    built (jax.make_array_from_callback), so no process needs another's rows."""
     if sharding is None:
         return tree
-    if jax.process_count() == 1:
-        return jax.device_put(tree, sharding)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
-        sharding, x, (batch_size,) + x.shape[1:]), tree)
+    at, n = {}, 0
+    for lo, hi in blocks:
+        at[lo], n = n, n + hi - lo
+
+    def global_array(x):
+        def shard(index):
+            lo = index[0].start or 0
+            hi = batch_size if index[0].stop is None else index[0].stop
+            return x[at[lo]: at[lo] + hi - lo][(slice(None),) + tuple(index[1:])]
+        return jax.make_array_from_callback((batch_size,) + x.shape[1:], sharding, shard)
+    return jax.tree.map(global_array, tree)
 
 
 class Loader:
     """Batches `start`, `start` + 1, ... of a run: this process's rows of each
-    (`process_rows`), turned into the step's input by `to_step` and placed on `sharding`.
+    (`process_rows`; `rows`), turned into the step's input by `to_step` and placed on
+    `sharding`.
 
     With `prefetch` > 0 a background thread builds up to `prefetch` batches ahead of `next()`;
     an error there (a changed data file, DataChanged) is raised by the `next()` that would have
@@ -199,9 +204,9 @@ class Loader:
 
     def build(self, index: int):
         """Batch `index`, built now: the step's input, placed."""
-        lo, hi = self.rows
-        local = self.addr.rows(range(index * self.b + lo, index * self.b + hi))
-        return place(self.to_step(local), self.sharding, self.b)
+        base = index * self.b
+        local = self.addr.rows([base + r for lo, hi in self.rows for r in range(lo, hi)])
+        return place(self.to_step(local), self.sharding, self.b, self.rows)
 
     def _produce(self, index: int) -> None:
         while not self._stop.is_set():
