@@ -204,7 +204,8 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
                              "mesh.dcn_fsdp, mesh.dcn_expert (MaxText dcn_*_parallelism)")
         if k not in ours and not maxtext.is_known(k):
             raise _unknown(k)
-    mt_idx = [i for i, (k, _) in enumerate(pairs) if k not in ours]
+    mt_idx = [i for i, (k, v) in enumerate(pairs)
+              if k not in ours or maxtext.spelled_as_maxtext(k, v)]
     groups = dict(zip(mt_idx, maxtext.translate_each([pairs[i] for i in mt_idx],
                                                           context=dict(pairs), notes=notes)))
     resolved: list[tuple[str, Any]] = []

@@ -54,7 +54,8 @@ def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
 
 
 def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
-    """Median step time, tokens/s, TFLOPS/device and MFU (first `skip` steps left out), first and
+    """Median step time, tokens/s, TFLOPS/device, MFU and the time a step waited for its batch
+    (input_wait_s; first `skip` steps left out), first and
     last loss, worst expert load, total dropped tokens."""
     steps = m["step"]
     if not steps:
@@ -65,6 +66,8 @@ def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
             "last_eval_loss": m["eval"][-1]["eval_loss"] if m["eval"] else None,
             "median_step_time_s": med("step_time_s"), "median_tokens_per_s": med("tokens_per_s"),
             "median_tflops_per_device": med("tflops_per_device"),
+            "median_input_wait_s": med("input_wait_s") if any(
+                "input_wait_s" in r for r in body) else None,
             "median_mfu": med("mfu") if any(r.get("mfu") for r in body) else None,
             "max_expert_load_max_over_mean": max(
                 (r.get("expert_load_max_over_mean", 0) for r in steps), default=None),

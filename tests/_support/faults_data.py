@@ -3,11 +3,13 @@ line or byte offset) before anything is compiled, leaving the data and the run f
 were. Every row runs `dropless train` in-process (the refusal comes before any JAX computation).
 """
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from tests._support.fault import Fault, Result
+from tests._support.prepared_data import write_prepared
 
 # one step, no kernel timing: were a row's data accepted, the run stays short
 TRAIN = ["train", "steps=1", "time_kernels=false", "eval_every=1", "run_dir=runs",
@@ -98,4 +100,74 @@ ROWS = [
         "eval_fraction=0.01"),
     row("data-train-split-shorter-than-seq-len", {"one.txt": "x = 1\n" * 30},
         ("one.txt", "train split", "seq_len=128"), "one.txt", "eval_fraction=0.5"),
+]
+
+
+# --- files that are not regular files, and prepared datasets (data/shards.py) ----------------
+
+def _fifo(name: str):
+    def setup(case: Path, _artifacts) -> None:
+        os.mkfifo(case / name)
+    return setup
+
+
+def _prepared(change=None, vocab_size: int = 256, ids=None):
+    """A prepared dataset `ds` (byte tokens, two train shards), then `change(ds)`."""
+    def setup(case: Path, _artifacts) -> None:
+        docs = [np.append(np.frombuffer(p.encode(), np.uint8), 0).astype(np.int64)
+                for p in (ENOUGH * 2).split("\n") if p]
+        if ids is not None:
+            docs[0] = np.asarray(ids)
+        write_prepared(case / "ds", {"train": [docs[:300], docs[300:700]],
+                                     "eval": [docs[700:]]}, vocab_size=vocab_size)
+        if change is not None:
+            change(case / "ds")
+    return setup
+
+
+def _flip(name: str, at: int = 3):
+    def change(ds: Path) -> None:
+        b = bytearray((ds / name).read_bytes())
+        b[at] ^= 1
+        (ds / name).write_bytes(bytes(b))
+    return change
+
+
+def _both(*setups):
+    def setup(case: Path, artifacts) -> None:
+        for s in setups:
+            s(case, artifacts)
+    return setup
+
+
+def prepared_row(id_, setup, words, *extra):
+    return Fault(id_, TRAIN + ["data=ds", *extra], rc=2, words=words, setup=setup,
+                 unchanged=("ds",), check=_no_run_left, in_process=True, timeout=300)
+
+
+ROWS += [
+    Fault("data-fifo", TRAIN + ["data=pipe.jsonl"], rc=2, words=("pipe.jsonl", "fifo"),
+          setup=_fifo("pipe.jsonl"), check=_no_run_left, in_process=True, timeout=60),
+    Fault("data-fifo-bin", TRAIN + ["data=pipe.bin"], rc=2, words=("pipe.bin", "fifo"),
+          setup=_fifo("pipe.bin"), check=_no_run_left, in_process=True, timeout=60),
+    Fault("data-char-device", TRAIN + ["data=/dev/zero"], rc=2,
+          words=("/dev/zero", "character device", "regular files"), check=_no_run_left,
+          in_process=True, timeout=60),
+    prepared_row("prepared-shard-missing",
+                 _prepared(lambda ds: (ds / "train-00001.tokens").unlink()),
+                 ("train-00001.tokens", "missing", "prepare")),
+    prepared_row("prepared-shard-cut-short",
+                 _prepared(lambda ds: os.truncate(ds / "train-00000.tokens", 10)),
+                 ("train-00000.tokens", "10 bytes", "manifest says", "prepare")),
+    prepared_row("prepared-shard-changed", _prepared(_flip("train-00001.tokens")),
+                 ("train-00001.tokens", "sha256", "changed since", "prepare")),
+    prepared_row("prepared-docs-changed", _prepared(_flip("train-00000.docs", 0)),
+                 ("train-00000.docs", "sha256", "changed since")),
+    prepared_row("prepared-id-beyond-vocab", _prepared(ids=[5, 300, 0]),
+                 ("train-00000.tokens", "300", "position 1", "model.vocab_size=256")),
+    prepared_row("prepared-vocab-above-model", _prepared(vocab_size=1000),
+                 ("manifest.json", "vocab_size=1000", "model.vocab_size=256")),
+    prepared_row("prepared-other-tokenizer", _both(_prepared(), _files({"tok/tokenizer.json": "{}"})),
+                 ("manifest.json", "byte tokenizer", "tokenizer=byte"),
+                 "tokenizer=tok/tokenizer.json"),
 ]

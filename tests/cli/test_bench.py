@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 
 from dropless import machine
-from dropless.bench import dispatch, gmm, gpu, harness, moe, prepare, quant
+from dropless.bench import data, dispatch, gmm, gpu, harness, moe, prepare, quant
 from dropless.cli import bench as bench_cli
 
-OPTIONS = {"dispatch": dispatch.DispatchOptions, "gmm": gmm.GmmOptions, "gpu": gpu.GpuOptions,
-           "moe": moe.MoEOptions, "quant": quant.QuantOptions, "prepare": prepare.PrepareOptions}
+OPTIONS = {"data": data.DataOptions, "dispatch": dispatch.DispatchOptions, "gmm": gmm.GmmOptions,
+           "gpu": gpu.GpuOptions, "moe": moe.MoEOptions, "prepare": prepare.PrepareOptions,
+           "quant": quant.QuantOptions}
 
 
 def _cli_options(kind: str, argv: list[str]):

@@ -179,6 +179,29 @@ ONE_KEY_CASES = [
      [("model.weight_dtype", "bfloat16"), ("model.moe.weight_dtype", "bfloat16")], None),
     ("model_name", "deepseek3-671b", {}, [("preset", "deepseek3-671b")], None),
     ("num_experts_per_tok", 8, {}, [("model.moe.top_k", 8)], None),
+    # data flags
+    ("dataset_type", "hf", {}, [], None),
+    ("dataset_type", "grain", {}, [], None),
+    ("hf_path", "/tmp", {}, [("data", "/tmp")], None),
+    ("hf_path", "/tmp", {"hf_data_dir": "c4"}, [("data", "/tmp/c4")], None),
+    ("hf_path", "/tmp", {"hf_train_files": "/tmp/a.jsonl"}, [], None),
+    ("hf_data_dir", "c4", {"hf_path": "/tmp"}, [], None),
+    ("hf_train_files", "d/train.jsonl", {}, [("data", "d/train.jsonl")], None),
+    ("grain_train_files", "prepared", {}, [("data", "prepared")], None),
+    ("hf_eval_files", "d/eval.jsonl", {}, [("eval_data", "d/eval.jsonl")], None),
+    ("train_split", "train", {}, [], None),
+    ("eval_split", "validation", {}, [], "eval_split=validation reads the held-out split "
+     "dropless has: a prepared dataset's 'eval' split, else eval_fraction of the data (or "
+     "hf_eval_files)"),
+    ("packing", True, {}, [("packing", "documents")], None),
+    ("packing", "false", {}, [("packing", "pad")], None),
+    ("add_bos", True, {}, [], "add_bos=True: a BOS is added as the tokenizer's own "
+     "post-processor says (a prepared dataset's manifest records it); the flag changes "
+     "nothing"),
+    ("add_eos", "true", {}, [], None),
+    ("tokenizer_path", "no/such/dir", {}, [("tokenizer", "no/such/dir")], None),
+    ("grain_worker_count", 4, {}, [], "grain_worker_count=4 changes nothing: dropless builds "
+     "batches on one background thread, `prefetch` batches ahead (docs/data.md)"),
 ]
 
 
@@ -227,8 +250,37 @@ def test_every_translated_key_that_is_not_a_plain_rename_has_a_case():
     ([("enable_checkpointing", "no")], ValueError,
      "^MaxText enable_checkpointing='no' must be true or false$"),
     ([("te_moe_blok", True)], KeyError, "te_moe_blok"),
+    ([("dataset_type", "tfds")], ValueError,
+     r"^MaxText dataset_type='tfds' is not supported: dropless reads local files .*dropless "
+     r"data prepare"),
+    ([("hf_path", "allenai/c4")], ValueError,
+     r"^MaxText hf_path='allenai/c4' is not a local folder, and dropless downloads nothing "
+     r"from the Hugging Face hub: .*huggingface-cli download --repo-type dataset allenai/c4"),
+    ([("hf_data_dir", "en")], ValueError, "^MaxText hf_data_dir='en' needs hf_path"),
+    ([("hf_train_files", "c4/*.json")], ValueError,
+     r"^MaxText hf_train_files='c4/\*.json' names several files; .*dropless data prepare "
+     r".* data=OUT$"),
+    ([("grain_train_files", "d/x.array_record")], ValueError,
+     r"^MaxText grain_train_files='d/x.array_record': a .array_record file is read by "
+     r"`dropless data prepare` only"),
+    ([("train_split", "validation")], ValueError, "^MaxText train_split='validation' is not "
+                                                  "supported"),
+    ([("add_eos", False)], ValueError, "^MaxText add_eos=false is not supported"),
+    ([("packing", "maybe")], ValueError, "^MaxText packing='maybe' must be true or false$"),
     ([("xla_recipe", "auto")], KeyError, "xla_recipe"),   # ours, not a MaxText flag
 ])
 def test_one_key_errors_name_key_and_value(items, error, message):
     with pytest.raises(error, match=message):
         maxtext.translate(items)
+
+
+@pytest.mark.parametrize("value,packing", [("true", "documents"), (False, "pad"),
+                                           ("documents", "documents"), ("stream", "stream")])
+def test_packing_is_maxtexts_boolean_or_ours(value, packing):
+    assert build_config([("packing", value)]).packing == packing
+
+
+def test_a_tokenizer_folder_means_its_tokenizer_json(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert maxtext.translate([("tokenizer_path", str(tmp_path))]) == [
+        ("tokenizer", str(tmp_path / "tokenizer.json"))]

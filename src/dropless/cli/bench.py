@@ -267,7 +267,27 @@ def _prepare_options(args: argparse.Namespace):
     return _options(PrepareOptions, args, workers=tuple(int(w) for w in workers))
 
 
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.data import DataOptions
+    d = DataOptions()
+    for name in ("dir", "tokens", "doc_len", "shard_tokens", "batch", "seq_len", "batches",
+                 "packings", "mfu", "memory_steps"):
+        default = getattr(d, name)
+        p.add_argument(_flag(name), type=type(default), default=default,
+                       help=f"(default {default})")
+    p.add_argument("--quick", action="store_true", help="a small dataset, few batches")
+    p.add_argument("--out", default=None, help="append JSON lines to this file")
+
+
+def _data_options(args: argparse.Namespace):
+    from dropless.bench.data import DataOptions
+    return _options(DataOptions, args)
+
+
 KINDS = {
+    "data": Kind("dropless.bench.data", "the loader: prepared shards -> device batches, tokens/s "
+                 "against what training consumes, resident memory", _data_arguments,
+                 _data_options),
     "dispatch": Kind("dropless.bench.dispatch",
                      "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving",
                      _dispatch_arguments, _dispatch_options),
@@ -284,7 +304,7 @@ KINDS = {
                     "tokenizer's batch encoder, scaling with workers, peak memory",
                     _prepare_arguments, _prepare_options),
 }
-POSITIVE = ("tokens", "d_model", "d_ff", "top_k", "ep", "host_devices", "devices_per_node",
+POSITIVE = ("doc_len", "shard_tokens", "batch", "seq_len", "batches", "mfu", "tokens", "d_model", "d_ff", "top_k", "ep", "host_devices", "devices_per_node",
             "repeats", "m", "k", "n", "rows", "steps", "train_steps", "tests_timeout_s",
             "budget_s", "shape", "error_shape")
 AT_LEAST_ZERO = ("projection_tokens",)

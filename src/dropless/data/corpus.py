@@ -9,41 +9,59 @@ perm_e a permutation seeded by (seed, e). The data position in a checkpoint is t
 next batch index, and a resumed run sees exactly the batches it would have seen.
 
 Sources: "stdlib" (the Python standard library's own .py files: real text on every machine, no
-download), a text file, a directory of text files, a JSONL file (a "text" field per line), or
-pre-tokenized tokens (.npy, or raw .bin of `bin_dtype`), memory-mapped.
+download), a text file, a directory of text files, a JSONL file (a "text" field per line),
+pre-tokenized tokens (.npy, or raw .bin of `bin_dtype`: one document), or a prepared dataset
+folder (`dropless data prepare`; its manifest.json names the shards). Token files and prepared
+shards are read a window at a time (data.shards: memory bounded at any size, a file changed
+underneath refused); text is tokenized in memory at start-up, so text above `LARGE_TEXT_BYTES`
+gets a note with the `prepare` command that does it once.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import sysconfig
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from dropless.data import shards
 from dropless.data.tokenizer import make_tokenizer
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
+LARGE_TEXT_BYTES = 64 << 20   # text above this is tokenized at every start: suggest `prepare`
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Corpus:
-    """Token streams for training and held-out evaluation."""
-    train_TOK: np.ndarray
-    eval_TOK: np.ndarray
+    """Token streams for training and held-out evaluation: arrays in memory, or
+    data.shards.TokenFile / ShardSet read a window at a time (both slice like 1-D arrays)."""
+    train_TOK: Any
+    eval_TOK: Any
     vocab_size: int
     source: str
     num_documents: int
+    train_ends_D: np.ndarray | None = None   # cumulative document ends (None: one document,
+    eval_ends_D: np.ndarray | None = None    # or the split is a ShardSet that knows its own)
+    prepared: str = ""                        # a prepared dataset's identity (shards' sha256)
+    notes: tuple[str, ...] = ()               # lines for the terminal (e.g. "prepare this")
 
     def fingerprint(self) -> dict:
         """Identifies the corpus in a checkpoint, so a resume on different data is refused.
-        The path is left out: moving the same data elsewhere does not change the batches."""
-        head = np.asarray(self.train_TOK[:4096]).astype(np.int64)
-        return {"train_tokens": int(self.train_TOK.size),
-                "eval_tokens": int(self.eval_TOK.size), "vocab_size": self.vocab_size,
-                "crc32": int(zlib.crc32(head.tobytes()))}
+        The path is left out: moving the same data elsewhere does not change the batches.
+        Computed once (a checkpoint saved after the data changed still names the data read)."""
+        if "_fingerprint" not in self.__dict__:
+            head = np.asarray(self.train_TOK[:4096]).astype(np.int64)
+            fp = {"train_tokens": int(self.train_TOK.size),
+                  "eval_tokens": int(self.eval_TOK.size), "vocab_size": self.vocab_size,
+                  "crc32": int(zlib.crc32(head.tobytes()))}
+            self.__dict__["_fingerprint"] = fp | ({"prepared": self.prepared}
+                                                  if self.prepared else {})
+        return dict(self.__dict__["_fingerprint"])
 
 
 def stdlib_files() -> list[Path]:
@@ -63,6 +81,11 @@ def _pack(docs: list[np.ndarray], eos: int, dtype) -> np.ndarray:
     for d in docs:
         parts += [d.astype(dtype, copy=False), np.array([eos], dtype)]
     return np.concatenate(parts) if parts else np.zeros((0,), dtype)
+
+
+def _ends(docs: list[np.ndarray]) -> np.ndarray:
+    """The cumulative document ends of `_pack(docs)` (each document + its EOS)."""
+    return np.cumsum([d.size + 1 for d in docs], dtype=np.int64)
 
 
 def _where(source: str, path: Path) -> str:
@@ -168,8 +191,10 @@ def document_tokens(source: str, tok, *, what: str = "") -> np.ndarray:
     return _pack(docs, tok.eos_id, np.int32)
 
 
-def _split_tokens(tokens: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+def _split_tokens(tokens, eval_fraction: float) -> tuple:
     cut = int(tokens.size * (1 - eval_fraction))
+    if isinstance(tokens, shards.TokenFile):
+        return tokens.view(0, cut), tokens.view(cut, tokens.size)
     return tokens[:cut], tokens[cut:]
 
 
@@ -186,10 +211,12 @@ def _first_position(toks: np.ndarray, bad) -> int | None:
     return None
 
 
-def _open_tokens(path: Path, source: str, bin_dtype: str) -> np.ndarray:
-    """The 1-D integer token array of a .npy or .bin file, memory-mapped. Raises ValueError for
-    an empty file, a .bin size that is not a whole number of `bin_dtype` tokens, an unreadable
-    .npy, a non-integer dtype or more than one dimension."""
+def _open_tokens(path: Path, source: str, bin_dtype: str) -> shards.TokenFile:
+    """The 1-D integer token array of a .npy or .bin file, read a window at a time
+    (data.shards.TokenFile). Raises ValueError for an empty file, a .bin size that is not a whole
+    number of `bin_dtype` tokens, an unreadable .npy, a non-integer dtype or more than one
+    dimension."""
+    what = f"data={source!r}"
     size = path.stat().st_size
     if size == 0:
         raise ValueError(f"data={source!r} is empty (0 bytes)")
@@ -199,21 +226,35 @@ def _open_tokens(path: Path, source: str, bin_dtype: str) -> np.ndarray:
             raise ValueError(f"data={source!r} holds {size} bytes, not a multiple of {item} "
                              f"(bin_dtype={bin_dtype}: {item} bytes per token); set bin_dtype "
                              "to the type the file was written with")
-        return np.memmap(path, dtype=np.dtype(bin_dtype), mode="r")
+        return shards.TokenFile(path, bin_dtype, what=what)
     try:
-        toks = np.load(path, mmap_mode="r", allow_pickle=False)
+        with open(path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = {1: np.lib.format.read_array_header_1_0,
+                    2: np.lib.format.read_array_header_2_0}.get(major)
+            if read is None:
+                raise ValueError(f"unsupported .npy version {major}")
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
     except (ValueError, OSError, EOFError) as e:
         raise ValueError(f"data={source!r} is not a readable .npy file ({e})") from None
-    if not isinstance(toks, np.ndarray):
-        raise ValueError(f"data={source!r} must hold one array, not an archive of several")
-    if not np.issubdtype(toks.dtype, np.integer):
-        raise ValueError(f"data={source!r} holds {toks.dtype} values; token ids must be "
+    if not np.issubdtype(dtype, np.integer):
+        raise ValueError(f"data={source!r} holds {dtype} values; token ids must be "
                          "integers (save them as uint16, int32 or int64)")
-    if toks.ndim != 1:
-        raise ValueError(f"data={source!r} must hold a 1-D token array; shape {toks.shape}")
-    if toks.size == 0:
+    if len(shape) != 1:
+        raise ValueError(f"data={source!r} must hold a 1-D token array; shape {shape}")
+    if shape[0] == 0:
         raise ValueError(f"data={source!r} holds no tokens")
-    return toks
+    if dtype.byteorder == ">":
+        raise ValueError(f"data={source!r} holds big-endian {dtype}; save it little-endian")
+    try:
+        return shards.TokenFile(path, dtype, offset=offset, count=shape[0], what=what)
+    except ValueError as e:
+        raise ValueError(f"data={source!r} is not a readable .npy file ({e})") from None
+
+
+def _max_id(toks) -> int:
+    return max(int(np.max(np.asarray(toks[lo: lo + CHUNK]))) for lo in range(0, toks.size, CHUNK))
 
 
 def _check_ids(toks: np.ndarray, source: str, vocab_size: int | None) -> None:
@@ -247,11 +288,16 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
     path = Path(source)
     if source != "stdlib" and not path.exists():
         raise ValueError(f"data={source!r} does not exist (use 'stdlib' or a local path)")
+    if path.is_dir() and (path / "manifest.json").exists():
+        return _checked(load_prepared(path, source, tokenizer=tokenizer, vocab_size=vocab_size),
+                        seq_len, eval_fraction)
+    if source != "stdlib" and not path.is_dir():
+        shards.check_regular(path, f"data={source!r}")
     if path.suffix in (".npy", ".bin") and not path.is_dir():
         toks = _open_tokens(path, source, bin_dtype)
         _check_ids(toks, source, vocab_size)
         train, ev = _split_tokens(toks, eval_fraction)
-        return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=int(np.max(toks)) + 1,
+        return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=_max_id(toks) + 1,
                                source=source, num_documents=1), seq_len, eval_fraction)
     tok = make_tokenizer(tokenizer)
     if source == "stdlib":
@@ -267,13 +313,77 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
     if len(docs) == 1:
         train, ev = _split_tokens(_pack([tok.encode(read(docs[0][1]))], tok.eos_id, dtype),
                                   eval_fraction)
+        ends = (np.array([train.size], np.int64), np.array([ev.size], np.int64))
     else:
         tr, evd = [], []
         for name, d in docs:
             (evd if is_eval_document(name, eval_fraction) else tr).append(tok.encode(read(d)))
         train, ev = _pack(tr, tok.eos_id, dtype), _pack(evd, tok.eos_id, dtype)
+        ends = (_ends(tr), _ends(evd))
     return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=tok.vocab_size,
-                           source=source, num_documents=len(docs)), seq_len, eval_fraction)
+                           source=source, num_documents=len(docs), train_ends_D=ends[0],
+                           eval_ends_D=ends[1], notes=_large_text_note(source, tokenizer)),
+                    seq_len, eval_fraction)
+
+
+def _large_text_note(source: str, tokenizer: str) -> tuple[str, ...]:
+    """A note when `source` is text large enough that tokenizing it at every start is slow."""
+    path = Path(source)
+    if source == "stdlib":
+        return ()
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    if size <= LARGE_TEXT_BYTES:
+        return ()
+    tok = "byte" if tokenizer == "byte" else f"hf:{Path(tokenizer).parent}"
+    return (f"note: data={source!r} is {size / 2**20:.0f} MiB of text, tokenized in memory at "
+            "every start (several times its size in RAM); prepare it once and train on the "
+            f"shards: dropless data prepare {source} {path.with_suffix('')}-prepared "
+            f"--tokenizer {tok}, then data={path.with_suffix('')}-prepared",)
+
+
+def load_prepared(folder: Path, source: str, *, tokenizer: str,
+                  vocab_size: int | None) -> Corpus:
+    """A prepared dataset (`dropless data prepare`) as a Corpus of two data.shards.ShardSets.
+
+    Its manifest must name the run's tokenizer ("byte", or a tokenizer.json of the same sha256)
+    and a vocabulary no larger than `vocab_size`. Raises ValueError naming the manifest or the
+    shard file otherwise (and for a missing, changed or malformed shard)."""
+    from dropless.data import manifest as manifest_lib
+    m = manifest_lib.read_manifest(folder)
+    where = f"data={source!r} ({folder / manifest_lib.MANIFEST})"
+    if m.tokenizer.kind == "byte":
+        if tokenizer != "byte":
+            raise ValueError(f"{where} was prepared with the byte tokenizer, but this run's "
+                             f"tokenizer is {tokenizer!r}; set tokenizer=byte or prepare the "
+                             "data with this tokenizer")
+    elif tokenizer == "byte" or manifest_lib.file_sha256(tokenizer) != m.tokenizer.sha256:
+        raise ValueError(f"{where} was prepared with tokenizer {m.tokenizer.source} (tokenizer."
+                         f"json sha256 {m.tokenizer.sha256[:12]}...), but this run's tokenizer "
+                         f"is {tokenizer!r}" + ("" if tokenizer == "byte" else
+                         f" (sha256 {manifest_lib.file_sha256(tokenizer)[:12]}...)")
+                         + "; train with the tokenizer the data was prepared with, or prepare "
+                         "it again with this one")
+    if vocab_size is not None and m.vocab_size > vocab_size:
+        raise ValueError(f"{where}: vocab_size={m.vocab_size} is larger than the model's "
+                         f"(model.vocab_size={vocab_size}); use a model with at least "
+                         f"{m.vocab_size} or prepare with its tokenizer")
+    if not m.splits["eval"]:
+        raise ValueError(f"{where}: splits.eval holds no shard; prepare with eval_fraction > 0")
+    train, ev = (shards.open_prepared(folder, m, s, vocab_size=vocab_size) for s in
+                 ("train", "eval"))
+    ident = hashlib.sha256("".join(sh.sha256 for s in ("train", "eval")
+                                   for sh in m.splits[s]).encode()).hexdigest()
+    return Corpus(train_TOK=train, eval_TOK=ev, vocab_size=m.vocab_size, source=source,
+                  num_documents=m.num_documents["train"] + m.num_documents["eval"],
+                  prepared=ident)
+
+
+def with_eval_split(c: Corpus, held: Corpus) -> Corpus:
+    """`c` evaluated on `held`'s eval split (TrainConfig.eval_data: a prepared dataset's eval
+    split, or the part of other data that `load_corpus` holds out)."""
+    return dataclasses.replace(c, eval_TOK=held.eval_TOK, eval_ends_D=held.eval_ends_D,
+                               notes=c.notes + held.notes)
 
 
 def _checked(c: Corpus, seq_len: int | None, eval_fraction: float) -> Corpus:
@@ -298,7 +408,8 @@ def num_sequences(tokens: np.ndarray, seq_len: int) -> int:
 
 
 @functools.lru_cache(maxsize=4)
-def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of the n items of epoch `epoch` (a permutation seeded by (seed, epoch))."""
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
@@ -316,7 +427,7 @@ def batch_at(tokens: np.ndarray, index: int, *, batch_size: int, seq_len: int, s
     rows = []
     for g in range(index * batch_size, (index + 1) * batch_size):
         epoch, pos = divmod(g, n)
-        seq = int(_permutation(n, seed, epoch)[pos]) if shuffle else pos
+        seq = int(permutation(n, seed, epoch)[pos]) if shuffle else pos
         rows.append(np.asarray(tokens[seq * seq_len: seq * seq_len + seq_len + 1]))
     return np.stack(rows).astype(np.int32)
 

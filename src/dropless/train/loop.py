@@ -13,7 +13,9 @@ verify (integrity.py) is skipped for the newest intact one, and only once that o
 are the damaged steps moved aside, a torn metrics.jsonl healed and the fall-back recorded.
 SIGTERM/SIGINT stop the loop at the next step boundary with a checkpoint (signals.py), or,
 before the first step, exit at once; a failed asynchronous save stops it at the next step
-boundary (checkpoint.Saver).
+boundary (checkpoint.Saver). Batches come from data.loader (the run's packing, this process's
+rows, `prefetch` ahead on a thread); a data file that changed underneath (data.shards.DataChanged)
+stops the loop after the step in flight, with a checkpoint of that step and one error.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
 from dropless import checkpoint as ckpt
 from dropless.data import corpus as data_lib
-from dropless.data.batch import from_windows
+from dropless.data import loader as loader_lib
+from dropless.data.shards import DataChanged
 from dropless.train import guards as guards_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
@@ -148,13 +151,18 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
          stop_at: int | None, *, resume: bool = False, strict: bool = False) -> RunResult:
     from dropless.model_dir import to_dict
     out_dir = run.path
-    corpus = data_lib.load_corpus(cfg.data, tokenizer=cfg.tokenizer,
-                                  eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype,
-                                  vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len)
+    load = functools.partial(data_lib.load_corpus, tokenizer=cfg.tokenizer,
+                             eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype,
+                             vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len)
+    corpus = load(cfg.data)
+    if cfg.eval_data:
+        corpus = data_lib.with_eval_split(corpus, load(cfg.eval_data))
     if corpus.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
                          f"tokenizer's vocabulary ({corpus.vocab_size}); raise it or use "
                          "another tokenizer")
+    for note in corpus.notes:
+        prog.line(note)
     replan = functools.partial(plan_resume, cfg, out_dir, corpus.fingerprint(), stop_at=stop_at,
                                echo=prog.line, resume=resume, strict=strict)
     plan = replan()
@@ -174,6 +182,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
         state["params"] = initial_params(cfg)
     saver = ckpt.Saver(ckpt.manager(out_dir / "checkpoints", keep=cfg.keep_checkpoints,
                                     async_save=cfg.async_checkpoints))
+    batches = None
     try:
         if plan.latest is not None:
             state, plan = _restore_intact(plan, replan, saver, state, to_dict(cfg)["model"],
@@ -201,7 +210,8 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
                    prog=prog, stop=stop, saver=saver, run=run, guards=guards,
                    writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
                    evaluator=Evaluator(cfg, corpus, mesh, prog),
-                   tb=Scalars(out_dir), config_json=to_dict(cfg))
+                   tb=Scalars(out_dir), config_json=to_dict(cfg),
+                   loader=(batches := _loader(cfg, corpus, batch_sharding(mesh), start)))
         prog.line(_header(ctx, start))
         step_fn, batch0, compile_s, gmm = _compile(ctx, state, start)
         ctx.writer.record(*_start_record(ctx, compile_s, start, gmm))
@@ -210,6 +220,9 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     except BaseException:
         saver.close()
         raise
+    finally:
+        if batches is not None:
+            batches.close()
 
 
 def _restore_intact(plan, replan, saver: ckpt.Saver, like, model: dict, out_dir: Path,
@@ -254,7 +267,7 @@ def _compile(ctx: _Ctx, state, start: int):
     ops/gmm/fallback.py)."""
     fn = functools.partial(step_lib.train_step, cfg=ctx.cfg, opt=ctx.opt, mesh=ctx.mesh)
     fn = guards_lib.wrap_all(ctx.guards, fn)
-    batch0 = _batch_at(ctx, start)
+    batch0 = ctx.loader.next()
     with Timed(ctx.prog, "compiling (first step)", "compiled") as t:
         step_fn, gmm = compile_auto(fn, state, batch0, what="train step",
                                     jit_kwargs={"donate_argnums": 0})
@@ -305,6 +318,7 @@ class _Ctx:
     evaluator: Evaluator
     tb: Scalars
     config_json: dict
+    loader: loader_lib.Loader         # the run's batches, from `start` on, built ahead
 
     def meta(self, step: int) -> dict:
         return {"next_batch": step, "corpus": self.corpus.fingerprint()}
@@ -337,7 +351,11 @@ def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) ->
             _finish(ctx, result, clock, *inflight, state=None, end=end, profile=profile)
         inflight = (i + 1, batch, m)
         if i + 1 < end:                   # host work while step i+1 runs
-            batch = _batch_at(ctx, i + 1)
+            try:
+                batch = ctx.loader.next()
+            except DataChanged as e:      # stop with step i+1 saved, never on a torn read
+                _finish(ctx, result, clock, *inflight, state=state, end=end, profile=profile)
+                raise _data_changed(ctx, state, i + 1, e) from None
         if _needs_state(ctx, i + 1, end, profile):
             _finish(ctx, result, clock, *inflight, state=state, end=end, profile=profile)
             inflight = None
@@ -361,13 +379,25 @@ def _read_metrics(m: dict) -> dict:
     return jax.device_get(m)
 
 
-def _batch_at(ctx: _Ctx, i: int):
-    """Step i+1's batch (0-based i), placed on the batch sharding."""
-    cfg = ctx.cfg
-    batch = from_windows(data_lib.batch_at(ctx.corpus.train_TOK, i,
-                                           batch_size=cfg.global_batch_size,
-                                           seq_len=cfg.seq_len, seed=cfg.seed))
-    return batch if ctx.bshard is None else jax.device_put(batch, ctx.bshard)
+def _loader(cfg: TrainConfig, corpus, sharding, start: int) -> loader_lib.Loader:
+    """The run's batches from step start+1 on (0-based index `start`), as the step takes them,
+    on the batch sharding, `cfg.prefetch` ahead."""
+    addr = loader_lib.Addressing(loader_lib.as_stream(corpus.train_TOK, corpus.train_ends_D),
+                                 seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed)
+    return loader_lib.Loader(addr, batch_size=cfg.global_batch_size, sharding=sharding,
+                             prefetch=cfg.prefetch, start=start)
+
+
+def _data_changed(ctx: _Ctx, state, done: int, e: DataChanged) -> DataChanged:
+    """A data file changed under the run: checkpoint step `done` (unless it is saved), wait
+    for it, and the one-line error that says so."""
+    saver = ctx.saver
+    if done not in (saver.last_saved, saver.pending):
+        saver.save(done, guards_lib.strip_all(ctx.guards, state), ctx.meta(done))
+    saver.finish()
+    ctx.writer.record({"event": "stopped", "step": done, "reason": "data changed"})
+    return DataChanged(f"{e}; stopped after step {done} with a checkpoint (resume with: "
+                       f"dropless train --resume {ctx.out_dir}, on the data it started with)")
 
 
 class _Due(NamedTuple):
@@ -401,6 +431,7 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
     m = _read_metrics(m)
     now = time.perf_counter()
     rec = _step_metrics(m, step=n, dt=now - clock.last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
+    rec["input_wait_s"] = ctx.loader.wait_s.pop(n - 1, 0.0)   # its batch: index n - 1
     clock.last, clock.done = now, n
     ctx.run.steps_done += 1
     if ctx.run.steps_done == 1 and not ctx.run.created:

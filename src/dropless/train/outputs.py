@@ -12,6 +12,7 @@ import numpy as np
 
 from dropless.config import TrainConfig
 from dropless.data import corpus as data_lib
+from dropless.data import loader as loader_lib
 from dropless.ops.gmm.fallback import compile_auto
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
@@ -30,14 +31,26 @@ class MetricsWriter:
             self.echo(line)
 
 
+def eval_batches(cfg: TrainConfig, corpus) -> list:
+    """The run's fixed held-out batches (the first ones, unshuffled): [B, S + 1] windows under
+    packing="stream", else data.batch.Batch rows packed as the training batches are."""
+    if cfg.packing == "stream":
+        return data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
+                                     batch_size=cfg.global_batch_size, seq_len=cfg.seq_len)
+    addr = loader_lib.Addressing(loader_lib.as_stream(corpus.eval_TOK, corpus.eval_ends_D),
+                                 seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed,
+                                 shuffle=False)
+    b = cfg.global_batch_size
+    n = max(1, min(cfg.eval_batches, addr.n // b))
+    return [addr.rows(range(i * b, (i + 1) * b)) for i in range(n)]
+
+
 class Evaluator:
     """The eval loss over the run's fixed eval batches; compiled at its first use."""
 
     def __init__(self, cfg: TrainConfig, corpus, mesh, prog: Progress):
         self.prog = prog
-        self.batches = data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
-                                             batch_size=cfg.global_batch_size,
-                                             seq_len=cfg.seq_len)
+        self.batches = eval_batches(cfg, corpus)
         self.fn = functools.partial(step_lib.eval_loss, cfg=cfg, mesh=mesh)
         self.compiled = None
 
