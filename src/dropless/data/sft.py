@@ -46,7 +46,8 @@ from dropless.data.batch import Batch
 from dropless.data.chat_template import ChatTemplate, PrefixMismatch, assistant_spans, \
     read_chat_template, render, token_mask
 from dropless.data.corpus import _json_kind, is_eval_document
-from dropless.data.tokenizer import ByteTokenizer
+from dropless.data import readers
+from dropless.data.tokenizer import ByteTokenizer, make_tokenizer
 
 MAX_TOKENS = 1 << 25    # 33.5 M tokens: ~170 MB of ids and masks
 SFT_PACKINGS = ("documents", "pad")
@@ -296,6 +297,33 @@ def _row_order(num_rows: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_rows)
 
 
+class Addressing:
+    """The run's SFT rows addressed by global sample number g (module doc: row perm_e[g mod R]),
+    as `data.loader.Addressing` addresses pre-training rows; `n` rows an epoch. Raises
+    ValueError for what `pack_rows` raises."""
+
+    def __init__(self, data: ExampleSet, *, seq_len: int, seed: int, packing: str = "documents",
+                 completion_only: bool = True, shuffle: bool = True):
+        self.data, self.s, self.seed = data, seq_len, seed
+        self.completion_only, self.shuffle = completion_only, shuffle
+        self.packed = pack_rows(data, seq_len, seed, packing)
+        self.n = len(self.packed)
+
+    def rows(self, samples) -> Batch:
+        """The rows of these sample numbers, as a Batch [len(samples), S]."""
+        slots = []
+        for g in samples:
+            epoch, at = divmod(g, self.n)
+            r = int(_row_order(self.n, self.seed, epoch)[at]) if self.shuffle else at
+            slots.append(_row(self.data, self.packed[r], self.s))
+        tok, seg, pos, comp = (np.stack(a) for a in zip(*slots))
+        counts = (seg[:, :-1] != 0) & (seg[:, :-1] == seg[:, 1:])
+        if self.completion_only:
+            counts &= comp[:, 1:]
+        return Batch(tokens_BS=tok[:, :-1], targets_BS=tok[:, 1:], segment_ids_BS=seg[:, :-1],
+                     positions_BS=pos[:, :-1], loss_mask_BS=counts.astype(np.float32))
+
+
 def sft_batch_at(data: ExampleSet, index: int, *, batch_size: int, seq_len: int, seed: int,
                  completion_only: bool = True, packing: str = "documents", shuffle: bool = True,
                  rows: tuple[int, int] | None = None) -> Batch:
@@ -304,21 +332,53 @@ def sft_batch_at(data: ExampleSet, index: int, *, batch_size: int, seq_len: int,
     Raises ValueError for index < 0 and what `pack_rows` raises."""
     if index < 0:
         raise ValueError(f"batch index={index} must be >= 0")
-    packed = pack_rows(data, seq_len, seed, packing)
+    addr = Addressing(data, seq_len=seq_len, seed=seed, packing=packing,
+                      completion_only=completion_only, shuffle=shuffle)
     start, stop = rows if rows is not None else (0, batch_size)
-    slots = []
-    for g in range(index * batch_size + start, index * batch_size + stop):
-        epoch, at = divmod(g, len(packed))
-        r = int(_row_order(len(packed), seed, epoch)[at]) if shuffle else at
-        slots.append(_row(data, packed[r], seq_len))
-    tok, seg, pos, comp = (np.stack(a) for a in zip(*slots))
-    counts = (seg[:, :-1] != 0) & (seg[:, :-1] == seg[:, 1:])
-    if completion_only:
-        counts &= comp[:, 1:]
-    return Batch(tokens_BS=tok[:, :-1], targets_BS=tok[:, 1:], segment_ids_BS=seg[:, :-1],
-                 positions_BS=pos[:, :-1], loss_mask_BS=counts.astype(np.float32))
+    return addr.rows(range(index * batch_size + start, index * batch_size + stop))
 
 
 def num_rows(data: ExampleSet, *, seq_len: int, seed: int, packing: str = "documents") -> int:
     """Rows one epoch of the examples fills (`pack_rows`)."""
     return len(pack_rows(data, seq_len, seed, packing))
+
+
+# ---- a training source ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class SftCorpus:
+    """A run's SFT data (TrainConfig.sft): train and held-out examples of one source."""
+    train: ExampleSet
+    eval: ExampleSet
+    vocab_size: int
+    source: str
+    notes: tuple[str, ...] = ()
+
+    def fingerprint(self) -> dict:
+        """Identifies the examples in a checkpoint, so a resume on other data is refused."""
+        return {"sft": {"train": self.train.fingerprint(), "eval": self.eval.fingerprint()}}
+
+    def describe(self) -> str:
+        return (f"{len(self.train.examples):,} train / {len(self.eval.examples):,} eval SFT "
+                f"examples, {self.train.num_tokens:,} / {self.eval.num_tokens:,} tokens")
+
+
+def load_sft(source: str, *, tokenizer: str, eval_fraction: float, seq_len: int, seed: int,
+             packing: str) -> SftCorpus:
+    """The SFT records of `source` (any `data.readers` source: JSONL, Parquet, Arrow), read as
+    examples with `tokenizer` (and its folder's chat template), held out by `split_examples`
+    and packed once here, so a bad record or an example longer than a row is refused before
+    anything compiles. The held-out split gets the first example when it would be empty."""
+    tok = make_tokenizer(tokenizer)
+    files = readers.input_files(source)
+    data = read_examples(((readers.where(f, i), r) for f in files for i, r in readers.records(f)),
+                         tok=tok, template=template_for(tok), source=source)
+    train, held = split_examples(data, eval_fraction)
+    if not held.examples:
+        held = ExampleSet(examples=data.examples[:1], source=source)
+    if not train.examples:
+        raise ValueError(f"data={source!r}: every SFT record is held out for eval; add records "
+                         "or lower eval_fraction")
+    for part in (train, held):
+        pack_rows(part, seq_len, seed, packing)
+    return SftCorpus(train=train, eval=held, vocab_size=tok.vocab_size, source=source)

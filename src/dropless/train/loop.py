@@ -38,6 +38,7 @@ from dropless.parallel.sharding import state_shardings
 from dropless import checkpoint as ckpt
 from dropless.data import corpus as data_lib
 from dropless.data import loader as loader_lib
+from dropless.data import sft as sft_lib
 from dropless.data.shards import DataChanged
 from dropless.train import guards as guards_lib
 from dropless.train import metrics as met
@@ -142,9 +143,15 @@ def _header(ctx: _Ctx, start: int) -> str:
     cfg, corpus = ctx.cfg, ctx.corpus
     return (f"dropless train: {ctx.out_dir}\n  model: {format_counts(ctx.counts)}; "
             f"{ctx.fpt['model'] / 1e6:.2f} MFLOPs/token (training)\n  data: {corpus.source} "
-            f"({corpus.train_TOK.size:,} train / {corpus.eval_TOK.size:,} eval tokens); "
+            f"({_data_words(corpus)}); "
             f"batch {cfg.global_batch_size} x {cfg.seq_len}"
             + (f"; resuming at step {start}" if start else ""))
+
+
+def _data_words(corpus) -> str:
+    if isinstance(corpus, sft_lib.SftCorpus):
+        return corpus.describe()
+    return f"{corpus.train_TOK.size:,} train / {corpus.eval_TOK.size:,} eval tokens"
 
 
 def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
@@ -154,8 +161,16 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     load = functools.partial(data_lib.load_corpus, tokenizer=cfg.tokenizer,
                              eval_fraction=cfg.eval_fraction, bin_dtype=cfg.bin_dtype,
                              vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len)
-    corpus = load(cfg.data)
+    if cfg.sft:
+        corpus = sft_lib.load_sft(cfg.data, tokenizer=cfg.tokenizer,
+                                  eval_fraction=cfg.eval_fraction, seq_len=cfg.seq_len,
+                                  seed=cfg.seed, packing=cfg.packing)
+    else:
+        corpus = load(cfg.data)
     if cfg.eval_data:
+        if cfg.sft:
+            raise ValueError(f"eval_data={cfg.eval_data!r}: with sft=true the held-out "
+                             "examples come from data= (eval_fraction); leave eval_data unset")
         corpus = data_lib.with_eval_split(corpus, load(cfg.eval_data))
     if corpus.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
@@ -382,8 +397,12 @@ def _read_metrics(m: dict) -> dict:
 def _loader(cfg: TrainConfig, corpus, sharding, start: int) -> loader_lib.Loader:
     """The run's batches from step start+1 on (0-based index `start`), as the step takes them,
     on the batch sharding, `cfg.prefetch` ahead."""
-    addr = loader_lib.Addressing(loader_lib.as_stream(corpus.train_TOK, corpus.train_ends_D),
-                                 seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed)
+    if isinstance(corpus, sft_lib.SftCorpus):
+        addr = sft_lib.Addressing(corpus.train, seq_len=cfg.seq_len, seed=cfg.seed,
+                                  packing=cfg.packing, completion_only=cfg.sft_completion_only)
+    else:
+        addr = loader_lib.Addressing(loader_lib.as_stream(corpus.train_TOK, corpus.train_ends_D),
+                                     seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed)
     return loader_lib.Loader(addr, batch_size=cfg.global_batch_size, sharding=sharding,
                              prefetch=cfg.prefetch, start=start)
 

@@ -13,6 +13,7 @@ import numpy as np
 from dropless.config import TrainConfig
 from dropless.data import corpus as data_lib
 from dropless.data import loader as loader_lib
+from dropless.data import sft as sft_lib
 from dropless.ops.gmm.fallback import compile_auto
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
@@ -33,14 +34,20 @@ class MetricsWriter:
 
 def eval_batches(cfg: TrainConfig, corpus) -> list:
     """The run's fixed held-out batches (the first ones, unshuffled): [B, S + 1] windows under
-    packing="stream", else data.batch.Batch rows packed as the training batches are."""
-    if cfg.packing == "stream":
-        return data_lib.eval_batches(corpus, num_batches=cfg.eval_batches,
-                                     batch_size=cfg.global_batch_size, seq_len=cfg.seq_len)
-    addr = loader_lib.Addressing(loader_lib.as_stream(corpus.eval_TOK, corpus.eval_ends_D),
-                                 seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed,
-                                 shuffle=False)
+    packing="stream", else data.batch.Batch rows packed as the training batches are (SFT
+    examples when `corpus` is a data.sft.SftCorpus)."""
     b = cfg.global_batch_size
+    if isinstance(corpus, sft_lib.SftCorpus):
+        addr = sft_lib.Addressing(corpus.eval, seq_len=cfg.seq_len, seed=cfg.seed,
+                                  packing=cfg.packing, completion_only=cfg.sft_completion_only,
+                                  shuffle=False)
+    elif cfg.packing == "stream":
+        return data_lib.eval_batches(corpus, num_batches=cfg.eval_batches, batch_size=b,
+                                     seq_len=cfg.seq_len)
+    else:
+        addr = loader_lib.Addressing(loader_lib.as_stream(corpus.eval_TOK, corpus.eval_ends_D),
+                                     seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed,
+                                     shuffle=False)
     n = max(1, min(cfg.eval_batches, addr.n // b))
     return [addr.rows(range(i * b, (i + 1) * b)) for i in range(n)]
 
