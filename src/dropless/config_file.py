@@ -55,9 +55,20 @@ def known_keys() -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+MAX_YAML_VALUES = 100_000   # values a document may hold with every alias expanded
+
+
 class StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
-    silently; a config file where `steps:` appears twice is a mistake, not a choice)."""
+    silently; a config file where `steps:` appears twice is a mistake, not a choice), and a
+    document whose aliases expand to more than MAX_YAML_VALUES values or refer to themselves
+    (a few hundred bytes of nested aliases stand for billions of values, which every later
+    walk, comparison or message would expand)."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node, {}, set())
+        return node
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -75,6 +86,31 @@ class StrictLoader(yaml.SafeLoader):
                 except TypeError:   # an unhashable key: the base class says what is wrong
                     break
         return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node, sizes: dict, open_: set) -> int:
+    """The number of values under `node` with every alias expanded (each node counted once per
+    place it appears, memoized per node); yaml.YAMLError past MAX_YAML_VALUES or for a node
+    inside itself."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to a value that holds "
+                                          "it (a recursive alias)", node.start_mark)
+    children = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for kv in node.value for n in kv]
+    open_.add(id(node))
+    total = 1 + sum(_expanded_size(c, sizes, open_) for c in children)
+    open_.discard(id(node))
+    if total > MAX_YAML_VALUES:
+        raise yaml.composer.ComposerError(None, None, f"its aliases expand to more than "
+                                          f"{MAX_YAML_VALUES} values (nested aliases?)",
+                                          node.start_mark)
+    sizes[id(node)] = total
+    return total
 
 
 def parse_yaml(text: str) -> Any:

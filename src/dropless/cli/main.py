@@ -6,7 +6,9 @@ the table below is the only place that lists them.
 Errors end here: the library raises precise exceptions (ValueError naming the field and value
 for a config mistake) and `main` prints them as one line, `dropless: error: <message>`, with exit
 status 2 for usage and config errors and 1 for failures at run time. `--traceback` (anywhere on
-the command line) or DROPLESS_TRACEBACK=1 shows the full trace instead.
+the command line) or DROPLESS_TRACEBACK=1 shows the full trace instead. Every message printed
+here is bounded (`bounded`): a line past MAX_LINE characters keeps its start (the file, key or
+argument) and its end (what to do) and says how much of the middle (a long value) was cut.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ COMMANDS = {
 EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
 EXIT_USAGE = 2           # bad arguments or config (argparse uses 2 too)
 EXIT_INTERRUPTED = 130   # Ctrl-C outside the training loop (128 + SIGINT)
+MAX_LINE = 400          # characters of one error line; a longer one loses its middle
 TRACEBACK_HINT = "run again with --traceback (or DROPLESS_TRACEBACK=1) for the full trace"
 
 
@@ -47,7 +50,16 @@ class Parser(argparse.ArgumentParser):
                 late, first = found
                 message = (f"option {late} comes after the override {first}: put the options "
                            "(and their values) before the KEY=VALUE overrides")
-        self.exit(EXIT_USAGE, f"dropless: error: {message} (see '{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, f"dropless: error: {bounded(message)} (see '{self.prog} --help')\n")
+
+
+def bounded(line: str, limit: int = MAX_LINE) -> str:
+    """`line` if at most `limit` characters, else its first two thirds and last third of
+    `limit` around a note of how many characters were cut (a huge value inside a message)."""
+    if len(line) <= limit:
+        return line
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{line[:head]} ...[{len(line) - head - tail} characters cut]... {line[-tail:]}"
 
 
 def misplaced_option(argv: list[str]) -> tuple[str, str] | None:
@@ -105,9 +117,9 @@ def describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, (CheckpointError, RunDirInUse, NonFiniteError)):
         return EXIT_FAILURE, first
     if "RESOURCE_EXHAUSTED" in text or isinstance(exc, MemoryError):
-        return EXIT_FAILURE, f"out of memory: {first[:300]}\nlower per_device_batch_size or " \
+        return EXIT_FAILURE, f"out of memory: {first}\nlower per_device_batch_size or " \
                              "seq_len, or set remat=full; " + TRACEBACK_HINT
-    return EXIT_FAILURE, f"{type(exc).__name__}: {first[:500]}\n{TRACEBACK_HINT}"
+    return EXIT_FAILURE, f"{type(exc).__name__}: {first}\n{TRACEBACK_HINT}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if trace:
             raise
         status, message = describe(e)
-        print(f"dropless: error: {message}", file=sys.stderr)
+        print("dropless: error: " + "\n".join(bounded(x) for x in message.split("\n")),
+              file=sys.stderr)
         from dropless.checkpoint import CheckpointError
         if isinstance(e, CheckpointError):
             # After some failed saves (a read-only file system) orbax leaves background
