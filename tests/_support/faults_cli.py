@@ -62,4 +62,19 @@ ROWS = [
     # checked by bench/gpu.py itself, before any section runs
     arg("bench-gpu-section-unknown", ["bench", "gpu", "--sections", "nosuch", "--dry-run"],
         ("--sections", "nosuch", "gmm")),
+    # the environment, checked before JAX reads it (XLA would abort; JAX fails late)
+    arg("env-jax-platforms-not-installed", ["eval", "m", "--data", "x.txt"],
+        ("JAX_PLATFORMS='tpu'", "no TPU runtime", "available: cpu"),
+        env={"JAX_PLATFORMS": "tpu"}),
+    arg("env-jax-platforms-typo", ["train", "steps=1"], ("JAX_PLATFORMS='cpuu'", "'cpuu'"),
+        env={"JAX_PLATFORMS": "cpuu"}, unchanged=(".",)),
+    arg("env-xla-flag-unknown", ["train", "steps=1"],
+        ("XLA_FLAGS", "'--xla_gpu_no_such_flag=1'", "jaxlib"),
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_gpu_no_such_flag=1"},
+        unchanged=(".",)),
+    arg("env-xla-flag-not-a-flag", ["bench", "gmm"], ("XLA_FLAGS", "'fast'"),
+        env={"XLA_FLAGS": "fast"}),
+    arg("env-xla-flag-no-prefix", ["generate", "m", "--prompt", "a"],
+        ("XLA_FLAGS", "'--noxla_cpu_enable_fast_math'"),
+        env={"XLA_FLAGS": "--noxla_cpu_enable_fast_math"}),
 ]

@@ -28,6 +28,8 @@ COMMANDS = {
     "eval": ("dropless.cli.eval", "loss and perplexity of a model on a text or JSONL file"),
     "generate": ("dropless.cli.generate", "continue a prompt (greedy or temperature sampling)"),
 }
+# commands that never start a JAX backend (the environment's JAX settings are not theirs)
+NO_BACKEND = ("config", "report")
 EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
 EXIT_USAGE = 2           # bad arguments or config (argparse uses 2 too)
 EXIT_INTERRUPTED = 130   # Ctrl-C outside the training loop (128 + SIGINT)
@@ -116,10 +118,23 @@ def describe(exc: BaseException) -> tuple[int, str]:
     from dropless.train.rundir import RunDirInUse
     if isinstance(exc, (CheckpointError, RunDirInUse, NonFiniteError)):
         return EXIT_FAILURE, first
+    if isinstance(exc, RuntimeError) and "Unable to initialize backend" in text:
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        return EXIT_USAGE, (f"JAX_PLATFORMS={platforms!r}: {first} (set JAX_PLATFORMS to an "
+                            "available platform, e.g. cpu, or unset it)")
     if "RESOURCE_EXHAUSTED" in text or isinstance(exc, MemoryError):
         return EXIT_FAILURE, f"out of memory: {first}\nlower per_device_batch_size or " \
                              "seq_len, or set remat=full; " + TRACEBACK_HINT
     return EXIT_FAILURE, f"{type(exc).__name__}: {first}\n{TRACEBACK_HINT}"
+
+
+def check_environment() -> None:
+    """Refuse (ValueError naming the variable) a JAX_PLATFORMS this installation cannot start
+    and an XLA_FLAGS holding a flag XLA does not know, before JAX reads either (XLA would abort
+    the process on the flag; JAX fails only at the first computation on the platform)."""
+    from dropless.runtime import environment, xla_flags
+    environment.check_platforms(os.environ.get("JAX_PLATFORMS"))
+    xla_flags.check_environment_flags(os.environ.get("XLA_FLAGS"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.argv = argv
     args = parser.parse_args(argv)
     try:
+        if args.command not in NO_BACKEND:
+            check_environment()
         status = int(importlib.import_module(args._module).run(args) or 0)
         sys.stdout.flush()
         return status

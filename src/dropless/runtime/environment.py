@@ -6,6 +6,7 @@ Applying them (before JAX creates its backend, beside the XLA flags) is
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -84,3 +85,47 @@ def platform_notes(environment: str, platform: str) -> list[str]:
         elif name.startswith(ACCELERATOR_ENV) and platform == "cpu":
             out.append(f"{name}: read by the GPU/TPU allocator only; changes nothing on cpu")
     return out
+
+
+# JAX_PLATFORMS names -> what must be installed for them (checked before any backend starts:
+# JAX itself fails at the first computation with "Unable to initialize backend")
+_PLATFORM_NEEDS = {"cuda": ("cuda",), "rocm": ("rocm",), "gpu": ("cuda", "rocm"), "tpu": ("tpu",)}
+
+
+def installed_platforms() -> list[str]:
+    """The JAX platforms this installation could start, without starting any: cpu always, and
+    one per installed PJRT plugin (the `jax_plugins` namespace modules and entry points JAX
+    loads: `jax_cuda12_plugin` -> cuda) and libtpu (tpu)."""
+    import pkgutil
+    from importlib.metadata import entry_points
+    names = []
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        names += [m.name for m in pkgutil.iter_modules(spec.submodule_search_locations)]
+    names += [e.value for e in entry_points(group="jax_plugins")]
+    if importlib.util.find_spec("libtpu") is not None:
+        names.append("tpu")
+    found = ["cpu"]
+    for n in names:
+        n = n.lower()
+        kind = next((k for k in ("cuda", "rocm", "tpu") if k in n), n.split(".")[-1])
+        found.append(kind)
+    return list(dict.fromkeys(found))
+
+
+def check_platforms(value: str | None) -> None:
+    """Raise ValueError naming JAX_PLATFORMS unless each of its comma-separated names is a
+    platform this installation has (`installed_platforms`); None or '' lets JAX choose."""
+    if not value:
+        return
+    have = installed_platforms()
+    for name in value.split(","):
+        name = name.strip().lower()
+        wants = _PLATFORM_NEEDS.get(name, (name,))
+        if name and any(w in have for w in wants):
+            continue
+        known = name in _PLATFORM_NEEDS or name == "cpu"
+        why = (f"no {name.upper()} runtime is installed" if known
+               else f"{name!r} is not a JAX platform installed here")
+        raise ValueError(f"JAX_PLATFORMS={value!r}: {why} (available: {', '.join(have)}); set "
+                         "it to one of those, or unset it to let JAX choose")
