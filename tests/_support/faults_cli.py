@@ -3,6 +3,7 @@ each in one line naming the argument and its value. Rows past argparse run in-pr
 from pathlib import Path
 
 from tests._support.fault import Fault
+from tests._support.paths import HF_FIXTURES
 
 
 def _yaml(text: str):
@@ -77,4 +78,23 @@ ROWS = [
     arg("env-xla-flag-no-prefix", ["generate", "m", "--prompt", "a"],
         ("XLA_FLAGS", "'--noxla_cpu_enable_fast_math'"),
         env={"XLA_FLAGS": "--noxla_cpu_enable_fast_math"}),
+    # sizes that cannot fit: refused with the memory they need, before anything is allocated
+    arg("bench-gmm-m-absurd", ["bench", "gmm", "--m", "100000000000"],
+        ("dropless bench gmm", "--m", "needs at least", "TiB", "available")),
+    arg("bench-gmm-weights-absurd", ["bench", "gmm", "--k", "1000000", "--n", "1000000"],
+        ("--groups", "needs at least")),
+    arg("bench-moe-rows-absurd", ["bench", "moe", "--rows", "99999999999"],
+        ("dropless bench moe", "--rows", "needs at least")),
+    arg("bench-moe-experts-absurd", ["bench", "moe", "--experts", "100000000:2"],
+        ("--experts", "needs at least")),
+    arg("bench-dispatch-tokens-absurd", ["bench", "dispatch", "--tokens", "99999999999"],
+        ("dropless bench dispatch", "--tokens", "needs at least", "host's RAM")),
+    arg("bench-quant-shape-absurd", ["bench", "quant", "--shape", "99999999", "99999", "9999",
+                                     "8"], ("dropless bench quant", "--shape", "needs at least")),
+    arg("bench-quant-error-shape-absurd", ["bench", "quant", "--error-shape", "9999999",
+                                           "9999999"], ("--error-shape", "needs at least")),
+    Fault("generate-max-new-tokens-absurd",
+          ["generate", f"hf:{HF_FIXTURES / 'mixtral'}", "--prompt", "hi", "--tokenizer", "byte",
+           "--max-new-tokens", "1000000000000"], rc=2, timeout=120,
+          words=("--max-new-tokens 1000000000000", "needs at least", "TiB")),
 ]

@@ -128,13 +128,23 @@ def describe(exc: BaseException) -> tuple[int, str]:
     return EXIT_FAILURE, f"{type(exc).__name__}: {first}\n{TRACEBACK_HINT}"
 
 
-def check_environment() -> None:
-    """Refuse (ValueError naming the variable) a JAX_PLATFORMS this installation cannot start
-    and an XLA_FLAGS holding a flag XLA does not know, before JAX reads either (XLA would abort
-    the process on the flag; JAX fails only at the first computation on the platform)."""
+def check_environment(command: str) -> None:
+    """Refuse (ValueError naming the variable) a JAX_PLATFORMS this installation cannot start,
+    an XLA_FLAGS holding a flag XLA does not know, and a cache folder that cannot be written,
+    before JAX reads any of them (XLA would abort the process on the flag; JAX fails only at the
+    first computation on the platform, and skips an unwritable compilation cache with a
+    warning; the CPU peak cache `train` fills would fail after compiling)."""
+    from dropless import machine
     from dropless.runtime import environment, xla_flags
     environment.check_platforms(os.environ.get("JAX_PLATFORMS"))
     xla_flags.check_environment_flags(os.environ.get("XLA_FLAGS"))
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        environment.check_writable_folder(os.environ["JAX_COMPILATION_CACHE_DIR"],
+                                          "JAX_COMPILATION_CACHE_DIR")
+    if command == "train" and not os.environ.get(machine.CPU_PEAK_ENV):
+        environment.check_writable_folder(machine.user_cache_dir(), "the dropless cache folder "
+                                          "(XDG_CACHE_HOME, else ~/.cache; or set "
+                                          f"{machine.CPU_PEAK_ENV})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command not in NO_BACKEND:
-            check_environment()
+            check_environment(args.command)
         status = int(importlib.import_module(args._module).run(args) or 0)
         sys.stdout.flush()
         return status

@@ -7,7 +7,9 @@ Applying them (before JAX creates its backend, beside the XLA flags) is
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+from pathlib import Path
 
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # environment variables a config may set: these prefixes (XLA_FLAGS has its own key, xla_flags)
@@ -129,3 +131,67 @@ def check_platforms(value: str | None) -> None:
                else f"{name!r} is not a JAX platform installed here")
         raise ValueError(f"JAX_PLATFORMS={value!r}: {why} (available: {', '.join(have)}); set "
                          "it to one of those, or unset it to let JAX choose")
+
+
+def check_writable_folder(path: str | os.PathLike, what: str) -> None:
+    """Raise ValueError naming `what` and `path` unless `path` is a folder this process can
+    write into, or one it can create (its nearest existing parent is a writable folder and no
+    part of the path is a file)."""
+    p = Path(path).expanduser().absolute()
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{what} {str(path)!r}: {probe} is a file, not a folder; choose "
+                         "another folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == p else f" (its parent {probe} cannot be written into)"
+        raise ValueError(f"{what} {str(path)!r} is not writable{where}; choose a folder you "
+                         "can write to")
+
+
+def format_bytes(b: float) -> str:
+    """Bytes as 'x.xx GiB' (or 'x.x TiB' from 1 TiB)."""
+    return f"{b / 2 ** 40:.1f} TiB" if b >= 2 ** 40 else f"{b / 2 ** 30:.2f} GiB"
+
+
+def host_memory() -> float:
+    """Bytes of this host's RAM, or its cgroup limit if lower."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        cg = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if cg.isdigit():
+            ram = min(ram, int(cg))
+    except OSError:
+        pass
+    return float(ram)
+
+
+def device_memory() -> tuple[float, str]:
+    """(bytes one device may use, where the number came from): what JAX reports
+    (`bytes_limit`) on an accelerator; on a CPU the host's RAM (`host_memory`) shared by the
+    local host devices. Starts JAX's backend."""
+    import jax
+    dev = jax.local_devices()[0]
+    if dev.platform != "cpu":
+        stats = dev.memory_stats() or {}
+        if stats.get("bytes_limit"):
+            return float(stats["bytes_limit"]), f"{dev.device_kind} bytes_limit"
+    ram = host_memory()
+    n = jax.local_device_count()
+    return ram / n, f"host RAM {format_bytes(ram)}" + (f" / {n} host devices" if n > 1 else "")
+
+
+def check_fits(needed: float, what: str, advice: str, *, on_device: bool = True) -> None:
+    """Raise ValueError naming `what` when `needed` bytes (a lower bound of what it must hold at
+    once) exceed the memory of one device (`device_memory`, which starts the backend), or with
+    `on_device=False` this host's RAM (nothing started: for a caller that sets XLA flags
+    itself)."""
+    if on_device:
+        limit, source = device_memory()
+    else:
+        limit = host_memory()
+        source = "this host's RAM"
+    if needed > limit:
+        raise ValueError(f"{what} needs at least {format_bytes(needed)} of memory, more than the "
+                         f"{format_bytes(limit)} available ({source}); {advice}")
