@@ -12,6 +12,36 @@ def _yaml(text: str):
     return setup
 
 
+def _step(s: int, **change) -> dict:
+    rec = {"event": "step", "step": s, "loss": 5.0 - s / 10, "step_time_s": 0.5,
+           "tokens_per_s": 4000.0, "tflops_per_device": 0.02, "dropped_tokens": 0,
+           "tokens_per_expert": [[3, 5, 4, 4], [6, 2, 4, 4]]}
+    rec.update(change)
+    return {k: v for k, v in rec.items() if v is not ...}
+
+
+def _metrics(*bad: tuple[int, dict]):
+    """A run folder `r` whose metrics.jsonl holds a start record and steps 1..4, with the step
+    records of `bad` ((step, changes); a change to `...` drops the field) in their place."""
+    def setup(case: Path, _artifacts) -> None:
+        import json
+        changes = dict(bad)
+        recs = [{"event": "start"}] + [_step(s, **changes.get(s, {})) for s in range(1, 5)]
+        (case / "r").mkdir()
+        (case / "r" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return setup
+
+
+def _json_stdout(case: Path, res) -> None:
+    import json
+    doc = json.loads(res.out[:res.out.rindex("}") + 1])   # strict JSON: no NaN token
+    assert doc["last_loss"] is None and doc["last_loss_nonfinite"] == "nan", doc
+
+
+def _file_in_the_way(case: Path, _artifacts) -> None:
+    (case / "f").write_text("a file, not a folder\n")
+
+
 def arg(id_, argv, words, **kw):
     """A row refused with exit 2, in-process; the timeout bounds a benchmark that would run."""
     return Fault(id_, argv, rc=2, words=words, in_process=True, timeout=120, **kw)
@@ -97,4 +127,36 @@ ROWS = [
           ["generate", f"hf:{HF_FIXTURES / 'mixtral'}", "--prompt", "hi", "--tokenizer", "byte",
            "--max-new-tokens", "1000000000000"], rc=2, timeout=120,
           words=("--max-new-tokens 1000000000000", "needs at least", "TiB")),
+    # report: a record without what the report reads -> the file and line
+    arg("report-step-without-loss", ["report", "r"], ("metrics.jsonl line 3", "'loss'"),
+        setup=_metrics((2, {"loss": ...})), unchanged=("r",)),
+    arg("report-loss-a-string", ["report", "r"], ("metrics.jsonl line 4", "loss='low'"),
+        setup=_metrics((3, {"loss": "low"})), unchanged=("r",)),
+    arg("report-step-not-int", ["report", "r"], ("line 2", "step=", "an int"),
+        setup=_metrics((1, {"step": "one"})), unchanged=("r",)),
+    arg("report-expert-load-ragged", ["report", "r"], ("line 5", "tokens_per_expert"),
+        setup=_metrics((4, {"tokens_per_expert": [[1, 2], [3]]})), unchanged=("r",)),
+    arg("report-expert-load-changes-shape", ["report", "r"], ("line 5", "two runs"),
+        setup=_metrics((4, {"tokens_per_expert": [[1, 2, 3, 4, 5, 6, 7, 8]]})),
+        unchanged=("r",)),
+    Fault("report-nan-loss-is-json", ["report", "r"], rc=0, in_process=True,
+          words=("last_loss_nonfinite",), setup=_metrics((4, {"loss": float("nan")})),
+          check=_json_stdout),
+    # --out that cannot be written: refused before anything is computed
+    arg("plan-out-under-a-file", ["plan", "--out", "f/plan.json"], ("--out", "f/plan.json",
+                                                                    "is a file"),
+        setup=_file_in_the_way, unchanged=("f",)),
+    arg("plan-out-a-folder", ["plan", "--out", "."], ("--out", "is a folder")),
+    arg("bench-out-under-a-file", ["bench", "gmm", "--out", "f/a/b.jsonl"],
+        ("--out", "is a file"), setup=_file_in_the_way, unchanged=("f",)),
+    arg("bench-plot-under-a-file", ["bench", "quant", "--plot", "f/p.png"],
+        ("--plot", "is a file"), setup=_file_in_the_way, unchanged=("f",)),
+    arg("bench-gpu-out-dir-under-a-file", ["bench", "gpu", "--dry-run", "--out-dir", "f/o"],
+        ("--out-dir", "is a file"), setup=_file_in_the_way, unchanged=("f",)),
+    arg("env-compilation-cache-under-a-file", ["train", "steps=1"],
+        ("JAX_COMPILATION_CACHE_DIR", "is a file"), setup=_file_in_the_way,
+        env={"JAX_COMPILATION_CACHE_DIR": "f/cache"}, unchanged=(".",)),
+    arg("env-dropless-cache-under-a-file", ["train", "steps=1"],
+        ("XDG_CACHE_HOME", "is a file", "DROPLESS_CPU_PEAK_FLOPS"), setup=_file_in_the_way,
+        env={"XDG_CACHE_HOME": "f", "DROPLESS_CPU_PEAK_FLOPS": ""}, unchanged=(".",)),
 ]

@@ -398,6 +398,18 @@ def needed_bytes(kind: str, args) -> tuple[int, str]:
     return 0, ""
 
 
+def check_outputs(args) -> None:
+    """Raise ValueError naming the flag when a file `--out` / `--plot` names cannot be written
+    (a folder, a file in the way, an unwritable folder), or `--out-dir` is no folder to write
+    into, before anything runs."""
+    from dropless.runtime.environment import check_output_file, check_writable_folder
+    for dest in ("out", "plot"):
+        if getattr(args, dest, None):
+            check_output_file(getattr(args, dest), _flag(dest))
+    if getattr(args, "out_dir", None):
+        check_writable_folder(args.out_dir, "--out-dir")
+
+
 def check_sizes(kind: str, args) -> None:
     """Raise ValueError (the flags, the bytes needed and available) when `needed_bytes` is
     above the memory of the devices `kind` runs on."""
@@ -412,6 +424,7 @@ def check_sizes(kind: str, args) -> None:
 def run(args) -> int:
     """Check the flags of `dropless bench KIND`, then run KIND's bench with its options."""
     check_arguments(args.kind, args)
+    check_outputs(args)
     check_sizes(args.kind, args)
     kind = KINDS[args.kind]
     return int(importlib.import_module(kind.module).run(kind.options(args)) or 0)

@@ -195,3 +195,13 @@ def check_fits(needed: float, what: str, advice: str, *, on_device: bool = True)
     if needed > limit:
         raise ValueError(f"{what} needs at least {format_bytes(needed)} of memory, more than the "
                          f"{format_bytes(limit)} available ({source}); {advice}")
+
+
+def check_output_file(path: str | os.PathLike, what: str) -> None:
+    """Raise ValueError naming `what` (the flag) and `path` unless a file can be written at
+    `path`: it is not a folder, and its folder exists as a writable folder or can be created
+    (see `check_writable_folder`). Run before any work whose result goes there."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a folder; name a file")
+    check_writable_folder(p.absolute().parent, f"{what} {str(path)!r}: its folder")
