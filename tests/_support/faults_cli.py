@@ -42,6 +42,28 @@ def _file_in_the_way(case: Path, _artifacts) -> None:
     (case / "f").write_text("a file, not a folder\n")
 
 
+def _run_folder(config_text: str | None = None):
+    """runs/x: a run's config.json (a tiny config as `dropless train` saves it, or
+    `config_text`), and an empty checkpoints/."""
+    def setup(case: Path, _artifacts) -> None:
+        import json
+        from dropless.config_file import build_config
+        from dropless.model_dir import to_dict
+        run = case / "runs" / "x"
+        (run / "checkpoints").mkdir(parents=True)
+        text = config_text if config_text is not None else json.dumps(to_dict(build_config(
+            [("run_dir", "runs"), ("run_name", "x")])), indent=2)
+        (run / "config.json").write_text(text)
+    return setup
+
+
+def _folder_config(text: str):
+    def setup(case: Path, _artifacts) -> None:
+        (case / "m").mkdir()
+        (case / "m" / "config.json").write_text(text)
+    return setup
+
+
 def arg(id_, argv, words, **kw):
     """A row refused with exit 2, in-process; the timeout bounds a benchmark that would run."""
     return Fault(id_, argv, rc=2, words=words, in_process=True, timeout=120, **kw)
@@ -159,4 +181,32 @@ ROWS = [
     arg("env-dropless-cache-under-a-file", ["train", "steps=1"],
         ("XDG_CACHE_HOME", "is a file", "DROPLESS_CPU_PEAK_FLOPS"), setup=_file_in_the_way,
         env={"XDG_CACHE_HOME": "f", "DROPLESS_CPU_PEAK_FLOPS": ""}, unchanged=(".",)),
+    # contradictions: refused, naming both sides
+    arg("plan-node-size-does-not-divide", ["plan", "--gpus", "8", "--devices-per-node", "3"],
+        ("devices_per_node=3", "8 devices", "2")),
+    arg("plan-node-size-does-not-divide-gpus", ["plan", "--gpus", "12", "--devices-per-node",
+                                                "8"], ("devices_per_node=8", "12 devices")),
+    arg("plan-node-size-from-override", ["plan", "gpus=24", "devices_per_node=16"],
+        ("devices_per_node=16", "24 devices")),
+    arg("train-resume-override-moves-run", ["train", "--resume", "runs/x", "run_name=other"],
+        ("--resume runs/x", "runs/other", "run_name='other'"), setup=_run_folder(),
+        unchanged=("runs",)),
+    arg("train-resume-override-moves-run-dir", ["train", "--resume", "runs/x", "run_dir=elsewhere"],
+        ("--resume runs/x", "elsewhere/x", "run_dir='elsewhere'"), setup=_run_folder(),
+        unchanged=("runs",)),
+    # a run's or model folder's config.json that is not what it should be: the file named
+    arg("train-resume-config-not-json", ["train", "--resume", "runs/x"],
+        ("runs/x/config.json", "JSON"), setup=_run_folder('{"steps": 3,'), unchanged=("runs",)),
+    arg("eval-run-config-not-json", ["eval", "runs/x", "--data", "runs/x/config.json"],
+        ("runs/x/config.json", "not valid JSON"), setup=_run_folder('{"steps": 3,'),
+        unchanged=("runs",)),
+    arg("train-init-from-config-not-json", ["train", "init_from=runs/x", "steps=1"],
+        ("init_from='runs/x'", "runs/x/config.json", "not valid JSON"),
+        setup=_run_folder('{"model": '), unchanged=("runs",)),
+    arg("convert-folder-neither-kind", ["convert", "m", "out"],
+        ("dropless convert m", "config.json", "neither a dropless config", "hf:DIR"),
+        setup=_folder_config('{"foo": 1}'), unchanged=("m", "out")),
+    arg("generate-folder-neither-kind", ["generate", "m", "--prompt", "hi"],
+        ("dropless generate m", "neither a dropless config"),
+        setup=_folder_config('[1, 2]'), unchanged=("m",)),
 ]
