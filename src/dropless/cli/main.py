@@ -13,6 +13,7 @@ argument) and its end (what to do) and says how much of the middle (a long value
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -28,6 +29,9 @@ COMMANDS = {
     "eval": ("dropless.cli.eval", "loss and perplexity of a model on a text or JSONL file"),
     "generate": ("dropless.cli.generate", "continue a prompt (greedy or temperature sampling)"),
 }
+# commands that write nothing before their output: SIGINT / SIGTERM end them at once, exit 130 /
+# 75, never by unwinding under XLA's running threads (`runtime.interrupt`)
+EXIT_ON_SIGNAL = ("eval", "generate")
 # commands that never start a JAX backend (the environment's JAX settings are not theirs)
 NO_BACKEND = ("config", "report")
 EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
@@ -128,6 +132,16 @@ def describe(exc: BaseException) -> tuple[int, str]:
     return EXIT_FAILURE, f"{type(exc).__name__}: {first}\n{TRACEBACK_HINT}"
 
 
+def exit_on_signal(command: str):
+    """The signal handling of `command`: `runtime.interrupt.exit_on_signals` for those of
+    EXIT_ON_SIGNAL, nothing for the others (train stops after a step and saves; the rest stop
+    with KeyboardInterrupt, exit 130)."""
+    if command not in EXIT_ON_SIGNAL:
+        return contextlib.nullcontext()
+    from dropless.runtime.interrupt import exit_on_signals
+    return exit_on_signals(f"dropless {command}")
+
+
 def check_environment(command: str) -> None:
     """Refuse (ValueError naming the variable) a JAX_PLATFORMS this installation cannot start,
     an XLA_FLAGS holding a flag XLA does not know, and a cache folder that cannot be written,
@@ -157,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.argv = argv
     args = parser.parse_args(argv)
     try:
-        if args.command not in NO_BACKEND:
-            check_environment(args.command)
-        status = int(importlib.import_module(args._module).run(args) or 0)
+        with exit_on_signal(args.command):
+            if args.command not in NO_BACKEND:
+                check_environment(args.command)
+            status = int(importlib.import_module(args._module).run(args) or 0)
         sys.stdout.flush()
         return status
     except BrokenPipeError:
