@@ -118,9 +118,33 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+MAX_CONFIG_BYTES = 16 * 2 ** 20   # a config file larger than this is not one
+
+
+def _check_regular(path: str) -> None:
+    """ValueError naming `path` unless it is a regular file of at most MAX_CONFIG_BYTES (a FIFO
+    would block the read forever, a device reads as anything)."""
+    import os
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValueError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"config file {path!r} cannot be read: Is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"config file {path!r} is not a regular file (a pipe or a device); "
+                         "write the config to a file and pass that")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config file {path!r} holds {st.st_size} bytes, more than a config "
+                         f"can ({MAX_CONFIG_BYTES}); is it the right file?")
+
+
 def load_yaml(path: str) -> Any:
     """The YAML document in `path`. Raises ValueError (one line: file, line, column, problem)
-    for a syntax error, a key given twice in one mapping, and a missing or unreadable file."""
+    for a syntax error, a key given twice in one mapping, and a missing or unreadable file, or
+    one that is not a regular file of at most MAX_CONFIG_BYTES."""
+    _check_regular(path)
     try:
         text = Path(path).read_text()
     except OSError as e:

@@ -64,6 +64,13 @@ def _folder_config(text: str):
     return setup
 
 
+def _fifo(name: str):
+    def setup(case: Path, _artifacts) -> None:
+        import os
+        os.mkfifo(case / name)
+    return setup
+
+
 def arg(id_, argv, words, **kw):
     """A row refused with exit 2, in-process; the timeout bounds a benchmark that would run."""
     return Fault(id_, argv, rc=2, words=words, in_process=True, timeout=120, **kw)
@@ -209,4 +216,14 @@ ROWS = [
     arg("generate-folder-neither-kind", ["generate", "m", "--prompt", "hi"],
         ("dropless generate m", "neither a dropless config"),
         setup=_folder_config('[1, 2]'), unchanged=("m",)),
+    # only regular files are read as configs or written as outputs (a FIFO would block forever)
+    arg("plan-config-a-fifo", ["plan", "--config", "c.yaml"], ("c.yaml", "not a regular file"),
+        setup=_fifo("c.yaml")),
+    arg("config-show-config-a-device", ["config", "show", "--config", "/dev/null"],
+        ("/dev/null", "not a regular file")),
+    arg("train-config-a-folder", ["train", "--config", "."], ("'.'", "directory")),
+    arg("plan-out-a-fifo", ["plan", "--out", "o.json"], ("--out", "not a regular file"),
+        setup=_fifo("o.json")),
+    arg("bench-out-a-device", ["bench", "gmm", "--out", "/dev/stdout"],
+        ("--out", "/dev/stdout", "not a regular file")),
 ]

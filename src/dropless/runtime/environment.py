@@ -199,9 +199,12 @@ def check_fits(needed: float, what: str, advice: str, *, on_device: bool = True)
 
 def check_output_file(path: str | os.PathLike, what: str) -> None:
     """Raise ValueError naming `what` (the flag) and `path` unless a file can be written at
-    `path`: it is not a folder, and its folder exists as a writable folder or can be created
+    `path`: it is not a folder, not a pipe or device (nor a link to one), and its folder exists as a writable folder or can be created
     (see `check_writable_folder`). Run before any work whose result goes there."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise ValueError(f"{what} {str(path)!r} is a folder; name a file")
+    if p.exists() and not p.is_file() or p.is_symlink() and not p.resolve().is_file():
+        raise ValueError(f"{what} {str(path)!r} is not a regular file (a pipe, a device or a "
+                         "link to one); name a file")
     check_writable_folder(p.absolute().parent, f"{what} {str(path)!r}: its folder")
