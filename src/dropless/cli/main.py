@@ -155,7 +155,9 @@ def check_environment(command: str) -> None:
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         environment.check_writable_folder(os.environ["JAX_COMPILATION_CACHE_DIR"],
                                           "JAX_COMPILATION_CACHE_DIR")
-    if command == "train" and not os.environ.get(machine.CPU_PEAK_ENV):
+    on_cpu = os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or \
+        environment.installed_platforms() == ["cpu"]   # the CPU peak cache is read on CPU only
+    if command == "train" and on_cpu and not os.environ.get(machine.CPU_PEAK_ENV):
         environment.check_writable_folder(machine.user_cache_dir(), "the dropless cache folder "
                                           "(XDG_CACHE_HOME, else ~/.cache; or set "
                                           f"{machine.CPU_PEAK_ENV})")
