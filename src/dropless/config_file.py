@@ -55,9 +55,20 @@ def known_keys() -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+MAX_YAML_VALUES = 100_000   # values a document may hold with every alias expanded
+
+
 class StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
-    silently; a config file where `steps:` appears twice is a mistake, not a choice)."""
+    silently; a config file where `steps:` appears twice is a mistake, not a choice), and a
+    document whose aliases expand to more than MAX_YAML_VALUES values or refer to themselves
+    (a few hundred bytes of nested aliases stand for billions of values, which every later
+    walk, comparison or message would expand)."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node, {}, set())
+        return node
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -77,14 +88,63 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _expanded_size(node, sizes: dict, open_: set) -> int:
+    """The number of values under `node` with every alias expanded (each node counted once per
+    place it appears, memoized per node); yaml.YAMLError past MAX_YAML_VALUES or for a node
+    inside itself."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to a value that holds "
+                                          "it (a recursive alias)", node.start_mark)
+    children = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for kv in node.value for n in kv]
+    open_.add(id(node))
+    total = 1 + sum(_expanded_size(c, sizes, open_) for c in children)
+    open_.discard(id(node))
+    if total > MAX_YAML_VALUES:
+        raise yaml.composer.ComposerError(None, None, f"its aliases expand to more than "
+                                          f"{MAX_YAML_VALUES} values (nested aliases?)",
+                                          node.start_mark)
+    sizes[id(node)] = total
+    return total
+
+
 def parse_yaml(text: str) -> Any:
     """`text` as YAML through `StrictLoader` (raises yaml.YAMLError)."""
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+MAX_CONFIG_BYTES = 16 * 2 ** 20   # a config file larger than this is not one
+
+
+def _check_regular(path: str) -> None:
+    """ValueError naming `path` unless it is a regular file of at most MAX_CONFIG_BYTES (a FIFO
+    would block the read forever, a device reads as anything)."""
+    import os
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValueError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"config file {path!r} cannot be read: Is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"config file {path!r} is not a regular file (a pipe or a device); "
+                         "write the config to a file and pass that")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config file {path!r} holds {st.st_size} bytes, more than a config "
+                         f"can ({MAX_CONFIG_BYTES}); is it the right file?")
+
+
 def load_yaml(path: str) -> Any:
     """The YAML document in `path`. Raises ValueError (one line: file, line, column, problem)
-    for a syntax error, a key given twice in one mapping, and a missing or unreadable file."""
+    for a syntax error, a key given twice in one mapping, and a missing or unreadable file, or
+    one that is not a regular file of at most MAX_CONFIG_BYTES."""
+    _check_regular(path)
     try:
         text = Path(path).read_text()
     except OSError as e:

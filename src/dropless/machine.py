@@ -296,7 +296,8 @@ def measure_cpu_peak(dtype: str = "float32", size: int = 1024, repeats: int = 10
     return 2.0 * size ** 3 / best
 
 
-def _cache_dir() -> Path:
+def user_cache_dir() -> Path:
+    """dropless's folder of per-user caches: $XDG_CACHE_HOME/dropless, else ~/.cache/dropless."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dropless"
 
@@ -324,7 +325,7 @@ def cpu_peak_flops(dtype: str = "float32", *, cache_dir: str | Path | None = Non
         return value, f"${CPU_PEAK_ENV}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     key = f"{cpu_model()} | {cores} cores | {dtype}"
-    folder = Path(cache_dir) if cache_dir is not None else _cache_dir() / "cpu_peak"
+    folder = Path(cache_dir) if cache_dir is not None else user_cache_dir() / "cpu_peak"
     slug = "".join(c if c.isalnum() else "_" for c in key)[:80]
     file = folder / f"{slug}-{hashlib.sha1(key.encode()).hexdigest()[:10]}.json"
     entry = _read_entry(file, key)

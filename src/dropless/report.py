@@ -10,6 +10,45 @@ from pathlib import Path
 import numpy as np
 
 
+# what `summary` and `draw` read from each record, by event: field -> whether it may be absent
+# or null (numbers are ints or floats, NaN and infinities included; `step` is an int)
+FIELDS = {"step": {"step": False, "loss": False, "dropped_tokens": False, "step_time_s": True,
+                   "tokens_per_s": True, "tflops_per_device": True, "mfu": True,
+                   "expert_load_max_over_mean": True},
+          "eval": {"step": False, "eval_loss": False}}
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_record(path: Path, n: int, rec: dict) -> None:
+    """Raise ValueError naming the file, the line and the field unless record `rec` (line `n`)
+    holds what `FIELDS` says its event needs, and a `tokens_per_expert` is a [layers][experts]
+    table of numbers."""
+    where = f"{path} line {n}: a {rec.get('event')!r} record"
+    for key, optional in FIELDS.get(rec.get("event"), {}).items():
+        value = rec.get(key)
+        if value is None and optional:
+            continue
+        if key not in rec:
+            raise ValueError(f"{where} has no {key!r} (not a record dropless wrote; remove the "
+                             "line or restore the file)")
+        ok = isinstance(value, int) and not isinstance(value, bool) if key == "step" \
+            else _is_number(value)
+        if not ok:
+            raise ValueError(f"{where} has {key}={str(value)[:60]!r}, not "
+                             f"{'an int' if key == 'step' else 'a number'} (remove the line or "
+                             "restore the file)")
+    load = rec.get("tokens_per_expert")
+    if rec.get("event") == "step" and load is not None and not (
+            isinstance(load, list) and load and all(isinstance(r, list) and r and
+                                                    len(r) == len(load[0]) and
+                                                    all(map(_is_number, r)) for r in load)):
+        raise ValueError(f"{where} has a tokens_per_expert that is not a table of numbers "
+                         "[layers][experts] (remove the line or restore the file)")
+
+
 def _records(path: Path, skipped: list[str]):
     """(line number, record) of every complete JSON object line of `path`; a torn line (a
     process killed mid-write, or a resume that appended onto it) is skipped and named in
@@ -33,15 +72,26 @@ def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
     """metrics.jsonl grouped by event ("start", "step", "eval", "end"). A resumed run's steps
     replace the earlier records of the same step. Lines that are not complete records are
     skipped, each named (with its line number) in `skipped`. Raises ValueError when the file is
-    missing."""
+    missing, and naming the line and field for a record without what the report reads
+    (`check_record`) or whose expert-load table changes shape."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl")
     out: dict[str, list[dict]] = {"start": [], "step": [], "eval": [], "end": []}
     steps: dict[int, dict] = {}
     evals: dict[int, dict] = {}
-    for _, rec in _records(path, [] if skipped is None else skipped):
+    shape = None
+    for n, rec in _records(path, [] if skipped is None else skipped):
+        check_record(path, n, rec)
         ev = rec.get("event")
+        if ev == "step" and rec.get("tokens_per_expert") is not None:
+            here = (len(rec["tokens_per_expert"]), len(rec["tokens_per_expert"][0]))
+            if shape is not None and here != shape[0]:
+                raise ValueError(f"{path} line {n}: tokens_per_expert is {here[0]} x {here[1]} "
+                                 f"(layers x experts), line {shape[1]}'s {shape[0][0]} x "
+                                 f"{shape[0][1]}: two runs in one file? (remove the lines of "
+                                 "the other)")
+            shape = shape or (here, n)
         if ev == "step":
             steps[rec["step"]] = rec
         elif ev == "eval":
@@ -61,7 +111,10 @@ def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
     if not steps:
         return {}
     body = steps[skip:] or steps
-    med = lambda k: float(np.median([r[k] for r in body if r.get(k) is not None]))  # noqa: E731
+
+    def med(k: str) -> float | None:   # None where no record holds `k`
+        vals = [r[k] for r in body if r.get(k) is not None]
+        return float(np.median(vals)) if vals else None
     return {"steps": len(steps), "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"],
             "last_eval_loss": m["eval"][-1]["eval_loss"] if m["eval"] else None,
             "median_step_time_s": med("step_time_s"), "median_tokens_per_s": med("tokens_per_s"),

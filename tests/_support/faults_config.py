@@ -12,6 +12,20 @@ def _yaml(text: str):
     return setup
 
 
+def _bomb(levels: int) -> str:
+    """A few hundred bytes of YAML whose nested aliases stand for 9**levels strings."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _short_line(limit: int):
+    def check(_case: Path, res) -> None:
+        line = res.err.splitlines()[0]
+        assert len(line) <= limit + 80, f"an error line of {len(line)} characters"
+    return check
+
+
 def show(id_, overrides, words, **kw):
     return Fault(id_, ["config", "show", *overrides], rc=2, words=words, in_process=True, **kw)
 
@@ -49,4 +63,24 @@ ROWS = [
           ("--preset", "before")),
     show("config-show-option-after-override", ["steps=3", "--config", "c.yaml", "seq_len=8"],
          ("--config", "before"), setup=_yaml("steps: 2\n")),
+    # bounded work and bounded messages for any input
+    show("config-yaml-alias-bomb", ["--config", "c.yaml"],
+         ("c.yaml", "aliases expand to more than"), setup=_yaml(_bomb(9)),
+         unchanged=("c.yaml",), timeout=30, check=_short_line(400)),
+    show("config-yaml-alias-recursive", ["--config", "c.yaml"], ("c.yaml", "recursive alias"),
+         setup=_yaml("steps: &a [1, *a]\n")),
+    show("config-override-alias-bomb", [f"steps={{a: &a [1,1,1,1,1,1,1,1,1,1], b: &b "
+                                        f"[{','.join(['*a'] * 10)}], c: &c "
+                                        f"[{','.join(['*b'] * 10)}], d: &d "
+                                        f"[{','.join(['*c'] * 10)}], e: [{','.join(['*d'] * 20)}]}}"],
+         ("steps=", "aliases expand to more than"), check=_short_line(400)),
+    show("config-huge-value-cut", ["steps=[" + ",".join(["7"] * 20000) + "]"],
+         ("steps", "characters cut", "must be an int"), check=_short_line(400)),
+    show("config-huge-unknown-key", ["x" * 50000 + "=1"], ("unknown", "characters cut"),
+         check=_short_line(400)),
+    show("config-yaml-bomb-as-key-value", ["--config", "c.yaml"], ("c.yaml", "aliases"),
+         setup=_yaml("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a,"
+                     " *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c,"
+                     " *c, *c, *c, *c, *c, *c, *c, *c]\nsteps: [*d, *d, *d, *d, *d, *d, *d, *d, *d,"
+                     " *d, *d]\n")),
 ]

@@ -69,6 +69,69 @@ def _index(edit):
     return run
 
 
+def _header_text(rel: str, edit):
+    """Rewrite the JSON header of safetensors file `rel` as `edit(header text) -> text`, the data
+    bytes after it kept as they are (a header that lies about the data it describes)."""
+    def run(d: Path):
+        p = d / rel
+        raw = p.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        text = edit(raw[8:8 + n].decode()).encode()
+        text += b" " * (-len(text) % 8)
+        p.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    return run
+
+
+def _header(rel: str, edit):
+    """As `_header_text`, `edit(header dict)` changing the parsed header in place."""
+    def as_text(text: str) -> str:
+        h = json.loads(text)
+        edit(h)
+        return json.dumps(h)
+    return _header_text(rel, as_text)
+
+
+def _overlap(h: dict) -> None:
+    """Two tensors of one size: the second's byte range becomes the first's."""
+    by_size: dict = {}
+    for name, m in sorted(h.items()):
+        if name != "__metadata__":
+            by_size.setdefault(m["data_offsets"][1] - m["data_offsets"][0], []).append(name)
+    a, b = next(v for v in by_size.values() if len(v) >= 2)[:2]
+    h[b]["data_offsets"] = list(h[a]["data_offsets"])
+
+
+def _twice(text: str) -> str:
+    """The first tensor's entry written a second time at the end of the header."""
+    h = json.loads(text)
+    name = next(k for k in h if k != "__metadata__")
+    return text.rstrip()[:-1] + f", {json.dumps(name)}: {json.dumps(h[name])}}}"
+
+
+def _dtype(value):
+    def edit(h: dict) -> None:
+        h[Q_PROJ]["dtype"] = value
+    return edit
+
+
+def _append(rel: str, data: bytes):
+    def run(d: Path):
+        with open(d / rel, "ab") as fh:
+            fh.write(data)
+    return run
+
+
+def _outside_shard(d: Path):
+    """The index names `../outside/<shard>`, a copy of a real shard beside the folder (what a
+    reader that joins paths blindly would read)."""
+    outside = d.parent / "outside"
+    outside.mkdir()
+    shard = "model-00001-of-00006.safetensors"
+    shutil.copy(d / shard, outside / shard)
+    _index(lambda i: i["weight_map"].update(
+        {k: f"../outside/{shard}" for k, v in i["weight_map"].items() if v == shard}))(d)
+
+
 def _write(rel: str, text: str):
     return lambda d: (d / rel).write_text(text)
 
@@ -77,9 +140,9 @@ def _drop(key):
     return lambda c: c.pop(key)
 
 
-def _row(id_, setup, words, src="bad"):
+def _row(id_, setup, words, src="bad", unchanged=("bad", "out")):
     return Fault(id_, ["convert", src, "out"], rc=2, words=words, setup=setup,
-                 unchanged=("bad", "out"))
+                 unchanged=unchanged)
 
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
@@ -118,4 +181,35 @@ ROWS = [
     _row("hf-tf5-rope-theta-contradicts", _config("tf5/mixtral",
                                                   lambda c: c.update(rope_theta=10000.0)),
          ("config.json", "rope_theta=10000.0", "rope_parameters.rope_theta=1000000.0")),
+    # the index names only files inside the folder
+    _row("hf-index-shard-outside", _file("mixtral", _outside_shard),
+         ("model.safetensors.index.json", "../outside/", "not a file of this folder"),
+         unchanged=("bad", "out", "outside")),
+    _row("hf-index-shard-absolute", _file("mixtral", _index(lambda i: i["weight_map"].update(
+        {"model.norm.weight": "/etc/passwd"}))),
+         ("model.safetensors.index.json", "'/etc/passwd'", "not a file of this folder")),
+    _row("hf-index-shard-is-a-folder", _file("mixtral", _index(lambda i: i["weight_map"].update(
+        {"model.norm.weight": "."}))),
+         ("model.safetensors.index.json", "'.'", "not a file of this folder")),
+    # the safetensors header, every entry and the layout of all of them, before any read
+    _row("hf-header-overlapping-tensors", _file("qwen3_moe", _header("model.safetensors",
+                                                                      _overlap)),
+         ("model.safetensors", "overlaps")),
+    _row("hf-header-tensor-twice", _file("qwen3_moe", _header_text("model.safetensors", _twice)),
+         ("model.safetensors", "twice")),
+    _row("hf-header-unknown-dtype", _file("qwen3_moe", _header("model.safetensors",
+                                                                _dtype("F8_E8M0"))),
+         ("model.safetensors", Q_PROJ, "'F8_E8M0'", "F32")),
+    _row("hf-header-dtype-not-a-string", _file("qwen3_moe", _header("model.safetensors",
+                                                                     _dtype(["F32"]))),
+         ("model.safetensors", Q_PROJ, "['F32']")),
+    _row("hf-header-offsets-negative", _file("qwen3_moe", _header(
+        "model.safetensors", lambda h: h[Q_PROJ].update(data_offsets=[-4, 0]))),
+         ("model.safetensors", Q_PROJ, "data_offsets")),
+    _row("hf-header-bytes-after-last-tensor", _file("qwen3_moe", _append("model.safetensors",
+                                                                          b"\0" * 64)),
+         ("model.safetensors", "64 bytes no tensor covers")),
+    _row("hf-header-length-huge", _file("qwen3_moe", lambda d: (d / "model.safetensors").write_bytes(
+        (2**40).to_bytes(8, "little") + b"{}")),
+         ("model.safetensors", "header of 1099511627776 bytes", "limit")),
 ]

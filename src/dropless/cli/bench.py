@@ -5,8 +5,10 @@ Every kind's arguments are checked here, before its module runs (so before anyth
 or timed): sizes and repeats are positive, buffer factors >= 1, comma lists name known dtypes,
 backends, routings and dispatchers, `--experts E:K` has 0 < K <= E, `--cap` and
 `--inject-fault` are KEY=VALUE pairs and a cap is a number of seconds (`bench gpu` checks its
-own sections, shapes and fault kinds first thing). A bad one is a ValueError naming the flag and
-the value (one line, exit 2, at the command line).
+own sections, shapes and fault kinds first thing). Then the sizes must fit: `needed_bytes` is a
+lower bound of what the largest case holds at once (its inputs, weights and outputs; what XLA
+adds on top is not counted), refused when above the memory of the devices it runs on. A bad one
+is a ValueError naming the flag and the value (one line, exit 2, at the command line).
 """
 from __future__ import annotations
 
@@ -406,8 +408,74 @@ def check_arguments(kind: str, args) -> None:
         _one_of(args, "routings", known)
 
 
+def _itemsize(args) -> int:
+    """The widest dtype a bench holds its arrays in (host inputs are drawn as float32 first)."""
+    import numpy as np
+    names = _split(args.dtypes) if getattr(args, "dtypes", None) else ()
+    return max([4] + [np.dtype(_jnp_dtype(n)).itemsize for n in names])
+
+
+def _jnp_dtype(name: str):
+    import jax.numpy as jnp
+    return jnp.dtype(name)
+
+
+def needed_bytes(kind: str, args) -> tuple[int, str]:
+    """(a lower bound of the bytes the largest case of `kind` holds at once, the flags that set
+    it), from the parsed flags; (0, "") for kinds not sized here (`gpu` sizes its own)."""
+    if getattr(args, "quick", False):
+        return 0, ""
+    b = _itemsize(args)
+    if kind == "gmm":   # lhs [M, K], the largest G's weights [G, K, N], the output [M, N]
+        if args.model_only:
+            return 0, ""
+        g = max(int(v) for v in _split(args.groups))
+        return b * (args.m * args.k + g * args.k * args.n + args.m * args.n), \
+            "--m, --k, --n, --groups"
+    if kind == "moe":   # three [E, D, F] expert weights, x and dy [N, D], routed rows [N, D]
+        e = max(int(item.split(":")[0]) for item in _split(args.experts))
+        return b * (3 * e * args.d_model * args.d_ff + 4 * args.rows * args.d_model), \
+            "--rows, --d-model, --d-ff, --experts"
+    if kind == "dispatch":   # expert weights, x and dy [T, D], routed rows [T*K, D]
+        if args.rows_only or args.projection_only:
+            return 0, ""
+        t, d = args.tokens, args.d_model
+        return 4 * (3 * args.experts * d * args.d_ff + 2 * t * d + t * args.top_k * d), \
+            "--tokens, --d-model, --d-ff, --experts, --top-k"
+    if kind == "quant":   # lhs [M, K], weights [G, K, N], output [M, N]; the error tensor [R, C]
+        m, k, n, g = args.shape
+        r, c = args.error_shape
+        return 4 * max(m * k + g * k * n + m * n, r * c), "--shape, --error-shape"
+    return 0, ""
+
+
+def check_outputs(args) -> None:
+    """Raise ValueError naming the flag when a file `--out` / `--plot` names cannot be written
+    (a folder, a file in the way, an unwritable folder), or `--out-dir` is no folder to write
+    into, before anything runs."""
+    from dropless.runtime.environment import check_output_file, check_writable_folder
+    for dest in ("out", "plot"):
+        if getattr(args, dest, None):
+            check_output_file(getattr(args, dest), _flag(dest))
+    if getattr(args, "out_dir", None):
+        check_writable_folder(args.out_dir, "--out-dir")
+
+
+def check_sizes(kind: str, args) -> None:
+    """Raise ValueError (the flags, the bytes needed and available) when `needed_bytes` is
+    above the memory of the devices `kind` runs on."""
+    need, flags = needed_bytes(kind, args)
+    if need:
+        from dropless.runtime.environment import check_fits
+        # dispatch sets its host-device count before JAX starts: its bound is the host's RAM
+        check_fits(need, f"dropless bench {kind} at these sizes ({flags})",
+                   "choose smaller sizes", on_device=kind != "dispatch")
+
+
 def run(args) -> int:
     """Check the flags of `dropless bench KIND`, then run KIND's bench with its options."""
     check_arguments(args.kind, args)
+    check_outputs(args)
+    check_sizes(args.kind, args)
     kind = KINDS[args.kind]
     return int(importlib.import_module(kind.module).run(kind.options(args)) or 0)

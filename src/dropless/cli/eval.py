@@ -8,7 +8,6 @@ tokenizer and data are checked before the model is read; JSON output never holds
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dropless.cli.model_args import add_model_options
@@ -51,6 +50,7 @@ def run(args) -> int:
         check_fits(tok, cfg.vocab_size, what=f"dropless eval {args.model}")
         out = evaluate(cfg, params, tokens, seq_len=args.seq_len, batch_size=args.batch_size,
                        max_batches=args.max_batches)
-    print(json.dumps({"model": args.model, "data": args.data, "dtype": cfg.dtype,
-                      "tokenizer": tok.name, **out}, allow_nan=False))
+    from dropless import json_out   # a NaN loss: null and `loss_nonfinite`, never a NaN token
+    print(json_out.dumps({"model": args.model, "data": args.data, "dtype": cfg.dtype,
+                          "tokenizer": tok.name, **out}))
     return 0

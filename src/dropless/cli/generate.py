@@ -45,10 +45,15 @@ def run(args) -> int:
             raise ValueError("dropless generate: --prompt is empty (it must encode to at least "
                              "one token)")
         from dropless.model_dir.weights import load_model
-        from dropless.models.generate import generate
+        from dropless.models.generate import generate, memory_needed
+        from dropless.runtime import environment
         what = f"dropless generate {args.model}"
         cfg, params = load_model(args.model, dtype=args.dtype, what=what)
         check_fits(tok, cfg.vocab_size, what=what)
+        length = int(prompt.size) + args.max_new_tokens
+        environment.check_fits(memory_needed(cfg, length), f"{what}: --max-new-tokens "
+                               f"{args.max_new_tokens} after a {prompt.size}-token prompt "
+                               f"({length} positions)", "lower --max-new-tokens")
         ids = generate(cfg, params, prompt, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, seed=args.seed,
                        stop_ids=tuple(tok.stop_ids))

@@ -6,11 +6,14 @@ the table below is the only place that lists them.
 Errors end here: the library raises precise exceptions (ValueError naming the field and value
 for a config mistake) and `main` prints them as one line, `dropless: error: <message>`, with exit
 status 2 for usage and config errors and 1 for failures at run time. `--traceback` (anywhere on
-the command line) or DROPLESS_TRACEBACK=1 shows the full trace instead.
+the command line) or DROPLESS_TRACEBACK=1 shows the full trace instead. Every message printed
+here is bounded (`bounded`): a line past MAX_LINE characters keeps its start (the file, key or
+argument) and its end (what to do) and says how much of the middle (a long value) was cut.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -27,9 +30,15 @@ COMMANDS = {
     "generate": ("dropless.cli.generate", "continue a prompt (greedy or temperature sampling)"),
     "data": ("dropless.cli.data", "prepare corpora (JSONL, Parquet, Arrow, text) as token shards"),
 }
+# commands that write nothing before their output: SIGINT / SIGTERM end them at once, exit 130 /
+# 75, never by unwinding under XLA's running threads (`runtime.interrupt`)
+EXIT_ON_SIGNAL = ("eval", "generate")
+# commands that never start a JAX backend (the environment's JAX settings are not theirs)
+NO_BACKEND = ("config", "report")
 EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
 EXIT_USAGE = 2           # bad arguments or config (argparse uses 2 too)
 EXIT_INTERRUPTED = 130   # Ctrl-C outside the training loop (128 + SIGINT)
+MAX_LINE = 400          # characters of one error line; a longer one loses its middle
 TRACEBACK_HINT = "run again with --traceback (or DROPLESS_TRACEBACK=1) for the full trace"
 
 
@@ -48,7 +57,16 @@ class Parser(argparse.ArgumentParser):
                 late, first = found
                 message = (f"option {late} comes after the override {first}: put the options "
                            "(and their values) before the KEY=VALUE overrides")
-        self.exit(EXIT_USAGE, f"dropless: error: {message} (see '{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, f"dropless: error: {bounded(message)} (see '{self.prog} --help')\n")
+
+
+def bounded(line: str, limit: int = MAX_LINE) -> str:
+    """`line` if at most `limit` characters, else its first two thirds and last third of
+    `limit` around a note of how many characters were cut (a huge value inside a message)."""
+    if len(line) <= limit:
+        return line
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{line[:head]} ...[{len(line) - head - tail} characters cut]... {line[-tail:]}"
 
 
 def misplaced_option(argv: list[str]) -> tuple[str, str] | None:
@@ -105,10 +123,45 @@ def describe(exc: BaseException) -> tuple[int, str]:
     from dropless.train.rundir import RunDirInUse
     if isinstance(exc, (CheckpointError, RunDirInUse, NonFiniteError)):
         return EXIT_FAILURE, first
+    if isinstance(exc, RuntimeError) and "Unable to initialize backend" in text:
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        return EXIT_USAGE, (f"JAX_PLATFORMS={platforms!r}: {first} (set JAX_PLATFORMS to an "
+                            "available platform, e.g. cpu, or unset it)")
     if "RESOURCE_EXHAUSTED" in text or isinstance(exc, MemoryError):
-        return EXIT_FAILURE, f"out of memory: {first[:300]}\nlower per_device_batch_size or " \
+        return EXIT_FAILURE, f"out of memory: {first}\nlower per_device_batch_size or " \
                              "seq_len, or set remat=full; " + TRACEBACK_HINT
-    return EXIT_FAILURE, f"{type(exc).__name__}: {first[:500]}\n{TRACEBACK_HINT}"
+    return EXIT_FAILURE, f"{type(exc).__name__}: {first}\n{TRACEBACK_HINT}"
+
+
+def exit_on_signal(command: str):
+    """The signal handling of `command`: `runtime.interrupt.exit_on_signals` for those of
+    EXIT_ON_SIGNAL, nothing for the others (train stops after a step and saves; the rest stop
+    with KeyboardInterrupt, exit 130)."""
+    if command not in EXIT_ON_SIGNAL:
+        return contextlib.nullcontext()
+    from dropless.runtime.interrupt import exit_on_signals
+    return exit_on_signals(f"dropless {command}")
+
+
+def check_environment(command: str) -> None:
+    """Refuse (ValueError naming the variable) a JAX_PLATFORMS this installation cannot start,
+    an XLA_FLAGS holding a flag XLA does not know, and a cache folder that cannot be written,
+    before JAX reads any of them (XLA would abort the process on the flag; JAX fails only at the
+    first computation on the platform, and skips an unwritable compilation cache with a
+    warning; the CPU peak cache `train` fills would fail after compiling)."""
+    from dropless import machine
+    from dropless.runtime import environment, xla_flags
+    environment.check_platforms(os.environ.get("JAX_PLATFORMS"))
+    xla_flags.check_environment_flags(os.environ.get("XLA_FLAGS"))
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        environment.check_writable_folder(os.environ["JAX_COMPILATION_CACHE_DIR"],
+                                          "JAX_COMPILATION_CACHE_DIR")
+    on_cpu = os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or \
+        environment.installed_platforms() == ["cpu"]   # the CPU peak cache is read on CPU only
+    if command == "train" and on_cpu and not os.environ.get(machine.CPU_PEAK_ENV):
+        environment.check_writable_folder(machine.user_cache_dir(), "the dropless cache folder "
+                                          "(XDG_CACHE_HOME, else ~/.cache; or set "
+                                          f"{machine.CPU_PEAK_ENV})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.argv = argv
     args = parser.parse_args(argv)
     try:
-        status = int(importlib.import_module(args._module).run(args) or 0)
+        with exit_on_signal(args.command):
+            if args.command not in NO_BACKEND:
+                check_environment(args.command)
+            status = int(importlib.import_module(args._module).run(args) or 0)
         sys.stdout.flush()
         return status
     except BrokenPipeError:
@@ -137,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         if trace:
             raise
         status, message = describe(e)
-        print(f"dropless: error: {message}", file=sys.stderr)
+        print("dropless: error: " + "\n".join(bounded(x) for x in message.split("\n")),
+              file=sys.stderr)
         from dropless.checkpoint import CheckpointError
         if isinstance(e, CheckpointError):
             # After some failed saves (a read-only file system) orbax leaves background

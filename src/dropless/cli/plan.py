@@ -120,6 +120,9 @@ def settings(args) -> list[tuple[str, object]]:
 
 def _compute(args) -> tuple[dict, str]:
     check_arguments(args)
+    if args.out:
+        from dropless.runtime.environment import check_output_file
+        check_output_file(args.out, "--out")
     if args.reference:
         from dropless.plan.reference import comparison, format_markdown
         result = comparison()
@@ -152,10 +155,17 @@ def run(args) -> int:
     result, text = _compute(args)
     from dropless import json_out   # never a NaN token: null plus `<key>_nonfinite`
     print(json_out.dumps(result, indent=1, default=_jsonable) if args.json else text)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(json_out.dumps(result, indent=1, default=_jsonable))
+    if args.out:   # written beside, then renamed: an older file stays whole until replaced
+        out = os.path.abspath(args.out)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = f"{out}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(json_out.dumps(result, indent=1, default=_jsonable))
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return 0
 
 

@@ -3,11 +3,10 @@ RUN_DIR by `dropless.report` (matplotlib, an optional dependency: pip install
 'dropless[report]'; `make run` and `make test` install it)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from dropless import report
+from dropless import json_out, report
 
 
 def add_arguments(parser) -> None:
@@ -27,7 +26,7 @@ def run(args) -> int:
         raise ValueError(f"{Path(args.run_dir) / 'metrics.jsonl'} has no step records (the run "
                          "stopped before its first step): nothing to report, no plots drawn")
     s = report.summary(m)
-    print(json.dumps(s, indent=2), flush=True)
+    print(json_out.dumps(s, indent=2), flush=True)   # NaN loss: null + last_loss_nonfinite
     try:
         paths = report.draw(args.run_dir)
     except ImportError as e:

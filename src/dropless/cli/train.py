@@ -43,7 +43,24 @@ def config_from_args(args, notes: list[str] | None = None):
     if getattr(args, "resume", None):
         from dropless.config_file import resume_items
         items = resume_items(args.resume) + items
-    return build_config(items, yaml_path=args.config, notes=notes)
+    cfg = build_config(items, yaml_path=args.config, notes=notes)
+    if getattr(args, "resume", None):
+        check_resume_path(args.resume, cfg)
+    return cfg
+
+
+def check_resume_path(run: str, cfg) -> None:
+    """Raise ValueError when the config (after the overrides and --config) names another folder
+    than the run being resumed (`run_dir` / `run_name` changed): the run would continue, or
+    start afresh, somewhere else."""
+    import os
+    from pathlib import Path
+    there = Path(cfg.run_dir) / cfg.run_name
+    if os.path.realpath(there) != os.path.realpath(run):
+        raise ValueError(f"--resume {run}: the overrides move the run to {there} (run_dir="
+                         f"{cfg.run_dir!r}, run_name={cfg.run_name!r}); a resumed run stays in its "
+                         "folder: drop the run_dir / run_name override (or copy the folder and "
+                         "resume the copy)")
 
 
 def run(args) -> int:

@@ -7,10 +7,13 @@ length, a JSON header of dtype/shape/byte offsets, then the data) through a memo
 viewed as `ml_dtypes.float8_e4m3fn`. FP8 weights with a `<name>_scale_inv` companion (DeepSeek-V3:
 one float32 scale per 128x128 block) are dequantized: w = fp8 * scale_inv[block].
 
-Nothing is trusted before it is checked: every file's header must parse and every tensor's byte
-range must lie inside its file and match its dtype and shape (a truncated download fails here,
-naming the file and the tensor); an index must be JSON with a `weight_map` whose every entry is
-in the shard it names, and every tensor of those shards must be in it. `check(name, shape)`
+Nothing is trusted before it is checked, and every check happens before any tensor is read:
+every file's header must parse (at most 100 MB, as safetensors allows) with each tensor named
+once, of a known dtype, with a byte range that matches its dtype and shape; the ranges must tile
+the data exactly (in bounds, no overlap, no gap, nothing after the last; a truncated download
+fails here, naming the file and the tensor). An index must be JSON with a `weight_map` naming
+shard files inside the folder (a plain relative path: no `..`, not absolute), whose every entry
+is in the shard it names, and every tensor of those shards must be in it. `check(name, shape)`
 compares a tensor's dtype and shape with what the model expects before it is read.
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ import contextlib
 import json
 import math
 import struct
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import ml_dtypes
 import numpy as np
@@ -31,6 +34,7 @@ FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", *FP8_DTYPES)
 ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
             "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 BLOCK = 128
+MAX_HEADER_BYTES = 100_000_000   # safetensors' own limit (N_LEN check in safetensors/src/tensor.rs)
 INDEX = "model.safetensors.index.json"
 
 
@@ -175,6 +179,9 @@ def _header(path: Path) -> dict:
         raise BadCheckpoint(f"{path}: {size} bytes is too short for a safetensors file "
                             "(truncated?)")
     n = _header_len(path)
+    if n > MAX_HEADER_BYTES:
+        raise BadCheckpoint(f"{path}: header of {n} bytes is over safetensors' limit of "
+                            f"{MAX_HEADER_BYTES} (not a safetensors file, or a damaged one)")
     if 8 + n > size:
         raise BadCheckpoint(f"{path}: header of {n} bytes does not fit in the file of {size} "
                             "bytes (truncated?)")
@@ -182,7 +189,10 @@ def _header(path: Path) -> dict:
         fh.seek(8)
         raw = fh.read(n)
     try:
-        header = json.loads(raw)
+        header = json.loads(raw, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise BadCheckpoint(f"{path}: header lists tensor {e.args[0]!r} twice (a damaged or "
+                            "hand-edited file)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadCheckpoint(f"{path}: header is not valid JSON ({e}); not a safetensors file, "
                             "or a damaged one") from None
@@ -192,20 +202,58 @@ def _header(path: Path) -> dict:
     for name, meta in header.items():
         if name != "__metadata__":
             _check_entry(path, name, meta, data)
+    _check_tiling(path, header, data)
     return header
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json object hook: the object, or _DuplicateKey naming a key given twice (json keeps the
+    last one silently; safetensors refuses the file)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _check_tiling(path: Path, header: dict, data_bytes: int) -> None:
+    """The byte ranges, in order of their start, cover the data exactly: each starts where the
+    one before it ends (no overlap, no gap) and the last ends at the end of the file."""
+    ranges = sorted((tuple(m["data_offsets"]), name) for name, m in header.items()
+                    if name != "__metadata__")
+    end, prev = 0, None
+    for (start, stop), name in ranges:
+        if start < end:
+            raise BadCheckpoint(f"{path}: tensor {name!r} (bytes {start}..{stop}) overlaps "
+                                f"tensor {prev!r}, which ends at byte {end}")
+        if start > end:
+            raise BadCheckpoint(f"{path}: tensor {name!r} starts at byte {start} but the data "
+                                f"before it ends at {end} (a gap; not a safetensors layout)")
+        end, prev = stop, name
+    if end != data_bytes:
+        raise BadCheckpoint(f"{path}: the tensors end at byte {end} of the data but the file "
+                            f"holds {data_bytes} ({data_bytes - end} bytes no tensor covers)")
 
 
 def _check_entry(path: Path, name: str, meta, data_bytes: int) -> None:
     where = f"{path}: tensor {name!r}"
-    if not isinstance(meta, dict) or meta.get("dtype") not in ITEMSIZE:
+    if not isinstance(meta, dict) or not isinstance(meta.get("dtype"), str) \
+            or meta["dtype"] not in ITEMSIZE:
         got = meta.get("dtype") if isinstance(meta, dict) else meta
-        raise BadCheckpoint(f"{where} has dtype {got!r}, not a safetensors dtype")
+        raise BadCheckpoint(f"{where} has dtype {_short(got)}, not one dropless reads "
+                            f"({'/'.join(ITEMSIZE)})")
     shape, offsets = meta.get("shape"), meta.get("data_offsets")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+    if not (isinstance(shape, list) and all(_is_size(d) for d in shape)
             and isinstance(offsets, list) and len(offsets) == 2
-            and all(isinstance(o, int) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
-        raise BadCheckpoint(f"{where} has shape {shape!r} / data_offsets {offsets!r}, which are "
-                            "not a list of sizes and a [start, end] byte range")
+            and all(_is_size(o) for o in offsets) and offsets[0] <= offsets[1]):
+        raise BadCheckpoint(f"{where} has shape {_short(shape)} / data_offsets "
+                            f"{_short(offsets)}, which are not a list of sizes and a [start, end] "
+                            "byte range")
     want = math.prod(shape) * ITEMSIZE[meta["dtype"]]
     if offsets[1] - offsets[0] != want:
         raise BadCheckpoint(f"{where}: {meta['dtype']} {tuple(shape)} needs {want} bytes, its "
@@ -215,16 +263,38 @@ def _check_entry(path: Path, name: str, meta, data_bytes: int) -> None:
                             f"{data_bytes} (truncated?)")
 
 
+def _is_size(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _short(x, limit: int = 120) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 def _weight_map(index: Path) -> dict[str, str]:
     """The index's weight_map, checked to be {tensor name: file name}."""
     doc = read_json(index)
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in wm.items()):
-        shown = repr(wm) if len(repr(wm)) <= 120 else repr(wm)[:117] + "..."
-        raise BadCheckpoint(f"{index}: weight_map={shown} must be an object of tensor name -> "
-                            "safetensors file")
+        raise BadCheckpoint(f"{index}: weight_map={_short(wm)} must be an object of tensor name "
+                            "-> safetensors file")
+    for name, file in wm.items():
+        if not _inside(file):
+            raise BadCheckpoint(f"{index}: weight_map puts tensor {name!r} in {file!r}, which is "
+                                "not a file of this folder (shard names are plain relative "
+                                "paths, without '..')")
     return wm
+
+
+def _inside(file: str) -> bool:
+    """`file` names a path under the folder by its spelling alone: relative, no `..` part, not
+    empty. (Symbolic links are followed as transformers does: the Hugging Face cache links
+    every shard to a blob outside the snapshot folder.)"""
+    p = PurePosixPath(file)
+    return (file != "" and "\\" not in file and "\0" not in file and not p.is_absolute()
+            and ".." not in p.parts and p.parts != ())
 
 
 def _cross_check(index: Path, weight_map: dict[str, str], where: dict[str, str]) -> None:

@@ -74,18 +74,23 @@ def read_dropless_config(folder: str | Path, *, what: str = "", as_hf: str = "")
     """A dropless directory's config.json as saved (nested plain data: `model_dir.from_dict`
     makes it a TrainConfig). Errors start with `what` (the command and argument the user gave:
     "init_from='DIR'", "dropless eval DIR"); a Hugging Face folder is refused with `as_hf`, the
-    spelling to use instead (default: `what` with the folder written hf:DIR)."""
+    spelling to use instead (default: init_from='hf:DIR' for the default `what`, else "name it
+    hf:DIR")."""
     folder = Path(folder)
-    what = what or f"init_from={str(folder)!r}"
-    as_hf = as_hf or (what.replace(str(folder), f"hf:{folder}") if str(folder) in what
-                      else f"init_from=hf:{folder}")
+    if not what:
+        what, as_hf = f"init_from={str(folder)!r}", as_hf or f"init_from='hf:{folder}'"
+    as_hf = as_hf or f"name it hf:{folder}"
     path = folder / "config.json"
     if not path.is_file():
         raise ValueError(f"{what}: no config.json in {folder} (want a Hugging Face folder "
                          f"as hf:DIR, or a `dropless convert` / run directory)")
     saved = read_json_object(path, what=what)
     if not isinstance(saved, dict) or "model" not in saved:
-        raise ValueError(f"{what}: {folder} looks like a Hugging Face folder; write {as_hf}")
+        if isinstance(saved, dict) and "architectures" in saved:
+            raise ValueError(f"{what}: {folder} looks like a Hugging Face folder; write {as_hf}")
+        raise ValueError(f"{what}: {path} holds neither a dropless config (no 'model') nor a "
+                         "Hugging Face one (no 'architectures'); want a `dropless convert` / "
+                         "run directory, or a Hugging Face folder as hf:DIR")
     return saved
 
 

@@ -31,6 +31,13 @@ def _next_token():
     return next_token
 
 
+def memory_needed(cfg, length: int) -> int:
+    """A lower bound of the bytes one forward over a buffer of `length` tokens holds at once:
+    the float32 logits [S, V] and one layer's attention scores [H, S, S] (plain-XLA attention
+    materialises them), beside the parameters already loaded."""
+    return 4 * length * cfg.vocab_size + 4 * cfg.num_heads * length * length
+
+
 def generate(cfg, params, prompt_ids: np.ndarray, *, max_new_tokens: int,
              temperature: float = 0.0, seed: int = 0, stop_ids: tuple = ()) -> np.ndarray:
     """prompt [P] -> the prompt and up to max_new_tokens ids (greedy when temperature == 0),

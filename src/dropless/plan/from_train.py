@@ -16,7 +16,7 @@ from typing import Any, Iterable, NamedTuple
 
 from dropless.config import ModelConfig, TrainConfig, scalar_fields, scalar_type_error
 from dropless.machine import HardwareProfile, get_profile
-from dropless.plan.layout import PlanConfig, mesh_on_devices
+from dropless.plan.layout import PlanConfig, check_node_size, mesh_on_devices
 
 # What `dropless plan` plans when nothing says otherwise (the trainer's own defaults are a CPU
 # run of the tiny preset); a --config file, flags and key=value come after these and win.
@@ -140,11 +140,14 @@ def build_plan(settings: Iterable[tuple[str, Any]] = (), *, config_path: str | N
     `config_path` and `settings` ((key, value) pairs in the user's order, after the file's),
     read as `dropless train` reads them (into a TrainConfig, `train_config`) plus the planner's
     own settings (`PLANNER_KEYS`: `hardware` picks the profile, default h200; `gpus` resizes the
-    mesh, `mesh_on_devices`). Raises ValueError naming the bad file, key or value."""
+    mesh, `mesh_on_devices`). Raises ValueError naming the bad file, key or value, and for a
+    `devices_per_node` that contradicts the device count (`check_node_size`)."""
     flat, nested = read_config_file(config_path)
     planner, pairs = split_settings([*flat, *settings])
     run = train_config(pairs, mapping=nested)
     hw = get_profile(planner.pop("hardware", "h200"))
     if "gpus" in planner:
         run = run.replace(mesh=mesh_on_devices(run.mesh, planner.pop("gpus")))
-    return PlannedRun(PlanConfig(run=run, **planner), hw, model_name(run))
+    cfg = PlanConfig(run=run, **planner)
+    check_node_size(cfg)
+    return PlannedRun(cfg, hw, model_name(run))

@@ -178,6 +178,20 @@ def node_limit(cfg: PlanConfig) -> int:
     return cfg.devices_per_node or (mesh.devices_per_node if mesh.num_nodes > 1 else 0)
 
 
+def check_node_size(cfg: PlanConfig) -> None:
+    """Raise ValueError when the node size the user set (`devices_per_node`) and the device
+    count contradict each other: more than one node, and the devices do not fill whole nodes
+    (`node_size` would otherwise plan smaller nodes than asked for). The hardware's own domain
+    (72 GPUs, run as 64) is no contradiction: no one asked for it."""
+    n, asked = cfg.mesh.num_devices, cfg.devices_per_node
+    if asked and asked < n and n % asked:
+        fits = [d for d in range(1, n + 1) if n % d == 0 and d <= asked]
+        raise ValueError(f"devices_per_node={asked} does not divide the {n} devices (gpus / the "
+                         f"mesh): {n} devices cannot fill nodes of {asked}; set devices_per_node "
+                         f"to a divisor of {n} (the largest below {asked}: {fits[-1]}) or gpus "
+                         f"to a multiple of {asked}")
+
+
 def node_size(cfg: PlanConfig, hw: HardwareProfile) -> int:
     """Devices per node: the largest divisor of the device count that fits in one node of
     `node_limit`, or of the hardware's NVLink domain (72-GPU NVL72 racks run power-of-two

@@ -7,15 +7,19 @@ XLA_FLAGS and XLA_PYTHON_CLIENT_MEM_FRACTION when the first backend is created, 
 `apply_startup` / `apply_recipe` must run before the first jax.devices() / computation.
 
 An XLA flag the installed XLA does not know aborts the process at backend creation (a fatal
-log line, no exception), so `unknown_flags` asks a throw-away subprocess first.
+log line, no exception), so every flag is checked first against the names XLA knows
+(`known_flag_names`): the `xla_*` names compiled into the installed jaxlib's and PJRT plugins'
+shared objects, read from their bytes (~0.5 s, once per process). A flag whose name is not in
+those bytes cannot be one XLA parses; a name found there is accepted (the set holds a few
+hundred non-flag words too, so a rare typo that is one of them still reaches XLA).
 """
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import re
-import subprocess
-import sys
+from pathlib import Path
 
 from dropless.runtime import environment
 from dropless.runtime.environment import check_scalar, parse_environment
@@ -110,28 +114,62 @@ def check_flags(text: str) -> None:
     parse_flags(text)
 
 
-@functools.lru_cache(maxsize=32)
-def unknown_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
-    """The flags (of `flags`, each --name=value) this process's XLA would refuse.
+def xla_binaries() -> list[Path]:
+    """The shared objects that parse XLA_FLAGS in this installation: jaxlib's and those of the
+    installed PJRT plugins (`jax_plugins.*`, `jax_cuda*_plugin`, libtpu)."""
+    import importlib.util
+    roots = []
+    for mod in ("jaxlib", "jax_plugins", "jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu"):
+        spec = importlib.util.find_spec(mod)
+        if spec is not None:
+            roots += list(spec.submodule_search_locations or [])
+    return sorted({p for r in roots for p in Path(r).rglob("*.so")})
 
-    XLA aborts on the first unknown flag with "Unknown flag in XLA_FLAGS: --name", so a CPU-only
-    subprocess is started with the flags, and again without each refused one, until it starts.
-    Takes ~2 s a try; the answer is cached per process.
-    """
-    left, bad = list(flags), []
-    while left:
-        env = dict(os.environ, XLA_FLAGS=" ".join(left), JAX_PLATFORMS="cpu")
-        proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode == 0:
-            break
-        m = re.search(r"Unknown flags? in XLA_FLAGS: (--[A-Za-z0-9_]+)", proc.stderr)
-        if not m:
-            raise RuntimeError("checking XLA flags failed: " + proc.stderr.strip()[-500:])
-        named = [f for f in left if f.split("=")[0] == m.group(1)]
-        bad += named
-        left = [f for f in left if f not in named]
+
+@functools.lru_cache(maxsize=1)
+def known_flag_names() -> frozenset[str]:
+    """Every `xla_*` word in the bytes of `xla_binaries()` (each flag XLA registers is one)."""
+    names: set[str] = set()
+    for path in xla_binaries():
+        with open(path, "rb") as fh:
+            try:
+                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:   # an empty file
+                continue
+            with data:
+                names.update(w.decode() for w in re.findall(rb"xla_[a-z0-9_]+", data))
+    return frozenset(names)
+
+
+def unknown_flags(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags (of `flags`, each --name or --name=value) whose name XLA does not know
+    (`known_flag_names`; XLA_FLAGS has no --noname spelling: XLA aborts on it)."""
+    known = known_flag_names()
+    if not known:   # no jaxlib binary found to read: nothing can be said
+        return ()
+    bad = []
+    for f in flags:
+        name = f.lstrip("-").split("=", 1)[0]
+        if name not in known:
+            bad.append(f)
     return tuple(bad)
+
+
+def check_environment_flags(text: str | None) -> None:
+    """Raise ValueError naming XLA_FLAGS and the flag unless every word of `text` (the
+    environment's XLA_FLAGS) is a --flag XLA knows; run before JAX starts a backend (XLA
+    would abort the process on it)."""
+    if not text or not text.strip():
+        return
+    try:
+        flags = parse_flags(text)
+    except ValueError as e:
+        raise ValueError(f"XLA_FLAGS in the environment: {e}") from None
+    bad = unknown_flags(tuple(flags.values()))
+    if bad:
+        import jaxlib
+        raise ValueError(f"XLA_FLAGS in the environment holds {bad[0]!r}, a flag this XLA "
+                         f"(jaxlib {jaxlib.__version__}) does not know; remove it from XLA_FLAGS")
 
 
 def startup_env(cfg, environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
@@ -170,8 +208,8 @@ def apply_startup(cfg) -> list[str]:
     (XLA_FLAGS, each variable set, each value the environment overrode).
 
     Raises ValueError naming the flag when the installed XLA does not know a flag the config or
-    its recipe adds (checked in a subprocess, only when some are added), and
-    RuntimeError when a JAX backend already exists and something would change.
+    its recipe adds (`unknown_flags`), or naming JAX_PLATFORMS when the config sets one that is
+    not installed, and RuntimeError when a JAX backend already exists and something would change.
     """
     changes, lines = startup_env(cfg)
     before = set(parse_flags(os.environ.get("XLA_FLAGS", "")).values())
@@ -183,6 +221,8 @@ def apply_startup(cfg) -> list[str]:
         raise ValueError(f"xla flag {bad[0]!r} is not known to this XLA (jaxlib "
                          f"{jaxlib.__version__}); remove it from the config (or choose another "
                          f"xla_recipe than {cfg.xla_recipe!r} if it comes from there)")
+    if "JAX_PLATFORMS" in changes:
+        environment.check_platforms(changes["JAX_PLATFORMS"])
     if changes and backend_started():
         raise RuntimeError("XLA flags and environment must be applied before JAX starts; "
                            "a backend already exists")

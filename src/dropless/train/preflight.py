@@ -12,7 +12,6 @@ DROPLESS_NO_PREFLIGHT=1 skips it.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from dropless.config import TrainConfig
 
@@ -39,22 +38,9 @@ def _fmt(b: float) -> str:
 
 
 def device_memory() -> tuple[float, str]:
-    """(bytes one device may use, where the number came from)."""
-    import jax
-    dev = jax.local_devices()[0]
-    if dev.platform != "cpu":
-        stats = dev.memory_stats() or {}
-        if stats.get("bytes_limit"):
-            return float(stats["bytes_limit"]), f"{dev.device_kind} bytes_limit"
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        cg = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if cg.isdigit():
-            ram = min(ram, int(cg))
-    except OSError:
-        pass
-    n = jax.local_device_count()
-    return ram / n, f"host RAM {_fmt(ram)}" + (f" / {n} host devices" if n > 1 else "")
+    """(bytes one device may use, where the number came from): `runtime.environment`'s."""
+    from dropless.runtime.environment import device_memory as measured
+    return measured()
 
 
 def estimate(cfg: TrainConfig) -> dict[str, float]:

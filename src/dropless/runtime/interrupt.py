@@ -1,0 +1,71 @@
+"""Ending a command that has nothing to save (`eval`, `generate`) on SIGINT or SIGTERM: one line,
+then exit at once, 130 for SIGINT (Ctrl-C, 128 + 2) and 75 for SIGTERM (sysexits EX_TEMPFAIL,
+what `dropless train` exits with when preempted: run it again later).
+
+Why not Python's KeyboardInterrupt: it unwinds the main thread and the interpreter then shuts
+down (modules torn down, objects freed) while XLA's own threads may still be running a
+computation or a compile that was dispatched asynchronously; they then touch freed memory and
+the process dies with SIGSEGV after printing "interrupted". And the main thread may sit in one
+C++ call (a compile) for a minute, where no Python handler runs. So the signal is delivered
+through `signal.set_wakeup_fd` to a watcher thread, which writes the line and leaves with
+`os._exit`: no interpreter teardown, nothing left half-done on disk (these commands write
+nothing but their output at the end).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+from typing import Iterator
+
+EXIT_SIGINT = 130   # 128 + SIGINT
+EXIT_SIGTERM = 75   # sysexits EX_TEMPFAIL, as `dropless train` when preempted
+CODES = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
+
+
+def _watch(sock: socket.socket, what: str) -> None:
+    while True:
+        try:
+            data = sock.recv(16)
+        except OSError:
+            return
+        if not data:
+            return
+        for signum in data:
+            if signum in CODES:
+                name = signal.Signals(signum).name
+                try:
+                    os.write(2, f"dropless: {name}: {what} stopped, nothing written\n".encode())
+                finally:
+                    os._exit(CODES[signum])
+
+
+@contextlib.contextmanager
+def exit_on_signals(what: str) -> Iterator[None]:
+    """Within the block, SIGINT / SIGTERM print 'dropless: SIGINT: <what> stopped, nothing
+    written' and end the process at once (exit 130 / 75; see the module). Main thread only;
+    elsewhere (a test's worker thread) the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    # a Python-level handler that does nothing: the C-level one still writes the signal number
+    # to the wakeup fd, and no KeyboardInterrupt unwinds the main thread
+    old = {s: signal.signal(s, lambda *_: None) for s in CODES}
+    thread = threading.Thread(target=_watch, args=(r, what), name="dropless-exit-on-signal",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        signal.set_wakeup_fd(old_fd)
+        r.shutdown(socket.SHUT_RDWR)
+        thread.join(timeout=1.0)
+        r.close()
+        w.close()
