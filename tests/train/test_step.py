@@ -26,8 +26,8 @@ def test_stream_reads_neither_segments_nor_positions():
     cfg = TrainConfig(model=MODEL, packing="stream")
     x = step.step_inputs(_packed(), cfg)
     assert x.segment_ids_BS is None and x.positions_BS is None and x.loss_mask_BS is None
-    sft = step.step_inputs(_packed(), cfg.replace(sft=True))
-    assert sft.segment_ids_BS is None and sft.loss_mask_BS is not None
+    with pytest.raises(ValueError, match="packing='stream' cannot hold SFT"):
+        cfg.replace(sft=True)
     for packing in ("documents", "pad"):
         x = step.step_inputs(_packed(), cfg.replace(packing=packing))
         assert x.segment_ids_BS is not None and x.positions_BS is not None

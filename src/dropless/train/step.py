@@ -9,8 +9,8 @@ The step takes a `data.batch.Batch` (or, the same as `batch.from_windows` of it,
 array of stream windows). Under `TrainConfig.packing` "documents" and "pad" the model sees the
 batch's segment ids and positions (attention and rope per document) and the loss is the mean
 over `loss_mask_BS`; under "stream" (and for a windows array) attention runs across the row
-with positions 0..S-1 and every target counts (the mask is read only when `sft` is on): the
-computation of the runs made before packing (the loss and gradients bit for bit, tested; a
+with positions 0..S-1 and every target counts (sft needs "documents" or "pad": the config
+refuses "stream" with it): the computation of the runs made before packing (the loss and gradients bit for bit, tested; a
 Batch's eval loss may differ from a windows array's in the last bit, where XLA fuses the mean
 over targets that arrive as their own array differently). The choice is made at trace time
 from the config and the batch's type, never from its values.
@@ -97,14 +97,12 @@ class StepInputs(NamedTuple):
 
 def step_inputs(batch: Batch | jax.Array, cfg: TrainConfig) -> StepInputs:
     """The model's and the loss's view of `batch` (a Batch, or [B, S + 1] stream windows)
-    under cfg.packing and cfg.sft. Raises ValueError for anything else."""
+    under cfg.packing. Raises ValueError for anything else."""
     if isinstance(batch, Batch):
-        docs = cfg.packing != "stream"
-        masked = docs or cfg.sft
-        return StepInputs(batch.tokens_BS, batch.targets_BS,
-                          batch.segment_ids_BS if docs else None,
-                          batch.positions_BS if docs else None,
-                          batch.loss_mask_BS if masked else None)
+        if cfg.packing == "stream":
+            return StepInputs(batch.tokens_BS, batch.targets_BS, None, None, None)
+        return StepInputs(batch.tokens_BS, batch.targets_BS, batch.segment_ids_BS,
+                          batch.positions_BS, batch.loss_mask_BS)
     if getattr(batch, "ndim", None) != 2:
         raise ValueError(f"a batch must be a data.batch.Batch or a [batch, seq + 1] array of "
                          f"token windows; got {type(batch).__name__}"
