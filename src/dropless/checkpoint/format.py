@@ -15,6 +15,7 @@ that differ.
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,13 +30,25 @@ PARAMS = "params"          # the state's subtree `read_params` reads
 
 def manager(directory: str | Path, *, keep: int, async_save: bool = True
             ) -> ocp.CheckpointManager:
-    """A CheckpointManager keeping the newest `keep` complete steps under `directory`."""
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+    """A CheckpointManager for the steps under `directory`. Orbax itself removes no step:
+    `keep` (the newest `keep` steps stay) is applied by `checkpoint.Saver` through
+    `reader.rotate`, which leaves a step a reader holds in place (`keep_of(mngr)` gives it)."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                            enable_async_checkpointing=async_save)
-    return ocp.CheckpointManager(
+    mngr = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(),
                        "meta": ocp.JsonCheckpointHandler()})
+    _KEEP[mngr] = keep
+    return mngr
+
+
+_KEEP: "weakref.WeakKeyDictionary[ocp.CheckpointManager, int]" = weakref.WeakKeyDictionary()
+
+
+def keep_of(mngr: ocp.CheckpointManager) -> int | None:
+    """The `keep` a manager was made with (`manager`), None for one made elsewhere."""
+    return _KEEP.get(mngr)
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict, *,
