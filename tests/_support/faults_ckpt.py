@@ -15,6 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
+from tests._support import ckpt_damage
 from tests._support.fault import Fault, Result, snapshot
 from tests._support.train_mini import MINI, TEXT
 
@@ -43,11 +44,9 @@ def _biggest_chunk(step: Path) -> Path:
 
 
 def _flip(step: Path) -> None:
-    p = _biggest_chunk(step)
-    b = bytearray(p.read_bytes())
-    for i in range(3):                      # three bits, as the issue's report did
-        b[len(b) // 2 + 97 * i] ^= 1 << i
-    p.write_bytes(bytes(b))
+    """A byte of an array chunk changed where it still decodes, to other values (see
+    ckpt_damage: placed from the zstd framing, never at a fixed offset)."""
+    ckpt_damage.flip_values(step)
 
 
 def _truncate(step: Path) -> None:
@@ -75,6 +74,7 @@ DAMAGE = {
     "truncated-data": _truncate,
     "deleted-data": _delete,
     "unreadable-data": _unreadable,
+    "broken-framing": ckpt_damage.break_framing,
     "empty-state-metadata": lambda s: (s / "state" / "_METADATA").write_text(""),
     "corrupt-meta": lambda s: (s / "meta" / "metadata").write_text("{not json"),
     "removed-manifests": _manifests,
