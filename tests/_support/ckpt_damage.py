@@ -60,11 +60,12 @@ def _frame_at(path: Path, data: bytes, at: int) -> Frame | None:
     return Frame(path, at, end, tuple(blocks), bool(checksum)) if end <= len(data) else None
 
 
-def frames(step: Path) -> list[Frame]:
-    """Every zstd frame found walking each data file of step folder `step` from its start (a
-    file whose start is not a frame contributes none), largest data files first."""
+def frames(step: Path, under: str = "state") -> list[Frame]:
+    """Every zstd frame found walking each data file of step folder `step` (its `under`
+    subfolder: `state` of a checkpoint step, `params` of a dropless directory) from its start
+    (a file whose start is not a frame contributes none), largest data files first."""
     out = []
-    files = sorted((p for p in (step / "state").glob("**/d/*") if p.is_file()),
+    files = sorted((p for p in (step / under).glob("**/d/*") if p.is_file()),
                    key=lambda p: (-p.stat().st_size, str(p)))
     for path in files:
         data, at = path.read_bytes(), 0
@@ -92,15 +93,16 @@ def _with_checksum(frame: Frame, raw: bytearray) -> bytearray:
     return raw
 
 
-def flip_values(step: Path) -> Frame:
-    """Change one byte of the largest array chunk so that it still decodes, to other bytes of
-    the same length (verified with the reference decoder); returns the frame changed. Raises
-    AssertionError when no frame of the step allows it."""
-    for frame in sorted(frames(step), key=lambda f: f.start - f.end):
+def flip_values(step: Path, under: str = "state", content: bytes | None = None) -> Frame:
+    """Change one byte of the largest array chunk (with `content`: of the chunk that decodes to
+    exactly those bytes, e.g. a chosen array's `tobytes()`) so that it still decodes, to other
+    bytes of the same length (verified with the reference decoder); returns the frame changed.
+    Raises AssertionError when no frame of the step allows it."""
+    for frame in sorted(frames(step, under), key=lambda f: f.start - f.end):
         data = bytearray(frame.path.read_bytes())
         raw = bytearray(data[frame.start:frame.end])
         before = _decode(bytes(raw))
-        if not before:
+        if not before or (content is not None and before != content):
             continue
         for kind, start, length in frame.blocks:
             if kind == 1:
@@ -131,3 +133,23 @@ def break_framing(step: Path) -> Frame:
     assert _decode(bytes(data[frame.start:frame.end])) is None
     frame.path.write_bytes(bytes(data))
     return frame
+
+
+def flip_param(run: Path, step: int) -> str:
+    """Change the values of the largest parameter array of checkpoint `step` of run directory
+    `run` (its chunk found by decoding to the array's bytes, read from the intact step first);
+    returns the array's path. A reader of the parameters alone (eval, generate, convert,
+    init_from) reads that array, so only its hash can tell."""
+    import jax
+    import numpy as np
+
+    from dropless import checkpoint as ckpt
+    from dropless.checkpoint import integrity
+    from dropless.model_dir import from_dict, read_dropless_config
+    from dropless.models.deepseek import init_params
+    cfg = from_dict(read_dropless_config(run))
+    like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
+    params = ckpt.read_params(run / "checkpoints", step, like)
+    path, leaf = max(jax.tree_util.tree_leaves_with_path(params), key=lambda pl: pl[1].size)
+    flip_values(run / "checkpoints" / str(step), content=np.asarray(leaf).tobytes())
+    return integrity.path_str(path)

@@ -79,7 +79,15 @@ DAMAGE = {
     "corrupt-meta": lambda s: (s / "meta" / "metadata").write_text("{not json"),
     "removed-manifests": _manifests,
     "removed-state": lambda s: shutil.rmtree(s / "state"),
+    # metadata that parses but holds the wrong types is damage too
+    "corpus-a-list": lambda s: _meta(s, corpus=[1, 2]),
+    "checkpoint-metadata-a-list": lambda s: (s / "_CHECKPOINT_METADATA").write_text("[]"),
 }
+
+
+def _meta(step: Path, **values) -> None:
+    path = step / "meta" / "metadata"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
 
 
 def _setup(damage, steps=(4,)):
@@ -142,6 +150,14 @@ ROWS = [
           setup=_setup(DAMAGE["corrupt-meta"]),
           words=("--strict-resume", "checkpoint 4", "checkpoints/4/meta/metadata"),
           unchanged=(RUN,)),
+    Fault("ckpt-strict-next-batch-not-an-int", _resume("--strict-resume"), rc=2,
+          setup=_setup(lambda s: _meta(s, next_batch="4")), in_process=True,
+          words=("--strict-resume", "checkpoint 4", "next_batch='4'", "not an int"),
+          unchanged=(RUN,)),
+    Fault("ckpt-strict-empty-checkpoint-metadata", _resume("--strict-resume"), rc=2,
+          setup=_setup(lambda s: (s / "_CHECKPOINT_METADATA").write_text("{}")),
+          in_process=True, unchanged=(RUN,),
+          words=("--strict-resume", "checkpoints/4/_CHECKPOINT_METADATA", "not a non-empty")),
     Fault("ckpt-every-step-damaged", _resume(), rc=2,
           setup=_setup(DAMAGE["corrupt-meta"], steps=(4, 2)),
           words=("no intact checkpoint", "checkpoint 4", "checkpoint 2", "init_from="),

@@ -154,8 +154,8 @@ def run(args) -> int:
     print(json_out.dumps(result, indent=1, default=_jsonable) if args.json else text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(json_out.dumps(result, indent=1, default=_jsonable))
+        from dropless.runtime import files
+        files.write_text(args.out, json_out.dumps(result, indent=1, default=_jsonable))
     return 0
 
 
