@@ -6,7 +6,8 @@ and rotation that let readers and the trainer work at once (`checkpoint.reader`)
 write `from dropless import checkpoint as ckpt`.
 
 Layer (docs/architecture.md): below `model_dir` (a run directory's weights) and `train`
-(resume); imports `models` and `moe` for the layout conversion, nothing above them."""
+(resume); imports `models` and `moe` for the layout conversion and `runtime.files` for the
+lock check, nothing above them."""
 from dropless.checkpoint.format import (all_steps, check_compatible, latest_step, manager,
                                         read_meta, read_params, restore, save)
 from dropless.checkpoint.integrity import (DAMAGED, CheckpointDamaged, Damage, inspect,

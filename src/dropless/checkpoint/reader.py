@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 
 from dropless.checkpoint import integrity
 from dropless.checkpoint.format import all_steps
+from dropless.runtime.files import same_file
 
 COMMIT_FILE = "commit_success.txt"     # orbax's mark of a committed step
 
@@ -59,12 +60,11 @@ def committed(directory: str | Path, step: int) -> bool:
     return (Path(directory) / str(step) / COMMIT_FILE).is_file()
 
 
-def _same(path: Path, fd: int) -> bool:
+def _open_dir(path: Path) -> int | None:
     try:
-        a, b = os.stat(path), os.fstat(fd)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        return False
-    return (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
+        return None
 
 
 @contextlib.contextmanager
@@ -72,14 +72,13 @@ def lease(directory: str | Path, step: int) -> Iterator[bool]:
     """Hold a shared lock on step folder directory/<step> within the block, so rotation and
     `set_aside` leave it in place; yields False when the step is not there (any more)."""
     path = Path(directory) / str(step)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
+    fd = _open_dir(path)
+    if fd is None:
         yield False
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
-        yield _same(path, fd)
+        yield same_file(path, fd)
     finally:
         os.close(fd)
 
@@ -88,9 +87,8 @@ def lease(directory: str | Path, step: int) -> Iterator[bool]:
 def _exclusive(path: Path) -> Iterator[bool]:
     """An exclusive lock on folder `path` if no reader holds it (never waits); yields False
     when a reader holds it or it is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
+    fd = _open_dir(path)
+    if fd is None:
         yield False
         return
     try:
@@ -99,7 +97,7 @@ def _exclusive(path: Path) -> Iterator[bool]:
         except BlockingIOError:
             yield False
             return
-        yield _same(path, fd)
+        yield same_file(path, fd)
     finally:
         os.close(fd)
 

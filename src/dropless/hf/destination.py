@@ -29,6 +29,8 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+from dropless.runtime.files import same_file
+
 RENAME_EXCHANGE = 2   # linux/fs.h
 AT_FDCWD = -100
 
@@ -66,14 +68,6 @@ def check_destination(dst: str | Path, *, sources: tuple = (), overwrite: bool =
 _HELD: dict[Path, list] = {}     # lock file -> [fd, depth] of the claims this process holds
 
 
-def _same_file(path: Path, fd: int) -> bool:
-    try:
-        a, b = os.stat(path), os.fstat(fd)
-    except OSError:
-        return False
-    return (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
-
-
 def _take(lock: Path, dst: str | Path) -> int:
     """An fd holding the exclusive lock on `lock` (created if absent); DestinationError when
     another process holds it."""
@@ -88,7 +82,7 @@ def _take(lock: Path, dst: str | Path) -> int:
                 f"destination {dst} is being written by another dropless process"
                 f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to finish, or "
                 "write to another folder") from None
-        if _same_file(lock, fd):       # not removed by a holder finishing meanwhile
+        if same_file(lock, fd):       # not removed by a holder finishing meanwhile
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             return fd
@@ -122,7 +116,7 @@ def claimed(dst: str | Path) -> Iterator[Path]:
         yield lock
     finally:
         del _HELD[lock]
-        if _same_file(lock, fd):
+        if same_file(lock, fd):
             with contextlib.suppress(OSError):
                 lock.unlink()
         os.close(fd)

@@ -6,7 +6,8 @@ and the destination is left as it was.
 
 Every file dropless writes whole (config.json, the run marker, converted model files, plots,
 plan and bench outputs) goes through here; append-only logs (metrics.jsonl) are not rewritten
-and are not.
+and are not. `same_file` is the check every lock taken on an open file or folder makes (the
+name still means what was locked).
 """
 from __future__ import annotations
 
@@ -65,3 +66,13 @@ def write_bytes(path: str | Path, data: bytes) -> None:
 def write_text(path: str | Path, text: str) -> None:
     """Write `text` (UTF-8) to `path` whole or not at all (see `replacing`)."""
     write_bytes(path, text.encode("utf-8"))
+
+
+def same_file(path: str | Path, fd: int) -> bool:
+    """True while `path` still names the file (or folder) open as `fd`: not removed, renamed
+    or replaced since it was opened (what a lock taken on `fd` protects)."""
+    try:
+        a, b = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
