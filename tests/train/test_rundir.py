@@ -96,3 +96,17 @@ def test_a_file_in_the_way_or_an_unwritable_run_dir(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="is not writable"):
         rundir.open_run_dir(mini(tmp_path, run_dir=str(tmp_path / "ro"), run_name="r"))
     assert list((tmp_path / "ro").iterdir()) == []
+
+
+def test_a_folder_prepared_with_an_empty_checkpoints_mount_point_is_empty(tmp_path):
+    """A checkpoints/ folder made (or mounted) before the run counts as empty; one holding
+    files does not."""
+    path = tmp_path / "runs" / "m"
+    (path / "checkpoints").mkdir(parents=True)
+    run = _open(tmp_path, "m")
+    assert (path / rundir.MARKER).is_file()
+    run.discard()
+    assert sorted(p.name for p in path.iterdir()) == ["checkpoints"]
+    (path / "checkpoints" / "x").write_text("x")
+    with pytest.raises(ValueError, match="it looks like something else"):
+        _open(tmp_path, "m")

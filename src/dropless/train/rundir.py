@@ -68,8 +68,8 @@ class RunDir:
     def discard(self) -> None:
         """Remove the directory of a new run that never completed a step; release the lock."""
         self.release()
-        if self.marked_empty and [p.name for p in self.path.iterdir()] == [MARKER]:
-            (self.path / MARKER).unlink()    # the folder is as empty as it was found
+        if self.marked_empty and (self.path / MARKER).exists():
+            (self.path / MARKER).unlink()    # the folder was found empty: it is left so
         for _ in range(3):   # a file created meanwhile (another thread) fails one pass
             if not self.created or not self.path.exists():
                 break
@@ -158,12 +158,22 @@ def looks_like(path: Path) -> tuple[str, str]:
             "the folder)")
 
 
+_PREPARED = ("checkpoints", "tb", "profile")   # empty folders a user may make (mount) first
+
+
+def _empty(path: Path) -> bool:
+    """True for a folder holding nothing, or only empty folders a run would make itself (a
+    checkpoints/ mount point prepared before the run)."""
+    return all(p.name in _PREPARED and p.is_dir() and not any(p.iterdir())
+               for p in path.iterdir())
+
+
 def check_is_run(path: Path) -> bool:
     """Raise ValueError unless folder `path` may be trained into: a run (its marker, or a run
-    made before the marker existed) or an empty folder; True when it is empty."""
+    made before the marker existed) or an empty folder (see `_empty`); True when empty."""
     if (path / MARKER).exists() or _older_run(path):
         return False
-    if not any(path.iterdir()):
+    if _empty(path):
         return True
     kind, todo = looks_like(path)
     raise ValueError(f"{path} is not a dropless run (it has no {MARKER}): it looks like {kind}; "
