@@ -189,8 +189,10 @@ def _throughput_figure(plt, steps: list[dict]):
 
 
 def _save(fig, path: Path) -> Path:
+    from dropless.runtime import files
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with files.replacing(path) as tmp:      # a full disk keeps the old plot
+        fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
     import matplotlib.pyplot as plt
     plt.close(fig)
     return path

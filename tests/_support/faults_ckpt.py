@@ -15,6 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
+from tests._support import ckpt_damage
 from tests._support.fault import Fault, Result, snapshot
 from tests._support.train_mini import MINI, TEXT
 
@@ -43,11 +44,9 @@ def _biggest_chunk(step: Path) -> Path:
 
 
 def _flip(step: Path) -> None:
-    p = _biggest_chunk(step)
-    b = bytearray(p.read_bytes())
-    for i in range(3):                      # three bits, as the issue's report did
-        b[len(b) // 2 + 97 * i] ^= 1 << i
-    p.write_bytes(bytes(b))
+    """A byte of an array chunk changed where it still decodes, to other values (see
+    ckpt_damage: placed from the zstd framing, never at a fixed offset)."""
+    ckpt_damage.flip_values(step)
 
 
 def _truncate(step: Path) -> None:
@@ -75,11 +74,20 @@ DAMAGE = {
     "truncated-data": _truncate,
     "deleted-data": _delete,
     "unreadable-data": _unreadable,
+    "broken-framing": ckpt_damage.break_framing,
     "empty-state-metadata": lambda s: (s / "state" / "_METADATA").write_text(""),
     "corrupt-meta": lambda s: (s / "meta" / "metadata").write_text("{not json"),
     "removed-manifests": _manifests,
     "removed-state": lambda s: shutil.rmtree(s / "state"),
+    # metadata that parses but holds the wrong types is damage too
+    "corpus-a-list": lambda s: _meta(s, corpus=[1, 2]),
+    "checkpoint-metadata-a-list": lambda s: (s / "_CHECKPOINT_METADATA").write_text("[]"),
 }
+
+
+def _meta(step: Path, **values) -> None:
+    path = step / "meta" / "metadata"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
 
 
 def _setup(damage, steps=(4,)):
@@ -142,6 +150,14 @@ ROWS = [
           setup=_setup(DAMAGE["corrupt-meta"]),
           words=("--strict-resume", "checkpoint 4", "checkpoints/4/meta/metadata"),
           unchanged=(RUN,)),
+    Fault("ckpt-strict-next-batch-not-an-int", _resume("--strict-resume"), rc=2,
+          setup=_setup(lambda s: _meta(s, next_batch="4")), in_process=True,
+          words=("--strict-resume", "checkpoint 4", "next_batch='4'", "not an int"),
+          unchanged=(RUN,)),
+    Fault("ckpt-strict-empty-checkpoint-metadata", _resume("--strict-resume"), rc=2,
+          setup=_setup(lambda s: (s / "_CHECKPOINT_METADATA").write_text("{}")),
+          in_process=True, unchanged=(RUN,),
+          words=("--strict-resume", "checkpoints/4/_CHECKPOINT_METADATA", "not a non-empty")),
     Fault("ckpt-every-step-damaged", _resume(), rc=2,
           setup=_setup(DAMAGE["corrupt-meta"], steps=(4, 2)),
           words=("no intact checkpoint", "checkpoint 4", "checkpoint 2", "init_from="),

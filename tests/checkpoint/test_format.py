@@ -16,6 +16,8 @@ from dropless.models.deepseek import init_params
 from dropless.moe import expert_layout
 from dropless.train import step as step_lib
 
+from tests._support import ckpt_damage
+
 META = {"next_batch": 3, "corpus": {"train_tokens": 1}}   # what the trainer stores beside a step
 FLAGS = {"scan": "model.scan_layers", "fused": "model.moe.prefuse_moe_weights"}
 
@@ -92,12 +94,8 @@ def _unconverted(params, flags):
 
 
 def _flip_bits(step_dir):
-    """Three bits flipped in the middle of the step's largest data file."""
-    big = max((p for p in (step_dir / "state").glob("**/d/*")), key=lambda p: p.stat().st_size)
-    b = bytearray(big.read_bytes())
-    for i in range(3):
-        b[len(b) // 2 + 97 * i] ^= 1 << i
-    big.write_bytes(bytes(b))
+    """One byte of an array chunk changed where it still decodes, to other values."""
+    ckpt_damage.flip_values(step_dir)
 
 
 def _empty_chunk(step_dir):
@@ -109,6 +107,7 @@ def _no_manifest(step_dir):
 
 
 @pytest.mark.parametrize("damage, reason", [(_flip_bits, "hash-mismatch"),
+                                            (ckpt_damage.break_framing, "unreadable"),
                                             (_empty_chunk, "truncated"),
                                             (_no_manifest, "no-manifest")])
 def test_a_damaged_step_is_refused_as_the_full_restore_refuses_it(tmp_path, damage, reason):

@@ -187,3 +187,37 @@ def test_dtype_is_honoured_for_a_dropless_directory(qwen_dropless):
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+HOLD = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, str(os.getpid()).encode())\n"
+        "print('held', flush=True)\ntime.sleep(60)\n")
+
+
+def test_one_writer_per_destination_and_a_dead_one_never_blocks(tmp_path):
+    """`claimed`: a second process is refused at once, naming the holder; once the holder is
+    killed (-9) its lock is gone with it and the stale lock file is taken over; the lock file
+    is removed by the writer that finishes; re-entrant within a process."""
+    dst, lock = tmp_path / "out", tmp_path / ".out.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(destination.DestinationError,
+                           match=rf"being written by another dropless process \(pid "
+                                 rf"{holder.pid}\)"):
+            with destination.claimed(dst):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock.read_text() == str(holder.pid)          # left by the killed writer
+    with destination.claimed(dst) as held:
+        assert held == lock and lock.read_text() == str(os.getpid())
+        with destination.claimed(tmp_path / "x" / ".." / "out"):   # the same destination
+            pass
+        assert lock.exists()
+    assert not lock.exists() and sorted(os.listdir(tmp_path)) == []
+    with destination.claimed(tmp_path / "new" / "deeper" / "out"):
+        assert (tmp_path / "new" / "deeper").is_dir()
+    assert not (tmp_path / "new").exists()              # folders made for the lock are gone

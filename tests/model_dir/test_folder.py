@@ -139,7 +139,8 @@ def test_dropless_directory_reads_back_what_was_written(tmp_path):
     from dropless.model_dir import load_dropless
     cfg, params = hf.load(QWEN, dtype="float32")
     out = write_dropless(tmp_path / "dl", cfg, params)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "params"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "hashes.json", "params"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dl"]      # no lock or partial left
     tcfg, back = load_dropless(out)
     assert tcfg.model == cfg and tcfg.tokenizer == ""
     same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
@@ -167,3 +168,28 @@ def test_model_differences_names_each_field():
     assert model_differences(a, a.replace(dtype="bfloat16")) == []
     b = a.replace(num_layers=4, moe=a.moe.replace(top_k=3))
     assert model_differences(a, b) == ["model.num_layers: 3 != 4", "model.moe.top_k: 2 != 3"]
+
+
+def test_a_dropless_directory_is_verified_against_its_hashes(tmp_path):
+    """hashes.json holds every array's xxh3-64 hash; an array whose bytes changed on disk is
+    refused in one line naming the folder (placed from the zstd framing, see ckpt_damage); a
+    folder written before hashes were recorded (none) still loads."""
+    from dropless import hf
+    from dropless.model_dir import load_dropless
+    from dropless.model_dir.weights import HASHES, write_dropless
+    from tests._support import ckpt_damage
+    cfg, params = hf.load(QWEN, dtype="float32")
+    out = write_dropless(tmp_path / "dl", cfg, params)
+    hashes = json.loads((out / HASHES).read_text())
+    assert hashes["hash"] == "xxh3_64" and len(hashes["hashes"]) == len(jax_leaves(params))
+    ckpt_damage.flip_values(out, under="params")
+    with pytest.raises(ValueError, match=r"dl/params is damaged: the bytes of .* differ from "
+                                         r"the xxh3_64 hash.*dropless convert"):
+        load_dropless(out, what="dropless eval dl")
+    (out / HASHES).unlink()
+    load_dropless(out)                        # no hashes: read as written, unchecked
+
+
+def jax_leaves(tree):
+    import jax
+    return jax.tree.leaves(tree)

@@ -135,7 +135,7 @@ def test_checkpoint_restores_into_either_layout(tmp_path, both, saved_scanned):
     _, per_layer, scanned = both
     saved, want = (scanned, per_layer) if saved_scanned else (per_layer, scanned)
     mngr = ckpt.manager(tmp_path, keep=1, async_save=False)
-    meta = {"next_batch": 1, "corpus": "c"}   # what the trainer stores beside every step
+    meta = {"next_batch": 1, "corpus": {"train_tokens": 1}}   # as the trainer stores it
     ckpt.save(mngr, 1, {"params": saved, "step": jnp.int32(1)}, meta)
     mngr.wait_until_finished()
     like = {"params": jax.tree.map(jnp.zeros_like, want), "step": jnp.int32(0)}

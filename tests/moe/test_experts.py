@@ -128,7 +128,7 @@ def test_checkpoint_written_either_way_loads_either_way(tmp_path, saved_fused):
     written = fuse_expert_weights(state) if saved_fused else state
     mngr = ckpt.manager(tmp_path, keep=1, async_save=False)
     # the meta the trainer stores beside every step
-    ckpt.save(mngr, 3, written, {"step": 3, "next_batch": 3, "corpus": "c"})
+    ckpt.save(mngr, 3, written, {"step": 3, "next_batch": 3, "corpus": {"train_tokens": 1}})
     mngr.wait_until_finished()
     assert expert_layout(mngr.item_metadata(3)["state"].tree) is saved_fused
     for want_fused in (False, True):

@@ -14,6 +14,7 @@ from dropless.train import preflight, resume, rundir
 from dropless.train.loop import train
 from dropless.train.progress import Progress, Timed
 
+from tests._support import ckpt_damage
 from tests._support.train_mini import mini, shared_compilation_cache, snapshot
 
 QUIET = dict(echo=lambda s: None)
@@ -208,13 +209,9 @@ def test_progress_bar_keeps_step_lines_off_the_terminal(capsys):
 
 
 def _flip_bits(step_dir):
-    """Three bits flipped in the middle of the step's largest data file (zstd-compressed
-    chunks carry no checksum: this decodes, to other numbers)."""
-    big = max((p for p in (step_dir / "state").glob("**/d/*")), key=lambda p: p.stat().st_size)
-    b = bytearray(big.read_bytes())
-    for i in range(3):
-        b[len(b) // 2 + 97 * i] ^= 1 << i
-    big.write_bytes(bytes(b))
+    """One byte of the largest array chunk changed where the zstd frame still decodes, to
+    other values (the chunks carry no checksum of their own; see tests/_support/ckpt_damage)."""
+    ckpt_damage.flip_values(step_dir)
 
 
 def test_flipped_bits_load_silently_without_the_hash_and_are_caught_with_it(tmp_path, base):

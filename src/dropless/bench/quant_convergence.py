@@ -148,5 +148,7 @@ def plot(rec: dict[str, Any], path: str) -> None:
                  f"(gap {100 * rec['final_gap_rel']:+.2f}%)", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    from dropless.runtime import files
+    with files.replacing(path) as tmp:
+        fig.savefig(tmp, format=str(path).rsplit(".", 1)[-1] if "." in str(path) else "png")
     plt.close(fig)

@@ -15,6 +15,7 @@ that differ.
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,13 +30,52 @@ PARAMS = "params"          # the state's subtree `read_params` reads
 
 def manager(directory: str | Path, *, keep: int, async_save: bool = True
             ) -> ocp.CheckpointManager:
-    """A CheckpointManager keeping the newest `keep` complete steps under `directory`."""
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
-    return ocp.CheckpointManager(
+    """A CheckpointManager for the steps under `directory`. Orbax itself removes no step:
+    `keep` (the newest `keep` steps stay) is applied by `checkpoint.Saver` through
+    `reader.rotate`, which leaves a step a reader holds in place (`keep_of(mngr)` gives it)."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
+                                           enable_async_checkpointing=async_save,
+                                           step_name_format=_OrbaxReadableSteps())
+    mngr = ocp.CheckpointManager(
         Path(directory).absolute(), options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(),
                        "meta": ocp.JsonCheckpointHandler()})
+    _KEEP[mngr] = keep
+    return mngr
+
+
+class _OrbaxReadableSteps:
+    """Orbax's standard step names (`<step>`), listing only the steps whose
+    `_CHECKPOINT_METADATA` orbax can take (a JSON object, or none): a manager reads that file of
+    every step when it opens, and one holding a list (or not JSON) stops it there. The one
+    reader (`checkpoint.reader`) finds such a step as damage and moves it aside."""
+
+    def __init__(self):
+        self._inner = ocp.path.step.standard_name_format()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def find_all(self, base_path):
+        return (m for m in self._inner.find_all(base_path)
+                if _orbax_can_open(Path(str(m.path)) / "_CHECKPOINT_METADATA"))
+
+
+def _orbax_can_open(path: Path) -> bool:
+    if not path.exists():
+        return True
+    try:
+        return isinstance(json.loads(path.read_bytes()), dict)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+
+
+_KEEP: "weakref.WeakKeyDictionary[ocp.CheckpointManager, int]" = weakref.WeakKeyDictionary()
+
+
+def keep_of(mngr: ocp.CheckpointManager) -> int | None:
+    """The `keep` a manager was made with (`manager`), None for one made elsewhere."""
+    return _KEEP.get(mngr)
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict, *,

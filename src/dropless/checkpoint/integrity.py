@@ -83,18 +83,28 @@ def tree_hashes(tree: Any) -> dict[str, str]:
     return out
 
 
+def mismatches(tree: Any, expected: dict[str, str] | None) -> list[str]:
+    """The paths of `tree`'s arrays whose hash differs from `expected` (sorted; [] when
+    `expected` is None or empty: written before hashes were recorded)."""
+    if not expected:
+        return []
+    got = tree_hashes(tree)
+    return sorted(k for k, h in expected.items() if k in got and got[k] != h)
+
+
+def mismatch_words(bad: list[str]) -> str:
+    """The words for arrays `bad` (from `mismatches`) failing their hashes."""
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    return (f"the bytes of {bad[0]}{more} differ from the {ALGORITHM} hash recorded when it "
+            "was saved (the data files changed on disk)")
+
+
 def verify(tree: Any, expected: dict[str, str] | None, step: int) -> None:
     """Raise CheckpointDamaged when an array of restored `tree` does not match the hash recorded
     at save time (`expected`; None for a checkpoint written before hashes were recorded)."""
-    if not expected:
-        return
-    got = tree_hashes(tree)
-    bad = sorted(k for k, h in expected.items() if k in got and got[k] != h)
+    bad = mismatches(tree, expected)
     if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise CheckpointDamaged(Damage(
-            step, "hash-mismatch", f"the bytes of {bad[0]}{more} differ from the {ALGORITHM} "
-            "hash recorded when it was saved (the data files changed on disk)"))
+        raise CheckpointDamaged(Damage(step, "hash-mismatch", mismatch_words(bad)))
 
 
 def _json_problem(path: Path) -> str | None:
@@ -107,9 +117,38 @@ def _json_problem(path: Path) -> str | None:
     return None
 
 
+def _object(path: Path) -> dict:
+    """The JSON object in `path` ({} when it is another JSON value; read after _json_problem)."""
+    data = json.loads(path.read_bytes())
+    return data if isinstance(data, dict) else {}
+
+
+def meta_problem(meta: Any) -> str | None:
+    """What is wrong with a step's JSON record (`meta/metadata`), None when it is one the
+    trainer wrote: an object with an int `next_batch` >= 0, a `corpus` object and, when present,
+    `hashes` mapping paths to hex strings."""
+    if not isinstance(meta, dict) or not meta:
+        return f"is not a JSON object with next_batch and corpus (it holds {type(meta).__name__})"
+    nb = meta.get("next_batch")
+    if "next_batch" not in meta or "corpus" not in meta:
+        return "lacks next_batch/corpus"
+    if type(nb) is not int or nb < 0:
+        return f"has next_batch={str(nb)[:40]!r}, not an int >= 0"
+    if not isinstance(meta["corpus"], dict):
+        return f"has a corpus entry that is a {type(meta['corpus']).__name__}, not an object"
+    hashes = meta.get("hashes")
+    if hashes is not None and not (isinstance(hashes, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in hashes.items())):
+        return "has a hashes entry that is not an object of strings"
+    return None
+
+
 def inspect(directory: str | Path, step: int) -> Damage | None:
     """The structural damage of step folder directory/<step> (None when nothing is seen): read
-    without touching any array, so it is cheap enough to run on every step at every resume."""
+    without touching any array, so it is cheap enough to run on every step at every resume.
+    Malformed content counts as damage: a JSON file that does not parse, or parses to the wrong
+    shape (an empty or list-shaped `_CHECKPOINT_METADATA` or `state/_METADATA`, a record whose
+    next_batch is not an int or whose corpus is not an object)."""
     d = Path(directory) / str(step)
     rel = lambda p: str(p.relative_to(d.parent.parent))  # noqa: E731 - checkpoints/4/...
     if not d.is_dir() or not any(d.iterdir()):
@@ -119,13 +158,19 @@ def inspect(directory: str | Path, step: int) -> Damage | None:
         problem = _json_problem(d / name)
         if problem:
             return Damage(step, slug, f"{rel(d / name)} {problem}")
-    meta = json.loads((d / "meta" / "metadata").read_text())
-    if not isinstance(meta, dict) or "next_batch" not in meta or "corpus" not in meta:
-        return Damage(step, "bad-meta", f"{rel(d / 'meta' / 'metadata')} lacks next_batch/corpus")
+    if not _object(d / "_CHECKPOINT_METADATA"):
+        return Damage(step, "bad-checkpoint-metadata", f"{rel(d / '_CHECKPOINT_METADATA')} is "
+                      "not a non-empty JSON object")
+    problem = meta_problem(json.loads((d / "meta" / "metadata").read_bytes()))
+    if problem:
+        return Damage(step, "bad-meta", f"{rel(d / 'meta' / 'metadata')} {problem}")
     state = d / "state"
     if not state.is_dir():
         return Damage(step, "no-state", f"{rel(state)}/ is missing")
     problem = _json_problem(state / "_METADATA")
+    if problem is None and not isinstance(_object(state / "_METADATA").get("tree_metadata"),
+                                          dict):
+        problem = "is not a JSON object with a tree_metadata object"
     if problem:
         return Damage(step, "bad-state-metadata", f"{rel(state / '_METADATA')} {problem}")
     manifests = [state / "manifest.ocdbt"] + [p / "manifest.ocdbt"

@@ -16,7 +16,8 @@ from typing import Any, Iterator
 import orbax.checkpoint as ocp
 
 from dropless.checkpoint import noise
-from dropless.checkpoint.format import save
+from dropless.checkpoint import reader
+from dropless.checkpoint.format import keep_of, save
 
 
 class CheckpointError(RuntimeError):
@@ -55,11 +56,20 @@ def quiet_orbax_errors() -> Iterator[None]:
 
 
 class Saver:
-    """Periodic saves through one manager, with failures surfaced at step boundaries."""
+    """Periodic saves through one manager, with failures surfaced at step boundaries. After
+    each completed save the steps beyond the manager's `keep` are removed (`reader.rotate`:
+    never one a reader holds, never the one just saved)."""
 
     def __init__(self, mngr: ocp.CheckpointManager):
         self.mngr, self.pending, self.last_saved = mngr, None, None
         self.directory = Path(mngr.directory)
+        self.keep = keep_of(mngr)
+
+    def _rotate(self) -> None:
+        if self.keep is None or self.last_saved is None:
+            return
+        if reader.rotate(self.directory, self.keep, protect=(self.last_saved,)):
+            self.mngr.reload()          # orbax lists the steps left in place
 
     def _wait(self) -> None:
         try:
@@ -69,6 +79,7 @@ class Saver:
             raise explain(e, step=step, directory=self.directory) from e
         if self.pending is not None:
             self.last_saved, self.pending = self.pending, None
+            self._rotate()
 
     def poll(self) -> None:
         """Raise CheckpointError if a finished asynchronous save failed (never blocks)."""

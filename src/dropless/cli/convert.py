@@ -14,6 +14,8 @@ refused as DST. Arguments are checked before anything is read.
 """
 from __future__ import annotations
 
+import sys
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("src", help="Hugging Face folder (or hf:DIR), or a dropless directory")
@@ -44,6 +46,11 @@ def _check_args(args) -> None:
         raise ValueError(f"dropless convert {args.src} {args.dst}: {e}") from None
 
 
+def _announce(line: str) -> None:
+    """A checkpoint fall-back (the run's newest step was damaged): one line on stderr."""
+    print(f"dropless: {line}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     """Check the arguments, then convert in the direction SRC names; errors are raised
     (ValueError: one line, exit 2, from `cli.main`)."""
@@ -59,6 +66,7 @@ def run(args) -> int:
         else:
             from dropless.model_dir.weights import dropless_to_hf
             out = dropless_to_hf(args.src, args.dst, shard_size=args.shard_size,
-                                 overwrite=args.overwrite, dtype=args.dtype)
+                                 overwrite=args.overwrite, dtype=args.dtype,
+                                 announce=_announce)
             print(f"wrote Hugging Face folder {out}")
     return 0

@@ -8,6 +8,7 @@ tokenizer and data are checked before the model is read; JSON output never holds
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from dropless.cli.model_args import add_model_options
@@ -33,6 +34,11 @@ def _check_args(args) -> None:
     check_model("eval", args.model)
 
 
+def _announce(line: str) -> None:
+    """A checkpoint fall-back (the run's newest step was damaged): one line on stderr."""
+    print(f"dropless: {line}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     """Arguments, tokenizer and data are checked before the model is read or compiled; errors
     are raised (ValueError: one line, exit 2, from `cli.main`)."""
@@ -46,7 +52,8 @@ def run(args) -> int:
         from dropless.model_dir.weights import load_model
         from dropless.models.evaluate import evaluate, windows
         windows(tokens, args.seq_len)
-        cfg, params = load_model(args.model, dtype=args.dtype, what=f"dropless eval {args.model}")
+        cfg, params = load_model(args.model, dtype=args.dtype, what=f"dropless eval {args.model}",
+                                 announce=_announce)
         check_fits(tok, cfg.vocab_size, what=f"dropless eval {args.model}")
         out = evaluate(cfg, params, tokens, seq_len=args.seq_len, batch_size=args.batch_size,
                        max_batches=args.max_batches)

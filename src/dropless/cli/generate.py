@@ -9,6 +9,8 @@ tokenizer_config.json) and generation stops at its end-of-sequence ids (generati
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from dropless.cli.model_args import add_model_options
@@ -32,6 +34,11 @@ def _check_args(args) -> None:
     check_model("generate", args.model)
 
 
+def _announce(line: str) -> None:
+    """A checkpoint fall-back (the run's newest step was damaged): one line on stderr."""
+    print(f"dropless: {line}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     """Arguments, tokenizer and prompt are checked before the model is read or compiled; errors
     are raised (ValueError: one line, exit 2, from `cli.main`)."""
@@ -48,7 +55,7 @@ def run(args) -> int:
         from dropless.models.generate import generate, memory_needed
         from dropless.runtime import environment
         what = f"dropless generate {args.model}"
-        cfg, params = load_model(args.model, dtype=args.dtype, what=what)
+        cfg, params = load_model(args.model, dtype=args.dtype, what=what, announce=_announce)
         check_fits(tok, cfg.vocab_size, what=what)
         length = int(prompt.size) + args.max_new_tokens
         environment.check_fits(memory_needed(cfg, length), f"{what}: --max-new-tokens "

@@ -14,6 +14,7 @@ from dropless.plan.layout import ATTENTION_IMPLS, MODELLED_DISPATCHERS, OVERLAPS
 from dropless.plan.model import predict
 from dropless.plan.sweep import SWEEP_AXES, suggest, sweep_gpus
 from dropless.presets import PRESETS
+from dropless.runtime import files
 
 # flag dest -> the setting it gives: the trainer's key, or a planner knob (flags default to None
 # so a config file can set them; they come after the file and before key=value).
@@ -155,17 +156,9 @@ def run(args) -> int:
     result, text = _compute(args)
     from dropless import json_out   # never a NaN token: null plus `<key>_nonfinite`
     print(json_out.dumps(result, indent=1, default=_jsonable) if args.json else text)
-    if args.out:   # written beside, then renamed: an older file stays whole until replaced
-        out = os.path.abspath(args.out)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        tmp = f"{out}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                f.write(json_out.dumps(result, indent=1, default=_jsonable))
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        files.write_text(args.out, json_out.dumps(result, indent=1, default=_jsonable))
     return 0
 
 

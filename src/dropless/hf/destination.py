@@ -11,15 +11,25 @@ a temporary folder beside the destination and move it into place only when it is
   the two renames). On an error the partial folder is removed; after a kill it stays, holding no
   config.json (writers put it last), so nothing loads it, and the next write to the same
   destination removes it.
+* `claimed(dst)` makes one writer at a time own a destination: an exclusive `flock` on the lock
+  file `.NAME.lock` beside it, taken before anything is read or written and held to the end
+  (`dropless convert` holds it for the whole conversion, `staged` takes it too). A second
+  writer is refused at once (DestinationError, one line naming the holder's pid); the kernel
+  drops the lock of a writer that dies, even by kill -9, so a crash never leaves it stuck (the
+  stale lock file is taken over by the next writer); the holder removes the lock file when it
+  is done.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import shutil
 from pathlib import Path
 from typing import Iterator
+
+from dropless.runtime.files import same_file
 
 RENAME_EXCHANGE = 2   # linux/fs.h
 AT_FDCWD = -100
@@ -53,6 +63,72 @@ def check_destination(dst: str | Path, *, sources: tuple = (), overwrite: bool =
         raise DestinationError(f"destination {dst} is not empty; pass --overwrite "
                                "(overwrite=True) to replace it, or choose an empty folder")
     return out
+
+
+_HELD: dict[Path, list] = {}     # lock file -> [fd, depth] of the claims this process holds
+
+
+def _take(lock: Path, dst: str | Path) -> int:
+    """An fd holding the exclusive lock on `lock` (created if absent); DestinationError when
+    another process holds it."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise DestinationError(
+                f"destination {dst} is being written by another dropless process"
+                f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to finish, or "
+                "write to another folder") from None
+        if same_file(lock, fd):       # not removed by a holder finishing meanwhile
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def claimed(dst: str | Path) -> Iterator[Path]:
+    """Within: this process is the only writer of destination `dst` (see the module doc);
+    yields the lock file. Re-entrant within a process. Raises DestinationError when another
+    process writes `dst`; folders it had to make for the lock file are removed again when
+    they are still empty."""
+    out = Path(dst).expanduser().resolve()
+    lock = out.parent / f".{out.name}.lock"
+    if lock in _HELD:
+        _HELD[lock][1] += 1
+        try:
+            yield lock
+        finally:
+            _HELD[lock][1] -= 1
+        return
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = _take(lock, dst)
+    except BaseException:
+        _remove_empty(made)
+        raise
+    _HELD[lock] = [fd, 1]
+    try:
+        yield lock
+    finally:
+        del _HELD[lock]
+        if same_file(lock, fd):
+            with contextlib.suppress(OSError):
+                lock.unlink()
+        os.close(fd)
+        _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for p in folders:                  # innermost first
+        try:
+            p.rmdir()
+        except OSError:
+            break
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -127,16 +203,18 @@ def commit(tmp: Path, dst: Path) -> None:
 @contextlib.contextmanager
 def staged(dst: str | Path) -> Iterator[Path]:
     """Yield an empty folder beside `dst`; on a clean exit it replaces dst (`commit`), on an
-    exception it is removed. Call `check_destination` first."""
+    exception it is removed. Call `check_destination` first. Holds `claimed(dst)` throughout
+    (raises DestinationError when another process writes dst)."""
     dst = Path(dst).expanduser().resolve()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(dst)
-    tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
+    with claimed(dst):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(dst)
+        tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    commit(tmp, dst)
+        tmp.mkdir()
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        commit(tmp, dst)

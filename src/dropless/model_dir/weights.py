@@ -4,11 +4,13 @@ dropless directory) that `dropless eval`, `generate` and `convert` share, and th
 Hugging Face <-> dropless.
 
 A dropless directory (see `model_dir.folder`) holds config.json (a TrainConfig as
-`model_dir.to_dict` writes it, the model and the tokenizer) and params/ (the parameters, an
-orbax StandardCheckpointer tree), or, for a run directory, checkpoints/ (the newest step's
-parameters are read, alone, by `checkpoint.read_params`: with its integrity checks and layout
-conversion, without building optimizer state). The tokenizer (tokenizer.json and its side
-files) travels along.
+`model_dir.to_dict` writes it, the model and the tokenizer), params/ (the parameters, an
+orbax StandardCheckpointer tree) and hashes.json (the xxh3-64 hash of every array, as a
+checkpoint records them, verified on load), or, for a run directory, checkpoints/ (the
+parameters of the newest intact step are read, alone, through the one checkpoint reader,
+`checkpoint.read_newest` with `checkpoint.read_params`: hashes verified, damaged steps moved
+aside and the fall-back announced, steps a live trainer is writing skipped, without building
+optimizer state). The tokenizer (tokenizer.json and its side files) travels along.
 
 Layer: `model_dir` (docs/architecture.md): above `checkpoint`, `hf` and `models`, below
 `config_file` and `train`. JAX and orbax are imported when a function needs them.
@@ -18,20 +20,26 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from dropless.model_dir.folder import folder_tokenizer, parse_spec, read_dropless_config
+from dropless.model_dir.folder import (folder_tokenizer, parse_spec, read_dropless_config,
+                                       read_json_object)
 from dropless.model_dir.run_config import from_dict, to_dict
 
 
-def load_model(spec: str, *, dtype: str | None = None, what: str = ""):
+HASHES = "hashes.json"       # a dropless directory's array hashes: {"hash": ..., "hashes": {...}}
+
+
+def load_model(spec: str, *, dtype: str | None = None, what: str = "",
+               announce: Callable[[str], Any] | None = None):
     """(ModelConfig, params) from "hf:DIR" or a dropless directory. `dtype` (both kinds) sets
-    the model's dtype and weight_dtype and casts the parameters as training would hold them."""
+    the model's dtype and weight_dtype and casts the parameters as training would hold them.
+    `announce` receives the one line of a checkpoint fall-back (see `load_dropless`)."""
     parsed = parse_spec(spec)
     if parsed.hf:
         from dropless import hf
         return hf.load(parsed.folder, dtype=dtype)
-    tcfg, params = load_dropless(parsed.folder, what=what)
+    tcfg, params = load_dropless(parsed.folder, what=what, announce=announce)
     cfg = tcfg.model
     if dtype is not None:
         moe = cfg.moe and cfg.moe.replace(dtype=dtype, weight_dtype=dtype)
@@ -40,25 +48,61 @@ def load_model(spec: str, *, dtype: str | None = None, what: str = ""):
     return cfg, params
 
 
-def load_dropless(folder: str | Path, *, what: str = ""):
-    """(TrainConfig, params) of a `dropless convert` output (params/) or a run (its newest
-    checkpoint's parameters, read alone). Errors start with `what` (see
-    `model_dir.read_dropless_config`); a damaged checkpoint raises
-    checkpoint.CheckpointDamaged."""
+def load_dropless(folder: str | Path, *, what: str = "",
+                  announce: Callable[[str], Any] | None = None):
+    """(TrainConfig, params) of a `dropless convert` output (params/, verified against
+    hashes.json) or a run (its newest intact checkpoint's parameters, read alone through
+    `checkpoint.read_newest`: damaged newer steps are moved to checkpoints/damaged/ and the
+    fall-back is given to `announce` in one line; steps not yet committed are skipped). Raises
+    ValueError starting with `what` (see `model_dir.read_dropless_config`) when the folder is
+    not a model, its params/ are damaged, or no step of the run reads."""
     import jax
     from dropless.models.deepseek import init_params
     folder = Path(folder).absolute()
     cfg = from_dict(read_dropless_config(folder, what=what))
     like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
     if (folder / "params").is_dir():
-        import orbax.checkpoint as ocp
-        return cfg, ocp.StandardCheckpointer().restore(folder / "params", like)
+        return cfg, _read_params_dir(folder, like, what=what or str(folder))
     from dropless import checkpoint as ckpt
-    step = ckpt.latest_step(folder / "checkpoints")
-    if step is None:
-        raise ValueError(f"{what or folder}: neither params/ nor a checkpoint under "
-                         f"{folder / 'checkpoints'}")
-    return cfg, ckpt.read_params(folder / "checkpoints", step, like)
+    directory = folder / "checkpoints"
+    try:
+        found = ckpt.read_newest(directory, lambda s: ckpt.read_params(directory, s, like),
+                                 writer_may_run=True)
+    except ckpt.NoIntactStep as e:
+        raise ValueError(f"{what or folder}: neither params/ nor a readable checkpoint: {e}"
+                         ) from None
+    if found.damaged or found.incomplete:
+        moved = ckpt.set_aside(directory, found.damaged)
+        if announce is not None:
+            announce(ckpt.fallback_words(found, moved))
+    return cfg, found.value
+
+
+def _read_params_dir(folder: Path, like: Any, *, what: str) -> Any:
+    """params/ of a dropless directory, verified against its hashes.json (when it has one: a
+    folder written before the hashes were recorded has none). Raises ValueError for files that
+    cannot be read or arrays whose bytes differ."""
+    import orbax.checkpoint as ocp
+    from dropless.checkpoint import integrity
+    again = "write it again with `dropless convert` from its source"
+    expected = None
+    if (folder / HASHES).exists():
+        rec = read_json_object(folder / HASHES, what=what)
+        expected = rec.get("hashes") if isinstance(rec, dict) else None
+        if not (isinstance(expected, dict) and all(isinstance(v, str) for v in expected.values())):
+            raise ValueError(f"{what}: {folder / HASHES} is not an object of array hashes; {again}")
+    try:
+        params = ocp.StandardCheckpointer().restore(folder / "params", like)
+    except Exception as e:  # noqa: BLE001 - tensorstore's errors: the file and why, one line
+        from dropless.checkpoint import noise
+        noise.drop_late_callbacks()
+        why = integrity.read_failure(e, 0, folder).detail.split(" cannot be read ", 1)[-1]
+        raise ValueError(f"{what}: {folder / 'params'} cannot be read {why}; {again}") from None
+    bad = integrity.mismatches(params, expected)
+    if bad:
+        raise ValueError(f"{what}: {folder / 'params'} is damaged: "
+                         f"{integrity.mismatch_words(bad)}; {again}")
+    return params
 
 
 def cast_like(params: Any, cfg) -> Any:
@@ -85,17 +129,23 @@ def write_dropless(dst: str | Path, model, params: Any, *, tokenizer: str = "",
     config.json is written last, so a folder left by a killed write holds none and nothing
     loads it. Returns DST (absolute)."""
     import orbax.checkpoint as ocp
+    from dropless.checkpoint import integrity
     from dropless.config import TrainConfig
-    from dropless.hf.destination import check_destination, staged
-    out = check_destination(dst, sources=sources, overwrite=overwrite)
-    with staged(out) as tmp:
-        ckptr = ocp.StandardCheckpointer()
-        ckptr.save(tmp / "params", params, force=True)
-        ckptr.wait_until_finished()
-        for f in tokenizer_files(tokenizer):
-            shutil.copyfile(f, tmp / f.name)
-        tcfg = TrainConfig(model=model, tokenizer=str(out / "tokenizer.json") if tokenizer else "")
-        (tmp / "config.json").write_text(json.dumps(to_dict(tcfg), indent=2))
+    from dropless.hf.destination import check_destination, claimed, staged
+    from dropless.runtime import files
+    with claimed(dst):
+        out = check_destination(dst, sources=sources, overwrite=overwrite)
+        with staged(out) as tmp:
+            ckptr = ocp.StandardCheckpointer()
+            ckptr.save(tmp / "params", params, force=True)
+            ckptr.wait_until_finished()
+            files.write_text(tmp / HASHES, json.dumps(
+                {"hash": integrity.ALGORITHM, "hashes": integrity.tree_hashes(params)}))
+            for f in tokenizer_files(tokenizer):
+                shutil.copyfile(f, tmp / f.name)
+            tcfg = TrainConfig(model=model,
+                               tokenizer=str(out / "tokenizer.json") if tokenizer else "")
+            files.write_text(tmp / "config.json", json.dumps(to_dict(tcfg), indent=2))
     return out
 
 
@@ -105,11 +155,18 @@ def hf_to_dropless(src: str, dst: str, *, dtype: str | None = None,
     returns DST. A folder without tokenizer.json gives a DST that names no tokenizer (eval /
     train then ask for one); one with only a SentencePiece tokenizer.model is refused (the
     message says how to write tokenizer.json)."""
+    from dropless.hf.destination import claimed
+    folder = parse_spec(src).folder
+    with claimed(dst):
+        return _hf_to_dropless(src, folder, dst, dtype=dtype, overwrite=overwrite)
+
+
+def _hf_to_dropless(src: str, folder: Path, dst: str, *, dtype: str | None,
+                    overwrite: bool) -> Path:
     from dropless import hf
+    from dropless.data import tokenizer as tok_lib
     from dropless.hf.destination import check_destination
     from dropless.model_dir.folder import hf_tokenizer
-    from dropless.data import tokenizer as tok_lib
-    folder = parse_spec(src).folder
     check_destination(dst, sources=(folder,), overwrite=overwrite)
     tok = str(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else ""
     if not tok and (folder / "tokenizer.model").is_file():
@@ -123,14 +180,18 @@ def hf_to_dropless(src: str, dst: str, *, dtype: str | None = None,
 
 
 def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
-                   overwrite: bool = False, dtype: str | None = None) -> Path:
+                   overwrite: bool = False, dtype: str | None = None,
+                   announce: Callable[[str], Any] | None = None) -> Path:
     """Write the Hugging Face folder DST from a dropless directory SRC (cast to `dtype` if
-    given); returns DST."""
+    given; a run's newest intact checkpoint, the fall-back given to `announce`); returns DST.
+    DST is held exclusively for the whole conversion (`hf.destination.claimed`)."""
     from dropless import hf
-    from dropless.hf.destination import check_destination
-    out = check_destination(dst, sources=(src,), overwrite=overwrite)
-    cfg, params = load_model(src, dtype=dtype, what=f"dropless convert {src}")
-    extra = tokenizer_files(folder_tokenizer(src))
-    hf.save(cfg, params, out, max_shard_bytes=shard_size, overwrite=overwrite,
-            extra_files=tuple(extra))
+    from dropless.hf.destination import check_destination, claimed
+    with claimed(dst):
+        out = check_destination(dst, sources=(src,), overwrite=overwrite)
+        cfg, params = load_model(src, dtype=dtype, what=f"dropless convert {src}",
+                                 announce=announce)
+        extra = tokenizer_files(folder_tokenizer(src))
+        hf.save(cfg, params, out, max_shard_bytes=shard_size, overwrite=overwrite,
+                extra_files=tuple(extra))
     return out

@@ -10,7 +10,7 @@ the loop its parameters in the configured layout and dtypes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from dropless.model_dir import cast_like, load_dropless, parse_spec
 
@@ -39,8 +39,9 @@ def model_differences(a, b) -> list[str]:
     return out
 
 
-def initial_params(cfg) -> Any:
-    """The parameters `cfg.init_from` names, cast to cfg.model's weight dtype. Raises
+def initial_params(cfg, *, announce: Callable[[str], Any] | None = None) -> Any:
+    """The parameters `cfg.init_from` names (a run: its newest intact checkpoint, a fall-back
+    announced in one line to `announce`), cast to cfg.model's weight dtype. Raises
     ValueError naming the fields where cfg.model differs from the folder's model."""
     spec = parse_spec(cfg.init_from)
     if spec.hf:
@@ -48,7 +49,8 @@ def initial_params(cfg) -> Any:
         src_cfg, params = hf.load(spec.folder, mtp_depth=cfg.model.mtp_depth,
                                   dtype=cfg.model.weight_dtype)
     else:
-        tcfg, params = load_dropless(spec.folder)
+        tcfg, params = load_dropless(spec.folder, what=f"init_from={cfg.init_from!r}",
+                                     announce=announce)
         src_cfg = tcfg.model
     diff = model_differences(cfg.model, src_cfg)
     if diff:

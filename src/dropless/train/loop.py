@@ -48,8 +48,7 @@ from dropless.train.outputs import Evaluator, MetricsWriter, Scalars
 from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
-from dropless.checkpoint import integrity
-from dropless.train.resume import newest_intact, plan_resume, strict_refusal
+from dropless.train.resume import plan_resume, restore_newest
 from dropless.train.rundir import RunDir, heal_metrics, open_run_dir
 from dropless.train.signals import StopRequest, stop_on_signals
 
@@ -194,7 +193,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     state, opt = step_lib.init_state(cfg)
     if cfg.init_from:   # fine-tuning: start from existing weights (see train/init_from.py)
         from dropless.train.init_from import initial_params
-        state["params"] = initial_params(cfg)
+        state["params"] = initial_params(cfg, announce=prog.line)
     saver = ckpt.Saver(ckpt.manager(out_dir / "checkpoints", keep=cfg.keep_checkpoints,
                                     async_save=cfg.async_checkpoints))
     batches = None
@@ -204,6 +203,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
                                           out_dir, strict)
             start = plan.start            # an older step when the newest was damaged
         if not run.created:           # a resume: heal what a killed run left, then announce
+            run.mark()                # (a run made before the run marker existed gets it)
             torn = heal_metrics(out_dir / "metrics.jsonl")
             if torn:
                 prog.line(f"  {torn}")
@@ -242,35 +242,24 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
 
 def _restore_intact(plan, replan, saver: ckpt.Saver, like, model: dict, out_dir: Path,
                     strict: bool):
-    """(restored state, plan) from the newest checkpoint that restores and verifies: a step
-    whose files fail to read or whose arrays fail their hashes is skipped (recorded in the
-    returned plan's `damaged`) and the plan is made again without it; with `strict` the first
-    such step refuses the resume (ValueError). Damaged data is never returned."""
-    found: dict[int, integrity.Damage] = {}
-    while True:
-        ckpt.check_compatible(saver.mngr, plan.latest, like, model=model,
+    """(restored state, plan) from the newest checkpoint that restores and verifies, through
+    the one checkpoint reader (resume.restore_newest). Damaged data is never returned."""
+    def read(step: int):
+        ckpt.check_compatible(saver.mngr, step, like, model=model,
                               saved_model=(plan.saved or {}).get("model"), run_dir=out_dir)
-        try:
-            state, _ = ckpt.restore(saver.mngr, plan.latest, like)
-            return state, plan
-        except integrity.CheckpointDamaged as e:
-            found[e.damage.step] = e.damage
-            if strict:
-                older, _ = newest_intact(out_dir / "checkpoints", found)
-                raise strict_refusal(e.damage, out_dir, older) from None
-            plan = replan(resume=True, skip=found)
+        return ckpt.restore(saver.mngr, step, like)[0]
+    return restore_newest(plan, replan, read, run_dir=out_dir, strict=strict)
 
 
 def _set_aside(plan, saver: ckpt.Saver, out_dir: Path, prog: Progress) -> None:
     """Move the damaged steps newer than the restored one aside (never deleted), say so in one
     line each and in a "fallback" record of metrics.jsonl."""
     moved = []
-    for d in plan.damaged:
-        dest = integrity.quarantine(out_dir / "checkpoints", d)
+    for d, dest in ckpt.set_aside(out_dir / "checkpoints", plan.damaged):
         moved.append({"step": d.step, "reason": d.reason, "detail": d.detail,
-                      "moved_to": str(dest.relative_to(out_dir))})
+                      "moved_to": dest and str(dest.relative_to(out_dir))})
         prog.line(f"{d.text()}; resuming from step {plan.latest}, the newest intact checkpoint "
-                  f"(the damaged step was moved to {dest})")
+                  f"(the damaged step was {f'moved to {dest}' if dest else 'left in place'})")
     saver.mngr.reload()               # orbax lists the steps left in place
     MetricsWriter(out_dir / "metrics.jsonl", prog.line).record(
         {"event": "fallback", "resumed_from": plan.latest, "damaged": moved})

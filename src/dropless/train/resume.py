@@ -9,10 +9,12 @@ with (`lr_decay_steps` is pinned to it), unless `lr_decay_steps` is given explic
 case the change is announced with the LR before and after at the resume step. Shapes and dtypes
 are compared with the checkpoint by `checkpoint.check_compatible`, also before any write.
 
-Damaged checkpoints (integrity.py) are skipped: the plan continues from the newest step whose
-folder is intact and lists the damaged newer ones (`damaged`), which the loop moves aside once
-the older step has been restored and verified; with `strict` a damaged newest step refuses the
-resume instead. A resume asked for (`--resume`) over a directory with no intact checkpoint is
+Damaged checkpoints (integrity.py; malformed metadata counts) are skipped: the plan continues
+from the newest step whose folder is intact and lists the damaged newer ones (`damaged`);
+`restore_newest` restores through the one checkpoint reader (`checkpoint.read_newest`), which
+falls back further when a step's files fail to read or verify, and the loop moves the damaged
+steps aside (`checkpoint.set_aside`) once the older step has been restored and verified; with
+`strict` a damaged newest step refuses the resume instead. A resume asked for (`--resume`) over a directory with no intact checkpoint is
 refused: it would otherwise start again from step 1 inside the old run.
 """
 from __future__ import annotations
@@ -96,6 +98,11 @@ def _no_checkpoint(run_dir: Path, damaged: list[integrity.Damage]) -> ValueError
                       "init_from=DIR to start from a model's weights")
 
 
+def _tokens(fingerprint: dict) -> str:
+    n = fingerprint.get("train_tokens")
+    return f"{n:,}" if type(n) is int else repr(n)[:40]
+
+
 def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
                 stop_at: int | None, echo: Callable[[str], Any], resume: bool = False,
                 strict: bool = False, skip: dict[int, integrity.Damage] | None = None
@@ -119,16 +126,46 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
              f"step {end}; pass steps=N with N > {latest} to train further.{also} "
              "Nothing was changed.")
         return ResumePlan(cfg, latest, latest, True, saved, damaged=tuple(damaged))
-    meta = ckpt.read_meta(run_dir / "checkpoints", latest)
+    meta = ckpt.read_meta(run_dir / "checkpoints", latest)   # its types checked by inspect
     if meta["corpus"] != corpus_fingerprint:
         was, now = meta["corpus"], corpus_fingerprint
         raise ValueError(f"data={cfg.data!r}: checkpoint {latest} in {run_dir} was made on "
-                         f"different data ({was['train_tokens']:,} train tokens, crc32 "
-                         f"{was['crc32']}; this data: {now['train_tokens']:,}, crc32 "
-                         f"{now['crc32']}); resume with the run's own data (drop the data= "
+                         f"different data ({_tokens(was)} train tokens, crc32 "
+                         f"{was.get('crc32')}; this data: {_tokens(now)}, crc32 "
+                         f"{now.get('crc32')}); resume with the run's own data (drop the data= "
                          "override) or start a new run")
     start = int(meta["next_batch"])
     notes: list[str] = []
     if saved is not None:
         cfg = _schedule(cfg, saved, start, notes.append)
     return ResumePlan(cfg, latest, start, False, saved, tuple(notes), tuple(damaged))
+
+
+def restore_newest(plan: ResumePlan, replan: Callable[..., ResumePlan],
+                   read: Callable[[int], Any], *, run_dir: Path, strict: bool
+                   ) -> tuple[Any, ResumePlan]:
+    """(the state `read(step)` restores, the plan for it) from the newest step that restores
+    and verifies, through `checkpoint.read_newest` (the one reader): a step whose files fail to
+    read or whose arrays fail their hashes is recorded in the returned plan's `damaged` and the
+    next older one is tried; with `strict` the first such step refuses the resume
+    (ValueError). `replan(resume=True, skip=...)` makes the plan for an older step (and refuses
+    when none is left). Damaged data is never returned."""
+    directory = run_dir / "checkpoints"
+
+    def guarded(step: int):
+        try:
+            return read(step)
+        except integrity.CheckpointDamaged as e:
+            if strict:
+                older, _ = newest_intact(directory, {e.damage.step: e.damage})
+                raise strict_refusal(e.damage, run_dir, older) from None
+            raise
+    try:
+        found = ckpt.read_newest(directory, guarded, writer_may_run=False,
+                                 skip={d.step: d for d in plan.damaged})
+    except ckpt.NoIntactStep as e:
+        replan(resume=True, skip={d.step: d for d in e.damaged})   # raises: none is left
+        raise
+    if found.step != plan.latest:
+        plan = replan(resume=True, skip={d.step: d for d in found.damaged})
+    return found.value, plan

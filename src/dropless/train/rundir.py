@@ -7,6 +7,16 @@ directory is refused instead of interleaving checkpoints and metrics. The lock i
 directory itself, not on a lock file, so a refused resume leaves the directory byte-identical;
 the kernel drops it when the process dies, even by kill -9.
 
+A folder is a run only if dropless made it: a new run's directory gets the marker file
+`.dropless-run` (a JSON object naming the dropless version and the time) as it is created.
+Training into, or resuming, a non-empty folder without the marker is refused before anything
+is written, in one line saying what the folder looks like (a Hugging Face model folder, a
+dropless model directory, something else) and what to do; a run made before the marker existed
+is recognised by its own structure (config.json holding a TrainConfig, and checkpoints/ or
+metrics.jsonl) and gets its marker once its resume is under way (`RunDir.mark`). Path mistakes
+(`run_name` naming a nested or absolute path, a file where a folder belongs, a folder that
+cannot be written) are refused as ValueError before any compilation.
+
 `heal_metrics` cuts a torn last line of metrics.jsonl (a process killed in the middle of a
 write) back to the last complete record before a resume appends to it.
 """
@@ -16,10 +26,14 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
 from dropless.config import TrainConfig
+from dropless.runtime import files
+
+MARKER = ".dropless-run"      # written into every run directory as it is created
 
 
 class RunDirInUse(RuntimeError):
@@ -33,12 +47,17 @@ class RunDir:
         self.path, self.created, self._fd = path, created, fd
         self.made_parents = made_parents   # RUN_DIR and the folders above it this process made
         self.steps_done = 0          # steps this process completed (set by the loop)
+        self.marked_empty = False    # the marker was written into a folder found empty
 
     def write_json(self, name: str, obj) -> None:
         """Write RUN_DIR/name atomically (a temporary file renamed over it)."""
-        tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(obj, indent=2))
-        os.replace(tmp, self.path / name)
+        files.write_text(self.path / name, json.dumps(obj, indent=2))
+
+    def mark(self) -> None:
+        """Write the run marker unless it is there (a run made before the marker existed gets
+        it here, once its resume is under way)."""
+        if not (self.path / MARKER).exists():
+            write_marker(self.path)
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
@@ -49,6 +68,8 @@ class RunDir:
     def discard(self) -> None:
         """Remove the directory of a new run that never completed a step; release the lock."""
         self.release()
+        if self.marked_empty and (self.path / MARKER).exists():
+            (self.path / MARKER).unlink()    # the folder was found empty: it is left so
         for _ in range(3):   # a file created meanwhile (another thread) fails one pass
             if not self.created or not self.path.exists():
                 break
@@ -93,6 +114,100 @@ def heal_metrics(path: Path) -> str | None:
             f"complete record (line {keep})")
 
 
+def write_marker(path: Path) -> None:
+    """Write the run marker into folder `path`."""
+    # the package's version, read from the package already imported (Python imports
+    # `dropless` before any of its modules), not imported here: it sits above every layer
+    version = sys.modules["dropless"].__version__
+    files.write_text(path / MARKER, json.dumps(
+        {"dropless": version, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _older_run(path: Path) -> bool:
+    """A run directory written before the marker existed: config.json holding a TrainConfig
+    (`model` and `steps`) beside checkpoints/ or metrics.jsonl, and no params/."""
+    conf = _json(path / "config.json")
+    return (isinstance(conf, dict) and {"model", "steps"} <= set(conf)
+            and not (path / "params").exists()
+            and ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file()))
+
+
+def looks_like(path: Path) -> tuple[str, str]:
+    """(what non-empty folder `path`, not a run, looks like; what to do instead)."""
+    conf = _json(path / "config.json")
+    conf = conf if isinstance(conf, dict) else {}
+    if "architectures" in conf or "model_type" in conf or any(path.glob("*.safetensors")):
+        return ("a Hugging Face model folder", f"to train from its weights use "
+                f"init_from=hf:{path} with a new run_name")
+    if "model" in conf and (path / "params").is_dir():
+        return ("a dropless model directory (`dropless convert` output)",
+                f"to train from its weights use init_from={path} with a new run_name")
+    if "model" in conf:
+        return ("a dropless directory without a run's checkpoints/ or metrics.jsonl",
+                "pick a new run_name (or empty the folder)")
+    names = sorted(p.name for p in path.iterdir())
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"something else (it holds {shown})", "pick a new run_name or run_dir (or empty "
+            "the folder)")
+
+
+_PREPARED = ("checkpoints", "tb", "profile")   # empty folders a user may make (mount) first
+
+
+def _empty(path: Path) -> bool:
+    """True for a folder holding nothing, or only empty folders a run would make itself (a
+    checkpoints/ mount point prepared before the run)."""
+    return all(p.name in _PREPARED and p.is_dir() and not any(p.iterdir())
+               for p in path.iterdir())
+
+
+def check_is_run(path: Path) -> bool:
+    """Raise ValueError unless folder `path` may be trained into: a run (its marker, or a run
+    made before the marker existed) or an empty folder (see `_empty`); True when empty."""
+    if (path / MARKER).exists() or _older_run(path):
+        return False
+    if _empty(path):
+        return True
+    kind, todo = looks_like(path)
+    raise ValueError(f"{path} is not a dropless run (it has no {MARKER}): it looks like {kind}; "
+                     f"nothing was changed. To start a run, {todo}")
+
+
+def check_run_name(name: str) -> None:
+    """Raise ValueError unless `name` is one folder name (no separator, not `.` or `..`)."""
+    if not name:
+        return
+    if "/" in name or os.sep in name or name in (".", "..") or name != name.strip():
+        raise ValueError(f"run_name={name!r} must be one folder name (no '/', not '.' or '..', "
+                         "no surrounding spaces); put the folders above it in run_dir=")
+
+
+def _make_root(root: Path) -> None:
+    """Create run_dir (and the folders above it); ValueError for a file in the way or a folder
+    that cannot be written."""
+    for p in (root, *root.parents):
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"run_dir={str(root)!r}: {p} is a file, not a folder; set run_dir "
+                             "to a folder")
+        if p.exists():
+            break
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"run_dir={str(root)!r} cannot be created ({e.strerror}); set run_dir "
+                         "to a writable folder") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ValueError(f"run_dir={str(root)!r} is not writable; set run_dir to a writable "
+                         "folder (or fix its permissions)")
+
+
 def _lock(path: Path) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -105,12 +220,14 @@ def _lock(path: Path) -> int:
 
 
 def open_run_dir(cfg: TrainConfig) -> RunDir:
-    """Open (and lock) RUN_DIR/run_name, creating it if absent; with no run_name, create a new
-    uniquely named RUN_DIR/<YYYYmmdd-HHMMSS>-<preset>[-N]. Raises RunDirInUse if another process
-    holds it, OSError if the parent cannot be written."""
+    """Open (and lock) RUN_DIR/run_name, creating it (with its marker) if absent; with no
+    run_name, create a new uniquely named RUN_DIR/<YYYYmmdd-HHMMSS>-<preset>[-N]. Raises
+    ValueError for a path mistake or a folder that is not a run (see the module doc),
+    RunDirInUse if another process holds it."""
     root = Path(cfg.run_dir)
+    check_run_name(cfg.run_name)
     made = tuple(p for p in (root, *root.parents) if not p.exists())   # innermost first
-    root.mkdir(parents=True, exist_ok=True)
+    _make_root(root)
     if cfg.run_name:
         path = root / cfg.run_name
         try:
@@ -121,7 +238,11 @@ def open_run_dir(cfg: TrainConfig) -> RunDir:
                 raise ValueError(f"run_name={cfg.run_name!r}: {path} exists and is not a "
                                  "directory; pick another run_name") from None
             created = False
-        return RunDir(path, created, _lock(path), made if created else ())
+        empty = False if created else check_is_run(path)
+        run = RunDir(path, created, _lock(path), made if created else ())
+        if created or empty:
+            _mark_new(run, empty)
+        return run
     base = time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.preset or 'custom'}"
     for n in range(1, 10_000):
         path = root / (base if n == 1 else f"{base}-{n}")
@@ -129,5 +250,16 @@ def open_run_dir(cfg: TrainConfig) -> RunDir:
             path.mkdir()
         except FileExistsError:
             continue
-        return RunDir(path, True, _lock(path), made)
+        run = RunDir(path, True, _lock(path), made)
+        _mark_new(run, False)
+        return run
     raise RuntimeError(f"could not create a unique run directory under {root} for {base}")
+
+
+def _mark_new(run: RunDir, empty: bool) -> None:
+    try:
+        write_marker(run.path)
+    except BaseException:
+        run.discard() if run.created else run.release()
+        raise
+    run.marked_empty = empty
