@@ -62,3 +62,16 @@ def test_config_show_has_only_finite_numbers(capsys):
             yield x
     assert all(math.isfinite(v) for v in numbers(doc))
     assert main(["config", "show", "weight_decay=inf"]) == 2   # a non-finite value is refused
+
+
+def test_restore_inverts_finite_for_scalars_lists_and_nested_objects():
+
+
+    obj = {"loss": math.nan, "l": [1.0, math.inf, [2.0, -math.inf]], "d": {"x": math.nan},
+           "ok": 1, "none": None}
+    back = json_out.restore(json.loads(json_out.dumps(obj)))
+    assert set(back) == set(obj) and back["ok"] == 1 and back["none"] is None
+    assert math.isnan(back["loss"]) and math.isnan(back["d"]["x"])
+    assert back["l"][:1] == [1.0] and back["l"][1] == math.inf and back["l"][2] == [2.0, -math.inf]
+    plain = {"a": None, "a_nonfinite": 3}      # not one `finite` wrote: left as it is
+    assert json_out.restore(plain) == plain

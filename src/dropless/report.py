@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dropless import json_out
+
 
 # what `summary` and `draw` read from each record, by event: field -> whether it may be absent
 # or null (numbers are ints or floats, NaN and infinities included; `step` is an int)
@@ -57,7 +59,7 @@ def _records(path: Path, skipped: list[str]):
         if not raw.strip():
             continue
         try:
-            rec = json.loads(raw)
+            rec = json_out.restore(json.loads(raw))
         except (ValueError, UnicodeDecodeError):
             rec = None
         if not isinstance(rec, dict):

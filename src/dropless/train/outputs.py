@@ -10,6 +10,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from dropless import json_out
 from dropless.config import TrainConfig
 from dropless.data import corpus as data_lib
 from dropless.data import loader as loader_lib
@@ -27,7 +28,7 @@ class MetricsWriter:
 
     def record(self, rec: dict, line: str | None = None) -> None:
         with open(self.path, "a") as fh:
-            fh.write(json.dumps(rec, default=float) + "\n")
+            fh.write(json_out.dumps(rec, default=float) + "\n")
         if line:
             self.echo(line)
 
