@@ -3,7 +3,8 @@
 Usage: python loader_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID DATA_DIR OUT_NPZ
 Each process has 2 host CPU devices (XLA_FLAGS from the parent); the batch is sharded over all
 4. Each process builds only its rows of batches `INDICES` of the prepared dataset in DATA_DIR
-(data.loader.Loader with the batch sharding), a masked loss is computed on the global batch,
+(data.loader.Loader with the batch sharding), the trainer's loss (train.step.loss_fn) is computed
+on the global batch,
 and process 0 writes the gathered batches, the losses and each process's row range to OUT_NPZ.
 """
 from __future__ import annotations
@@ -19,13 +20,30 @@ INDICES = (0, 3, 11)
 
 
 def loss(batch):
-    """A loss that reads every field: a fixed bigram table's masked cross-entropy, weighted by
-    position and segment."""
-    table = jnp.sin(jnp.arange(256 * 256, dtype=jnp.float32)).reshape(256, 256)
-    logits = table[batch.tokens_BS] + 0.01 * batch.positions_BS[..., None]
-    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch.targets_BS[..., None], -1)[..., 0]
-    w = batch.loss_mask_BS * (1.0 + 0.1 * batch.segment_ids_BS)
-    return jnp.sum(nll * w) / jnp.sum(batch.loss_mask_BS)
+    """The trainer's objective (train.step.loss_fn: the model's masked cross-entropy, MTP and
+    balance losses) of a small MLA model with MoE layers, fixed weights, on `batch` (call
+    `_model()` once outside jit first)."""
+    from dropless.train import step
+    cfg, params = _model()
+    return step.loss_fn(jax.tree.map(jnp.asarray, params), batch, cfg)[0]
+
+
+_MODEL = []
+
+
+def _model():
+    """(TrainConfig, params as host arrays): the same in every process, built once."""
+    if not _MODEL:
+        from dropless.config import ModelConfig, MoEConfig, TrainConfig
+        from dropless.models import deepseek
+        moe = MoEConfig(num_experts=4, top_k=2, d_model=32, d_ff=16, gmm_backend="ragged_dot")
+        model = ModelConfig(vocab_size=256, d_model=32, num_layers=2, num_heads=2, d_ff=64,
+                            kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                            v_head_dim=8, mtp_depth=1, moe=moe)
+        cfg = TrainConfig(model=model, seq_len=S, packing=PACKING, seed=SEED)
+        params = jax.tree.map(np.asarray, deepseek.init_params(jax.random.PRNGKey(0), model))
+        _MODEL.append((cfg, params))
+    return _MODEL[0]
 
 
 def batches(data_dir: str, sharding):
@@ -53,6 +71,7 @@ def main(argv: list[str]) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     mesh = Mesh(np.array(jax.devices()), ("data",))
     got, rows = batches(data_dir, NamedSharding(mesh, PartitionSpec("data")))
+    _model()
     losses = [float(jax.jit(loss)(b)) for b in got]
     fields = [multihost_utils.process_allgather(b, tiled=True) for b in got]
     all_rows = multihost_utils.process_allgather(np.array(rows))
