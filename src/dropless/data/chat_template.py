@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dropless.data.readers import json_object
+
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                 "mask_token")
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
@@ -91,14 +93,7 @@ def read_chat_template(folder: str | Path) -> ChatTemplate | None:
     special token or a template Jinja cannot parse."""
     folder = Path(folder)
     config_path = folder / "tokenizer_config.json"
-    config: dict = {}
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{config_path}: not valid JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"{config_path}: expected a JSON object")
+    config = json_object(config_path) if config_path.is_file() else {}
     jinja_path = folder / "chat_template.jinja"
     if jinja_path.is_file():
         text, source = jinja_path.read_text(encoding="utf-8"), str(jinja_path)

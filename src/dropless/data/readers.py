@@ -121,7 +121,7 @@ def _saved_dataset(folder: Path, spec: str) -> list[Path] | None:
     """The Arrow files of a `datasets.save_to_disk` folder in its own order (a DatasetDict
     folder: its train split's), or None when `folder` is not one."""
     if (folder / "dataset_dict.json").is_file():
-        splits = _json_file(folder / "dataset_dict.json").get("splits", [])
+        splits = json_object(folder / "dataset_dict.json").get("splits", [])
         if "train" not in splits:
             raise ValueError(f"source {spec!r}: {folder} is a DatasetDict with splits "
                              f"{', '.join(map(str, splits)) or '(none)'} and no 'train'; give "
@@ -129,7 +129,7 @@ def _saved_dataset(folder: Path, spec: str) -> list[Path] | None:
         return _saved_dataset(folder / "train", spec)
     if not (folder / "state.json").is_file():
         return None
-    files = _json_file(folder / "state.json").get("_data_files")
+    files = json_object(folder / "state.json").get("_data_files")
     if not isinstance(files, list) or not all(isinstance(f, dict) and "filename" in f
                                               for f in files):
         raise ValueError(f"{folder / 'state.json'}: '_data_files' must be a list of "
@@ -141,7 +141,9 @@ def _saved_dataset(folder: Path, spec: str) -> list[Path] | None:
     return paths
 
 
-def _json_file(path: Path) -> dict:
+def json_object(path: Path) -> dict:
+    """The JSON object in `path`. Raises ValueError naming the file when it is not valid JSON
+    or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -18,14 +18,15 @@ import os
 import signal
 import socket
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 EXIT_SIGINT = 130   # 128 + SIGINT
 EXIT_SIGTERM = 75   # sysexits EX_TEMPFAIL, as `dropless train` when preempted
 CODES = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
 
 
-def _watch(sock: socket.socket, what: str) -> None:
+def _watch(sock: socket.socket, on_signal: Callable[[int], None]) -> None:
+    """The watcher thread: each byte read is a signal number the C-level handler wrote."""
     while True:
         try:
             data = sock.recv(16)
@@ -34,12 +35,37 @@ def _watch(sock: socket.socket, what: str) -> None:
         if not data:
             return
         for signum in data:
-            if signum in CODES:
-                name = signal.Signals(signum).name
-                try:
-                    os.write(2, f"dropless: {name}: {what} stopped, nothing written\n".encode())
-                finally:
-                    os._exit(CODES[signum])
+            on_signal(signum)
+
+
+@contextlib.contextmanager
+def signal_watcher(on_signal: Callable[[int], None], name: str) -> Iterator[None]:
+    """Within the block, every signal Python's C-level handler sees reaches `on_signal(signum)`
+    on a watcher thread (`name`), through `signal.set_wakeup_fd`: also while the main thread sits
+    in one C++ call (a compile), where no Python handler runs. Installs no handler itself; the
+    previous wakeup fd is restored after the block. Main thread only (as set_wakeup_fd)."""
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    thread = threading.Thread(target=_watch, args=(r, on_signal), name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        r.shutdown(socket.SHUT_RDWR)
+        thread.join(timeout=1.0)
+        r.close()
+        w.close()
+
+
+def _exit_now(signum: int, what: str) -> None:
+    if signum in CODES:
+        try:
+            os.write(2, f"dropless: {signal.Signals(signum).name}: {what} stopped, nothing "
+                        "written\n".encode())
+        finally:
+            os._exit(CODES[signum])
 
 
 @contextlib.contextmanager
@@ -50,22 +76,12 @@ def exit_on_signals(what: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    r, w = socket.socketpair()
-    w.setblocking(False)
-    old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
-    # a Python-level handler that does nothing: the C-level one still writes the signal number
-    # to the wakeup fd, and no KeyboardInterrupt unwinds the main thread
-    old = {s: signal.signal(s, lambda *_: None) for s in CODES}
-    thread = threading.Thread(target=_watch, args=(r, what), name="dropless-exit-on-signal",
-                              daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        signal.set_wakeup_fd(old_fd)
-        r.shutdown(socket.SHUT_RDWR)
-        thread.join(timeout=1.0)
-        r.close()
-        w.close()
+    with signal_watcher(lambda signum: _exit_now(signum, what), "dropless-exit-on-signal"):
+        # a Python-level handler that does nothing: the C-level one still writes the signal
+        # number to the wakeup fd, and no KeyboardInterrupt unwinds the main thread
+        old = {s: signal.signal(s, lambda *_: None) for s in CODES}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)

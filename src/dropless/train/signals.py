@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import threading
 from typing import Callable, Iterator
+
+from dropless.runtime.interrupt import signal_watcher
 
 EXIT_PREEMPTED = 75          # sysexits EX_TEMPFAIL: stopped cleanly, run the resume command later
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -72,36 +73,13 @@ def _say(text: str) -> None:
         pass
 
 
-def _watch(sock: socket.socket, req: StopRequest) -> None:
-    """The watcher thread: each byte read is a signal number the C-level handler wrote."""
-    while True:
-        try:
-            data = sock.recv(16)
-        except OSError:
-            return
-        if not data:
-            return
-        for signum in data:
-            if signum in SIGNALS and req.starting:
-                req._startup_exit(signum)        # noqa: SLF001 - the request's own watcher
-
-
-@contextlib.contextmanager
-def _startup_watcher(req: StopRequest) -> Iterator[None]:
-    r, w = socket.socketpair()
-    w.setblocking(False)
-    old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
-    thread = threading.Thread(target=_watch, args=(r, req), name="dropless-signals",
-                              daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(old)
-        r.shutdown(socket.SHUT_RDWR)
-        thread.join(timeout=1.0)
-        r.close()
-        w.close()
+def _startup_watcher(req: StopRequest):
+    """While `req` is starting, a stop signal ends start-up through `req._startup_exit`, also
+    while the main thread is inside one C++ call (`runtime.interrupt.signal_watcher`)."""
+    def on_signal(signum: int) -> None:
+        if signum in SIGNALS and req.starting:
+            req._startup_exit(signum)        # noqa: SLF001 - the request's own watcher
+    return signal_watcher(on_signal, "dropless-signals")
 
 
 @contextlib.contextmanager
