@@ -453,6 +453,77 @@ def chat_fixtures() -> None:
     print(f"transformers {transformers.__version__}: chat fixtures in {CHAT}", file=sys.stderr)
 
 
+TRAJECTORY = ROOT / "trajectory"
+
+
+def trajectory_lr(setup: dict, step: int) -> float:
+    """dropless's schedule (train.step.lr_schedule, optax's warmup_cosine_decay_schedule),
+    derived here from its definition: linear from 0 to learning_rate over warmup_steps, then a
+    cosine to learning_rate * min_lr_ratio at `steps` (lr_decay_steps 0)."""
+    peak, warm = setup["learning_rate"], setup["warmup_steps"]
+    if step < warm:
+        return peak * step / warm
+    span = max(setup["steps"], warm + 1) - warm
+    cos = 0.5 * (1 + math.cos(math.pi * min(step - warm, span) / span))
+    end = peak * setup["min_lr_ratio"]
+    return end + (peak - end) * cos
+
+
+def trajectory_run(d: Path) -> dict:
+    """Train the model of folder d (hf.save's initial weights) on its batches.npy with
+    torch.optim.AdamW as dropless's trainer does: lr per step from `trajectory_lr`, decay on
+    the matrices only (norm weights, 1-D, are not decayed: dropless's mask), global-norm
+    clipping at grad_clip (torch.nn.utils.clip_grad_norm_) before the step, loss the mean
+    next-token cross-entropy. Every parameter steps every step, as optax's do: one that got no
+    gradient (an expert no token reached, transformers 4.x) gets a zero one, not torch's skip.
+    Returns the per-step lr, loss, pre-clip gradient norm and whether the step clipped."""
+    setup = json.loads((d / "setup.json").read_text())
+    windows = torch.tensor(np.load(d / "batches.npy")).long()
+    cls = getattr(transformers, json.loads((d / "config.json").read_text())["architectures"][0])
+    model, info = cls.from_pretrained(d, attn_implementation="eager", torch_dtype=torch.float32,
+                                      output_loading_info=True)
+    missing = [k for k in info["missing_keys"] if not k.endswith("rotary_emb.inv_freq")]
+    assert not missing and not info["unexpected_keys"], info   # every weight is the fixture's
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": setup["weight_decay"]},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=0.0, betas=(setup["adam_b1"], setup["adam_b2"]),
+                            eps=setup["adam_eps"])
+    out = {"torch": torch.__version__, "lr": [], "loss": [], "grad_norm": [], "clipped": []}
+    for step in range(setup["steps"]):
+        opt.zero_grad(set_to_none=True)
+        logits = model(windows[step, :, :-1]).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 windows[step, :, 1:].reshape(-1))
+        loss.backward()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, setup["grad_clip"]))
+        lr = trajectory_lr(setup, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        for k, v in (("lr", lr), ("loss", loss.item()), ("grad_norm", norm),
+                     ("clipped", norm > setup["grad_clip"])):
+            out[k].append(v)
+    assert any(out["clipped"]) and not all(out["clipped"]), out["grad_norm"]   # both kinds
+    return out
+
+
+def trajectory_fixtures() -> None:
+    """trajectory.json of every tests/fixtures/hf/trajectory/<family>/: this transformers
+    version's entry (`trajectory_run`), the other versions' kept."""
+    for d in sorted(p for p in TRAJECTORY.iterdir() if (p / "setup.json").is_file()):
+        path = d / "trajectory.json"
+        runs = json.loads(path.read_text()) if path.is_file() else {}
+        runs[transformers.__version__] = run = trajectory_run(d)
+        path.write_text(json.dumps(dict(sorted(runs.items())), indent=1) + "\n")
+        print(f"{d.name}: loss {run['loss'][0]:.4f} -> {run['loss'][-1]:.4f}, clipped "
+              f"{sum(run['clipped'])}/{len(run['clipped'])} steps", file=sys.stderr)
+
+
 def main() -> None:
     if "--chat" in sys.argv:
         chat_fixtures()
@@ -460,6 +531,9 @@ def main() -> None:
     if torch is None:
         sys.exit("make_hf_fixtures.py: the checkpoint fixtures need torch and safetensors "
                  "(see the module docstring); --chat needs neither")
+    if "--trajectory" in sys.argv:
+        trajectory_fixtures()
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     if "--counts-only" not in sys.argv:   # only the released configs' counts and the defaults
         checkpoints()
