@@ -20,6 +20,14 @@ needs transformers and tokenizers, no torch:
     /tmp/venv-chat/bin/python tools/make_hf_fixtures.py --chat
 (and again with transformers==4.57.6: reference.json holds one entry per version)
 
+`--trajectory` writes only trajectory.json in each tests/fixtures/hf/trajectory/<family>/ (this
+version's entry; see `trajectory_run`): the folder's weights, batches and setup.json are
+dropless's, written first in the dropless venv (no transformers there):
+
+    PYTHONPATH=src .venv/bin/python -m tests._support.trajectory
+    /tmp/venv-tf4/bin/python tools/make_hf_fixtures.py --trajectory
+    /tmp/venv-tf5/bin/python tools/make_hf_fixtures.py --trajectory
+
 Each fixture folder holds what `save_pretrained` wrote (config.json, safetensors, maybe an
 index), plus
   * `reference.npz`: `tokens` [2, 12], the float32 `logits` transformers computed for them and

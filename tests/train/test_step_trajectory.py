@@ -14,9 +14,9 @@ train.step.train_step, as the loop runs them. Losses and gradient norms must agr
 late, eps inside the square root, the router-bias update on) must each break that agreement by
 1e-4 or more; they share one compiled gradient (train.step.loss_fn's) and step their own
 optimizer (train.step.make_optimizer under the mutation), with the harness itself checked to
-reproduce train_step. The per-expert reference grouped matmul and XLA's backend optimisation
-level 0 keep the compiles short (neither changes a result here; backends are checked against
-the reference in tests/ops).
+reproduce train_step. The ragged_dot grouped matmul and XLA's backend optimisation level 0
+keep the compiles short (neither changes a result here; the backends are checked against the
+per-expert reference in tests/ops).
 """
 import functools
 import json
@@ -47,13 +47,23 @@ def windows(family: str) -> jax.Array:
 
 
 def config(family: str, **changes):
-    return tj.train_config(family, **{"model.moe.gmm_backend": "reference", **changes})
+    return tj.train_config(family, **{"model.moe.gmm_backend": "ragged_dot", **changes})
 
 
 def start(cfg):
-    """The trainer's start from init_from: init_state's optimizer, the folder's parameters."""
-    state, opt = st.init_state(cfg)
-    state["params"] = initial_params(cfg)
+    """The loop's start from init_from: train.step.init_state's state and optimizer with the
+    folder's parameters (train.init_from.initial_params). The random parameters init_state
+    draws, replaced there, are not computed here (their random draws take seconds to compile):
+    the state is built from make_optimizer, as init_state does, and checked against
+    init_state's in structure, shapes and dtypes."""
+    params = initial_params(cfg)
+    opt = st.make_optimizer(cfg, params)
+    state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
+             "rng": jax.random.PRNGKey(cfg.seed)}
+    like = jax.eval_shape(lambda: st.init_state(cfg)[0])
+    assert jax.tree.structure(like) == jax.tree.structure(state)
+    assert all(a.shape == b.shape and a.dtype == b.dtype
+               for a, b in zip(jax.tree.leaves(like), jax.tree.leaves(state)))
     return state, opt
 
 
