@@ -8,9 +8,10 @@ per-step loss, pre-clip gradient norm and lr of transformers 4.57.6 and 5.24.0 t
 with AdamW at dropless's schedule, weight-decay mask and clipping (active on some steps only).
 
 Here the trainer trains the same: the folder loaded through `init_from=hf:DIR`
-(train.init_from.initial_params), train.step.init_state's optimizer and the jitted
-train.step.train_step, as the loop runs them. Losses and gradient norms must agree at relative
-1e-5 on every step. Mutations of the trainer (no clipping, decay on the norms, the lr one step
+(train.init_from.initial_params), init_state's optimizer (train.step.make_optimizer) and the
+jitted train.step.train_step, as the loop runs them. Losses and gradient norms must agree at
+relative 1e-5 on every step, the lr with the fixture's. Mutations of the trainer, on the
+DeepSeek-V3 model (the one with a routing bias) (no clipping, decay on the norms, the lr one step
 late, eps inside the square root, the router-bias update on) must each break that agreement by
 1e-4 or more; they share one compiled gradient (train.step.loss_fn's) and step their own
 optimizer (train.step.make_optimizer under the mutation), with the harness itself checked to
