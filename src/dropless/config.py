@@ -162,12 +162,18 @@ class MoEConfig:
     ragged_buffer_factor: float = 2.0
     overflow: str = "rounds"
     overflow_check_every_n_steps: int = 1
+    # dispatch overlapped with the expert matmuls (moe/dispatch/overlap.py, docs/overlap.md):
+    # each device's tokens in this many chunks, each its own dispatch -> experts -> combine, so
+    # chunk i+1's dispatch and chunk i-1's combine can run while chunk i computes. 1 = off.
+    # Megatron-Core's nearest is overlap_moe_expert_parallel_comm (two micro-batches); Tutel /
+    # DeepSpeed call this number a2a_ffn_overlap_degree.
+    ep_comm_overlap_chunks: int = 1
 
     def __post_init__(self) -> None:
         c = "MoEConfig"
         _check_types(self)
         _positive_ints(c, self, ("num_experts", "top_k", "d_model", "d_ff", "n_groups",
-                                 "overflow_check_every_n_steps"))
+                                 "overflow_check_every_n_steps", "ep_comm_overlap_chunks"))
         _positive_ints(c, self, ("num_shared_experts",), allow_zero=True)
         if self.top_k > self.num_experts:
             _fail(c, "top_k", self.top_k, f"must be <= num_experts={self.num_experts}")

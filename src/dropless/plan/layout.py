@@ -264,7 +264,8 @@ def groups(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, Group]:
 def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
     """The plan under the names `dropless plan` shows (its flags and the `layout` of its JSON):
     gpus, fsdp, ep, data, per_device_batch, seq_len, remat, the MoE layer's gmm_quantization,
-    dispatcher (as planned) and ragged_buffer_factor, the dtypes and the planner's settings."""
+    dispatcher (as planned), ragged_buffer_factor and ep_comm_overlap_chunks, the dtypes and the
+    planner's settings."""
     m, moe, model = cfg.mesh, cfg.moe, cfg.model
     return {"gpus": m.num_devices, "fsdp": m.fsdp, "ep": m.expert, "data": m.data,
             "per_device_batch": cfg.run.per_device_batch_size, "seq_len": cfg.run.seq_len,
@@ -273,7 +274,9 @@ def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
             "dispatcher": cfg.planned_dispatcher, "dedup": cfg.dedup,
             "ragged_buffer_factor": (moe.ragged_buffer_factor if moe is not None
                                      else BUFFER_FACTOR_WITHOUT_MOE),
-            "overlap": cfg.overlap, "weight_dtype": model.weight_dtype,
+            "overlap": cfg.overlap,
+            "ep_comm_overlap_chunks": moe.ep_comm_overlap_chunks if moe is not None else 1,
+            "weight_dtype": model.weight_dtype,
             "optimizer_dtype": cfg.optimizer_dtype, "activation_dtype": model.dtype,
             "master_weights": cfg.master_weights, "devices_per_node": cfg.devices_per_node,
             "gmm_tile": cfg.gmm_tile, "shard_non_expert_over_ep": cfg.shard_non_expert_over_ep,

@@ -9,7 +9,9 @@ Per layer (dense and MoE separately, then times their counts):
   offload   = offloaded activations written to host in forward and read back in backward
   data      = all-reduce of the layer's gradient shard across replicas
 overlap=none adds every part. overlap=fsdp hides fsdp, data and offload behind the layer's
-compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too.
+compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too. A chunked MoE
+layer (`moe.ep_comm_overlap_chunks` > 1) hides its EP transfers behind its own grouped
+matmuls as plan/overlap.py's pipeline allows, under overlap none and fsdp alike.
 `kernel_time` (the sum of all parts, nothing hidden) gives the shares the reference quotes
 ("84% of kernel time in communication"); `step_time` is what a user waits for.
 """
@@ -20,6 +22,7 @@ from dropless.models import arithmetic as ar
 from dropless.models.arithmetic import KINDS, layer_params
 from dropless.plan import comm, flops, memory
 from dropless.plan.layout import REMAT, PlanConfig, flat_settings, groups, node_size
+from dropless.plan.overlap import chunks, ep_pipeline
 
 # Each activation byte is touched ~6 times by memory-bound kernels in a training step: written
 # and read in the forward pass, its gradient written and read, and once more by the
@@ -75,7 +78,8 @@ def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
         fwd["gemm"] -= sum(ar.attention_proj_flops(s).values())
         fwd["attention"] = 0.0
     rec = _recompute_flops(cfg, fwd)
-    pad = 1.0 + flops.padding_fraction(s, t, ep, cfg.gmm_tile) if moe else 1.0
+    # each chunk of a chunked layer pads its own expert groups
+    pad = 1.0 + flops.padding_fraction(s, t // chunks(cfg), ep, cfg.gmm_tile) if moe else 1.0
     out = {}
     waste = {"gmm": pad, "attention": 2.0 if cfg.attention_impl == "naive" else 1.0}
     for k in KINDS:
@@ -93,28 +97,27 @@ def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
                    + (2 + grad_scale) * comm.collective_time(exp_b, g["fsdp"], hw))
     shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
     out["data"] = 2 * comm.collective_time(shard, g["data"], hw)
-    out["ep"] = 0.0
-    if moe and ep > 1:
-        n = comm.ep_transfers_per_layer(cfg)
-        if cfg.planned_dispatcher == "allgather":
-            full = t * ep * s.d_model * ab
-            out["ep"] = n * comm.collective_time(full, g["expert"], hw)
-        else:
-            out["ep"] = n * comm.a2a_time(comm.ep_bytes_per_transfer(cfg, hw), cfg, hw)
+    # every chunk's dispatch and combine (plan/overlap.py; one chunk unless the layer is chunked)
+    out["ep"] = ep_pipeline(cfg, hw, out["gmm"])["kernel_s"] if moe and ep > 1 else 0.0
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
     out["offload"] = 2 * host * t / hw.host_bw
     return out
 
 
-def _exposed(parts: dict[str, float], overlap: str, cost: float) -> dict[str, float]:
+def _exposed(parts: dict[str, float], overlap: str, cost: float,
+             ep_chunked: dict[str, float] | None = None) -> dict[str, float]:
     """What each part adds to the step: a hidden part shows where it outlasts the layer's
-    compute, plus `cost` x the overlapped time (the SMs and HBM the collective takes)."""
+    compute, plus `cost` x the overlapped time (the SMs and HBM the collective takes).
+    `ep_chunked` (plan/overlap.ep_pipeline of a chunked MoE layer): EP exposed as its
+    pipeline leaves it, unless overlap="full" hides more."""
     compute = sum(parts[k] for k in (*KINDS, "elementwise"))
     hidden = {"none": (), "fsdp": ("fsdp", "data", "offload"),
               "full": ("fsdp", "data", "offload", "ep")}[overlap]
     out = {}
     for k, v in parts.items():
         out[k] = max(0.0, v - compute) + cost * min(v, compute) if k in hidden else v
+    if ep_chunked is not None and "ep" not in hidden:
+        out["ep"] = ep_chunked["exposed_s"] + cost * ep_chunked["hidden_s"]
     return out
 
 
@@ -140,15 +143,18 @@ def predict(cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom") -> di
     s = cfg.model
     n_moe = s.num_moe_layers + (s.mtp_depth if s.moe is not None else 0)
     n_dense = s.num_layers - s.num_moe_layers + (s.mtp_depth if s.moe is None else 0)
-    per_type = [(n_dense, layer_times(cfg, hw, False))]
+    per_type = [(n_dense, layer_times(cfg, hw, False), None)]
     if n_moe:
-        per_type.append((n_moe, layer_times(cfg, hw, True)))
+        parts = layer_times(cfg, hw, True)
+        chunked = (ep_pipeline(cfg, hw, parts["gmm"])
+                   if chunks(cfg) > 1 and cfg.mesh.expert > 1 else None)
+        per_type.append((n_moe, parts, chunked))
     kernel: dict[str, float] = {}
     exposed: dict[str, float] = {}
-    for count, parts in per_type:
+    for count, parts, chunked in per_type:
         for k, v in parts.items():
             kernel[k] = kernel.get(k, 0.0) + count * v
-        for k, v in _exposed(parts, cfg.overlap, hw.overlap_cost).items():
+        for k, v in _exposed(parts, cfg.overlap, hw.overlap_cost, chunked).items():
             exposed[k] = exposed.get(k, 0.0) + count * v
     for k, v in head_times(cfg, hw).items():
         kernel[k] += v

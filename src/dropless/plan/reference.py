@@ -49,6 +49,10 @@ VARIANTS = {
         "static chunks without dedup, bf16, nothing overlapped",
         {"dispatcher": "a2a", "gmm_quantization": "none"},
         {"dedup": False, "overlap": "none", "devices_per_node": 4}),
+    "optimised, EP in 4 chunks (ep_comm_overlap_chunks=4)": (
+        "optimised + each MoE layer's tokens in 4 chunks: a chunk's dispatch/combine hidden "
+        "behind the other chunks' grouped matmuls (plan/overlap.py)",
+        {"ep_comm_overlap_chunks": 4}, {}),
     "EP overlapped (Megatron-style)": (
         "optimised + dispatch/combine overlapped with compute (two micro-batches)",
         {}, {"overlap": "full"}),

@@ -11,6 +11,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _chunked(k: int) -> str:
+    return f" + EP in {k} chunks" if k > 1 else ""
+
+
 def format_plan(r: dict) -> str:
     """The sections of `dropless plan`: layout, memory, FLOPs, bytes, step time, shares."""
     lay, mem, fl, by, tm = r["layout"], r["memory"], r["flops"], r["bytes"], r["time"]
@@ -22,7 +26,8 @@ def format_plan(r: dict) -> str:
              f"{lay['remat']}, offload {','.join(lay['offload']) or 'none'}, gmm "
              f"{lay['gmm_quantization']}, dispatcher {lay['dispatcher']}"
              f"{' + dedup' if lay['dedup'] else ''}, buffer factor "
-             f"{lay['ragged_buffer_factor']}, overlap {lay['overlap']}", "",
+             f"{lay['ragged_buffer_factor']}, overlap {lay['overlap']}"
+             f"{_chunked(lay['ep_comm_overlap_chunks'])}", "",
              "Memory per device (GiB):"]
     rows = [{"part": k, "GiB": mem[k] / GiB} for k in
             ("parameters", "gradients", "optimizer_state", "gathered_weights", "activations",

@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec
 from dropless.config import MoEConfig
 from dropless.moe.dispatch.context import (EPContext, make_context, multi_node_groups,
                                             split_expert_axis)
+from dropless.moe.dispatch.overlap import chunk_tokens, chunked
 from dropless.moe.dispatch.registry import (DISPATCHERS, LOCAL, DispatcherSpec,
                                              platform_choices, resolve_dispatcher)
 from dropless.moe.dispatch.send_plan import SendPlan
@@ -171,7 +172,10 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     spec = DISPATCHERS[name]
     if spec.split_nodes:
         mesh = split_expert_axis(mesh)
-    ctx = make_context(cfg, mesh, x_TD.shape[0], x_TD.dtype)
+    # ep_comm_overlap_chunks: the context (buffers, rounds) is one token chunk's (overlap.py)
+    chunks = cfg.ep_comm_overlap_chunks
+    ctx = make_context(cfg, mesh, chunk_tokens(x_TD.shape[0], jax_mesh(mesh).size, chunks),
+                       x_TD.dtype)
     tok = PartitionSpec(ctx.all_axes)
     exp_specs = {k: PartitionSpec(ctx.expert_axis) for k in experts}
     body = functools.partial(_per_device, spec=spec, ctx=ctx)
@@ -185,7 +189,8 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
         per_platform = {p: bodies[n] for p, n in choices.items() if n != choices["cpu"]}
         body = functools.partial(_platform_dependent, default=bodies[choices["cpu"]],
                                  per_platform=per_platform)
-    fn = jax.shard_map(body, mesh=jax_mesh(mesh), in_specs=(tok, tok, tok, exp_specs),
+    fn = jax.shard_map(chunked(body, chunks), mesh=jax_mesh(mesh),
+                       in_specs=(tok, tok, tok, exp_specs),
                        out_specs=(tok, PartitionSpec()), check_vma=False)
     y_TD, stats = fn(x_TD, routing.weights_TK, routing.ids_TK, experts)
     return y_TD, sizes_E, stats
