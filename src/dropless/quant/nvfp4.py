@@ -4,8 +4,8 @@ Legend: M rows (routed tokens, sorted by group), K columns, N output columns, G 
 P rows of the group-aligned layout (each group padded to a multiple of 16 rows), L = 16 elements
 in one block, nb blocks along an axis.
 
-The format, as NVIDIA's NVFP4 pre-training recipe defines it (arXiv:2509.25149, section 2 and
-appendix; Transformer Engine's NVFP4 quantizer computes the same):
+The format, as NVIDIA's NVFP4 pre-training recipe describes it (arXiv:2509.25149); the order of
+the float32 operations below is this module's definition (the NumPy test reference follows it):
   * elements are E2M1: sign, 2 exponent bits, 1 mantissa bit; magnitudes {0, 0.5, 1, 1.5, 2, 3,
     4, 6} (0.5 is the one subnormal), no Inf or NaN;
   * a block is 16 consecutive elements along the contraction axis ("1d", activations and
@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from dropless.quant.mxfp8 import flush_subnormals
@@ -226,14 +227,19 @@ def dequantize(nv: NVFP4, axis: int = -1, *, blocks: str = "1d") -> jax.Array:
     """float32 values q * scale * tensor_scale (NaN where the block scale is NaN)."""
     q = jnp.asarray(nv.q)
     axis = _check(q.astype(jnp.float32), axis, blocks, None)
-    s = nv.scale.astype(jnp.float32)
+    return _dequantize(q, nv.scale, nv.tensor_scale, axis, blocks)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _dequantize(q, scale, tensor_scale, axis: int, blocks: str):
+    s = scale.astype(jnp.float32)
     if blocks == "1d":
         n = q.shape[axis]
         s = jnp.take(jnp.repeat(s, BLOCK, axis=axis), jnp.arange(n), axis=axis)
     else:
         k, n = q.shape[-2:]
         s = jnp.repeat(jnp.repeat(s, BLOCK, axis=-2), BLOCK, axis=-1)[..., :k, :n]
-    return e2m1_decode(q) * s * nv.tensor_scale
+    return e2m1_decode(q) * s * tensor_scale
 
 
 def quantize_values(x: jax.Array, axis: int = -1, *, blocks: str = "1d",
@@ -299,9 +305,9 @@ def hadamard_matrix(seed: int) -> jax.Array:
     random sign vector for the whole run): signs[i] = -1 where bit 0 of
     jax.random.bits(jax.random.key(seed), (16,)) is set.
     """
-    h = jnp.ones((1, 1), jnp.float32)
+    h = np.ones((1, 1), np.float32)
     while h.shape[0] < BLOCK:
-        h = jnp.block([[h, h], [h, -h]])
+        h = np.block([[h, h], [h, -h]])
     bits = jax.random.bits(jax.random.key(seed), (BLOCK,), jnp.uint32)
     signs = jnp.where((bits & 1) == 1, -1.0, 1.0).astype(jnp.float32)
     return h * signs[None, :] / 4.0
