@@ -168,30 +168,35 @@ PRESET_QUANTIZATIONS = ("none", "mxfp8", "nvfp4")
 
 
 def preset_config(preset: str, quantization: str, *, steps: int, run_dir: str,
-                  batch: int, seq_len: int, seed: int = 0):
+                  batch: int, seq_len: int, seed: int = 0,
+                  overrides: tuple[tuple[str, Any], ...] = ()):
     """The TrainConfig of one preset run: bf16 expert activations, `quantization` for the
-    expert grouped matmuls, no checkpoints, one evaluation at the end."""
+    expert grouped matmuls, no checkpoints, one evaluation at the end; `overrides`: more
+    (key, value) pairs (e.g. ("model.moe.nvfp4_rht", False)), named in the run's name."""
     from dropless.config_file import build_config
+    name = "-".join([preset, quantization] + [f"{k.rsplit('.', 1)[-1]}={v}"
+                                              for k, v in overrides])
     return build_config([
         ("preset", preset), ("steps", steps), ("seed", seed),
         ("per_device_batch_size", batch), ("seq_len", seq_len),
         ("model.moe.dtype", "bfloat16"), ("model.moe.gmm_quantization", quantization),
-        ("run_dir", run_dir), ("run_name", f"{preset}-{quantization}"),
-        ("checkpoint_every", 0), ("eval_every", steps)])
+        ("run_dir", run_dir), ("run_name", name),
+        ("checkpoint_every", 0), ("eval_every", steps), *overrides])
 
 
 def train_preset(preset: str, quantization: str, *, steps: int, run_dir: str, batch: int,
-                 seq_len: int, seed: int = 0, echo: Callable[[str], Any] = print
-                 ) -> dict[str, Any]:
+                 seq_len: int, seed: int = 0, overrides: tuple[tuple[str, Any], ...] = (),
+                 echo: Callable[[str], Any] = print) -> dict[str, Any]:
     """Train one preset run; returns its record (per-step training losses, eval loss, time)."""
     from dropless.train import loop
     cfg = preset_config(preset, quantization, steps=steps, run_dir=run_dir, batch=batch,
-                        seq_len=seq_len, seed=seed)
+                        seq_len=seq_len, seed=seed, overrides=overrides)
     t0 = time.perf_counter()
     result = loop.train(cfg, echo=echo)
     wall = time.perf_counter() - t0
     losses = [result.losses[i] for i in sorted(result.losses)]
-    return {"preset": preset, "quantization": quantization, "steps": len(losses),
+    return {"preset": preset, "quantization": quantization,
+            "overrides": {k: v for k, v in overrides}, "steps": len(losses),
             "batch": f"{batch} x {seq_len}", "wall_s": round(wall, 1),
             **_timing(result.run_dir / "metrics.jsonl"),
             "final_eval_loss": (result.eval_losses[max(result.eval_losses)]

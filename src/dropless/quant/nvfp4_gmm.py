@@ -1,5 +1,5 @@
 """The NVFP4 grouped matmul: any registered grouped-matmul backend, fed NVFP4-quantized operands
-the way NVIDIA's NVFP4 pre-training recipe (arXiv:2509.25149, section 4) quantizes them.
+the way NVIDIA's NVFP4 pre-training recipe (arXiv:2509.25149) quantizes them.
 
 Legend: M rows (routed tokens, sorted by group), K contraction dim of the forward, N output dim,
 G groups (experts), P rows of the group-aligned layout (see nvfp4.group_aligned_rows).
