@@ -17,7 +17,7 @@ from dropless.runtime.environment import check_environment
 from dropless.runtime.xla_flags import RECIPES, check_flags
 
 SCORE_FUNCS = ("softmax", "sigmoid")
-GMM_QUANTIZATIONS = ("none", "mxfp8")
+GMM_QUANTIZATIONS = ("none", "mxfp8", "nvfp4")
 # The expert-parallel strategies, each with what it does. config sits below moe, so it names
 # them and moe/dispatch/registry.py builds each one's spec from these names (its import fails
 # when a name here has no implementation there)
@@ -147,6 +147,14 @@ class MoEConfig:
     gmm_quantization: str = "none"
     mx_scale_rounding: str = "floor"  # MXFP8 scales: "floor" (OCP spec) or "up" (never saturates)
     mx_grad_elem: str = "e4m3"        # MXFP8 element format of gradients: "e4m3" or "e5m2"
+    # NVFP4 recipe pieces (gmm_quantization="nvfp4"; docs/nvfp4.md): weight blocks "2d" (16x16)
+    # or "1d" (1x16), the FP32 tensor scale, the wgrad Hadamard transform, stochastic rounding
+    # of gradients, and the seed of the Hadamard signs and of the rounding key
+    nvfp4_weight_blocks: str = "2d"
+    nvfp4_tensor_scale: bool = True
+    nvfp4_rht: bool = True
+    nvfp4_stochastic_rounding: bool = True
+    nvfp4_seed: int = 0
     dtype: str = "float32"           # activations and expert matmul inputs
     weight_dtype: str = "float32"    # stored expert / shared weights (router stays float32)
     prefuse_moe_weights: bool = False  # experts hold one [E, D, 2F] gate+up weight (MaxText key)
@@ -195,6 +203,10 @@ class MoEConfig:
         _one_of(c, self, "gmm_quantization", GMM_QUANTIZATIONS)
         _one_of(c, self, "mx_scale_rounding", ("floor", "up"))
         _one_of(c, self, "mx_grad_elem", ("e4m3", "e5m2"))
+        _one_of(c, self, "nvfp4_weight_blocks", ("2d", "1d"))
+        _positive_ints(c, self, ("nvfp4_seed",), allow_zero=True)
+        if self.nvfp4_seed >= 2 ** 32:
+            _fail(c, "nvfp4_seed", self.nvfp4_seed, "must be < 2**32")
         if not isinstance(self.prefuse_moe_weights, bool):
             _fail(c, "prefuse_moe_weights", self.prefuse_moe_weights, "must be a bool")
         _check_dtype(c, "dtype", self.dtype)

@@ -149,7 +149,9 @@ class QuantOptions:
     backend wrapped, timed repeats per candidate, `skip_cost` (accuracy parts only),
     `convergence` (also train the two-layer MoE regression task, bf16 vs MXFP8, for `steps`
     steps; `plot`: a PNG of its losses, needs matplotlib) and the JSON-lines file appended to
-    (None: none)."""
+    (None: none). With `preset` (and `convergence`) only the convergence part runs: the preset
+    trained once per entry of `quantizations` (batch x seq_len tokens a step, run directories
+    under `run_dir`), each run's record appended to `out` as it finishes, then the loss gaps."""
     shape: tuple[int, int, int, int] = (2048, 512, 512, 8)
     error_shape: tuple[int, int] = (512, 1024)
     backend: str = "auto"
@@ -158,6 +160,11 @@ class QuantOptions:
     convergence: bool = False
     steps: int = 500
     plot: str | None = None
+    preset: str | None = None
+    quantizations: tuple[str, ...] = ("none", "mxfp8", "nvfp4")
+    batch: int = 16
+    seq_len: int = 128
+    run_dir: str = "runs/quant_convergence"
     out: str | None = None
 
 
@@ -165,6 +172,8 @@ def run(args: QuantOptions) -> int:
     """The parts `args` asks for, each printed as a table and appended to `args.out` (one
     record per row, with the machine). Returns 0."""
     info = machine.machine_info()
+    if args.convergence and args.preset:
+        return _run_preset(args, info)
     m, k, n, g = args.shape
     rows = error_rows(tuple(args.error_shape)) + gmm_error_rows(m, k, n, g, args.backend)
     print(text_table.format_table(rows, ["part", "data", "method", "rel_frobenius",
@@ -185,4 +194,19 @@ def run(args: QuantOptions) -> int:
             print(f"wrote {args.plot}")
         rows.append({"part": "convergence", **conv})
     harness.write_jsonl(args.out, [{"bench": "quant", **info, **r} for r in rows])
+    return 0
+
+
+def _run_preset(args: QuantOptions, info: dict[str, Any]) -> int:
+    from dropless.bench import quant_convergence as qc
+
+    def keep(rec):
+        harness.write_jsonl(args.out, [{"bench": "quant", **info, "part": "convergence_run",
+                                        **rec}])
+    summary = qc.compare_preset(preset=args.preset, steps=args.steps,
+                                quantizations=tuple(args.quantizations), batch=args.batch,
+                                seq_len=args.seq_len, run_dir=args.run_dir, on_run=keep)
+    print(qc.preset_summary(summary))
+    harness.write_jsonl(args.out, [{"bench": "quant", **info, "part": "convergence_preset",
+                                    **summary}])
     return 0

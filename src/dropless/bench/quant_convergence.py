@@ -1,9 +1,18 @@
-"""Convergence with MXFP8: a two-layer MoE regression task, bf16 vs MXFP8 grouped matmuls.
+"""Convergence with quantized grouped matmuls: a preset trained with bf16, MXFP8 and NVFP4
+expert matmuls (`compare_preset`), and a two-layer MoE regression task, bf16 vs MXFP8
+(`compare`).
 
 Legend: T tokens in a batch, D model dim, H teacher hidden dim.
 
-Until the trainer exists this stands in for "the tiny preset trained with bf16 vs MXFP8": a
-student of two residual MoE layers (h = x + moe1(x), y = h + moe2(h)) learns to match a frozen
+`compare_preset` trains a named preset (the `tiny` one by default) with the trainer
+(`dropless.train.loop.train`) once per `MoEConfig.gmm_quantization`, with the same config,
+initialisation and batches otherwise, and the expert activations and matmul inputs in bfloat16
+(`model.moe.dtype`) in every run, so "none" is the bf16 grouped matmul the quantized ones are
+measured against; everything outside the experts (attention, dense layers, shared experts,
+router, embeddings, head) stays in its preset precision in all runs, as the NVFP4 recipe keeps
+them in high precision.
+
+The regression task: a student of two residual MoE layers (h = x + moe1(x), y = h + moe2(h)) learns to match a frozen
 random teacher x + gelu(x @ W1_DH) @ W2_HD on fresh N(0,1) tokens every step (a smooth target
 the student can keep approaching, so the loss falls by an order of magnitude and a precision
 floor would show). Both runs start from the same initialisation and see the same batches; the
@@ -12,7 +21,8 @@ only difference is `MoEConfig.gmm_quantization` ("none" vs "mxfp8", bfloat16 act
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -152,3 +162,104 @@ def plot(rec: dict[str, Any], path: str) -> None:
     with files.replacing(path) as tmp:
         fig.savefig(tmp, format=str(path).rsplit(".", 1)[-1] if "." in str(path) else "png")
     plt.close(fig)
+
+
+PRESET_QUANTIZATIONS = ("none", "mxfp8", "nvfp4")
+
+
+def preset_config(preset: str, quantization: str, *, steps: int, run_dir: str,
+                  batch: int, seq_len: int, seed: int = 0,
+                  overrides: tuple[tuple[str, Any], ...] = ()):
+    """The TrainConfig of one preset run: bf16 expert activations, `quantization` for the
+    expert grouped matmuls, no checkpoints, one evaluation at the end; `overrides`: more
+    (key, value) pairs (e.g. ("model.moe.nvfp4_rht", False)), named in the run's name."""
+    from dropless.config_file import build_config
+    name = "-".join([preset, quantization] + [f"{k.rsplit('.', 1)[-1]}={v}"
+                                              for k, v in overrides])
+    return build_config([
+        ("preset", preset), ("steps", steps), ("seed", seed),
+        ("per_device_batch_size", batch), ("seq_len", seq_len),
+        ("model.moe.dtype", "bfloat16"), ("model.moe.gmm_quantization", quantization),
+        ("run_dir", run_dir), ("run_name", name),
+        ("checkpoint_every", 0), ("eval_every", steps), *overrides])
+
+
+def train_preset(preset: str, quantization: str, *, steps: int, run_dir: str, batch: int,
+                 seq_len: int, seed: int = 0, overrides: tuple[tuple[str, Any], ...] = (),
+                 echo: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Train one preset run; returns its record (per-step training losses, eval loss, time)."""
+    from dropless.train import loop
+    cfg = preset_config(preset, quantization, steps=steps, run_dir=run_dir, batch=batch,
+                        seq_len=seq_len, seed=seed, overrides=overrides)
+    t0 = time.perf_counter()
+    result = loop.train(cfg, echo=echo)
+    wall = time.perf_counter() - t0
+    losses = [result.losses[i] for i in sorted(result.losses)]
+    return {"preset": preset, "quantization": quantization,
+            "overrides": {k: v for k, v in overrides}, "steps": len(losses),
+            "batch": f"{batch} x {seq_len}", "wall_s": round(wall, 1),
+            **_timing(result.run_dir / "metrics.jsonl"),
+            "final_eval_loss": (result.eval_losses[max(result.eval_losses)]
+                                if result.eval_losses else None),
+            "losses": [round(float(v), 5) for v in losses]}
+
+
+def _timing(metrics_path) -> dict[str, Any]:
+    """compile_s and the median step time (compilation excluded) of a run's metrics.jsonl."""
+    import json
+    recs = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    times = [r["step_time_s"] for r in recs if r.get("event") == "step"]
+    start = next((r for r in recs if r.get("event") == "start"), {})
+    return {"compile_s": start.get("compile_s"),
+            "median_step_time_s": float(np.median(times)) if times else None}
+
+
+def loss_gaps(runs: list[dict[str, Any]], baseline: str = "none") -> dict[str, Any]:
+    """Final training loss of each run (mean of its last 10% of steps), its gap to `baseline`
+    relative to the baseline's, and the eval-loss gap; only over the steps all runs reached."""
+    steps = min(r["steps"] for r in runs)
+    tail = max(steps // 10, 1)
+    final = {r["quantization"]: float(np.mean(r["losses"][steps - tail:steps])) for r in runs}
+    evals = {r["quantization"]: r["final_eval_loss"] for r in runs}
+    rec: dict[str, Any] = {"steps_compared": steps, "final_window": tail, "final": final,
+                           "final_eval": evals}
+    if baseline in final:
+        b = final[baseline]
+        rec["final_gap_rel"] = {q: (v - b) / b for q, v in final.items() if q != baseline}
+        if evals.get(baseline) is not None:
+            rec["eval_gap_rel"] = {q: (v - evals[baseline]) / evals[baseline]
+                                   for q, v in evals.items()
+                                   if q != baseline and v is not None}
+    return rec
+
+
+def compare_preset(*, preset: str = "tiny", steps: int = 300,
+                   quantizations: tuple[str, ...] = PRESET_QUANTIZATIONS, batch: int = 16,
+                   seq_len: int = 128, run_dir: str = "runs/quant_convergence", seed: int = 0,
+                   on_run: Callable[[dict[str, Any]], Any] | None = None,
+                   echo: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Train `preset` once per quantization, one after another; `on_run(record)` is called as
+    each finishes (so a long comparison keeps what it measured). Returns the summary record
+    (`loss_gaps` of the runs)."""
+    if steps < 10:
+        raise ValueError(f"steps={steps} must be >= 10")
+    unknown = [q for q in quantizations if q not in PRESET_QUANTIZATIONS]
+    if unknown or not quantizations:
+        raise ValueError(f"quantizations={quantizations!r} must be a non-empty subset of "
+                         f"{PRESET_QUANTIZATIONS}")
+    runs = []
+    for q in quantizations:
+        rec = train_preset(preset, q, steps=steps, run_dir=run_dir, batch=batch,
+                           seq_len=seq_len, seed=seed, echo=echo)
+        runs.append(rec)
+        if on_run is not None:
+            on_run(rec)
+    return {"preset": preset, "batch": f"{batch} x {seq_len}", **loss_gaps(runs)}
+
+
+def preset_summary(rec: dict[str, Any]) -> str:
+    gaps = rec.get("final_gap_rel", {})
+    parts = ", ".join(f"{q} {v:.4f}" + (f" ({100 * gaps[q]:+.2f}%)" if q in gaps else "")
+                      for q, v in rec["final"].items())
+    return (f"{rec['preset']} preset, {rec['steps_compared']} steps of {rec['batch']}: final "
+            f"training loss (mean of last {rec['final_window']}) {parts}")

@@ -234,13 +234,24 @@ def _quant_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help="training steps (convergence)")
     p.add_argument("--plot", default=None,
                    help="PNG path for the convergence losses (needs matplotlib)")
+    p.add_argument("--preset", default=None,
+                   help="with --convergence: train this preset (e.g. tiny) once per "
+                        "--quantizations instead of the regression task; only that part runs")
+    p.add_argument("--quantizations", default=",".join(d.quantizations),
+                   help=f"comma list for --preset (default {','.join(d.quantizations)})")
+    p.add_argument("--batch", type=int, default=d.batch, help="--preset: sequences a step")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="--preset: tokens a sequence")
+    p.add_argument("--run-dir", default=d.run_dir, help="--preset: where the runs go")
     p.add_argument("--out", default=None, help="append JSON lines to this file")
 
 
 def _quant_options(args: argparse.Namespace):
     from dropless.bench.quant import QuantOptions
+    from dropless.bench.quant_convergence import PRESET_QUANTIZATIONS
+    _one_of(args, "quantizations", PRESET_QUANTIZATIONS)
     return _options(QuantOptions, args, shape=tuple(args.shape),
-                    error_shape=tuple(args.error_shape))
+                    error_shape=tuple(args.error_shape),
+                    quantizations=tuple(_items(args, "quantizations")))
 
 
 def _prepare_arguments(p: argparse.ArgumentParser) -> None:

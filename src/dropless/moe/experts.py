@@ -35,6 +35,9 @@ def gmm_for(cfg: MoEConfig):
     if cfg.gmm_quantization == "none":
         return lambda x, w, gs: grouped_matmul(x, w, gs, backend=cfg.gmm_backend,
                                                preferred_element_type=x.dtype)
+    if cfg.gmm_quantization == "nvfp4":
+        from dropless.quant import nvfp4_quantized_gmm
+        return nvfp4_quantized_gmm(cfg)
     from dropless.quant import quantized_gmm  # the one seam for low precision
     return quantized_gmm(cfg)
 
