@@ -169,7 +169,7 @@ def test_hf_mixtral_block_in_torch_equals_the_dropless_layer():
         np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-4, atol=1e-5)
     # the raw grouped path: the expert FFN alone on expert-major rows
     sizes = np.array([5, 0, 9, 2, 0, 7, 4, 5], np.int32)
-    xs = np.asarray(jax.random.normal(jax.random.key(3), (32, 16)))
+    xs = np.array(jax.random.normal(jax.random.key(3), (32, 16)))
     gu = torch.from_numpy(np.concatenate([np.asarray(p["experts"]["w_gate_EDF"]),
                                           np.asarray(p["experts"]["w_up_EDF"])], -1))
     got = moe_torch.grouped_ffn(torch, gu, torch.from_numpy(np.array(p["experts"]["w_down_EFD"])),

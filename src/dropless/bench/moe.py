@@ -206,7 +206,8 @@ def _peer_case(torch, t, e, k, d, f, routing, repeats, rates):
     host = jax.tree_util.tree_map(np.asarray, params)
     t_f, t_b = moe_torch.timed_fns(torch, host, *(np.asarray(a) for a in (x, dy, xd, dyd)),
                                    sizes_E, k)
-    fns = {"fwd": {"jax/dense": lambda: dense_f(xd, *wd), "dropless/auto": lambda: layer_f(params, x),
+    fns = {"fwd": {"jax/dense": lambda: dense_f(xd, *wd),
+                   "dropless/auto": lambda: layer_f(params, x),
                    "jax/experts": lambda: ffn_f(ex, xd), **t_f},
            "fwd+bwd": {"jax/dense": lambda: dense_b(xd, *wd, dyd),
                        "dropless/auto": lambda: layer_b(params, x, dy),
@@ -264,9 +265,9 @@ def run_peer(args: MoEOptions) -> int:
             r.update(machine=info, busy_before=busy, busy_after=after, **rate_rec, **extra)
         harness.write_jsonl(args.out, recs)
         busy = after
-        print(f"# {t} tokens, {e} experts top-{k}, D={d} F={f}: dense {rate_rec['dense_gflops']:.0f}"
-              f" GFLOP/s, {rate_rec['bandwidth_gbs']:.1f} GB/s; others' load after: {after}",
-              flush=True)
+        print(f"# {t} tokens, {e} experts top-{k}, D={d} F={f}: dense "
+              f"{rate_rec['dense_gflops']:.0f} GFLOP/s, {rate_rec['bandwidth_gbs']:.1f} GB/s; "
+              f"others' load after: {after}", flush=True)
         for cols, kind in ((PEER_COLUMNS, lambda r: r["mode"] != "profile"),
                            (PROFILE_COLUMNS, lambda r: r["mode"] == "profile")):
             rows = [r for r in recs if kind(r)]
