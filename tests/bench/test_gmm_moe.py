@@ -115,3 +115,113 @@ def test_dense_transposed_tiles_drhs_is_exact_on_many_tiles():
     got = jax.jit(dense._transposed_tiles_drhs)(a, dy)
     want = np.asarray(a, np.float32).T @ np.asarray(dy, np.float32)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-3)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+TORCH = _torch()
+needs_torch = pytest.mark.skipif(
+    TORCH is None, reason="torch not installed (optional: pip install 'dropless[bench-torch]')")
+
+
+def test_require_torch_names_the_extra_when_torch_is_absent(monkeypatch):
+    import sys
+    from dropless.bench import moe_torch
+    monkeypatch.setitem(sys.modules, "torch", None)   # `import torch` raises ImportError
+    with pytest.raises(ValueError, match=r"dropless\[bench-torch\]"):
+        moe_torch.require_torch()
+
+
+@needs_torch
+def test_hf_mixtral_block_in_torch_equals_the_dropless_layer():
+    # the same weights give the same routing, output and every gradient: the peer runs the
+    # layer we run, not a different one
+    from dropless import moe
+    from dropless.config import MoEConfig
+    from dropless.bench import moe_torch
+    from dropless.moe.experts import expert_ffn
+    torch = TORCH
+    cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=12, score_func="softmax",
+                    norm_topk_prob=True)
+    p = moe.init_params(jax.random.key(0), cfg)
+    p["router"]["bias_E"] = jnp.asarray(bench_moe._router_bias("zipf", 8, 8)) * 0.1
+    x = jax.random.normal(jax.random.key(1), (64, 16))
+    dy = jax.random.normal(jax.random.key(2), (64, 16))
+    y, pullback = jax.vjp(lambda p, x: moe.apply(p, x, cfg)[0], p, x)
+    gp, gx = pullback(dy)
+    w = moe_torch.mixtral_weights(torch, jax.tree_util.tree_map(np.asarray, p))
+    leaves = {k: v.clone().requires_grad_(True) for k, v in w.items() if k != "bias_E"}
+    xt = torch.from_numpy(np.array(x)).requires_grad_(True)
+    yt = moe_torch.mixtral_block(torch, dict(leaves, bias_E=w["bias_E"]), xt, 2)
+    g_x, g_router, g_gu, g_down = torch.autograd.grad(yt, [xt, *leaves.values()],
+                                                      torch.from_numpy(np.array(dy)))
+    ex = gp["experts"]
+    for got, want in ((yt.detach(), y), (g_x, gx), (g_router.T, gp["router"]["w_DE"]),
+                      (g_gu.transpose(1, 2), np.concatenate([ex["w_gate_EDF"], ex["w_up_EDF"]],
+                                                             -1)),
+                      (g_down.transpose(1, 2), ex["w_down_EFD"])):
+        np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-4, atol=1e-5)
+    # the raw grouped path: the expert FFN alone on expert-major rows
+    sizes = np.array([5, 0, 9, 2, 0, 7, 4, 5], np.int32)
+    xs = np.array(jax.random.normal(jax.random.key(3), (32, 16)))
+    gu = torch.from_numpy(np.concatenate([np.asarray(p["experts"]["w_gate_EDF"]),
+                                          np.asarray(p["experts"]["w_up_EDF"])], -1))
+    got = moe_torch.grouped_ffn(torch, gu, torch.from_numpy(np.array(p["experts"]["w_down_EFD"])),
+                                torch.from_numpy(xs), torch.from_numpy(np.cumsum(sizes)
+                                                                       .astype(np.int32)))
+    want = expert_ffn(jnp.asarray(xs), jnp.asarray(sizes), p["experts"], cfg)
+    np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+@needs_torch
+def test_bench_moe_vs_torch_writes_every_variant_against_its_own_dense(tmp_path):
+    out = tmp_path / "peer.jsonl"
+    args = bench_moe.MoEOptions(vs_torch=True, cases=((64, 4, 2, 16, 16),),
+                                routings=("uniform",), repeats=1, out=str(out))
+    assert bench_moe.run(args) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    by = {(r["mode"], r["variant"]): r for r in recs}
+    for mode in ("fwd", "fwd+bwd"):
+        for v in ("jax/dense", "dropless/auto", "jax/experts", "torch/dense", "torch/hf_mixtral",
+                  "torch/grouped_mm"):
+            assert by[(mode, v)]["median_ms"] > 0, (mode, v)
+        assert by[(mode, "jax/dense")]["ratio_to_dense"] == 1.0
+        assert by[(mode, "torch/dense")]["ratio_to_dense"] == 1.0
+        layer = by[(mode, "dropless/auto")]
+        assert layer["torch_over_dropless"] == pytest.approx(
+            by[(mode, "torch/hf_mixtral")]["median_ms"] / layer["median_ms"])
+        assert layer["bound_ms"] > 0 and layer["out_rel_diff_vs_torch"] < 1e-4
+    assert all(r["torch_threads"] >= 1 and r["torch"] == TORCH.__version__ for r in recs)
+
+
+def test_part_costs_add_up_to_the_layers_useful_flops():
+    from dropless.bench import moe_profile
+    t, d, f, e, k = 64, 16, 8, 4, 2
+    costs = moe_profile.part_costs(t, d, f, e, k, shared_f=8)
+    gmm = {ph: sum(fl for (p, nm), (fl, _) in costs.items() if p == ph and nm.startswith("gmm"))
+           for ph in ("fwd", "bwd")}
+    n = t * k
+    assert gmm == {"fwd": 6.0 * n * d * f, "bwd": 12.0 * n * d * f}   # 3 matmuls; x2 backward
+    assert costs[("bwd", "shared expert")][0] == 2 * costs[("fwd", "shared expert")][0]
+    # the weight gradients write every expert's [D, F] once: bytes grow with E, FLOPs do not
+    more = moe_profile.part_costs(t, d, f, 4 * e, k)
+    fl, by = costs[("bwd", "gmm up drhs")], more[("bwd", "gmm up drhs")]
+    assert by[0] == fl[0] and by[1] - fl[1] == 4 * 3 * e * d * f
+
+
+def test_profile_times_every_part_against_its_limit():
+    from dropless.bench import moe_profile
+    rates = {"dense_flops": 1e10, "bandwidth": 1e10}
+    recs = moe_profile.profile_case(32, 16, 8, 4, 2, shared_experts=1, repeats=1, rates=rates)
+    parts = {(r["phase"], r["part"]) for r in recs}
+    assert parts >= set(moe_profile.part_costs(32, 16, 8, 4, 2, shared_f=8))
+    for r in recs:
+        assert r["median_ms"] > 0 and r["limit_ms"] > 0 and r["x_limit"] > 0, r
+    total = {r["phase"]: r for r in recs if r["part"] == "(sum of parts)"}
+    assert total["fwd+bwd"]["layer_ms"] > 0 and total["fwd"]["layer_x_limit"] > 0

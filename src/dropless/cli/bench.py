@@ -206,7 +206,33 @@ def _moe_arguments(p: argparse.ArgumentParser) -> None:
                         f"{d.budget_s:g})")
     p.add_argument("--quick", action="store_true",
                    help="small smoke run: 2048 rows, D=F=256, E:K=8:2, uniform, 3 repeats")
+    cases = _join(":".join(map(str, c)) for c in d.cases)
+    p.add_argument("--vs-torch", action="store_true",
+                   help="side by side with PyTorch (HF Mixtral block on _grouped_mm, raw "
+                        "_grouped_mm, dense) over --cases, in one round-robin; needs the "
+                        "bench-torch extra")
+    p.add_argument("--profile", action="store_true",
+                   help="per-part profile of the layer's forward and backward over --cases, "
+                        "each part against its FLOPs/bytes limit")
+    p.add_argument("--cases", default=cases,
+                   help=f"--vs-torch/--profile cases, comma list of T:E:K:D:F (default {cases})")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch's intra-op threads (default: every usable core)")
     p.add_argument("--out", default=None, help="append JSON lines here")
+
+
+def _peer_cases(text: str) -> tuple[tuple[int, ...], ...]:
+    cases = []
+    for item in _split(text):
+        parts = item.split(":")
+        if len(parts) != 5 or not all(v.isdigit() and int(v) > 0 for v in parts):
+            raise ValueError(f"--cases: {item!r} is not T:E:K:D:F (five positive ints, e.g. "
+                             "4096:8:2:512:1024)")
+        t, e, k, d, f = map(int, parts)
+        if k > e:
+            raise ValueError(f"--cases: {item!r} needs top_k <= experts (K={k}, E={e})")
+        cases.append((t, e, k, d, f))
+    return tuple(cases)
 
 
 def _moe_options(args: argparse.Namespace):
@@ -216,7 +242,7 @@ def _moe_options(args: argparse.Namespace):
                     routings=_split(args.routings), dtypes=_split(args.dtypes),
                     backends=_split(args.backends),
                     capacity_factors=tuple(float(v) for v in _split(args.capacity_factors) if v),
-                    fused=not args.no_fused)
+                    fused=not args.no_fused, cases=_peer_cases(args.cases))
 
 
 def _quant_arguments(p: argparse.ArgumentParser) -> None:
@@ -319,7 +345,7 @@ KINDS = {
 }
 POSITIVE = ("doc_len", "shard_tokens", "batch", "seq_len", "batches", "mfu", "tokens", "d_model", "d_ff", "top_k", "ep", "host_devices", "devices_per_node",
             "repeats", "m", "k", "n", "rows", "steps", "train_steps", "tests_timeout_s",
-            "budget_s", "shape", "error_shape")
+            "budget_s", "shape", "error_shape", "torch_threads")
 AT_LEAST_ZERO = ("projection_tokens",)
 AT_LEAST_ONE = ("buffer_factor",)
 ROUTINGS = {"gmm": None, "gpu": None, "moe": ("uniform", "zipf"), "dispatch": ("uniform", "zipf")}

@@ -18,6 +18,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+# Every index here is in range (a permutation of [0, N), or order // K < T), so the gathers
+# clamp instead of jnp.take's default "fill", whose out-of-range select made XLA:CPU's row
+# gather 2-10x slower (issue 26's profile; the same values bit for bit).
+IN_RANGE = "clip"
+
 
 class Permutation(NamedTuple):
     order_N: jax.Array        # int32 flat row index at each sorted position
@@ -38,7 +43,7 @@ def sort_by_expert(ids_TK: jax.Array, num_experts: int) -> Permutation:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def permute(x_TD: jax.Array, order_N: jax.Array, inv_N: jax.Array, top_k: int) -> jax.Array:
     """x_ND[i] = x_TD[order_N[i] // K]: each token copied once per choice, expert-major."""
-    return jnp.take(x_TD, order_N // top_k, axis=0)
+    return jnp.take(x_TD, order_N // top_k, axis=0, mode=IN_RANGE)
 
 
 def _permute_fwd(x_TD, order_N, inv_N, top_k):
@@ -47,7 +52,7 @@ def _permute_fwd(x_TD, order_N, inv_N, top_k):
 
 def _permute_bwd(top_k, res, d_ND):
     order_N, inv_N, t = res
-    d_TKD = jnp.take(d_ND, inv_N, axis=0).reshape(t, top_k, -1)
+    d_TKD = jnp.take(d_ND, inv_N, axis=0, mode=IN_RANGE).reshape(t, top_k, -1)
     return jnp.sum(d_TKD, axis=1, dtype=jnp.float32).astype(d_ND.dtype), None, None
 
 
@@ -57,7 +62,7 @@ permute.defvjp(_permute_fwd, _permute_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def unpermute(y_ND: jax.Array, order_N: jax.Array, inv_N: jax.Array, top_k: int) -> jax.Array:
     """y_TKD[t, k] = y_ND[inv_N[t*K + k]]: sorted rows back to (token, choice) order."""
-    return jnp.take(y_ND, inv_N, axis=0).reshape(-1, top_k, y_ND.shape[-1])
+    return jnp.take(y_ND, inv_N, axis=0, mode=IN_RANGE).reshape(-1, top_k, y_ND.shape[-1])
 
 
 def _unpermute_fwd(y_ND, order_N, inv_N, top_k):
@@ -66,7 +71,8 @@ def _unpermute_fwd(y_ND, order_N, inv_N, top_k):
 
 def _unpermute_bwd(top_k, res, d_TKD):
     order_N, inv_N = res
-    return jnp.take(d_TKD.reshape(-1, d_TKD.shape[-1]), order_N, axis=0), None, None
+    d_ND = jnp.take(d_TKD.reshape(-1, d_TKD.shape[-1]), order_N, axis=0, mode=IN_RANGE)
+    return d_ND, None, None
 
 
 unpermute.defvjp(_unpermute_fwd, _unpermute_bwd)

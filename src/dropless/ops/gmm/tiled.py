@@ -262,3 +262,19 @@ def tiled_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, tile_sizes=DEFAULT_T
 # Called eagerly, each fori_loop would compile on its own; one jit compiles the kernel once per
 # shape (under an outer jit it is simply inlined).
 _tiled_gmm_jit = jax.jit(_tiled_gmm, static_argnums=(3, 4))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "tile_sizes"))
+def tiled_dlhs(dy_MN, rhs_GKN, group_sizes_G, *, out_dtype, tile_sizes=DEFAULT_TILE_SIZES):
+    """The backward's lhs gradient alone, as the custom VJP runs it: dy[rows of g] @ rhs[g]^T
+    -> [M, K] (the bench's per-part profile times it on its own)."""
+    classes = plan_tiles(group_sizes_G, dy_MN.shape[0], tuple(tile_sizes))
+    return _forward(dy_MN, rhs_GKN, classes, out_dtype, transpose_rhs=True)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "tile_sizes"))
+def tiled_drhs(lhs_MK, dy_MN, group_sizes_G, *, out_dtype, tile_sizes=DEFAULT_TILE_SIZES):
+    """The backward's rhs gradient alone, as the custom VJP runs it: lhs[rows of g]^T @
+    dy[rows of g] -> [G, K, N]."""
+    sizes = effective_tile_sizes(lhs_MK.shape[0], tuple(tile_sizes))
+    return _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype)
