@@ -147,6 +147,9 @@ class MoEConfig:
     gmm_quantization: str = "none"
     mx_scale_rounding: str = "floor"  # MXFP8 scales: "floor" (OCP spec) or "up" (never saturates)
     mx_grad_elem: str = "e4m3"        # MXFP8 element format of gradients: "e4m3" or "e5m2"
+    # "mxfp8": routed rows quantized once before the dispatch (1x32 E4M3 + E8M0 scales), sent
+    # so, and fed to the MXFP8 grouped matmul as is; combine stays in `dtype` (docs/fp8_dispatch.md)
+    dispatch_quantization: str = "none"
     dtype: str = "float32"           # activations and expert matmul inputs
     weight_dtype: str = "float32"    # stored expert / shared weights (router stays float32)
     prefuse_moe_weights: bool = False  # experts hold one [E, D, 2F] gate+up weight (MaxText key)
@@ -189,6 +192,11 @@ class MoEConfig:
         _one_of(c, self, "gmm_quantization", GMM_QUANTIZATIONS)
         _one_of(c, self, "mx_scale_rounding", ("floor", "up"))
         _one_of(c, self, "mx_grad_elem", ("e4m3", "e5m2"))
+        _one_of(c, self, "dispatch_quantization", ("none", "mxfp8"))
+        if self.dispatch_quantization == "mxfp8" and self.gmm_quantization != "mxfp8":
+            _fail(c, "dispatch_quantization", self.dispatch_quantization,
+                  f"needs gmm_quantization='mxfp8' (got {self.gmm_quantization!r}): the MXFP8 "
+                  f"grouped matmul is what consumes the dispatched rows")
         if not isinstance(self.prefuse_moe_weights, bool):
             _fail(c, "prefuse_moe_weights", self.prefuse_moe_weights, "must be a bool")
         _check_dtype(c, "dtype", self.dtype)
