@@ -146,7 +146,7 @@ def _mx_rows_gmm(cfg: MXFP8Config, dtype, q_MK, scale_MB, grad_MK, rhs_GKN, grou
     """The forward on already-quantized rows (MXRows' arrays): their codes are decoded, never
     re-quantized. grad_MK only receives the input gradient."""
     cdt = jnp.dtype(cfg.compute_dtype)
-    xq_MK = MXRows(q_MK, scale_MB, None, dtype).values(cdt)
+    xq_MK = MXRows(q_MK, scale_MB, None, dtype, cfg.fwd_elem).values(cdt)
     wq_GKN = _fq(rhs_GKN, 1, cfg.fwd_elem, cfg, cdt)
     return _backend(cfg)(xq_MK, wq_GKN, group_sizes_G, out_dtype=jnp.float32).astype(dtype)
 
@@ -160,7 +160,7 @@ def _mx_rows_bwd(cfg, dtype, res, dy_MN):
     q_MK, scale_MB, rhs_GKN, group_sizes_G = res
     # the weight gradient's x is the values the forward used: the travelled rows, re-blocked
     # along each group's rows exactly as the bf16-lhs path blocks its lhs
-    x_MK = MXRows(q_MK, scale_MB, None, dtype).values(jnp.float32)
+    x_MK = MXRows(q_MK, scale_MB, None, dtype, cfg.fwd_elem).values(jnp.float32)
     dlhs_MK, drhs_GKN = _backward(cfg, x_MK, rhs_GKN, group_sizes_G, dy_MN)
     return None, None, dlhs_MK.astype(dtype), drhs_GKN.astype(rhs_GKN.dtype), None
 
@@ -169,11 +169,10 @@ _mx_rows_gmm.defvjp(_mx_rows_fwd, _mx_rows_bwd)
 
 
 def _rows_gmm(lhs: MXRows, rhs_GKN, group_sizes_G, config: MXFP8Config) -> jax.Array:
-    want = mx.elem_format(config.fwd_elem).dtype
-    if lhs.q_RD.dtype != want or lhs.grad_RD is None:
-        raise ValueError(f"MXRows lhs must hold {want} codes (MXFP8Config.fwd_elem="
-                         f"{config.fwd_elem!r}) and a gradient slot (quant.mx_rows.travel); got "
-                         f"{lhs.q_RD.dtype}, grad_RD {'missing' if lhs.grad_RD is None else 'set'}")
+    if lhs.elem != config.fwd_elem or lhs.grad_RD is None:
+        raise ValueError(f"MXRows lhs must hold {config.fwd_elem!r} codes (MXFP8Config.fwd_elem)"
+                         f" and a gradient slot (quant.mx_rows.travel); got {lhs.elem!r}, "
+                         f"grad_RD {'missing' if lhs.grad_RD is None else 'set'}")
     check_operands(lhs.grad_RD, rhs_GKN, group_sizes_G)
     if lhs.shape[0] == 0 or rhs_GKN.shape[0] == 0:
         return jnp.zeros((lhs.shape[0], rhs_GKN.shape[2]), lhs.dtype)

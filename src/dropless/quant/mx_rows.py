@@ -28,25 +28,29 @@ from dropless.quant import mxfp8 as mx
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["q_RD", "scale_RB", "grad_RD"],
-                   meta_fields=["dtype"])
+                   meta_fields=["dtype", "elem"])
 @dataclasses.dataclass(frozen=True)
 class MXRows:
     """Rows as MXFP8 blocks along D. A pytree: movement functions map over its arrays.
 
-    q_RD: float8_e4m3fn element codes. scale_RB: uint8, the E8M0 scale codes (value
-      2**(code - 127)); uint8 rather than float8_e8m0fnu because JAX fills the empty slots of a
-      gather or a ragged exchange with zero, which E8M0 cannot hold (it becomes code 255, NaN),
-      while uint8 zero is the code of 2**-127: an empty row decodes to zeros.
+    Both code arrays are uint8 bit patterns, one byte an element, so that what crosses a
+    collective is exactly the FP8 payload: XLA:CPU widens a float8 all-to-all to f16 (2 bytes)
+    but moves uint8 as it is, and JAX fills the empty slots of a gather or a ragged exchange
+    with zero, which as uint8 is the element +0 and the scale 2**-127 (float8_e8m0fnu cannot
+    hold zero: it would become code 255, NaN). An empty row decodes to zeros.
+    q_RD: uint8, the `elem` (float8_e4m3fn) element codes. scale_RB: uint8, the E8M0 scale
+      codes (value 2**(code - 127)).
     grad_RD: None before the rows move; after, zeros in `dtype` whose cotangent is the rows'
       gradient (see `travel`).
     dtype: the activation dtype the rows came from: the grouped matmul's output and input
-      gradient dtype, and what the combine sends back.
+      gradient dtype, and what the combine sends back. elem: the element format's name.
     """
 
     q_RD: jax.Array
     scale_RB: jax.Array
     grad_RD: jax.Array | None
     dtype: Any
+    elem: str = "e4m3"
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -54,15 +58,17 @@ class MXRows:
 
     def values(self, dtype=jnp.float32) -> jax.Array:
         """The rows' MX values q * 2**(code - 127) [R, D] in `dtype` (exact in bf16 and f32)."""
+        q = lax.bitcast_convert_type(self.q_RD, mx.elem_format(self.elem).dtype)
         scale = lax.bitcast_convert_type(self.scale_RB, jnp.float8_e8m0fnu)
-        return mx.dequantize(self.q_RD, scale, 1, out_dtype=dtype)
+        return mx.dequantize(q, scale, 1, out_dtype=dtype)
 
 
 def quantize_rows(x_TD: jax.Array, *, rounding: str = "floor") -> MXRows:
     """x_TD's rows as MXFP8 (E4M3 elements, 1x32 blocks along D, `rounding` of the scales, the
     rounding `quant/mxfp8.py` implements); no gradient flows through the codes."""
     q, scale = mx.quantize(lax.stop_gradient(x_TD), 1, elem="e4m3", rounding=rounding)
-    return MXRows(q, lax.bitcast_convert_type(scale, jnp.uint8), None, x_TD.dtype)
+    codes = lambda a: lax.bitcast_convert_type(a, jnp.uint8)
+    return MXRows(codes(q), codes(scale), None, x_TD.dtype, "e4m3")
 
 
 def travel(move: Callable[..., tuple], x_TD: jax.Array, *args: Any, rounding: str = "floor"):
