@@ -296,15 +296,12 @@ def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
             for e, dims in _ARRAY.findall(type_text)]
 
 
-def collective_bytes(hlo: str, row_widths: tuple[int, ...] = ()) -> dict:
-    """Bytes that one device's collectives take as their send operands, from an HLO module's
-    text (compiled, or lowered to HLO): {"by_type": {elem: bytes}, "rows": bytes of operands
-    whose last dim is one of `row_widths` (rows of D values, or of ceil(D/32) scales), "total"}.
-    ragged-all-to-all counts its input only (not the output buffer it also takes), `*-start`
-    ops once and `*-done` not at all."""
+def collectives(hlo: str) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """(op, [(element type, dims) of each send operand]) of every collective in an HLO module's
+    text (compiled, or lowered to HLO). ragged-all-to-all lists its input only (not the output
+    buffer it also takes), `*-start` ops appear once (as the op) and `*-done` not at all."""
     types: dict[str, str] = {}
-    by_type: dict[str, int] = {}
-    rows = 0
+    out = []
     for line in hlo.splitlines():
         m = _DEF.match(line)
         if not m:
@@ -318,12 +315,24 @@ def collective_bytes(hlo: str, row_widths: tuple[int, ...] = ()) -> dict:
                     if a.strip()]
         if base == "ragged-all-to-all":
             operands = operands[:1]
-        for a in operands:
-            for elem, dims in _arrays(types.get(a, "")):
-                b = math.prod(dims) * ELEM_BYTES[elem]
-                by_type[elem] = by_type.get(elem, 0) + b
-                rows += b if len(dims) >= 2 and dims[-1] in row_widths else 0
-    return {"by_type": by_type, "rows": rows, "total": sum(by_type.values())}
+        out.append((base, [arr for a in operands for arr in _arrays(types.get(a, ""))]))
+    return out
+
+
+def collective_bytes(hlo: str, row_widths: tuple[int, ...] = ()) -> dict:
+    """Bytes that one device's collectives take as their send operands (`collectives`):
+    {"by_type": {elem: bytes}, "rows": bytes of operands whose last dim is one of `row_widths`
+    (rows of D values, or of ceil(D/32) scales), "rows_by_type", "total"}."""
+    by_type: dict[str, int] = {}
+    rows_by_type: dict[str, int] = {}
+    for _, arrays in collectives(hlo):
+        for elem, dims in arrays:
+            b = math.prod(dims) * ELEM_BYTES[elem]
+            by_type[elem] = by_type.get(elem, 0) + b
+            if len(dims) >= 2 and dims[-1] in row_widths:
+                rows_by_type[elem] = rows_by_type.get(elem, 0) + b
+    return {"by_type": by_type, "rows": sum(rows_by_type.values()),
+            "rows_by_type": rows_by_type, "total": sum(by_type.values())}
 
 
 def _dispatch_hlo(cfg, mesh, tokens: int, dtype, platform: str) -> str:

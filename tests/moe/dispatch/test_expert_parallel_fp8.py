@@ -127,3 +127,53 @@ def test_fp8_dispatch_matches_local_mxfp8(dispatcher, nodes, factor):
 def _without_expert_weights(grads):
     g_params, g_x = grads
     return {k: v for k, v in g_params.items() if k != "experts"}, g_x
+
+
+def _row_bytes(hlo: str) -> dict:
+    """Bytes of the collectives' row operands (last dim D values or D/32 scales) by type."""
+    from dropless.bench.dispatch import collective_bytes
+    return collective_bytes(hlo, (D, D // 32))["rows_by_type"]
+
+
+@pytest.mark.parametrize("dispatcher", ["ragged_a2a", "a2a", "node_a2a", "allgather"])
+def test_the_rows_cross_as_one_byte_codes_and_come_back_in_the_activation_dtype(
+        dispatcher, monkeypatch):
+    """The forward lowered for CUDA (ragged_a2a's platform; the others' too): the dispatch's
+    row operands are uint8 (D codes + D/32 scales a row, 0.516 of the bf16 row), and the only
+    bf16 rows left are the combine's, as many bytes as without the option."""
+    from dropless.moe.dispatch import expert_parallel
+    monkeypatch.setattr(expert_parallel, "resolve_dispatcher",
+                        lambda name, platform=None, num_nodes=1: name)
+    mesh = make_mesh(MeshConfig(expert=P))
+    mesh = NodeMesh(mesh, devices_per_node=4) if dispatcher == "node_a2a" else mesh
+    got = {}
+    for wire in (False, True):
+        cfg = _cfg(dispatcher, wire).replace(dtype="bfloat16")
+        params, x = _inputs("uniform")
+        got[wire] = _row_bytes(jax.jit(lambda p, x: layer.apply(p, x, cfg, mesh=mesh)[0]).trace(
+            params, x.astype(jnp.bfloat16)).lower(lowering_platforms=("cuda",)).as_text(
+            dialect="hlo"))
+    # (node_a2a's [S, J1] ids and weights, s32 / f32, have the scales' width: left out)
+    assert got[True]["u8"] > 0 and "u8" not in got[False]
+    if dispatcher == "allgather":   # combine: a reduce-scatter of the gathered rows' sums
+        combine = got[True]["bf16"]
+        dispatch_bf16 = got[False]["bf16"] - combine
+    else:                           # combine: the same rows back
+        combine = dispatch_bf16 = got[False]["bf16"] / 2
+    assert got[True]["bf16"] == combine
+    assert got[True]["u8"] == dispatch_bf16 * (D + D // 32) / (2 * D)
+
+
+def test_the_backward_replays_no_row_exchange():
+    """Compiled for CPU: forward and backward of the wire layer run one all-to-all of uint8
+    codes, one of uint8 scales, and exactly three of activation-dtype rows (the combine, and
+    the transposes of combine and dispatch), as the bf16-wire layer runs four: the gradient
+    slot's VJP replays the dispatch, and XLA removes its unused forward rows. Buffer factor 8:
+    one round holds any routing, so no overflow loop adds exchanges."""
+    from dropless.bench.dispatch import collectives
+    mesh, step = _step(_cfg("a2a", factor=8.0), None)
+    params, x = _inputs("uniform")
+    rows = [{e for e, dims in arrays if len(dims) == 2 and dims[-1] in (D, D // 32)}
+            for op, arrays in collectives(step.lower(shard_params(params, mesh), x)
+                                          .compile().as_text()) if op == "all-to-all"]
+    assert sorted(tuple(r) for r in rows if r) == [("f32",)] * 3 + [("u8",)] * 2, rows
