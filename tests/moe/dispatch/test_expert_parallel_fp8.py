@@ -165,15 +165,18 @@ def test_the_rows_cross_as_one_byte_codes_and_come_back_in_the_activation_dtype(
 
 
 def test_the_backward_replays_no_row_exchange():
-    """Compiled for CPU: forward and backward of the wire layer run one all-to-all of uint8
-    codes, one of uint8 scales, and exactly three of activation-dtype rows (the combine, and
-    the transposes of combine and dispatch), as the bf16-wire layer runs four: the gradient
-    slot's VJP replays the dispatch, and XLA removes its unused forward rows. Buffer factor 8:
-    one round holds any routing, so no overflow loop adds exchanges."""
+    """Compiled for CPU (the allgather case's step, compiled once): forward and backward move
+    the gathered rows as uint8 codes and scales once, and activation-dtype rows exactly three
+    times: the combine's reduce-scatter, its transpose (an all-gather) and the dispatch's
+    transpose (a reduce-scatter). The gradient slot's VJP replays the dispatch; XLA removes its
+    unused forward all-gather of activation-dtype rows, which would be a fourth."""
     from dropless.bench.dispatch import collectives
-    mesh, step = _step(_cfg("a2a", factor=8.0), None)
+    dispatcher, nodes, factor = CASES[0]
+    mesh, step = _step(_cfg(dispatcher, factor=factor), nodes)
     params, x = _inputs("uniform")
-    rows = [{e for e, dims in arrays if len(dims) == 2 and dims[-1] in (D, D // 32)}
-            for op, arrays in collectives(step.lower(shard_params(params, mesh), x)
-                                          .compile().as_text()) if op == "all-to-all"]
-    assert sorted(tuple(r) for r in rows if r) == [("f32",)] * 3 + [("u8",)] * 2, rows
+    hlo = step.lower(shard_params(params, mesh), x).compile().as_text()
+    # rows: [., D] activations, uint8 codes and scales (the all-reduces are weight gradients)
+    rows = sorted((op, elem) for op, arrays in collectives(hlo) for elem, dims in arrays
+                  if op != "all-reduce" and len(dims) == 2 and (dims[-1] == D or elem == "u8"))
+    assert rows == sorted([("all-gather", "u8")] * 2 + [("all-gather", "f32")]
+                          + [("reduce-scatter", "f32")] * 2), rows
