@@ -155,6 +155,9 @@ class MoEConfig:
     nvfp4_rht: bool = True
     nvfp4_stochastic_rounding: bool = True
     nvfp4_seed: int = 0
+    # "mxfp8": routed rows quantized once before the dispatch (1x32 E4M3 + E8M0 scales), sent
+    # so, and fed to the MXFP8 grouped matmul as is; combine stays in `dtype` (docs/fp8_dispatch.md)
+    dispatch_quantization: str = "none"
     dtype: str = "float32"           # activations and expert matmul inputs
     weight_dtype: str = "float32"    # stored expert / shared weights (router stays float32)
     prefuse_moe_weights: bool = False  # experts hold one [E, D, 2F] gate+up weight (MaxText key)
@@ -207,6 +210,11 @@ class MoEConfig:
         _positive_ints(c, self, ("nvfp4_seed",), allow_zero=True)
         if self.nvfp4_seed >= 2 ** 32:
             _fail(c, "nvfp4_seed", self.nvfp4_seed, "must be < 2**32")
+        _one_of(c, self, "dispatch_quantization", ("none", "mxfp8"))
+        if self.dispatch_quantization == "mxfp8" and self.gmm_quantization != "mxfp8":
+            _fail(c, "dispatch_quantization", self.dispatch_quantization,
+                  f"needs gmm_quantization='mxfp8' (got {self.gmm_quantization!r}): the MXFP8 "
+                  f"grouped matmul is what consumes the dispatched rows")
         if not isinstance(self.prefuse_moe_weights, bool):
             _fail(c, "prefuse_moe_weights", self.prefuse_moe_weights, "must be a bool")
         _check_dtype(c, "dtype", self.dtype)

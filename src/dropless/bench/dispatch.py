@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 
 import numpy as np
 
@@ -278,13 +279,166 @@ def deepseek_v3_projection(tokens: int, seed: int = 0) -> dict:
     return out
 
 
+# ---- bytes on the wire, BF16 rows vs MXFP8 rows (MoEConfig.dispatch_quantization) ----------
+
+COLLECTIVES = ("all-to-all", "ragged-all-to-all", "all-gather", "reduce-scatter", "all-reduce",
+               "collective-permute")
+ELEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e8m0fnu": 1,
+              "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+              "f64": 8, "s64": 8, "u64": 8}
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+
+
+def _arrays(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(element type, dims) of each array in an HLO type: `f32[8,64]{1,0}` or a tuple."""
+    return [(e, tuple(int(d) for d in dims.split(",") if d))
+            for e, dims in _ARRAY.findall(type_text)]
+
+
+def collectives(hlo: str) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """(op, [(element type, dims) of each send operand]) of every collective in an HLO module's
+    text (compiled, or lowered to HLO). ragged-all-to-all lists its input only (not the output
+    buffer it also takes), `*-start` ops appear once (as the op) and `*-done` not at all."""
+    types: dict[str, str] = {}
+    out = []
+    for line in hlo.splitlines():
+        m = _DEF.match(line)
+        if not m:
+            continue
+        name, type_text, op, rest = m.groups()
+        types[name] = type_text
+        base = op[:-len("-start")] if op.endswith("-start") else op
+        if base not in COLLECTIVES:
+            continue
+        operands = [a.split()[-1].lstrip("%") for a in rest.split(")", 1)[0].split(",")
+                    if a.strip()]
+        if base == "ragged-all-to-all":
+            operands = operands[:1]
+        out.append((base, [arr for a in operands for arr in _arrays(types.get(a, ""))]))
+    return out
+
+
+def collective_bytes(hlo: str, row_widths: tuple[int, ...] = ()) -> dict:
+    """Bytes that one device's collectives take as their send operands (`collectives`):
+    {"by_type": {elem: bytes}, "rows": bytes of operands whose last dim is one of `row_widths`
+    (rows of D values, or of ceil(D/32) scales), "rows_by_type", "total"}."""
+    by_type: dict[str, int] = {}
+    rows_by_type: dict[str, int] = {}
+    for _, arrays in collectives(hlo):
+        for elem, dims in arrays:
+            b = math.prod(dims) * ELEM_BYTES[elem]
+            by_type[elem] = by_type.get(elem, 0) + b
+            if len(dims) >= 2 and dims[-1] in row_widths:
+                rows_by_type[elem] = rows_by_type.get(elem, 0) + b
+    return {"by_type": by_type, "rows": sum(rows_by_type.values()),
+            "rows_by_type": rows_by_type, "total": sum(by_type.values())}
+
+
+def _dispatch_hlo(cfg, mesh, tokens: int, dtype, platform: str) -> str:
+    """HLO text of round 0's dispatch alone (dispatcher cfg.dispatcher on `mesh`, a NodeMesh):
+    compiled when `platform` is this host's, else lowered for it (ragged_a2a on a CPU host)."""
+    import jax
+    import jax.numpy as jnp
+
+    from dropless.moe import dispatch as dsp
+    from dropless.moe import layer, router
+    from dropless.moe.dispatch.context import split_expert_axis
+    from dropless.parallel import shard_params
+
+    spec = dsp.DISPATCHERS[cfg.dispatcher]
+    m = split_expert_axis(mesh) if spec.split_nodes else mesh
+    ctx = dsp.make_context(cfg, m, tokens, dtype)
+    params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
+    x = jax.random.normal(jax.random.key(1), (tokens, cfg.d_model), jnp.float32).astype(dtype)
+    routing = router.route(router.router_logits(x, params["router"]["w_DE"]),
+                           params["router"]["bias_E"], cfg)
+    fn = _stage_fn(spec, ctx, m, "dispatch")
+    traced = fn.trace(x, routing.weights_TK, routing.ids_TK, params["experts"])
+    if platform == jax.default_backend():
+        return traced.lower().compile().as_text()
+    return traced.lower(lowering_platforms=(platform,)).as_text(dialect="hlo")
+
+
+def wire_bytes(args, mesh) -> list[dict]:
+    """Per dispatcher, one device's dispatch bytes with BF16 rows and with MXFP8 rows, from the
+    collectives of its HLO (`collective_bytes`): lowered for CUDA (every dispatcher; what a GPU
+    build starts from) and compiled for this host's CPU (not ragged_a2a, which XLA:CPU cannot
+    compile; XLA:CPU widens bf16 and float8 collectives to f32/f16, uint8 it moves as is); and
+    from the dispatcher's own row accounting (rows sent, + padding, x the row bytes)."""
+    import jax
+    import jax.numpy as jnp
+
+    from dropless.config import MoEConfig
+    from dropless.moe import dispatch as dsp
+    from dropless.moe.dispatch.context import dispatch_row_bytes
+
+    base = MoEConfig(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model,
+                     d_ff=args.d_ff, ragged_buffer_factor=args.buffer_factor,
+                     gmm_backend="ragged_dot", gmm_quantization="mxfp8", dtype="bfloat16",
+                     weight_dtype="bfloat16")
+    widths = (args.d_model, -(-args.d_model // 32))
+    records = []
+    for name in args.dispatchers:
+        on_cpu = "cpu" not in dsp.DISPATCHERS[name].unsupported_on
+        rec = {"bench": "dispatch_wire_bytes", "dispatcher": name, "tokens": args.tokens,
+               "d_model": args.d_model, "experts": args.experts, "top_k": args.top_k,
+               "ep": int(mesh.mesh.shape["expert"]), "devices_per_node": mesh.devices_per_node,
+               "buffer_factor": args.buffer_factor, "activation_dtype": "bfloat16",
+               "per": "one device, round 0's dispatch"}
+        for q in ("none", "mxfp8"):
+            cfg = base.replace(dispatcher=name, dispatch_quantization=q)
+            rec[f"{q}_row_bytes"] = dispatch_row_bytes(cfg, jnp.bfloat16)
+            for where in ("cuda", "cpu") if on_cpu else ("cuda",):
+                hlo = _dispatch_hlo(cfg, mesh, args.tokens, jnp.bfloat16, where)
+                by = collective_bytes(hlo, widths)
+                rec[f"{q}_{where}_hlo"] = by
+        for where in ("cuda", "cpu") if on_cpu else ("cuda",):
+            rec[f"{where}_hlo_row_ratio"] = (rec[f"mxfp8_{where}_hlo"]["rows"]
+                                             / rec[f"none_{where}_hlo"]["rows"])
+            rec[f"{where}_hlo_total_ratio"] = (rec[f"mxfp8_{where}_hlo"]["total"]
+                                               / rec[f"none_{where}_hlo"]["total"])
+        if on_cpu:   # the dispatcher's own accounting: rows sent (+ padding) per device
+            aux = jax.jit(lambda x, c=base.replace(dispatcher=name): _layer_aux(c, x, mesh))(
+                _tokens(args))
+            n = mesh.mesh.size
+            for q in ("none", "mxfp8"):
+                rb = rec[f"{q}_row_bytes"]
+                rec[f"{q}_counted_bytes_real"] = float(aux["rows_sent"]) / n * rb
+                rec[f"{q}_counted_bytes_padded"] = (float(aux["rows_sent"])
+                                                    + float(aux["padding_rows"])) / n * rb
+        rec["counted_ratio"] = rec["mxfp8_row_bytes"] / rec["none_row_bytes"]
+        for q in ("none", "mxfp8"):
+            rec[f"{q}_cuda_hlo_row_bytes"] = rec[f"{q}_cuda_hlo"]["rows"]
+        records.append(rec)
+    return records
+
+
+def _tokens(args):
+    import jax
+    import jax.numpy as jnp
+    return jax.random.normal(jax.random.key(1), (args.tokens, args.d_model),
+                             jnp.float32).astype(jnp.bfloat16)
+
+
+def _layer_aux(cfg, x, mesh) -> dict:
+    """The EP layer's traffic stats (rows sent, padding) for x on `mesh`."""
+    import jax
+
+    from dropless.moe import layer
+    from dropless.parallel import shard_params
+    params = shard_params(layer.init_params(jax.random.key(0), cfg), mesh)
+    return layer.apply(params, x, cfg, mesh=mesh)[1]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DispatchOptions:
     """What `dropless bench dispatch` runs: T, D, F, E, K, the expert-parallel ranks P, the host
     devices to create on CPU (before JAX starts its backend), devices per node (intra/inter-node
     accounting), ragged_buffer_factor, the dispatchers (allgather is the baseline); `rows_only`
     (no timing: deterministic rows per dispatcher for each of `routings`, router biases uniform
-    and/or zipf), `projection_only` (only the DeepSeek-V3 projection, measured through node_a2a
+    and/or zipf), `wire_bytes` (no timing: each dispatcher's dispatch bytes with BF16 and with
+    MXFP8 rows, from its HLO and its own row accounting), `projection_only` (only the DeepSeek-V3 projection, measured through node_a2a
     too on 64 devices), timed runs per function, the tokens of the V3 routing sample (0: no
     projection), `quick` (the smoke-run sizes, `quick_sized`) and the JSON-lines file appended
     to (None: none)."""
@@ -301,6 +455,7 @@ class DispatchOptions:
     rows_only: bool = False
     routings: tuple[str, ...] = ("uniform", "zipf")
     projection_only: bool = False
+    wire_bytes: bool = False
     repeats: int = 5
     projection_tokens: int = 4096
     quick: bool = False
@@ -333,6 +488,16 @@ def run(args: DispatchOptions) -> int:
         return _projection_only(args, info)
     mesh = NodeMesh(make_mesh(MeshConfig(data=n // args.ep, expert=args.ep)),
                     devices_per_node=args.devices_per_node)
+    if args.wire_bytes:
+        records = wire_bytes(args, mesh)
+        for r in records:
+            r.update(machine=info)
+        print(text_table.format_table(records, [
+            "dispatcher", "none_cuda_hlo_row_bytes", "mxfp8_cuda_hlo_row_bytes",
+            "cuda_hlo_row_ratio", "cuda_hlo_total_ratio", "cpu_hlo_row_ratio",
+            "none_counted_bytes_padded", "mxfp8_counted_bytes_padded", "counted_ratio"]))
+        harness.write_jsonl(args.out, records)
+        return 0
     if args.rows_only:
         records = rows_by_routing(args, list(args.dispatchers), mesh)
         for r in records:

@@ -88,6 +88,9 @@ def _dispatch_arguments(p: argparse.ArgumentParser) -> None:
                    help="no timing: deterministic rows per dispatcher for each of --routings")
     p.add_argument("--routings", default=_join(d.routings),
                    help="with --rows-only: router bias, uniform and/or zipf (default both)")
+    p.add_argument("--wire-bytes", action="store_true",
+                   help="no timing: each dispatcher's dispatch bytes with BF16 rows and with "
+                        "MXFP8 rows (dispatch_quantization), from its HLO and its row counts")
     p.add_argument("--projection-only", action="store_true",
                    help="only the DeepSeek-V3 projection; with 64 devices (--host-devices 64) "
                         "also measured through node_a2a")

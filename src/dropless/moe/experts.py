@@ -17,6 +17,7 @@ parameters, optimizer moments, checkpoints' abstract trees) and are exact invers
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -28,6 +29,7 @@ from dropless.moe import permute as perm
 from dropless.moe.ffn import swiglu
 from dropless.moe.router import Routing
 from dropless.ops.gmm import grouped_matmul
+from dropless.quant.mx_rows import MXRows, travel
 
 
 def gmm_for(cfg: MoEConfig):
@@ -69,17 +71,19 @@ def gate_up(x_ND: jax.Array, group_sizes_E: jax.Array, experts: dict[str, jax.Ar
             gmm(x_ND, experts["w_up_EDF"].astype(dt), group_sizes_E))
 
 
-def expert_ffn(x_ND: jax.Array, group_sizes_E: jax.Array, experts: dict[str, jax.Array],
-               cfg: MoEConfig) -> jax.Array:
+def expert_ffn(x_ND: jax.Array | MXRows, group_sizes_E: jax.Array,
+               experts: dict[str, jax.Array], cfg: MoEConfig) -> jax.Array:
     """SwiGLU per expert over expert-major rows: down(silu(x @ gate) * (x @ up)) -> [N, D].
 
     `group_sizes_E[e]` consecutive rows belong to expert e; rows past their sum are ignored.
-    Either parameter layout (see the module docstring); raises ValueError when it disagrees
-    with `cfg.prefuse_moe_weights`.
+    x_ND may be MXRows (quantized before they moved, `dispatch_quantization="mxfp8"`): the
+    gate/up grouped matmuls take them as their quantized lhs. Either parameter layout (see the
+    module docstring); raises ValueError when it disagrees with `cfg.prefuse_moe_weights`.
     """
     check_layout(experts, cfg)
     dt = jnp.dtype(cfg.dtype)
-    x_ND = x_ND.astype(dt)
+    if not isinstance(x_ND, MXRows):
+        x_ND = x_ND.astype(dt)
     gate_NF, up_NF = gate_up(x_ND, group_sizes_E, experts, cfg)
     h_NF = swiglu(gate_NF, up_NF, dt)
     return gmm_for(cfg)(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E)
@@ -148,13 +152,28 @@ def expert_layout(tree: Any) -> bool | None:
     return found[0] if found else None
 
 
+def quantized_rows(move, x_TD: jax.Array, *args, cfg: MoEConfig):
+    """move(x_TD, *args) -> (x_ND, *rest), with the rows quantized once before they move when
+    cfg.dispatch_quantization is "mxfp8" (then x_ND is MXRows in cfg.dtype; quant.mx_rows.travel)
+    and moved as they are otherwise."""
+    if cfg.dispatch_quantization == "none":
+        return move(x_TD, *args)
+    return travel(move, x_TD.astype(cfg.dtype), *args, rounding=cfg.mx_scale_rounding)
+
+
+def _permuted(x_TD, order_N, inv_N, *, top_k: int):
+    return (jax.tree.map(lambda a: perm.permute(a, order_N, inv_N, top_k), x_TD),)
+
+
 def dropless_experts(x_TD, routing: Routing, experts, cfg: MoEConfig):
     """Every (token, choice) row goes to its expert: sort, grouped matmuls, unsort, weight, sum.
+    With dispatch_quantization="mxfp8" the tokens are quantized before the sort (`quantized_rows`).
 
     Returns (y_TD, group_sizes_E).
     """
     p = perm.sort_by_expert(routing.ids_TK, cfg.num_experts)
-    x_ND = perm.permute(x_TD, p.order_N, p.inv_N, cfg.top_k)
+    (x_ND,) = quantized_rows(functools.partial(_permuted, top_k=cfg.top_k), x_TD, p.order_N,
+                             p.inv_N, cfg=cfg)
     y_ND = expert_ffn(x_ND, p.group_sizes_E, experts, cfg)
     y_TKD = perm.unpermute(y_ND, p.order_N, p.inv_N, cfg.top_k)
     y_TD = jnp.einsum("tkd,tk->td", y_TKD, routing.weights_TK.astype(y_TKD.dtype),

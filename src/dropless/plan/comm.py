@@ -150,3 +150,33 @@ def a2a_time(nbytes: dict[str, float], cfg: PlanConfig, hw: HardwareProfile) -> 
         return 0.0
     return link_time(nbytes, hw, steps={"intra": 1, "inter": 1 if g.outer > 1 else 0},
                      concurrent=True)
+
+
+# ---- MXFP8 on the wire (MoEConfig.dispatch_quantization="mxfp8", docs/fp8_dispatch.md) ------
+
+def ep_dispatch_wire(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+    """One device's forward dispatch of one layer with rows in the activation dtype and as
+    MXFP8 (D one-byte E4M3 codes + ceil(D/32) one-byte E8M0 scales a row; ids and weights as
+    before), and the EP bytes of a step each way: the forward dispatch (and its recomputation
+    under full / offload remat) is the only transfer that changes; the combine, and both
+    transposes in the backward, stay in the activation dtype. Bytes summed over both links."""
+    d = cfg.model.d_model
+    per_transfer = sum(ep_bytes_per_transfer(cfg, hw).values())
+    row = d * cfg.activation_bytes
+    meta = per_transfer - ep_bytes_per_transfer_rows(cfg, hw)
+    fp8 = meta + ep_bytes_per_transfer_rows(cfg, hw) * (d + -(-d // 32)) / row
+    n = ep_transfers_per_layer(cfg)
+    # the forward dispatch, and again when the layer is recomputed
+    dispatches = 2 if REMAT[cfg.run.remat].recomputes_layer else 1
+    return {"dispatch_bytes": per_transfer, "dispatch_bytes_mxfp8": fp8,
+            "dispatch_ratio": fp8 / per_transfer if per_transfer else 1.0,
+            "layer_bytes": n * per_transfer,
+            "layer_bytes_mxfp8": (n - dispatches) * per_transfer + dispatches * fp8}
+
+
+def ep_bytes_per_transfer_rows(cfg: PlanConfig, hw: HardwareProfile) -> float:
+    """The activation part of ep_bytes_per_transfer (both links): D values a row, no ids."""
+    rows = ep_rows(cfg, hw)
+    pad = cfg.moe.ragged_buffer_factor if cfg.planned_dispatcher == "a2a" else 1.0
+    return ((rows["intra"] + rows["inter"]) * cfg.tokens_per_device
+            * cfg.model.d_model * cfg.activation_bytes * pad)

@@ -234,6 +234,9 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
                                                                  padded=False))
         out["ep_rows_per_token"] = {"with_dedup": comm.expected_devices_per_token(s, ep),
                                     "without_dedup": float(s.moe.top_k)}
+        wire = comm.ep_dispatch_wire(cfg, hw)   # MXFP8 on the wire (docs/fp8_dispatch.md)
+        out["ep_dispatch_wire"] = {**wire, "step_bytes": n_moe * wire["layer_bytes"],
+                                   "step_bytes_mxfp8": n_moe * wire["layer_bytes_mxfp8"]}
     tensors = memory.layer_tensors(s, cfg.activation_bytes, True)
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
     out["host_offload"] = 2 * host * cfg.tokens_per_device * s.num_layers

@@ -50,6 +50,12 @@ def format_plan(r: dict) -> str:
         e = by["ep_rows_per_token"]
         lines.append(f"  EP rows per token: {e['with_dedup']:.2f} with dedup, "
                      f"{e['without_dedup']:.0f} without")
+    if "ep_dispatch_wire" in by:   # MoEConfig.dispatch_quantization (docs/fp8_dispatch.md)
+        w = by["ep_dispatch_wire"]
+        lines.append(f"  EP dispatch as MXFP8 rows: {w['dispatch_bytes'] / GB:.3f} -> "
+                     f"{w['dispatch_bytes_mxfp8'] / GB:.3f} GB a forward dispatch (x"
+                     f"{w['dispatch_ratio']:.3f}); EP per step {w['step_bytes'] / GB:.1f} -> "
+                     f"{w['step_bytes_mxfp8'] / GB:.1f} GB (combine and backward stay bf16)")
     lines += [f"  host offload: {by['host_offload'] / GB:.1f} GB", "",
               f"Step time: {tm['step_s']:.3f} s  |  {r['tflops_per_device']:.0f} TFLOPS/device  |"
               f"  MFU {_pct(r['mfu'])} (of bf16 peak)  |  {r['tokens_per_s']:.4g} tokens/s", ""]

@@ -15,6 +15,10 @@ the float32 additions. A custom VJP makes the backward quantize what it should (
 operands re-blocked along the backward's contraction dims) instead of differentiating through
 the forward's quantization.
 
+The lhs may arrive already quantized (`quant.mx_rows.MXRows`: rows quantized once before the
+dispatch, MoEConfig.dispatch_quantization="mxfp8"): the forward decodes those codes instead of
+quantizing, the backward is the recipe above with x the decoded rows.
+
 Native MX matmuls (Blackwell tensor cores via `jax.nn.scaled_matmul`) are dense only; JAX has no
 grouped scaled matmul, so the grouped matmul is emulated on every platform. `native_support()`
 reports what the platform offers.
@@ -30,6 +34,7 @@ import jax.numpy as jnp
 
 from dropless.ops.gmm.registry import backend_spec, check_backend_name, check_operands
 from dropless.quant import mxfp8 as mx
+from dropless.quant.mx_rows import MXRows
 
 COMPUTE_DTYPES = ("bfloat16", "float32")
 
@@ -109,6 +114,12 @@ def _mx_gmm_fwd(cfg, lhs_MK, rhs_GKN, group_sizes_G):
 
 def _mx_gmm_bwd(cfg, res, dy_MN):
     lhs_MK, rhs_GKN, group_sizes_G = res
+    dlhs_MK, drhs_GKN = _backward(cfg, lhs_MK, rhs_GKN, group_sizes_G, dy_MN)
+    return dlhs_MK.astype(lhs_MK.dtype), drhs_GKN.astype(rhs_GKN.dtype), None
+
+
+def _backward(cfg: MXFP8Config, x_MK, rhs_GKN, group_sizes_G, dy_MN):
+    """(dlhs_MK, drhs_GKN) in float32 from the forward's lhs values x_MK (the recipe below)."""
     cdt = jnp.dtype(cfg.compute_dtype)
     fn = _backend(cfg)
     # dx = dy @ w^T: contraction over N, so dy is blocked rowwise and w along N
@@ -118,28 +129,74 @@ def _mx_gmm_bwd(cfg, res, dy_MN):
     # dw[g] = x_g^T @ dy_g: contraction over each group's rows, blocks restart at boundaries.
     # The backend's own transpose computes it: gmm is linear in rhs, so its VJP in rhs at any
     # point (zeros) applied to dy is sum over the group's rows of x[r]^T dy[r].
-    xg_MK = _fq_grouped(lhs_MK, group_sizes_G, cfg.fwd_elem, cfg)
+    xg_MK = _fq_grouped(x_MK, group_sizes_G, cfg.fwd_elem, cfg)
     dyg_MN = _fq_grouped(dy_MN, group_sizes_G, cfg.grad_elem, cfg)
     zeros_GKN = jnp.zeros(rhs_GKN.shape, jnp.float32)
     _, pullback = jax.vjp(lambda w: fn(xg_MK, w, group_sizes_G, out_dtype=jnp.float32),
                           zeros_GKN)
     (drhs_GKN,) = pullback(dyg_MN)
-    return dlhs_MK.astype(lhs_MK.dtype), drhs_GKN.astype(rhs_GKN.dtype), None
+    return dlhs_MK, drhs_GKN
 
 
 _mx_gmm.defvjp(_mx_gmm_fwd, _mx_gmm_bwd)
 
 
-def mxfp8_grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Array, *,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _mx_rows_gmm(cfg: MXFP8Config, dtype, q_MK, scale_MB, grad_MK, rhs_GKN, group_sizes_G):
+    """The forward on already-quantized rows (MXRows' arrays): their codes are decoded, never
+    re-quantized. grad_MK only receives the input gradient."""
+    cdt = jnp.dtype(cfg.compute_dtype)
+    xq_MK = MXRows(q_MK, scale_MB, None, dtype, cfg.fwd_elem).values(cdt)
+    wq_GKN = _fq(rhs_GKN, 1, cfg.fwd_elem, cfg, cdt)
+    return _backend(cfg)(xq_MK, wq_GKN, group_sizes_G, out_dtype=jnp.float32).astype(dtype)
+
+
+def _mx_rows_fwd(cfg, dtype, q_MK, scale_MB, grad_MK, rhs_GKN, group_sizes_G):
+    out = _mx_rows_gmm(cfg, dtype, q_MK, scale_MB, grad_MK, rhs_GKN, group_sizes_G)
+    return out, (q_MK, scale_MB, rhs_GKN, group_sizes_G)   # the 1-byte codes are the residual
+
+
+def _mx_rows_bwd(cfg, dtype, res, dy_MN):
+    q_MK, scale_MB, rhs_GKN, group_sizes_G = res
+    # the weight gradient's x is the values the forward used: the travelled rows, re-blocked
+    # along each group's rows exactly as the bf16-lhs path blocks its lhs
+    x_MK = MXRows(q_MK, scale_MB, None, dtype, cfg.fwd_elem).values(jnp.float32)
+    dlhs_MK, drhs_GKN = _backward(cfg, x_MK, rhs_GKN, group_sizes_G, dy_MN)
+    return None, None, dlhs_MK.astype(dtype), drhs_GKN.astype(rhs_GKN.dtype), None
+
+
+_mx_rows_gmm.defvjp(_mx_rows_fwd, _mx_rows_bwd)
+
+
+def _rows_gmm(lhs: MXRows, rhs_GKN, group_sizes_G, config: MXFP8Config) -> jax.Array:
+    if lhs.elem != config.fwd_elem or lhs.grad_RD is None:
+        raise ValueError(f"MXRows lhs must hold {config.fwd_elem!r} codes (MXFP8Config.fwd_elem)"
+                         f" and a gradient slot (quant.mx_rows.travel); got {lhs.elem!r}, "
+                         f"grad_RD {'missing' if lhs.grad_RD is None else 'set'}")
+    check_operands(lhs.grad_RD, rhs_GKN, group_sizes_G)
+    if lhs.shape[0] == 0 or rhs_GKN.shape[0] == 0:
+        return jnp.zeros((lhs.shape[0], rhs_GKN.shape[2]), lhs.dtype)
+    return _mx_rows_gmm(config, jnp.dtype(lhs.dtype), lhs.q_RD, lhs.scale_RB, lhs.grad_RD,
+                        rhs_GKN, group_sizes_G.astype(jnp.int32))
+
+
+def mxfp8_grouped_matmul(lhs_MK: jax.Array | MXRows, rhs_GKN: jax.Array,
+                         group_sizes_G: jax.Array, *,
                          config: MXFP8Config = MXFP8Config()) -> jax.Array:
     """grouped_matmul with MXFP8 operands in forward and backward (see the module docstring).
 
     Args: as `dropless.ops.grouped_matmul` (lhs [M, K] sorted by group, rhs [G, K, N], group
-      sizes [G] on device). Returns [M, N] in lhs's dtype; rows past sum(group_sizes) are zero.
-    Raises: ValueError for bad shapes or dtypes (as grouped_matmul does).
+      sizes [G] on device). lhs may be MXRows (quant.mx_rows: rows quantized before they were
+      dispatched, with their gradient slot): its codes are the forward's lhs as they are, and
+      its values (re-blocked per group) the weight gradient's; the input gradient lands in its
+      slot. Returns [M, N] in lhs's dtype; rows past sum(group_sizes) are zero.
+    Raises: ValueError for bad shapes or dtypes (as grouped_matmul does), for MXRows whose
+      codes are not config.fwd_elem's or that have no gradient slot.
     """
-    lhs_MK, rhs_GKN = jnp.asarray(lhs_MK), jnp.asarray(rhs_GKN)
-    group_sizes_G = jnp.asarray(group_sizes_G)
+    rhs_GKN, group_sizes_G = jnp.asarray(rhs_GKN), jnp.asarray(group_sizes_G)
+    if isinstance(lhs_MK, MXRows):
+        return _rows_gmm(lhs_MK, rhs_GKN, group_sizes_G, config)
+    lhs_MK = jnp.asarray(lhs_MK)
     check_operands(lhs_MK, rhs_GKN, group_sizes_G)
     for name, a in (("lhs", lhs_MK), ("rhs", rhs_GKN)):
         if not jnp.issubdtype(a.dtype, jnp.floating):

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from dropless.moe.dispatch import send_plan as sp
-from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows, return_rows,
-                                        rows_to_experts, send_rows)
+from dropless.moe.dispatch.rows import (RowsToExperts, each, exchange, experts_to_rows,
+                                        return_rows, rows_to_experts, send_rows)
 
 
 class A2AMeta(NamedTuple):
@@ -63,7 +63,7 @@ def a2a_dispatch(x_TD, w_TK, plan: sp.SendPlan, r, ctx):
     """Round r of the fused dispatch: (x_ND expert-major, group_sizes_El, A2AMeta)."""
     slots = sp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
     w_Q = sp.entry_weights(w_TK, slots)
-    x_RD = send_rows(x_TD, slots.src_S, ctx.expert_axis)
+    x_RD = each(send_rows, x_TD, slots.src_S, ctx.expert_axis)
     row_Q, lid_Q, w_Q = received_entries(slots, w_Q, ctx,
                                           lambda v: exchange(v, ctx.expert_axis))
     x_ND, sizes, local = rows_to_experts(x_RD, row_Q, lid_Q, w_Q, ctx.experts_per_peer)

@@ -49,7 +49,7 @@ def allgather_rounds(state: AllGatherState, ctx) -> jax.Array:
 
 def allgather_dispatch(x_TD, w_TK, state: AllGatherState, r, ctx):
     """Gather tokens, pick the choices that live here: (x_ND, group_sizes_El, AllGatherMeta)."""
-    x_GD = lax.all_gather(x_TD, ctx.expert_axis, tiled=True)
+    x_GD = fused.each(lax.all_gather, x_TD, ctx.expert_axis, tiled=True)
     w_GK = lax.all_gather(w_TK, ctx.expert_axis, tiled=True)
     me = lax.axis_index(ctx.expert_axis)
     el = ctx.experts_per_peer

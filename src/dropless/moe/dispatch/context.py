@@ -80,6 +80,8 @@ class EPContext:
     budget: sp.Budget
     overflow: str
     row_bytes: int                      # one travelling row: D activations
+    dispatch_row_bytes: int             # one row in the dispatch direction: row_bytes, or
+                                        # D FP8 codes + ceil(D/32) scales (dispatch_quantization)
     entry_bytes: int                    # one travelling entry: (row, expert) code + weight
     num_nodes: int = 1                  # M: nodes of an EP group
     node_size: int = 1                  # G: peers per node
@@ -123,8 +125,17 @@ def make_context(cfg: MoEConfig, mesh: AnyMesh, num_tokens: int, dtype) -> EPCon
         mesh_shape=tuple(int(mesh.shape[a]) for a in names), node_of_position=nodes,
         num_tokens=t_local, num_peers=ep, experts_per_peer=el, row_slots=j,
         budget=sp.make_budget(t_local, cfg.top_k, cfg.num_experts, ep, cfg.ragged_buffer_factor),
-        overflow=cfg.overflow, row_bytes=cfg.d_model * jnp.dtype(dtype).itemsize, entry_bytes=8,
+        overflow=cfg.overflow, row_bytes=cfg.d_model * jnp.dtype(dtype).itemsize,
+        dispatch_row_bytes=dispatch_row_bytes(cfg, dtype), entry_bytes=8,
         num_nodes=m, node_size=g)
+
+
+def dispatch_row_bytes(cfg: MoEConfig, dtype) -> int:
+    """Bytes of one row leaving a device in a dispatch: D activations of `dtype`, or with
+    dispatch_quantization="mxfp8" D one-byte E4M3 codes and ceil(D/32) one-byte E8M0 scales."""
+    if cfg.dispatch_quantization == "mxfp8":
+        return cfg.d_model + -(-cfg.d_model // 32)
+    return cfg.d_model * jnp.dtype(dtype).itemsize
 
 
 def multi_node_groups(mesh: AnyMesh) -> int:

@@ -39,8 +39,8 @@ from jax import lax
 from dropless.moe.dispatch import send_plan as sp
 from dropless.moe.dispatch.a2a import received_entries
 from dropless.moe.dispatch.context import NODE_AXES
-from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows, return_rows,
-                                        rows_to_experts, send_rows)
+from dropless.moe.dispatch.rows import (RowsToExperts, each, exchange, experts_to_rows,
+                                        return_rows, rows_to_experts, send_rows)
 
 INTER, INTRA = NODE_AXES
 
@@ -125,12 +125,12 @@ def node_dispatch(x_TD, w_TK, state: NodeA2AState, r, ctx):
     ids_SJ, w_SJ = _row_choices(state.nodes, w_TK, src_S1, b1.row_chunk, b1.entries // b1.rows,
                                 g * el)
     # hop 1 (inter-node): one row per (token, node), with its choices on that node
-    x_RD = send_rows(x_TD, src_S1, INTER)
+    x_RD = each(send_rows, x_TD, src_S1, INTER)
     ids_RJ, w_RJ = exchange(ids_SJ, INTER), exchange(w_SJ, INTER)
     # hop 2 (intra-node): the received rows are this device's "tokens"
     plan2 = sp.make_plan(ids_RJ, g, el, b2)
     slots2 = sp.round_slots(plan2, 0, b2, el)
-    x2_RD = send_rows(x_RD, slots2.src_S, INTRA)
+    x2_RD = each(send_rows, x_RD, slots2.src_S, INTRA)
     hop2 = types.SimpleNamespace(experts_per_peer=el, budget=b2, num_peers=g)
     row_Q, lid_Q, w_Q = received_entries(slots2, sp.entry_weights(w_RJ, slots2), hop2,
                                          lambda v: exchange(v, INTRA))

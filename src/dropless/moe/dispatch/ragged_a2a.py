@@ -18,7 +18,7 @@ from jax import lax
 
 from dropless.moe.dispatch import send_plan as sp
 from dropless.moe.dispatch.a2a import received_entries
-from dropless.moe.dispatch.rows import (RowsToExperts, exchange, experts_to_rows, pack,
+from dropless.moe.dispatch.rows import (RowsToExperts, each, exchange, experts_to_rows, pack,
                                         rows_to_experts, unpack)
 
 
@@ -55,7 +55,7 @@ def ragged_dispatch(x_TD, w_TK, plan: sp.SendPlan, r, ctx):
     slots = sp.round_slots(plan, r, ctx.budget, ctx.experts_per_peer)
     rows_P, entries_P = _round_sizes(plan, r)
     cr, ce = ctx.budget.row_chunk, ctx.budget.entry_chunk
-    x_RD = _ragged(pack(x_TD, slots.src_S), rows_P, ctx.expert_axis, cr)
+    x_RD = each(lambda x: _ragged(pack(x, slots.src_S), rows_P, ctx.expert_axis, cr), x_TD)
     # unfilled entry slots arrive as zeros: shift the code by one so zero means "empty"
     ex = lambda v: _ragged(v, entries_P, ctx.expert_axis, ce)
     el = ctx.experts_per_peer

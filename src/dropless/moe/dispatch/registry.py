@@ -4,6 +4,8 @@ A dispatcher is a DispatcherSpec (functions take the EPContext last):
   state = prepare(ids_TK)                       routing-only bookkeeping, no gradients
   rounds(state)                                 rounds all devices agree on (on device)
   x_ND, group_sizes_El, meta = dispatch(x_TD, w_TK, state, r)   expert-major rows of round r
+                                        (the module's dispatch moves an array or MXRows with
+                                        rows.each; the spec's quantizes first: `quantizing`)
   y_TD += combine(expert_ffn(x_ND, group_sizes_El), meta)      back in token order
 `state` is the strategy's own NamedTuple (spec.state_type), `meta` another (spec.meta_type);
 everything else the shard_map boundary asks of a strategy is a field of its spec.
@@ -23,6 +25,7 @@ from jax import lax
 from dropless import config
 from dropless.moe.dispatch import a2a, allgather as ag, node_a2a as na, ragged_a2a as ra
 from dropless.moe.dispatch.send_plan import SendPlan
+from dropless.moe.experts import quantized_rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,13 +67,26 @@ class DispatcherSpec:
     traffic: Callable[..., dict] | None = None
 
 
+def quantizing(dispatch: Callable[..., tuple]) -> Callable[..., tuple]:
+    """A strategy's dispatch that, when ctx.cfg.dispatch_quantization is "mxfp8", quantizes the
+    rows once before they travel: x_ND is then MXRows (FP8 codes + scales went over the wire)
+    whose gradient comes back in the activation dtype (moe.experts.quantized_rows)."""
+    @functools.wraps(dispatch)
+    def wrapped(x_TD, w_TK, state, r, ctx):
+        move = lambda x, w, state, r: dispatch(x, w, state, r, ctx)
+        return quantized_rows(move, x_TD, w_TK, state, r, cfg=ctx.cfg)
+    return wrapped
+
+
 def _itself(plan: SendPlan) -> SendPlan:
     return plan
 
 
 def _implements(name: str, **fields: Any) -> DispatcherSpec:
     """The spec of config's strategy `name` (config.DISPATCH_STRATEGIES: its name and
-    description) with its implementation `fields`."""
+    description) with its implementation `fields`; its dispatch honours dispatch_quantization
+    (`quantizing`)."""
+    fields["dispatch"] = quantizing(fields["dispatch"])
     return DispatcherSpec(name=name, description=config.DISPATCH_STRATEGIES[name], **fields)
 
 

@@ -2,6 +2,8 @@
 
 Legend: T local tokens, D model dim, S row slots of one round's send buffer, R received rows,
 Q entries (row, local expert, weight), N entries entering the grouped matmul.
+Rows in the dispatch direction are an array or quant.mx_rows.MXRows (FP8 codes and scales,
+moved leaf by leaf with `each`); everything on the way back is in the activation dtype.
 
 `send_rows`/`return_rows` move rows to peers and back over one mesh axis (or a tuple of axes);
 on the receiver `gather_rows`/`sum_rows` expand rows into entries and reduce them. Each pair is
@@ -19,6 +21,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from dropless.moe import permute as perm
+
+
+def each(fn, rows, *args, **kwargs):
+    """fn(array, *args, **kwargs) on `rows`: an array, or every array of quant.mx_rows.MXRows
+    (codes and scales travel alike; a movement of whole rows needs nothing else)."""
+    return jax.tree.map(lambda a: fn(a, *args, **kwargs), rows)
 
 
 def exchange(x: jax.Array, axis: str) -> jax.Array:
@@ -119,10 +127,11 @@ class RowsToExperts(NamedTuple):
 
 def rows_to_experts(x_RD, row_Q, lid_Q, w_Q, num_local: int):
     """Expand received rows into one entry per (row, local expert), expert-major. Empty entries
-    (lid num_local) sort last, past the group sizes, so the grouped matmul skips them.
+    (lid num_local) sort last, past the group sizes, so the grouped matmul skips them. x_RD: an
+    array or MXRows (`each`).
     Returns (x_ND, group_sizes_El, RowsToExperts)."""
     p = perm.sort_by_expert(lid_Q[:, None], num_local + 1)
-    x_ND = perm.permute(gather_rows(x_RD, row_Q), p.order_N, p.inv_N, 1)
+    x_ND = each(lambda a: perm.permute(gather_rows(a, row_Q), p.order_N, p.inv_N, 1), x_RD)
     return x_ND, p.group_sizes_E[:num_local], RowsToExperts(p, row_Q, w_Q, x_RD.shape[0])
 
 
