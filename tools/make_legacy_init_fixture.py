@@ -5,10 +5,12 @@
     PYTHONPATH=<that checkout>/src python tools/make_legacy_init_fixture.py
 
 It reads only what that commit already had (presets, ModelConfig, init_params), so the same
-script runs there and here; tests/models/test_init.py recomputes the hashes under init=legacy.
+script runs there and here; Each case holds its ModelConfig (as that commit wrote it: no init keys), its seed and the leaf
+hashes; tests/models/test_init.py rebuilds each config with init=legacy and compares.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -25,8 +27,9 @@ from dropless.presets import get_preset
 OUT = pathlib.Path(__file__).resolve().parents[1] / "tests/fixtures/init/legacy_sha256.json"
 
 
-def cases() -> dict[str, tuple[dict, ModelConfig]]:
-    """name -> (ModelConfig keyword changes applied on top of the base, the base config)."""
+def cases() -> dict[str, ModelConfig]:
+    """name -> the ModelConfig: MLA with and without q low-rank, MTP, groups, scanned layers,
+    GQA with qk-norm, tied embeddings, fused experts and bfloat16 weights."""
     mha = ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=8, qk_norm=True, d_ff=48, attention="mha", tie_embeddings=True,
                       weight_dtype="bfloat16",
@@ -58,8 +61,9 @@ def main() -> None:
     table = {"commit": commit, "jax": jax.__version__, "cases": {}}
     for name, cfg in cases().items():
         for seed in SEEDS[name]:
-            table["cases"][f"{name}/seed{seed}"] = leaf_hashes(
-                init_params(jax.random.key(seed), cfg))
+            table["cases"][f"{name}/seed{seed}"] = {
+                "config": dataclasses.asdict(cfg), "seed": seed,
+                "leaves": leaf_hashes(init_params(jax.random.key(seed), cfg))}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT} ({len(table['cases'])} cases) at {commit}", file=sys.stderr)
