@@ -364,7 +364,7 @@ class ModelConfig:
     # config's initializer_range); head_init_std / embed_init_std: 0 = the scheme's, else that
     # std for the output head / the embedding; init_residual_scaling: the residual-output
     # projections (attention out, dense/shared/expert down) scaled by 1/sqrt(2 * num_layers)
-    init: str = "legacy"
+    init: str = "fan_in"
     init_std: float = 0.02
     head_init_std: float = 0.0
     embed_init_std: float = 0.0
