@@ -241,7 +241,7 @@ def hf_config(cfg: ModelConfig, lay: Layout) -> dict[str, Any]:
         "num_attention_heads": cfg.num_heads, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta, "rope_scaling": _rope_dict(cfg), "hidden_act": "silu",
         "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": cfg.weight_dtype,
-        "initializer_range": cfg.init_std, "attention_bias": False, "num_experts_per_tok": moe.top_k,
+        "attention_bias": False, "num_experts_per_tok": moe.top_k,
         "max_position_embeddings": int(cfg.rope_original_max_position * cfg.rope_factor)
         if cfg.rope_type == "yarn" else 4096}
     if arch == DEEPSEEK:
