@@ -37,6 +37,11 @@ OVERFLOW_POLICIES = ("rounds", "error")
 # boundary (MaxText's packing=true); "pad" holds one document per row, padded (packing=false);
 # "stream" joins documents with EOS and lets windows run across them (runs made before packing).
 PACKINGS = ("documents", "pad", "stream")
+# ModelConfig.init's schemes (models/init.py holds each one's table: per parameter kind, the
+# distribution and std) and the fields that only say how a model starts (they never change the
+# parameter tree, so weights trained under one scheme load under another)
+INIT_SCHEMES = ("fan_in", "normal", "maxtext", "legacy")
+INIT_FIELDS = ("init", "init_std", "head_init_std", "embed_init_std", "init_residual_scaling")
 
 
 def _fail(cls: str, field: str, value: Any, why: str) -> None:
@@ -380,10 +385,21 @@ class ModelConfig:
     # run consecutive same-kind layers under one jax.lax.scan over stacked weights (MaxText's
     # flag); parameters then hold "layer_runs" instead of "layers" (docs/scan_layers.md)
     scan_layers: bool = False
+    # initialisation (docs/training.md "Initialisation"; the tables are models/init.py's):
+    # init: the scheme; init_std: the std of every matrix under "normal" (a Hugging Face
+    # config's initializer_range); head_init_std / embed_init_std: 0 = the scheme's, else that
+    # std for the output head / the embedding; init_residual_scaling: the residual-output
+    # projections (attention out, dense/shared/expert down) scaled by 1/sqrt(2 * num_layers)
+    init: str = "fan_in"
+    init_std: float = 0.02
+    head_init_std: float = 0.0
+    embed_init_std: float = 0.0
+    init_residual_scaling: bool = False
 
     def __post_init__(self) -> None:
         c = "ModelConfig"
         _check_types(self)
+        self._check_init()
         _positive_ints(c, self, ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"))
         _positive_ints(c, self, ("first_k_dense", "num_kv_heads", "head_dim", "q_lora_rank",
                                  "mtp_depth"), allow_zero=True)
@@ -420,6 +436,19 @@ class ModelConfig:
         _check_dtype(c, "weight_dtype", self.weight_dtype)
         if not isinstance(self.scan_layers, bool):
             _fail(c, "scan_layers", self.scan_layers, "must be true or false")
+
+    def _check_init(self) -> None:
+        c = "ModelConfig"
+        _one_of(c, self, "init", INIT_SCHEMES)
+        if not (isinstance(self.init_std, (int, float)) and math.isfinite(self.init_std)
+                and self.init_std > 0):
+            _fail(c, "init_std", self.init_std, "must be a finite number > 0")
+        for name in ("head_init_std", "embed_init_std"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                _fail(c, name, v, "must be a finite number >= 0 (0 = the scheme's std)")
+        if not isinstance(self.init_residual_scaling, bool):
+            _fail(c, "init_residual_scaling", self.init_residual_scaling, "must be true or false")
 
     def _check_layer_pattern(self) -> None:
         c, pat = "ModelConfig", self.layer_pattern

@@ -25,6 +25,19 @@ def tiny() -> ModelConfig:
                       score_func="sigmoid", norm_topk_prob=True, seq_aux_coef=1e-4))
 
 
+def small() -> ModelConfig:
+    """tiny's shape a size up for CPU comparisons (docs/training.md "Initialisation"): d_model
+    160, 5 layers (1 dense), 16 routed experts top-2 + 1 shared; 5.0M parameters (1.6M active
+    per token), 1.7x tiny's FLOPs per token."""
+    d = 160
+    return ModelConfig(
+        vocab_size=256, d_model=d, num_layers=5, num_heads=5, d_ff=480, attention="mla",
+        first_k_dense=1, q_lora_rank=0, kv_lora_rank=80, qk_nope_head_dim=32,
+        qk_rope_head_dim=16, v_head_dim=32,
+        moe=MoEConfig(num_experts=16, top_k=2, d_model=d, d_ff=128, num_shared_experts=1,
+                      score_func="sigmoid", norm_topk_prob=True, seq_aux_coef=1e-4))
+
+
 def deepseek3_test() -> ModelConfig:
     """Small, every DeepSeek-V3 feature on: q low-rank, groups, shared expert, dense-first, MTP."""
     d = 64
@@ -82,6 +95,7 @@ def qwen3_30b_a3b() -> ModelConfig:
 
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": tiny,
+    "small": small,
     "deepseek3-test": deepseek3_test,
     "deepseek3-671b": deepseek3_671b,
     "mixtral-8x7b": mixtral_8x7b,

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 
 from dropless import machine
-from dropless.bench import data, dispatch, gmm, gpu, harness, moe, prepare, quant
+from dropless.bench import data, dispatch, gmm, gpu, harness, init_convergence, moe, prepare, quant
 from dropless.cli import bench as bench_cli
 
 OPTIONS = {"data": data.DataOptions, "dispatch": dispatch.DispatchOptions, "gmm": gmm.GmmOptions,
            "gpu": gpu.GpuOptions, "moe": moe.MoEOptions, "prepare": prepare.PrepareOptions,
-           "quant": quant.QuantOptions}
+           "quant": quant.QuantOptions, "init": init_convergence.InitOptions}
 
 
 def _cli_options(kind: str, argv: list[str]):
@@ -76,3 +76,14 @@ def test_the_start_up_header_line(monkeypatch, capsys):
     harness.start(dispatch.DispatchOptions(), devices=8)
     assert capsys.readouterr().out == \
         "# Some CPU x2, jax 0.0, 8 cpu devices; others' load before start: 0.125\n"
+
+
+def test_bench_init_flags_reach_its_options_and_a_bad_scheme_is_named():
+    got = _cli_options("init", ["--seeds", "0, 3", "--schemes", "fan_in,maxtext",
+                                "--set", "model.head_init_std=0.1", "--steps", "20"])
+    assert got == init_convergence.InitOptions(seeds=(0, 3), schemes=("fan_in", "maxtext"),
+                                               overrides=("model.head_init_std=0.1",), steps=20)
+    with pytest.raises(ValueError, match="--schemes: 'xavier' is not one of"):
+        _cli_options("init", ["--schemes", "xavier"])
+    with pytest.raises(ValueError, match="--set: 'x' is not KEY=VALUE"):
+        _cli_options("init", ["--set", "x"])

@@ -33,7 +33,9 @@ def test_loss_decreases(tmp_path):
         b = data.batch_at(corpus.train_TOK, i, batch_size=4, seq_len=32, seed=0)
         state, m = fn(state, b)
         losses.append(float(m["loss"]))
-    assert abs(losses[0] - np.log(256)) < 0.3        # starts near uniform
+    # near uniform: the default head, N(0, 1/D) on unit-rms hidden states, gives logits of
+    # std ~1, which add about var/2 = 0.5 nats to ln(256)
+    assert np.log(256) - 0.3 < losses[0] < np.log(256) + 1.0
     assert np.mean(losses[-5:]) < losses[0] - 2.0     # repetitive text is learned fast
     assert int(m["dropped_tokens"]) == 0
 

@@ -326,6 +326,33 @@ def _data_options(args: argparse.Namespace):
     return _options(DataOptions, args)
 
 
+def _init_arguments(p: argparse.ArgumentParser) -> None:
+    from dropless.bench.init_convergence import InitOptions
+    d = InitOptions()
+    p.add_argument("--preset", default=d.preset, help=f"the model (default {d.preset})")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"per run (default {d.steps})")
+    p.add_argument("--seeds", default=_join(d.seeds), help=f"comma list (default {_join(d.seeds)})")
+    p.add_argument("--schemes", default=_join(d.schemes),
+                   help=f"comma list of model.init schemes (default {_join(d.schemes)})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config item for every run (repeatable), e.g. model.head_init_std=0.088")
+    p.add_argument("--runs-dir", default=d.runs_dir,
+                   help=f"where the run directories go (default ./{d.runs_dir})")
+    p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, seed 0")
+    p.add_argument("--out", default=d.out, help=f"append JSON lines here (default {d.out}); runs "
+                   "already there are not run again")
+
+
+def _init_options(args: argparse.Namespace):
+    from dropless.bench.init_convergence import InitOptions
+    from dropless.config import INIT_SCHEMES
+    _numbers(args, "seeds", int, 0, "a seed (a whole number >= 0)")
+    _one_of(args, "schemes", INIT_SCHEMES)
+    _pairs(args.overrides, "--set")
+    return _options(InitOptions, args, seeds=tuple(int(v) for v in _items(args, "seeds")),
+                    schemes=tuple(_items(args, "schemes")), overrides=tuple(args.overrides))
+
+
 KINDS = {
     "data": Kind("dropless.bench.data", "the loader: prepared shards -> device batches, tokens/s "
                  "against what training consumes, resident memory", _data_arguments,
@@ -338,6 +365,9 @@ KINDS = {
                 "CPU)", _gpu_arguments, _gpu_options),
     "gmm": Kind("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs",
                 _gmm_arguments, _gmm_options),
+    "init": Kind("dropless.bench.init_convergence", "initialisation schemes (model.init): eval "
+                 "loss of each scheme and seed trained with the trainer", _init_arguments,
+                 _init_options),
     "moe": Kind("dropless.bench.moe", "MoE layer (dropless and capacity) vs a dense SwiGLU FFN",
                 _moe_arguments, _moe_options),
     "quant": Kind("dropless.bench.quant", "MXFP8 vs bf16 / per-tensor FP8: error, emulation "

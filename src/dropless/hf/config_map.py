@@ -4,7 +4,8 @@ and Qwen3MoeForCausalLM.
 Every config key that changes the math is either mapped or refused with an error naming the key
 and its value (sliding windows, attention biases, other activations, other rope scalings, other
 quantizations, `moe_layer_freq` != 1, ...). Keys that do not change the forward pass (token ids,
-`initializer_range`, `use_cache`, `max_position_embeddings`, `ep_size`, ...) are not read.
+`use_cache`, `max_position_embeddings`, `ep_size`, ...) are not read; `initializer_range`
+(0.02 when absent) is `init_std`, the std of init scheme "normal".
 Training-only coefficients map to our MoE loss weights: DeepSeek's `aux_loss_alpha` (when
 `seq_aux`) -> seq_aux_coef, Mixtral/Qwen3's `router_aux_loss_coef` -> load_balance_coef.
 """
@@ -126,6 +127,7 @@ def model_config(hf: dict, *, dtype: str | None = None, mtp_depth: int = 0,
     base = dict(vocab_size=f.int("vocab_size"), d_model=d, num_layers=f.int("num_hidden_layers"),
                 num_heads=f.int("num_attention_heads"),
                 norm_eps=f.float("rms_norm_eps", positive=True),
+                init_std=f.float("initializer_range", 0.02, positive=True),
                 tie_embeddings=f.bool("tie_word_embeddings"), **_rope(f), **dt)
     if arch == DEEPSEEK:
         return _deepseek(f, base, dt, mtp_depth), Layout(

@@ -4,7 +4,8 @@
 and `upgrade` brings a config.json written in the flat mesh form (`fsdp_parallelism`,
 `dcn_fsdp`, ... at the top, and the MoE layer's `devices_per_node`) to the current one, so an
 old run resumes and an old converted model loads; a whole saved config without `packing`
-(written before documents were packed with segment ids) gets packing="stream", how it trained.
+(written before documents were packed with segment ids) gets packing="stream", how it trained,
+and a model without `init` (written before init schemes) gets init="legacy", how it started.
 Pure data: no JAX computation, no files.
 
 Layer: `model_dir` (docs/architecture.md); reads `config` and `compat.maxtext`'s table of the
@@ -28,7 +29,9 @@ def upgrade(tree: dict) -> dict:
     flat mesh keys (`fsdp_parallelism`, `dcn_fsdp`, ...) put under `mesh`, the MoE layer's
     `devices_per_node` dropped (the mesh says it), and packing="stream" for a whole config
     (one with `seq_len`) saved before the `packing` key existed: such a run joined documents
-    with EOS across windows, and resumes so. A current-form tree comes back equal; `tree` is
+    with EOS across windows, and resumes so; init="legacy" for a model saved before the `init`
+    key existed (its weights were drawn so; the other init keys take their defaults, which
+    legacy does not read). A current-form tree comes back equal; `tree` is
     not changed."""
     out = {k: v for k, v in tree.items() if k not in maxtext.FORMER_KEYS}
     if "seq_len" in out and "packing" not in out:
@@ -40,6 +43,8 @@ def upgrade(tree: dict) -> dict:
     if mesh:
         out["mesh"] = mesh
     model = out.get("model")
+    if isinstance(model, dict) and "init" not in model:
+        model = out["model"] = {**model, "init": "legacy"}
     if isinstance(model, dict) and isinstance(model.get("moe"), dict) \
             and "devices_per_node" in model["moe"]:
         moe = {k: v for k, v in model["moe"].items() if k != "devices_per_node"}

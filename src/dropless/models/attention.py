@@ -25,7 +25,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from dropless.config import ModelConfig
-from dropless.moe.ffn import scaled_normal
+from dropless.moe.ffn import Draw, fan_in_draw
 
 # The activations each attention kind marks (checkpoint_name) for the `offload` remat policy to
 # move to host memory (as MaxText does).
@@ -140,25 +140,27 @@ def _dot(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
                       ).astype(x.dtype)
 
 
-def init_mla(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
-    """MLA weights: wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b, wo."""
+def init_mla(key: jax.Array, cfg: ModelConfig, draw: Draw = fan_in_draw
+             ) -> dict[str, jax.Array]:
+    """MLA weights: wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm, wkv_b (kind "attn"), wo (kind
+    "attn_out"), each from `draw` over its fan-in (moe.ffn.Draw); the norms start at one."""
     d, h, wdt = cfg.d_model, cfg.num_heads, jnp.dtype(cfg.weight_dtype)
     n, r, v, l_kv, q_r = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
                           cfg.kv_lora_rank, cfg.q_lora_rank)
     ks = jax.random.split(key, 5)
     p = {}
     if q_r:
-        p["wq_a_DQ"] = scaled_normal(ks[0], (d, q_r), d, wdt)
+        p["wq_a_DQ"] = draw(ks[0], "attn", (d, q_r), d, wdt)
         p["q_norm_Q"] = jnp.ones((q_r,), wdt)
-        p["wq_b_QHK"] = scaled_normal(ks[1], (q_r, h, n + r), q_r, wdt)
+        p["wq_b_QHK"] = draw(ks[1], "attn", (q_r, h, n + r), q_r, wdt)
     else:
-        p["wq_DHK"] = scaled_normal(ks[0], (d, h, n + r), d, wdt)
+        p["wq_DHK"] = draw(ks[0], "attn", (d, h, n + r), d, wdt)
     # latent (L) then the shared rope key (R)
-    p["wkv_a_DL"] = scaled_normal(ks[2], (d, l_kv + r), d, wdt)
+    p["wkv_a_DL"] = draw(ks[2], "attn", (d, l_kv + r), d, wdt)
     p["kv_norm_L"] = jnp.ones((l_kv,), wdt)
     # per head: k_nope (N), then v (V)
-    p["wkv_b_LHN"] = scaled_normal(ks[3], (l_kv, h, n + v), l_kv, wdt)
-    p["wo_HVD"] = scaled_normal(ks[4], (h, v, d), h * v, wdt)
+    p["wkv_b_LHN"] = draw(ks[3], "attn", (l_kv, h, n + v), l_kv, wdt)
+    p["wo_HVD"] = draw(ks[4], "attn_out", (h, v, d), h * v, wdt)
     return p
 
 
@@ -189,16 +191,17 @@ def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     return _dot(out_BSHV, p["wo_HVD"], "bshv,hvd->bsd")
 
 
-def init_mha(key: jax.Array, cfg: ModelConfig) -> dict[str, jax.Array]:
-    """Standard (`attention="mha"`) weights: wq, wk, wv (G kv heads), wo, and q/k norms when
-    qk_norm."""
+def init_mha(key: jax.Array, cfg: ModelConfig, draw: Draw = fan_in_draw
+             ) -> dict[str, jax.Array]:
+    """Standard (`attention="mha"`) weights: wq, wk, wv (G kv heads; kind "attn"), wo (kind
+    "attn_out"), each from `draw` over its fan-in, and q/k norms (ones) when qk_norm."""
     d, h, g, k, wdt = (cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.mha_head_dim,
                        jnp.dtype(cfg.weight_dtype))
     ks = jax.random.split(key, 4)
-    p = {"wq_DHK": scaled_normal(ks[0], (d, h, k), d, wdt),
-         "wk_DGK": scaled_normal(ks[1], (d, g, k), d, wdt),
-         "wv_DGK": scaled_normal(ks[2], (d, g, k), d, wdt),
-         "wo_HKD": scaled_normal(ks[3], (h, k, d), h * k, wdt)}
+    p = {"wq_DHK": draw(ks[0], "attn", (d, h, k), d, wdt),
+         "wk_DGK": draw(ks[1], "attn", (d, g, k), d, wdt),
+         "wv_DGK": draw(ks[2], "attn", (d, g, k), d, wdt),
+         "wo_HKD": draw(ks[3], "attn_out", (h, k, d), h * k, wdt)}
     if cfg.qk_norm:
         p["q_norm_K"] = jnp.ones((k,), wdt)
         p["k_norm_K"] = jnp.ones((k,), wdt)
@@ -230,14 +233,14 @@ def mha(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
 class AttentionSpec:
     """One attention kind (ModelConfig.attention, config.ATTENTION_KINDS).
 
-    init: (key, cfg) -> its parameters.
+    init: (key, cfg, draw=moe.ffn.fan_in_draw) -> its parameters, each weight from `draw`.
     apply: (params, x_BSD, cfg, cos, sin, segment_ids_BS=None) -> y_BSD (rotary tables [S, R2]
       or [B, S, R2]; with segment ids, attention stays inside each segment).
     offloaded: the activations it marks (checkpoint_name) that the `offload` remat policy
       moves to host memory.
     """
 
-    init: Callable[[jax.Array, ModelConfig], dict[str, jax.Array]]
+    init: Callable[..., dict[str, jax.Array]]
     apply: Callable[..., jax.Array]
     offloaded: tuple[str, ...] = OFFLOADED_NAMES
 

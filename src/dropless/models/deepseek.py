@@ -26,59 +26,62 @@ import jax.numpy as jnp
 from dropless import moe as moe_lib
 from dropless.config import REMAT_CHECKPOINT_POLICIES, REMAT_POLICIES, ModelConfig
 from dropless.models.attention import ATTENTION, rms_norm, rope_at, rope_tables
+from dropless.models.init import initializer
 from dropless.models.scan import run_layers, stack_layers
-from dropless.moe.ffn import init_swiglu_ffn, scaled_normal, swiglu_ffn
+from dropless.moe.ffn import Draw, init_swiglu_ffn, swiglu_ffn
 from dropless.parallel.mesh import AnyMesh
 
 Params = dict[str, Any]
 
 
-def init_block(key: jax.Array, cfg: ModelConfig, is_moe: bool) -> Params:
+def init_block(key: jax.Array, cfg: ModelConfig, is_moe: bool, draw: Draw) -> Params:
+    """One block's parameters (attention, then the dense FFN or the MoE layer), each weight
+    from `draw`; the norms start at one."""
     wdt = jnp.dtype(cfg.weight_dtype)
     k_a, k_f = jax.random.split(key)
     block = {"attn_norm_D": jnp.ones((cfg.d_model,), wdt),
-             "attn": ATTENTION[cfg.attention].init(k_a, cfg),
+             "attn": ATTENTION[cfg.attention].init(k_a, cfg, draw),
              "ffn_norm_D": jnp.ones((cfg.d_model,), wdt)}
     if is_moe:
-        block["moe"] = moe_lib.init_params(k_f, cfg.moe)
+        block["moe"] = moe_lib.init_params(k_f, cfg.moe, draw)
     else:
-        block["ffn"] = init_swiglu_ffn(k_f, cfg.d_model, cfg.d_ff, wdt)
+        block["ffn"] = init_swiglu_ffn(k_f, cfg.d_model, cfg.d_ff, wdt, draw)
     return block
 
 
 def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
     """Random parameters for `cfg` (use jax.eval_shape(init_params, key, cfg) to plan big ones),
-    in the scanned layout when `cfg.scan_layers`."""
+    in the scanned layout when `cfg.scan_layers`; every weight drawn as cfg.init (and its
+    overrides) says (models/init.py)."""
     wdt = jnp.dtype(cfg.weight_dtype)
+    draw = initializer(cfg)
+    d, v = cfg.d_model, cfg.vocab_size
     k_e, k_h, k_l, k_m = jax.random.split(key, 4)
     layer_keys = jax.random.split(k_l, cfg.num_layers)
     params: Params = {
-        "embed": {"w_VD": jax.random.normal(k_e, (cfg.vocab_size, cfg.d_model), jnp.float32
-                                            ).astype(wdt)},
-        "layers": [init_block(layer_keys[i], cfg, cfg.is_moe_layer(i))
+        "embed": {"w_VD": draw(k_e, "embed", (v, d), d, wdt)},
+        "layers": [init_block(layer_keys[i], cfg, cfg.is_moe_layer(i), draw)
                    for i in range(cfg.num_layers)],
-        "final_norm": {"w_D": jnp.ones((cfg.d_model,), wdt)},
+        "final_norm": {"w_D": jnp.ones((d,), wdt)},
     }
     if not cfg.tie_embeddings:
-        # a small head (std 0.02) starts the loss near ln(vocab), the uniform prediction
-        params["lm_head"] = {"w_DV": (0.02 * jax.random.normal(
-            k_h, (cfg.d_model, cfg.vocab_size), jnp.float32)).astype(wdt)}
+        params["lm_head"] = {"w_DV": draw(k_h, "head", (d, v), d, wdt)}
     if cfg.mtp_depth:
         mtp_keys = jax.random.split(k_m, cfg.mtp_depth)
-        params["mtp"] = [init_mtp_module(mtp_keys[i], cfg) for i in range(cfg.mtp_depth)]
+        params["mtp"] = [init_mtp_module(mtp_keys[i], cfg, draw) for i in range(cfg.mtp_depth)]
     # the same values in either layout (one key per layer), so the layouts are interchangeable
     return stack_layers(params) if cfg.scan_layers else params
 
 
-def init_mtp_module(key: jax.Array, cfg: ModelConfig) -> Params:
+def init_mtp_module(key: jax.Array, cfg: ModelConfig, draw: Draw) -> Params:
     """One DeepSeek-V3 MTP module: norms for hidden and embedding, a 2D -> D projection, a block
     (MoE when the model has MoE layers) and its own output norm; embedding and head are shared."""
     wdt = jnp.dtype(cfg.weight_dtype)
     k_p, k_b = jax.random.split(key)
     d = cfg.d_model
     return {"hidden_norm_D": jnp.ones((d,), wdt), "embed_norm_D": jnp.ones((d,), wdt),
-            "proj_2DD": scaled_normal(k_p, (2 * d, d), 2 * d, wdt),
-            "block": init_block(k_b, cfg, cfg.moe is not None),
+            "proj_2DD": draw(k_p, "mtp_proj", (2 * d, d), 2 * d, wdt),
+            "block": init_block(k_b, cfg, cfg.moe is not None, draw),
             "out_norm_D": jnp.ones((d,), wdt)}
 
 

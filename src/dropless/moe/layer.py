@@ -21,33 +21,35 @@ from dropless.moe import permute as perm
 from dropless.moe import router as rt
 from dropless.moe.dispatch import expert_parallel_experts
 from dropless.moe.experts import check_layout, dropless_experts, fuse_expert_weights
-from dropless.moe.ffn import init_swiglu_ffn, scaled_normal, swiglu, swiglu_ffn
+from dropless.moe.ffn import Draw, fan_in_draw, init_swiglu_ffn, swiglu, swiglu_ffn
 from dropless.parallel.mesh import AnyMesh
 
 Params = dict[str, dict[str, jax.Array]]
 
 
-def init_params(key: jax.Array, cfg: MoEConfig) -> Params:
+def init_params(key: jax.Array, cfg: MoEConfig, draw: Draw = fan_in_draw) -> Params:
     """Random parameters with the contract's names; weights in `cfg.weight_dtype`, router f32.
 
-    Inputs are scaled by 1/sqrt(fan_in) (ffn.scaled_normal); the router bias starts at zero.
-    With `cfg.prefuse_moe_weights` the experts are exactly fuse_expert_weights of the unfused
-    ones.
+    Each weight comes from `draw` (ffn.Draw; default N(0, 1/fan_in), ffn.fan_in_draw) with its
+    kind: "router" (fan-in D), "expert" for gate/up and "expert_out" for down (fan-in D and F
+    per expert: `draw` sees the [E, in, out] shape), the shared experts "ffn"/"ffn_out"
+    (ffn.init_swiglu_ffn). The router bias starts at zero. With `cfg.prefuse_moe_weights` the
+    experts are exactly fuse_expert_weights of the unfused ones.
     """
     d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
     wdt = jnp.dtype(cfg.weight_dtype)
     k_r, k_g, k_u, k_d, k_s = jax.random.split(key, 5)
     params: Params = {
-        "router": {"w_DE": scaled_normal(k_r, (d, e), d, jnp.float32),
+        "router": {"w_DE": draw(k_r, "router", (d, e), d, jnp.float32),
                    "bias_E": jnp.zeros((e,), jnp.float32)},
-        "experts": {"w_gate_EDF": scaled_normal(k_g, (e, d, f), d, wdt),
-                    "w_up_EDF": scaled_normal(k_u, (e, d, f), d, wdt),
-                    "w_down_EFD": scaled_normal(k_d, (e, f, d), f, wdt)},
+        "experts": {"w_gate_EDF": draw(k_g, "expert", (e, d, f), d, wdt),
+                    "w_up_EDF": draw(k_u, "expert", (e, d, f), d, wdt),
+                    "w_down_EFD": draw(k_d, "expert_out", (e, f, d), f, wdt)},
     }
     if cfg.prefuse_moe_weights:
         params = fuse_expert_weights(params)
     if cfg.num_shared_experts > 0:
-        params["shared"] = init_swiglu_ffn(k_s, d, cfg.num_shared_experts * f, wdt)
+        params["shared"] = init_swiglu_ffn(k_s, d, cfg.num_shared_experts * f, wdt, draw)
     return params
 
 
