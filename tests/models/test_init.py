@@ -5,7 +5,6 @@ without the keys, Hugging Face's initializer_range, init_from)."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 
@@ -19,17 +18,9 @@ from dropless.models import init as init_lib
 from dropless.models.deepseek import init_params
 from dropless.presets import get_preset
 from tests._support.paths import FIXTURES
+from tools.make_legacy_init_fixture import leaf_hashes
 
 LEGACY = json.loads((FIXTURES / "init" / "legacy_sha256.json").read_text())
-
-
-def _leaf_hashes(params) -> dict[str, str]:
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
-        a = np.asarray(leaf)
-        out[name] = f"{a.dtype} {list(a.shape)} {hashlib.sha256(a.tobytes()).hexdigest()}"
-    return out
 
 
 def _config(tree: dict, **changes) -> ModelConfig:
@@ -42,7 +33,7 @@ def _config(tree: dict, **changes) -> ModelConfig:
 def test_legacy_is_the_init_of_4443fd4_bit_for_bit(case):
     c = LEGACY["cases"][case]
     cfg = _config(c["config"], init="legacy")
-    assert _leaf_hashes(init_params(jax.random.key(c["seed"]), cfg)) == c["leaves"]
+    assert leaf_hashes(init_params(jax.random.key(c["seed"]), cfg)) == c["leaves"]
 
 
 def test_the_fixture_was_written_at_4443fd4():

@@ -197,13 +197,19 @@ def mxfp8_grouped_matmul(lhs_MK: jax.Array | MXRows, rhs_GKN: jax.Array,
     if isinstance(lhs_MK, MXRows):
         return _rows_gmm(lhs_MK, rhs_GKN, group_sizes_G, config)
     lhs_MK = jnp.asarray(lhs_MK)
-    check_operands(lhs_MK, rhs_GKN, group_sizes_G)
-    for name, a in (("lhs", lhs_MK), ("rhs", rhs_GKN)):
-        if not jnp.issubdtype(a.dtype, jnp.floating):
-            raise ValueError(f"{name} must be floating for MXFP8; got dtype {a.dtype}")
+    check_float_operands(lhs_MK, rhs_GKN, group_sizes_G, "MXFP8")
     if lhs_MK.shape[0] == 0 or rhs_GKN.shape[0] == 0:
         return jnp.zeros((lhs_MK.shape[0], rhs_GKN.shape[2]), lhs_MK.dtype)
     return _mx_gmm(config, lhs_MK, rhs_GKN, group_sizes_G.astype(jnp.int32))
+
+
+def check_float_operands(lhs_MK, rhs_GKN, group_sizes_G, fmt: str) -> None:
+    """grouped_matmul's operand checks, plus: a quantized matmul's lhs and rhs are floating.
+    Raises ValueError naming the operand and the format `fmt`."""
+    check_operands(lhs_MK, rhs_GKN, group_sizes_G)
+    for name, a in (("lhs", lhs_MK), ("rhs", rhs_GKN)):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise ValueError(f"{name} must be floating for {fmt}; got dtype {a.dtype}")
 
 
 def quantized_gmm(cfg, mx_config: MXFP8Config | None = None

@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dropless.ops.gmm.registry import backend_spec, check_backend_name, check_operands
+from dropless.ops.gmm.registry import backend_spec, check_backend_name
 from dropless.quant import nvfp4 as nv
-from dropless.quant.gmm import COMPUTE_DTYPES
+from dropless.quant.gmm import COMPUTE_DTYPES, check_float_operands
 
 TAG_DGRAD, TAG_WGRAD = 0x0D6AD, 0x36AD
 
@@ -186,10 +186,7 @@ def nvfp4_grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: j
     """
     lhs_MK, rhs_GKN = jnp.asarray(lhs_MK), jnp.asarray(rhs_GKN)
     group_sizes_G = jnp.asarray(group_sizes_G)
-    check_operands(lhs_MK, rhs_GKN, group_sizes_G)
-    for name, a in (("lhs", lhs_MK), ("rhs", rhs_GKN)):
-        if not jnp.issubdtype(a.dtype, jnp.floating):
-            raise ValueError(f"{name} must be floating for NVFP4; got dtype {a.dtype}")
+    check_float_operands(lhs_MK, rhs_GKN, group_sizes_G, "NVFP4")
     if lhs_MK.shape[0] == 0 or rhs_GKN.shape[0] == 0:
         return jnp.zeros((lhs_MK.shape[0], rhs_GKN.shape[2]), lhs_MK.dtype)
     return _nv_gmm(config, lhs_MK, rhs_GKN, group_sizes_G.astype(jnp.int32),
