@@ -52,7 +52,7 @@ def test_flags_reach_the_options_typed():
     (gmm.GmmOptions(), dict(m=2048, k=256, n=256, repeats=3, groups=(8, 64),
                             routings=("uniform", "half"))),
     (moe.MoEOptions(), dict(rows=2048, d_model=256, d_ff=256, repeats=3, experts=((8, 2),),
-                            routings=("uniform",))),
+                            routings=("uniform",), cases=((512, 8, 2, 128, 128),))),
     (dispatch.DispatchOptions(), dict(tokens=1024, d_model=128, d_ff=128, repeats=3,
                                       projection_tokens=1024)),
     (dispatch.DispatchOptions(projection_tokens=0), dict(tokens=1024, d_model=128, d_ff=128,

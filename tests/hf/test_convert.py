@@ -121,7 +121,7 @@ def test_fixture_features():
     five = json.loads((FIX / "tf5" / "qwen3_moe" / "config.json").read_text())
     assert "num_local_experts" in five and "num_experts" not in five
     total = sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file())
-    assert total < 6_000_000
+    assert total < 6_500_000   # checkpoints, references, and the 0.35 MB trajectory/ fixtures
 
 
 @pytest.mark.parametrize("name", NAMES)
