@@ -6,7 +6,7 @@ B rows in one tile, P tiles in one size class (a static budget; the real count i
 Why this shape of kernel: `jax.lax.ragged_dot` lowers on CPU to a masked dense dot that does G
 times the useful work. Here every group is cut into row tiles that start at the group's first row:
 full tiles of the largest size B first, then one masked tile for the remainder, of the smallest
-size that covers it (with sizes 1024, 896, ..., 448, 384, ...: a group of 1400 rows runs one
+size that covers it (with sizes 1024, 992, ..., 416, 384, ...: a group of 1400 rows runs one
 1024-row tile and one 384-row tile masked to 376 rows). Each size class is one `fori_loop` whose
 trip count is the traced number of tiles of that class, so nothing is copied to the host and the
 kernel jits once for every routing. A masked tile near the end of the array is clamped inside it
@@ -30,10 +30,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-# one full-tile size, then remainder sizes about 1.15-1.5x apart: a group's last tile wastes
-# little, and a group never runs more than one partial tile
-DEFAULT_TILE_SIZES = (1024, 896, 768, 640, 512, 448, 384, 320, 256, 224, 192, 160, 128, 112, 96,
-                      80, 64, 48, 32, 16, 8)
+# one full-tile size, then remainder sizes 32 rows apart down to 64 (then 48, 32, 16, 8): a
+# group's last tile computes fewer than 32 rows that are not its own, and a group never runs
+# more than one partial tile. Measured against sizes 1.15-1.5x apart (1024, 896, ..., 320, 256,
+# 224, ...), f32 fwd+bwd, K=512, N=1024, uniform routing, interleaved: 16 groups of ~512 rows
+# 228 -> 206 ms, 64 groups of ~256 rows 500 -> 426 ms, 256 groups (N=128) 122 -> 117 ms.
+DEFAULT_TILE_SIZES = tuple(range(1024, 63, -32)) + (48, 32, 16, 8)
 
 
 class TileClass(NamedTuple):
