@@ -25,3 +25,29 @@ def test_dlhs_and_drhs_are_the_custom_vjp_parts():
     ref_dlhs, ref_drhs = np_gmm_grads(np.asarray(lhs), np.asarray(rhs), sizes, np.asarray(dy))
     np.testing.assert_allclose(got_dlhs, ref_dlhs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_drhs, ref_drhs, rtol=1e-5, atol=1e-5)
+
+
+def test_default_plan_covers_each_group_once_and_wastes_under_32_rows():
+    # the plan, read back as row ownership, against the group sizes themselves: every row of
+    # every group in exactly one tile, and a group's masked tile holds fewer than 32 other rows
+    from dropless.ops.gmm.tiled import DEFAULT_TILE_SIZES, plan_tiles
+    rng = np.random.default_rng(1)
+    m = 4096
+    # remainders that sizes 1.15-1.5x apart would cover with 60-125 spare rows (260, 515, 700,
+    # 1100 = 1024 + 76), one empty group, and 20 random groups of ~60 rows; 3575 rows of 4096,
+    # so the tail rows belong to no group
+    sizes = np.concatenate([[260, 515, 0, 700, 1100],
+                            np.bincount(rng.integers(0, 20, 1000), minlength=20)]).astype(np.int32)
+    ends = np.cumsum(sizes)
+    covered = np.zeros(m, np.int32)
+    for tc in plan_tiles(jnp.asarray(sizes), m, DEFAULT_TILE_SIZES):
+        for t in range(int(tc.count)):
+            g, row = int(tc.group_P[t]), int(tc.row_P[t])
+            start, end = ends[g] - sizes[g], ends[g]
+            own = min(row + tc.size, end) - row
+            assert start <= row < end and own > 0
+            covered[row:row + own] += 1
+            if tc.masked:
+                assert tc.size - own < 32 or tc.size <= 64, (g, tc.size, own)
+    np.testing.assert_array_equal(covered[:ends[-1]], 1)
+    np.testing.assert_array_equal(covered[ends[-1]:], 0)
