@@ -252,8 +252,9 @@ def run_peer(args: MoEOptions) -> int:
                  "torch_threads": moe_torch.set_threads(torch, args.torch_threads)}
     for t, e, k, d, f in args.cases:
         rates = moe_profile.measure_rates(t * k, d, f)
-        rate_rec = {"dense_gflops": rates["dense_flops"] / 1e9,
-                    "bandwidth_gbs": rates["bandwidth"] / 1e9}
+        rate_rec = {k.replace("flops", "gflops"): v / 1e9 for k, v in rates.items()
+                    if k.startswith("dense_flops")}
+        rate_rec["bandwidth_gbs"] = rates["bandwidth"] / 1e9
         recs = []
         if torch is not None:
             for routing in args.routings:

@@ -4,8 +4,8 @@ CPU, each part against its own limit.
 Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, N = T*K routed rows,
 Fs shared-expert hidden dim.
 
-Op-level timing: every part of the dropless layer (unfused weights, the `tiled` kernels that
-`auto` runs on CPU) is jitted on its own, on the intermediate values the layer itself computes,
+Op-level timing: every part of the dropless layer (unfused weights, the grouped-matmul kernels
+that `auto` runs on CPU: `openblas` for float32 where it builds, else `tiled`) is jitted on its own, on the intermediate values the layer itself computes,
 and all parts are timed in one round-robin together with the whole layer's forward and
 forward+backward (so the parts' sum can be compared with the fused whole). Parts:
   router (logits, softmax, top-k), sort (argsort, inverse, group sizes), gather (x to
@@ -35,7 +35,22 @@ from dropless.moe import permute as perm
 from dropless.moe import router as rt
 from dropless.moe.ffn import swiglu, swiglu_ffn
 from dropless.bench import dense
+from dropless.ops.gmm import openblas
+from dropless.ops.gmm.registry import resolve_backend
 from dropless.ops.gmm.tiled import tiled_dlhs, tiled_drhs, tiled_gmm
+
+
+def cpu_kernels(dtype) -> tuple[str, tuple[Callable, Callable, Callable]]:
+    """The grouped-matmul backend `auto` runs on CPU for `dtype` operands, and its three
+    products as `(forward(a, w, gs), dlhs(dy, w, gs), drhs(a, dy, gs))`, each jitted."""
+    dt = jnp.dtype(dtype)
+    name = resolve_backend("auto", "cpu")
+    if name == "openblas" and dt == jnp.float32:
+        return name, (jax.jit(openblas.gmm_forward), jax.jit(openblas.gmm_dlhs),
+                      jax.jit(openblas.gmm_drhs))
+    return "tiled", (jax.jit(lambda a, w, gs: tiled_gmm(a, w, gs, out_dtype=dt)),
+                     jax.jit(lambda dy, w, gs: tiled_dlhs(dy, w, gs, out_dtype=dt)),
+                     jax.jit(lambda a, dy, gs: tiled_drhs(a, dy, gs, out_dtype=dt)))
 
 
 def _best_s(fn: Callable[[], Any], repeats: int) -> float:
@@ -50,13 +65,23 @@ def _best_s(fn: Callable[[], Any], repeats: int) -> float:
 
 def measure_rates(n: int, d: int, f: int, dtype: str = "float32", repeats: int = 5,
                   stream_bytes: int = 256 * 2**20) -> dict[str, float]:
-    """{"dense_flops": FLOP/s of a jitted [n, d] @ [d, f] matmul, "bandwidth": bytes/s of a
-    jitted streaming elementwise pass (read + write) over `stream_bytes`}, best of `repeats`."""
+    """{"dense_flops": FLOP/s of an [n, d] @ [d, f] matmul, the faster of XLA's jitted dot
+    ("dense_flops_xla") and, in float32 where the `openblas` kernel builds, one OpenBLAS sgemm
+    ("dense_flops_openblas"); "bandwidth": bytes/s of a jitted streaming elementwise pass
+    (read + write) over `stream_bytes`}, best of `repeats`."""
     dt = jnp.dtype(dtype)
     a = jnp.ones((n, d), dt)
     b = jnp.ones((d, f), dt)
     mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dt))
     flops = 2.0 * n * d * f / _best_s(lambda: mm(a, b), repeats)
+    rates = {"dense_flops_xla": flops}
+    if dt == jnp.float32 and openblas.problem() is None:
+        # the same product as one OpenBLAS sgemm (a one-group grouped matmul): the faster of
+        # the two is what this machine allows
+        one = jax.jit(openblas.gmm_forward)
+        b_1DF, gs_1 = b[None], jnp.array([n], jnp.int32)
+        rates["dense_flops_openblas"] = 2.0 * n * d * f / _best_s(lambda: one(a, b_1DF, gs_1),
+                                                                  repeats)
     # the output reuses the donated input's pages: a fresh buffer would time page faults
     stream = jax.jit(lambda x: x * 2 + 1, donate_argnums=0)
     box = [jnp.ones((stream_bytes // dt.itemsize,), dt)]
@@ -65,7 +90,7 @@ def measure_rates(n: int, d: int, f: int, dtype: str = "float32", repeats: int =
         box[0] = stream(box[0])
         return box[0]
     bw = 2.0 * stream_bytes / _best_s(step, repeats)
-    return {"dense_flops": flops, "bandwidth": bw}
+    return dict(rates, dense_flops=max(rates.values()), bandwidth=bw)
 
 
 def part_costs(t: int, d: int, f: int, e: int, k: int, itemsize: int = 4,
@@ -109,9 +134,7 @@ def _parts(params, x_TD, dy_TD, cfg: MoEConfig) -> dict[tuple[str, str], Callabl
     e, k, dt = cfg.num_experts, cfg.top_k, jnp.dtype(cfg.dtype)
     r, ex = params["router"], params["experts"]
     w_g, w_u, w_d = (ex[n].astype(dt) for n in ("w_gate_EDF", "w_up_EDF", "w_down_EFD"))
-    gmm = jax.jit(lambda a, w, gs: tiled_gmm(a, w, gs, out_dtype=dt))
-    dlhs = jax.jit(lambda dy, w, gs: tiled_dlhs(dy, w, gs, out_dtype=dt))
-    drhs = jax.jit(lambda a, dy, gs: tiled_drhs(a, dy, gs, out_dtype=dt))
+    _, (gmm, dlhs, drhs) = cpu_kernels(dt)
 
     def route(x, w_DE, bias_E):
         rout = rt.route(rt.router_logits(x, w_DE), bias_E, cfg)
@@ -176,12 +199,12 @@ def _parts(params, x_TD, dy_TD, cfg: MoEConfig) -> dict[tuple[str, str], Callabl
 def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float32",
                  shared_experts: int = 0, repeats: int = 5, rates: dict[str, float] | None = None,
                  seed: int = 0) -> list[dict[str, Any]]:
-    """Time every part of the dropless layer (`tiled` kernels, unfused weights) and the whole
+    """Time every part of the dropless layer (`auto`'s CPU kernels, unfused weights) and the whole
     layer, interleaved; one record per part with its FLOPs, bytes, limit and `x_limit`, then
     one per phase with the parts' sum and the whole layer's time. `rates` (from
     `measure_rates`) are measured here when None."""
     cfg = MoEConfig(num_experts=e, top_k=k, d_model=d, d_ff=f, dtype=dtype, weight_dtype=dtype,
-                    score_func="softmax", num_shared_experts=shared_experts, gmm_backend="tiled")
+                    score_func="softmax", num_shared_experts=shared_experts, gmm_backend="auto")
     params = moe.init_params(jax.random.key(seed), cfg)
     x_TD = jax.random.normal(jax.random.key(seed + 1), (t, d), jnp.dtype(dtype))
     dy_TD = jax.random.normal(jax.random.key(seed + 2), (t, d), jnp.dtype(dtype))
@@ -196,7 +219,10 @@ def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float3
     costs = part_costs(t, d, f, e, k, jnp.dtype(dtype).itemsize, shared_experts * f)
     base = {"bench": "moe", "mode": "profile", "tokens": t, "d_model": d, "d_ff": f,
             "experts": e, "top_k": k, "dtype": dtype, "shared_experts": shared_experts,
-            "dense_gflops": rates["dense_flops"] / 1e9, "bandwidth_gbs": rates["bandwidth"] / 1e9}
+            "gmm_backend": cpu_kernels(dtype)[0], "dense_gflops": rates["dense_flops"] / 1e9,
+            **{k.replace("flops", "gflops"): v / 1e9 for k, v in rates.items()
+               if k.startswith("dense_flops_")},
+            "bandwidth_gbs": rates["bandwidth"] / 1e9}
     records, limit_of, sum_of = [], {"fwd": 0.0, "bwd": 0.0}, {"fwd": 0.0, "bwd": 0.0}
     for (ph, nm), (fl, by) in costs.items():
         ms = stats[f"{ph}/{nm}"]["median_ms"]

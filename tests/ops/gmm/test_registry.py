@@ -17,7 +17,7 @@ from tests._support.gmm_reference import np_gmm, np_gmm_grads, operands
 TOKAMAX = pytest.param("tokamax", marks=pytest.mark.skipif(
     not tokamax_available(), reason="tokamax not installed (optional: pip install 'dropless[gpu]')"))
 # pallas_gpu runs in Pallas interpret mode on CPU: the same kernels, executed by XLA:CPU
-JITTABLE = ["reference", "ragged_dot", "tiled", "padded", "pallas_gpu", TOKAMAX]
+JITTABLE = ["reference", "ragged_dot", "tiled", "openblas", "padded", "pallas_gpu", TOKAMAX]
 ALL = JITTABLE + ["loop"]
 
 
@@ -105,7 +105,8 @@ def test_preferred_element_type_sets_output_dtype():
         assert out.dtype == jnp.float32, backend
 
 
-@pytest.mark.parametrize("backend", ["tiled", "ragged_dot", "padded", "reference", "pallas_gpu"])
+@pytest.mark.parametrize("backend", ["tiled", "openblas", "ragged_dot", "padded", "reference",
+                                     "pallas_gpu"])
 def test_jit_once_for_any_routing(backend):
     traces = []
 
@@ -217,7 +218,7 @@ def test_loop_backend_refuses_jit_with_a_clear_message():
 
 def test_auto_per_platform_never_ragged_dot_on_cuda():
     from dropless.ops import resolve_backend
-    assert resolve_backend("auto", "cpu") == "tiled"
+    assert resolve_backend("auto", "cpu") == "openblas"   # tiled where it cannot build
     gpu_choice = "tokamax" if tokamax_available() else "pallas_gpu"
     assert resolve_backend("auto", "cuda") == gpu_choice
     assert resolve_backend("auto", "tpu") == "ragged_dot"

@@ -9,7 +9,8 @@ exact one for the platform when the function is lowered (`jax.lax.platform_depen
 jitted function is right on CPU and on CUDA, and lowers for CUDA on a machine without a GPU:
 
   platform   auto picks                                   why
-  cpu        tiled                                        ragged_dot is a masked dense dot there
+  cpu        openblas (float32) where it builds, else     ragged_dot is a masked dense dot there;
+             tiled                                        XLA:CPU copies each tile of `tiled`
   cuda       tokamax if usable, else pallas_gpu           XLA runs ragged_dot zero-padded there
   rocm/tpu   ragged_dot                                   a grouped kernel in XLA (TPU)
 
@@ -92,8 +93,8 @@ def check_backend_name(name: str, where: str = "backend") -> None:
 
 AUTO_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 # what `auto` tries on each platform, in order; the last is the floor
-AUTO_CHAINS = {"cpu": ("tiled",), "cuda": ("tokamax", "pallas_gpu"), "rocm": ("ragged_dot",),
-               "tpu": ("ragged_dot",)}
+AUTO_CHAINS = {"cpu": ("openblas", "tiled"), "cuda": ("tokamax", "pallas_gpu"),
+               "rocm": ("ragged_dot",), "tpu": ("ragged_dot",)}
 
 
 @contextlib.contextmanager
@@ -208,7 +209,8 @@ def resolve_backend(name: str, platform: str | None = None, shape: tuple | None 
     """The backend `name` runs as on `platform` (default: jax's default backend), at `shape`
     (a `shape_key`; None: any shape) under the active `auto_scope`'s refusals.
 
-    `auto` -> `tiled` on CPU (ragged_dot does G times the work there); on CUDA (`gpu`/`cuda`)
+    `auto` -> `openblas` on CPU where its kernel builds, else `tiled` (ragged_dot does G times
+    the work there); on CUDA (`gpu`/`cuda`)
     `tokamax` when it is installed and suits this jax, else `pallas_gpu` (never ragged_dot: XLA
     runs it as a zero-padded dense product on CUDA); `ragged_dot` on TPU and ROCm: the first
     of `auto_chain(platform)` not refused, the last one if all are. Other names: themselves.

@@ -1,0 +1,178 @@
+// A CPU grouped GEMM for XLA's FFI: one OpenBLAS sgemm per group, on each group's rows in
+// place (no copies, no masked rows), float32.
+//
+// Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
+//
+// One handler, three products, chosen by the attribute `mode`:
+//   0  forward  out[M, N]    rows of g:  a[M, K] @ b[g]          (b = rhs [G, K, N])
+//   1  dlhs     out[M, K]    rows of g:  a[M, N] @ b[g]^T        (a = dy, b = rhs [G, K, N])
+//   2  drhs     out[G, K, N] group g:    a[rows, K]^T @ b[rows, N]  (a = lhs, b = dy)
+// Group g covers rows [start_g, end_g) with end_g = min(sum(max(sizes[:g+1], 0)), M) (ragged_dot
+// semantics: negative sizes count as zero, a group is cut at row M). Rows past the last group
+// and empty groups' weight gradients are written as zeros, never computed, so a NaN reaches only
+// the rows and the group it belongs to.
+#include <sched.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+extern "C" {
+// OpenBLAS's CBLAS as the scipy-openblas32 wheel exports it (symbols prefixed `scipy_`).
+enum CBLAS_ORDER { CblasRowMajor = 101, CblasColMajor = 102 };
+enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112 };
+void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n,
+                       int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                       float beta, float* c, int ldc);
+void scipy_openblas_set_num_threads(int num_threads);
+}
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Every sgemm runs on one thread; the parallelism is ours: the products are cut into tasks (row
+// ranges of a group for forward and dlhs, column ranges of a group's [K, N] block for drhs) of
+// about equal work, and `Threads()` workers take them in turn. OpenBLAS's own threading costs
+// more than it saves on a 32-row group and cannot be limited per call in this build.
+constexpr int64_t kTaskMacs = int64_t{1} << 24;   // smallest task worth its own call
+
+int Threads() {
+  static const int n = [] {
+    scipy_openblas_set_num_threads(1);
+    if (const char* env = std::getenv("DROPLESS_NATIVE_THREADS")) {
+      const int v = std::atoi(env);
+      if (v > 0) return v;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    return std::max(cores, 1);
+  }();
+  return n;
+}
+
+// Ask for transparent huge pages on the 2 MiB-aligned interior of a large output buffer before
+// the first write: a fresh buffer from the allocator is untouched mmapped memory, and faulting it
+// in 4 KiB pages cost more than the products themselves for a [G, K, N] weight gradient (the
+// kernel zeroes a huge page in one fault). A no-op where THP is off or the pages exist already.
+void AdviseHugePages(void* data, size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+}
+
+struct Problem {
+  int32_t mode;
+  int64_t m, k, n;   // k, n: rhs's [K, N] (forward, dlhs); lhs's K and dy's N (drhs)
+  const float* a;
+  const float* b;
+  float* out;
+};
+
+struct Task {
+  int64_t g, lo, hi;   // rows [lo, hi) (forward, dlhs) or columns [lo, hi) of N (drhs)
+  int64_t start, end;  // the group's rows
+};
+
+void RunTask(const Problem& p, const Task& t) {
+  const int64_t k = p.k, n = p.n, len = t.hi - t.lo;
+  if (p.mode == 0) {
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, len, n, k, 1.0f,
+                      p.a + t.lo * k, k, p.b + t.g * k * n, n, 0.0f, p.out + t.lo * n, n);
+  } else if (p.mode == 1) {
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, len, k, n, 1.0f,
+                      p.a + t.lo * n, n, p.b + t.g * k * n, n, 0.0f, p.out + t.lo * k, k);
+  } else {
+    const int64_t rows = t.end - t.start;
+    scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, len, rows, 1.0f,
+                      p.a + t.start * k, k, p.b + t.start * n + t.lo, n, 0.0f,
+                      p.out + t.g * k * n + t.lo, n);
+  }
+}
+
+// Cut group g (rows [start, end)) into `pieces` tasks along its rows or (drhs) its columns.
+void AddTasks(const Problem& p, int64_t g, int64_t start, int64_t end, int64_t pieces,
+              std::vector<Task>& tasks) {
+  const int64_t span = p.mode == 2 ? p.n : end - start;
+  const int64_t align = p.mode == 2 ? 16 : 8;   // whole SIMD vectors / row blocks per task
+  int64_t step = (span + pieces - 1) / pieces;
+  step = std::min(span, (step + align - 1) / align * align);
+  const int64_t base = p.mode == 2 ? 0 : start;
+  for (int64_t lo = 0; lo < span; lo += step) {
+    tasks.push_back({g, base + lo, base + std::min(span, lo + step), start, end});
+  }
+}
+
+ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                       ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> out,
+                       int32_t mode) {
+  const auto ad = a.dimensions();
+  const auto bd = b.dimensions();
+  if (mode < 0 || mode > 2) {
+    return ffi::Error::InvalidArgument("dropless_grouped_gemm: mode must be 0, 1 or 2");
+  }
+  if (ad.size() != 2 || bd.size() != (mode == 2 ? 2u : 3u)) {
+    return ffi::Error::InvalidArgument("dropless_grouped_gemm: operand ranks do not match mode");
+  }
+  if (out->element_count() == 0) return ffi::Error::Success();
+  AdviseHugePages(out->typed_data(), sizeof(float) * out->element_count());
+  const Problem p{mode, ad[0], mode == 2 ? ad[1] : bd[1], mode == 2 ? bd[1] : bd[2],
+                  a.typed_data(), b.typed_data(), out->typed_data()};
+  const int64_t g_count = sizes.element_count();
+  const int32_t* ps = sizes.typed_data();
+  // out's row width (forward, dlhs) or one group's [K, N] block (drhs)
+  const int64_t width = mode == 0 ? p.n : mode == 1 ? p.k : p.k * p.n;
+  const int64_t inner = mode == 0 ? p.k : mode == 1 ? p.n : 1;   // 0: every product is zero
+
+  std::vector<int64_t> bounds(g_count + 1, 0);   // group g: rows [bounds[g], bounds[g + 1])
+  for (int64_t g = 0; g < g_count; ++g) {
+    bounds[g + 1] = std::min(bounds[g] + std::max<int64_t>(ps[g], 0), p.m);
+  }
+  if (mode != 2) {
+    const int64_t done = inner == 0 ? 0 : bounds[g_count];
+    std::memset(p.out + done * width, 0, sizeof(float) * (p.m - done) * width);
+    if (inner == 0) return ffi::Error::Success();
+  }
+  const int threads = Threads();
+  const int64_t total_macs = bounds[g_count] * p.k * p.n;
+  const int64_t task_macs = std::max(kTaskMacs, total_macs / (4 * threads) + 1);
+  std::vector<Task> tasks;
+  for (int64_t g = 0; g < g_count; ++g) {
+    const int64_t rows = bounds[g + 1] - bounds[g];
+    if (rows == 0) {
+      if (mode == 2) std::memset(p.out + g * width, 0, sizeof(float) * width);
+      continue;
+    }
+    AddTasks(p, g, bounds[g], bounds[g + 1], (rows * p.k * p.n + task_macs - 1) / task_macs,
+             tasks);
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < tasks.size(); i = next++) RunTask(p, tasks[i]);
+  };
+  std::vector<std::thread> pool;
+  const int helpers = std::min<int64_t>(threads, tasks.size()) - 1;
+  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGroupedGemmF32, GroupedGemm,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("mode"));

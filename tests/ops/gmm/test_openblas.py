@@ -1,0 +1,161 @@
+"""The `openblas` backend: its native kernel against a float64 NumPy loop at shapes where its
+work is cut into several tasks, its dtype fallback, vmap, and its build cache (atomic,
+concurrent, failing with a reason). The registry-wide tests (test_registry*.py) run it too."""
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dropless.ops import grouped_matmul
+from dropless.ops.gmm import openblas
+from dropless.ops.gmm.registry import resolve_backend
+from tests._support.gmm_reference import np_gmm, np_gmm_grads
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_builds_here_and_is_autos_cpu_choice():
+    # the suite's environment has the dependency and a compiler: a silent fall back to tiled
+    # would make every CPU number in the benches a different kernel's
+    assert openblas.problem() is None
+    assert resolve_backend("auto", "cpu") == "openblas"
+
+
+@pytest.fixture(scope="module")
+def fwd_bwd():
+    def f(lhs, rhs, sizes, dy):
+        out, pullback = jax.vjp(
+            lambda a, b: grouped_matmul(a, b, sizes, backend="openblas"), lhs, rhs)
+        return (out, *pullback(dy))
+    return jax.jit(f)
+
+
+# M=1240, K=N=256: a 700-row group is 45.9 M multiply-adds, cut into 3 row tasks (forward, dlhs)
+# and 3 column tasks of 96, 96 and 64 columns (drhs); 37 is no multiple of the row alignment
+# (8); rows 1187.. belong to no group and must come out 0.
+@pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [1, 0, 0, 0],
+                                   [300, 300, 300, 300]])
+def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
+    rng = np.random.default_rng(0)
+    m, k, n = 1240, 256, 256
+    lhs = rng.standard_normal((m, k)).astype(np.float32)
+    rhs = rng.standard_normal((4, k, n)).astype(np.float32)
+    dy = rng.standard_normal((m, n)).astype(np.float32)
+    out, dlhs, drhs = fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy)
+    want = np_gmm(lhs.astype(np.float64), rhs.astype(np.float64), sizes)
+    want_dlhs, want_drhs = np_gmm_grads(lhs.astype(np.float64), rhs.astype(np.float64), sizes,
+                                        dy.astype(np.float64))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dlhs, want_dlhs, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=2e-3)
+    end = sum(sizes)
+    assert (np.asarray(out)[end:] == 0).all() and (np.asarray(dlhs)[end:] == 0).all()
+    for g, s in enumerate(sizes):
+        if s == 0:
+            assert (np.asarray(drhs)[g] == 0).all()
+
+
+def test_degenerate_dims_give_zeros():
+    # K = 0: every product is an empty sum; N = 0 and M = 0: nothing to write
+    for m, k, n in ((6, 0, 3), (6, 4, 0), (0, 4, 3)):
+        lhs, rhs = jnp.ones((m, k)), jnp.ones((2, k, n))
+        gs = jnp.array([min(m, 2), max(m - 2, 0)], jnp.int32)
+        out, pullback = jax.vjp(
+            lambda a, b: grouped_matmul(a, b, gs, backend="openblas"), lhs, rhs)
+        dlhs, drhs = pullback(jnp.ones_like(out))
+        assert out.shape == (m, n) and not np.asarray(out).any()
+        assert dlhs.shape == (m, k) and not np.asarray(dlhs).any()
+        assert drhs.shape == (2, k, n) and not np.asarray(drhs).any()
+
+
+def test_non_float32_operands_run_tiled():
+    rng = np.random.default_rng(1)
+    lhs = jnp.asarray(rng.standard_normal((20, 8)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.standard_normal((3, 8, 5)), jnp.bfloat16)
+    gs = jnp.array([7, 0, 13], jnp.int32)
+    for pet in (None, jnp.float32):
+        got = grouped_matmul(lhs, rhs, gs, backend="openblas", preferred_element_type=pet)
+        want = grouped_matmul(lhs, rhs, gs, backend="tiled", preferred_element_type=pet)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_vmap_runs_each_item():
+    rng = np.random.default_rng(2)
+    lhs = rng.standard_normal((2, 12, 4)).astype(np.float32)
+    rhs = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    gs = np.array([[4, 4, 4], [0, 12, 0]], np.int32)
+    got = jax.vmap(lambda a, b, g: grouped_matmul(a, b, g, backend="openblas"))(lhs, rhs, gs)
+    for i in range(2):
+        np.testing.assert_allclose(got[i], np_gmm(lhs[i], rhs[i], gs[i]), rtol=1e-5, atol=1e-5)
+
+
+def test_build_without_a_compiler_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("DROPLESS_CACHE", str(tmp_path))
+    monkeypatch.setattr(openblas, "_compiler", lambda: None)
+    with pytest.raises(RuntimeError, match="no C.. compiler"):
+        openblas.build()
+    assert not any(tmp_path.rglob("*.so"))
+
+
+def test_concurrent_builds_into_one_empty_cache_both_load(tmp_path):
+    # two processes build the same key at once: each compiles to its own temp file and moves it
+    # into place, so both load a whole library and no temp file is left behind
+    script = textwrap.dedent("""
+        import jax.numpy as jnp, numpy as np
+        from dropless.ops.gmm import openblas
+        assert openblas.problem() is None, openblas.problem()
+        out = openblas.gmm_forward(jnp.ones((4, 3)), jnp.ones((2, 3, 2)), jnp.array([1, 2]))
+        assert np.asarray(out).tolist() == [[3, 3], [3, 3], [3, 3], [0, 0]], out
+        print(openblas.build())
+    """)
+    env = dict(os.environ, DROPLESS_CACHE=str(tmp_path), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    paths = {out.strip().splitlines()[-1] for out, _ in outs}
+    assert len(paths) == 1
+    files = [f for f in tmp_path.rglob("*") if f.is_file()]
+    assert [f.name for f in files] == ["libdropless_gmm.so"]
+
+
+def test_an_unwritable_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path):
+    # DROPLESS_CACHE names a file: its folder cannot be made, so the build goes to the temp folder
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    monkeypatch.setenv("DROPLESS_CACHE", str(blocker))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)   # gettempdir() reads TMPDIR again
+    path = openblas.build()
+    assert path.is_file() and str(path).startswith(str(tmp_path / "tmp"))
+    assert blocker.read_text() == ""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ziglang") is None,
+                    reason="ziglang not installed (the compiler pip brings; 100 MB, not in CI)")
+def test_without_a_system_compiler_ziglang_builds_a_working_kernel(monkeypatch, tmp_path):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(openblas.shutil, "which", lambda name: None)
+    assert openblas._compiler()[1:] == ["-m", "ziglang", "c++"]
+    monkeypatch.setenv("DROPLESS_CACHE", str(tmp_path))
+    path = openblas.build()
+    script = ("import ctypes, sys, jax, jax.numpy as jnp, numpy as np\n"
+              "lib = ctypes.CDLL(sys.argv[1])\n"
+              "jax.ffi.register_ffi_target('t', jax.ffi.pycapsule(lib.DroplessGroupedGemmF32),"
+              " platform='cpu')\n"
+              "out = jax.ffi.ffi_call('t', jax.ShapeDtypeStruct((3, 2), jnp.float32))("
+              "jnp.ones((3, 4)), jnp.ones((1, 4, 2)), jnp.array([2], jnp.int32), mode=np.int32(0))\n"
+              "assert np.asarray(out).tolist() == [[4, 4], [4, 4], [0, 0]], out\n")
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=120)
