@@ -219,8 +219,18 @@ def test_profile_times_every_part_against_its_limit():
     from dropless.bench import moe_profile
     rates = {"dense_flops": 1e10, "bandwidth": 1e10}
     recs = moe_profile.profile_case(32, 16, 8, 4, 2, shared_experts=1, repeats=1, rates=rates)
-    parts = {(r["phase"], r["part"]) for r in recs}
-    assert parts >= set(moe_profile.part_costs(32, 16, 8, 4, 2, shared_f=8))
+    parts = {(r["phase"], r["part"]) for r in recs if r["part"] != "(sum of parts)"}
+    costs = moe_profile.part_costs(32, 16, 8, 4, 2, shared_f=8)
+    fused = moe_profile.runs_fused("float32")
+    assert parts == {key for key in costs if fused or key not in moe_profile.FUSED_PARTS}
+    # the phase sums add what the layer runs: the fused kernels instead of what they replace
+    replaced = {(ph, nm) for (ph, _), rs in moe_profile.FUSED_PARTS.items() for nm in rs}
+    ran = [r for r in recs if r.get("in_layer")]
+    assert {(r["phase"], r["part"]) for r in recs if r.get("in_layer") is False} == (
+        replaced if fused else set())
+    sums = {r["phase"]: r["median_ms"] for r in recs if r["part"] == "(sum of parts)"}
+    assert sums["fwd"] == pytest.approx(sum(r["median_ms"] for r in ran if r["phase"] == "fwd"))
+    assert sums["fwd+bwd"] == pytest.approx(sum(r["median_ms"] for r in ran))
     for r in recs:
         assert r["median_ms"] > 0 and r["limit_ms"] > 0 and r["x_limit"] > 0, r
     total = {r["phase"]: r for r in recs if r["part"] == "(sum of parts)"}

@@ -180,7 +180,8 @@ def run(args: MoEOptions) -> int:
 
 PEER_COLUMNS = ["tokens", "experts", "top_k", "mode", "variant", "median_ms", "ratio_to_dense",
                 "torch_over_dropless", "bound_ms", "x_bound"]
-PROFILE_COLUMNS = ["phase", "part", "median_ms", "limit_ms", "x_limit", "limited_by", "layer_ms"]
+PROFILE_COLUMNS = ["phase", "part", "in_layer", "median_ms", "limit_ms", "x_limit", "limited_by",
+                   "layer_ms"]
 
 
 def _peer_case(torch, t, e, k, d, f, routing, repeats, rates):

@@ -12,7 +12,10 @@ forward+backward (so the parts' sum can be compared with the fused whole). Parts
   expert-major rows), gmm gate / up / down forward, swiglu, combine (unsort, weight, sum over
   K), and in the backward: combine, gmm down dlhs and drhs, swiglu, gmm gate and up dlhs and
   drhs, gather (the scatter-add as a gather through inv + sum), router; the shared expert
-  (forward, forward+backward) when the layer has one.
+  (forward, forward+backward) when the layer has one. Where the layer runs the fused SwiGLU
+  FFN (`openblas.swiglu_ffn`: float32 on the `openblas` backend), its three kernels are timed as
+  well (`FUSED_PARTS`: each with the unfused parts it stands in for) and the phase sums add what
+  the layer runs: the fused kernels instead of the parts they replace (`in_layer`).
 
 The model: each part's useful FLOPs and the bytes it must move at least (every operand read
 once, every result written once, float32 or the case's dtype), and its limit
@@ -38,6 +41,19 @@ from dropless.bench import dense
 from dropless.ops.gmm import openblas
 from dropless.ops.gmm.registry import resolve_backend
 from dropless.ops.gmm.tiled import tiled_dlhs, tiled_drhs, tiled_gmm
+
+
+# the fused SwiGLU FFN's kernels and the unfused parts each one stands in for
+FUSED_PARTS = {
+    ("fwd", "fused gate+up+swiglu"): ("gmm gate", "gmm up", "swiglu"),
+    ("bwd", "fused down dlhs+swiglu"): ("gmm down dlhs", "swiglu"),
+    ("bwd", "fused gate+up dlhs"): ("gmm gate dlhs", "gmm up dlhs"),
+}
+
+
+def runs_fused(dtype) -> bool:
+    """Whether the layer's expert FFN runs `openblas.swiglu_ffn` on CPU for `dtype`."""
+    return cpu_kernels(dtype)[0] == "openblas"
 
 
 def cpu_kernels(dtype) -> tuple[str, tuple[Callable, Callable, Callable]]:
@@ -96,7 +112,8 @@ def measure_rates(n: int, d: int, f: int, dtype: str = "float32", repeats: int =
 def part_costs(t: int, d: int, f: int, e: int, k: int, itemsize: int = 4,
                shared_f: int = 0) -> dict[tuple[str, str], tuple[float, float]]:
     """{(phase, part): (useful FLOPs, compulsory bytes)} of the layer: each operand read once,
-    each result written once (indices as int32), `itemsize` bytes a value."""
+    each result written once (indices as int32), `itemsize` bytes a value; the fused kernels of
+    `FUSED_PARTS` included (what they stand in for is in `FUSED_PARTS`)."""
     n, b = t * k, itemsize
     gmm_fwd = (2.0 * n * d * f, b * (n * d + e * d * f + n * f))     # [N,D] x [E,D,F] -> [N,F]
     dn_fwd = (2.0 * n * f * d, b * (n * f + e * f * d + n * d))
@@ -121,6 +138,11 @@ def part_costs(t: int, d: int, f: int, e: int, k: int, itemsize: int = 4,
         ("bwd", "gather"): (1.0 * n * d, b * (n * d + t * d) + 4 * n),
         ("bwd", "router"): (4.0 * t * d * e, 4 * (2 * t * d + 2 * d * e + 2 * t * e)),
     }
+    fused_bytes = {"fused gate+up+swiglu": n * d + 2 * e * d * f + 3 * n * f,
+                   "fused down dlhs+swiglu": n * d + e * f * d + 4 * n * f,
+                   "fused gate+up dlhs": 2 * n * f + 2 * e * d * f + n * d}
+    for (ph, nm), replaced in FUSED_PARTS.items():
+        costs[(ph, nm)] = (sum(costs[(ph, r)][0] for r in replaced), b * fused_bytes[nm])
     if shared_f:
         fl = 6.0 * t * d * shared_f
         by = b * (2 * t * d + 3 * d * shared_f + 3 * t * shared_f)
@@ -187,6 +209,13 @@ def _parts(params, x_TD, dy_TD, cfg: MoEConfig) -> dict[tuple[str, str], Callabl
         ("bwd", "gather"): lambda: gather_b(x_TD.astype(dt), x_ND),
         ("bwd", "router"): lambda: router_b(x_TD, r["w_DE"], w_TK),
     }
+    if runs_fused(dt):
+        gate_up_j, swiglu_dlhs_j, dual_dlhs_j = (jax.jit(fn) for fn in (
+            openblas.gate_up_swiglu, openblas.swiglu_dlhs, openblas.dual_dlhs))
+        calls[("fwd", "fused gate+up+swiglu")] = lambda: gate_up_j(x_ND, w_g, w_u, gs)
+        calls[("bwd", "fused down dlhs+swiglu")] = lambda: swiglu_dlhs_j(dy_ND, w_d, g_NF,
+                                                                         u_NF, gs)
+        calls[("bwd", "fused gate+up dlhs")] = lambda: dual_dlhs_j(dg_NF, w_g, du_NF, w_u, gs)
     if cfg.num_shared_experts > 0:
         sh = params["shared"]
         sh_f = jax.jit(lambda s, x: swiglu_ffn(s, x, dt))
@@ -216,10 +245,14 @@ def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float3
     timed["layer/fwd"] = lambda: layer_f(params, x_TD)
     timed["layer/fwd+bwd"] = lambda: layer_fb(params, x_TD, dy_TD)
     stats = machine.time_interleaved(timed, repeats=repeats)
-    costs = part_costs(t, d, f, e, k, jnp.dtype(dtype).itemsize, shared_experts * f)
+    costs = {key: c for key, c in
+             part_costs(t, d, f, e, k, jnp.dtype(dtype).itemsize, shared_experts * f).items()
+             if key in calls}
+    fused = runs_fused(dtype)
+    replaced = {(ph, r) for (ph, _), rs in FUSED_PARTS.items() for r in rs} if fused else set()
     base = {"bench": "moe", "mode": "profile", "tokens": t, "d_model": d, "d_ff": f,
             "experts": e, "top_k": k, "dtype": dtype, "shared_experts": shared_experts,
-            "gmm_backend": cpu_kernels(dtype)[0], "dense_gflops": rates["dense_flops"] / 1e9,
+            "gmm_backend": cpu_kernels(dtype)[0], "fused_ffn": fused, "dense_gflops": rates["dense_flops"] / 1e9,
             **{k.replace("flops", "gflops"): v / 1e9 for k, v in rates.items()
                if k.startswith("dense_flops_")},
             "bandwidth_gbs": rates["bandwidth"] / 1e9}
@@ -227,9 +260,11 @@ def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float3
     for (ph, nm), (fl, by) in costs.items():
         ms = stats[f"{ph}/{nm}"]["median_ms"]
         lim_ms = max(fl / rates["dense_flops"], by / rates["bandwidth"]) * 1e3
-        limit_of[ph] += lim_ms
-        sum_of[ph] += ms
-        records.append(dict(base, phase=ph, part=nm, median_ms=ms,
+        in_layer = (ph, nm) not in replaced
+        if in_layer:
+            limit_of[ph] += lim_ms
+            sum_of[ph] += ms
+        records.append(dict(base, phase=ph, part=nm, median_ms=ms, in_layer=in_layer,
                             min_ms=stats[f"{ph}/{nm}"]["min_ms"], flops=fl, bytes=by,
                             limit_ms=lim_ms, x_limit=ms / lim_ms,
                             limited_by="flops" if fl / rates["dense_flops"] >=
@@ -246,9 +281,12 @@ def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float3
 
 def layer_limit_ms(t: int, d: int, f: int, e: int, k: int, rates: dict[str, float],
                    itemsize: int = 4) -> dict[str, float]:
-    """{"fwd", "fwd+bwd"}: the layer's modeled limit in ms, the sum of its parts' limits."""
+    """{"fwd", "fwd+bwd"}: the layer's modeled limit in ms, the sum of its unfused parts' limits
+    (the same bound whichever kernels run: a fused kernel's FLOPs are its parts')."""
     out = {"fwd": 0.0, "bwd": 0.0}
-    for (ph, _), (fl, by) in part_costs(t, d, f, e, k, itemsize).items():
+    for (ph, nm), (fl, by) in part_costs(t, d, f, e, k, itemsize).items():
+        if (ph, nm) in FUSED_PARTS:
+            continue
         out[ph] += max(fl / rates["dense_flops"], by / rates["bandwidth"]) * 1e3
     return {"fwd": out["fwd"], "fwd+bwd": out["fwd"] + out["bwd"]}
 

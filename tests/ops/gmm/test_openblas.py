@@ -159,3 +159,81 @@ def test_without_a_system_compiler_ziglang_builds_a_working_kernel(monkeypatch, 
               "jnp.ones((3, 4)), jnp.ones((1, 4, 2)), jnp.array([2], jnp.int32), mode=np.int32(0))\n"
               "assert np.asarray(out).tolist() == [[4, 4], [4, 4], [0, 0]], out\n")
     subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=120)
+
+
+def _np_swiglu_ffn(x, wg, wu, wd, sizes, dy):
+    """float64 loop: y = down(silu(x @ gate) * (x @ up)) per group, and every gradient."""
+    x, wg, wu, wd, dy = (a.astype(np.float64) for a in (x, wg, wu, wd, dy))
+    y, dx = np.zeros_like(dy), np.zeros_like(x)
+    dwg, dwu, dwd = np.zeros_like(wg), np.zeros_like(wu), np.zeros_like(wd)
+    start = 0
+    for e, n in enumerate(sizes):
+        r = slice(start, start + n)
+        start += n
+        g, u = x[r] @ wg[e], x[r] @ wu[e]
+        s = 1 / (1 + np.exp(-g))
+        h = g * s * u
+        y[r] = h @ wd[e]
+        dh = dy[r] @ wd[e].T
+        dg, du = dh * u * (s + g * s * (1 - s)), dh * g * s
+        dx[r] = dg @ wg[e].T + du @ wu[e].T
+        dwg[e], dwu[e], dwd[e] = x[r].T @ dg, x[r].T @ du, h.T @ dy[r]
+    return y, (dx, dwg, dwu, dwd)
+
+
+@pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [0, 0, 0, 0]])
+def test_fused_swiglu_ffn_matches_float64_loop(sizes):
+    # D*F*2 = 2^17 multiply-adds a row: a 700-row group is cut into several row tasks
+    rng = np.random.default_rng(3)
+    m, d, f = 1240, 256, 256
+    x = rng.standard_normal((m, d)).astype(np.float32)
+    wg, wu = (rng.standard_normal((4, d, f)).astype(np.float32) * 0.1 for _ in range(2))
+    wd = rng.standard_normal((4, f, d)).astype(np.float32) * 0.1
+    dy = rng.standard_normal((m, d)).astype(np.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    y, pullback = jax.vjp(lambda *a: openblas.swiglu_ffn(*a, gs), x, wg, wu, wd)
+    got = pullback(dy)
+    want_y, want = _np_swiglu_ffn(x, wg, wu, wd, sizes, dy)
+    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4 * np.abs(want_y).max() + 1e-6)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max() + 1e-6)
+    assert not np.asarray(y)[sum(sizes):].any() and not np.asarray(got[0])[sum(sizes):].any()
+
+
+def test_the_layer_runs_the_fused_ffn_on_cpu_unless_openblas_is_refused():
+    import dataclasses
+    from dropless import moe
+    from dropless.config import MoEConfig
+    from dropless.ops.gmm.registry import auto_scope
+    cfg = MoEConfig(num_experts=4, top_k=2, d_model=16, d_ff=24, dtype="float32",
+                    weight_dtype="float32", score_func="softmax")
+    params = moe.init_params(jax.random.key(0), cfg)
+    x = jax.random.normal(jax.random.key(1), (40, 16))
+
+    def loss_and_grads(c):
+        return jax.jit(jax.value_and_grad(lambda p, x: (moe.apply(p, x, c)[0] ** 2).sum(),
+                                          argnums=(0, 1)))
+
+    hlo = loss_and_grads(cfg).lower(params, x).as_text()
+    assert "dropless_gate_up_swiglu_f32" in hlo and "dropless_swiglu_dlhs_f32" in hlo
+    with auto_scope(refused=frozenset({("openblas", None)})):
+        refused = loss_and_grads(cfg).lower(params, x).as_text()
+    assert not any(t in refused for t in openblas.HANDLERS)   # every grouped matmul ran tiled
+    want = loss_and_grads(dataclasses.replace(cfg, gmm_backend="reference"))(params, x)
+    got = loss_and_grads(cfg)(params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6 * float(np.abs(b).max()) + 1e-7)
+
+
+def test_fast_exp_is_within_2_ulp_of_float64_and_keeps_nan():
+    import ctypes
+    assert openblas.problem() is None
+    lib = ctypes.CDLL(str(openblas.build()))
+    x = np.concatenate([np.linspace(-87, 88, 400001, dtype=np.float32),
+                        np.array([np.nan, 0.0, -0.0], np.float32)])
+    out = np.empty_like(x)
+    lib.dropless_fast_exp(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+                          ctypes.c_int64(x.size))
+    want = np.exp(x[:-3].astype(np.float64))
+    assert (np.abs(out[:-3] - want) / want).max() < 2 * 2.0 ** -23
+    assert np.isnan(out[-3]) and out[-2] == 1.0 and out[-1] == 1.0

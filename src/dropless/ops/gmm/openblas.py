@@ -13,12 +13,18 @@ one `sgemm` on pointers into the operands, with the transposes done by BLAS flag
 Rows past the last group, and an empty group's weight gradient, are written as zeros without a
 product, so a NaN stays in its own rows and group (the registry's rule for every backend).
 
+`swiglu_ffn` is the expert FFN down(silu(x @ gate) * (x @ up)) on this backend with the
+elementwise steps done by the row task that produced them, while its rows are in cache (three
+more handlers: gate_up_swiglu, swiglu_dlhs, dual_dlhs); the layer runs it for float32 on CPU
+where `auto` would pick `openblas` for all three products (moe/experts.py).
+
 The kernel (`native/grouped_gemm.cc`) is compiled the first time it is needed, with the system's
-C++ compiler (or the `ziglang` package's, where there is none) against jaxlib's FFI headers and the `scipy-openblas32` wheel, into a cache folder
-keyed by everything the binary depends on (`DROPLESS_CACHE`, default `~/.cache/dropless`); a
-finished build is moved into place atomically, so concurrent processes never load a half-written
-file (an unwritable cache folder: the temp folder). Where that cannot happen (no compiler, no
-wheel, a failed build) `problem()` says why and `auto` uses `tiled`. Operands other than float32
+C++ compiler (or the `ziglang` package's, where there is none) against jaxlib's FFI headers and the
+`scipy-openblas32` wheel, for this CPU (-march=native), into a cache folder keyed by everything the
+binary depends on (`DROPLESS_CACHE`, default `~/.cache/dropless`); a finished build is moved into
+place atomically, so concurrent processes never load a half-written file (an unwritable cache
+folder: the temp folder). Where that cannot happen (no compiler, no wheel, a failed build)
+`problem()` says why and `auto` uses `tiled`. Operands other than float32
 (bf16, f16, or another output dtype) run `tiled`.
 """
 from __future__ import annotations
@@ -42,6 +48,11 @@ import numpy as np
 from dropless.ops.gmm.tiled import tiled_gmm
 
 TARGET = "dropless_grouped_gemm_f32"
+# FFI target name -> the handler symbol in the library
+HANDLERS = {TARGET: "DroplessGroupedGemmF32",
+            "dropless_gate_up_swiglu_f32": "DroplessGateUpSwigluF32",
+            "dropless_swiglu_dlhs_f32": "DroplessSwigluDlhsF32",
+            "dropless_dual_dlhs_f32": "DroplessDualDlhsF32"}
 SOURCE = Path(__file__).parent / "native" / "grouped_gemm.cc"
 MODES = {"forward": 0, "dlhs": 1, "drhs": 2}
 
@@ -68,6 +79,17 @@ def _compiler() -> list[str] | None:
     return None
 
 
+def _cpu() -> str:
+    """This CPU's model and feature flags (-march=native builds for it; a cache folder shared
+    by several machines keeps one build per CPU)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform  # noqa: PLC0415
+        return platform.processor() or platform.machine()
+    return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags"))}))
+
+
 def _build_inputs() -> tuple[list[str], str]:
     """The compile command (output path last, to be filled in) and its cache key."""
     import scipy_openblas32  # noqa: PLC0415 (optional at import time of the package)
@@ -76,11 +98,13 @@ def _build_inputs() -> tuple[list[str], str]:
         raise RuntimeError("no C++ compiler (set CXX, install g++, or pip install ziglang)")
     inc_ffi = jax.ffi.include_dir()
     lib_dir = scipy_openblas32.get_lib_dir()
-    cmd = [*cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{inc_ffi}", str(SOURCE),
+    # -march=native and -fno-trapping-math let the fused handlers' elementwise loops vectorize
+    cmd = [*cxx, "-O3", "-march=native", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC",
+           "-w", f"-I{inc_ffi}", str(SOURCE),
            f"-L{lib_dir}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{lib_dir}"]
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([
-        SOURCE.read_text(), " ".join(cmd), version,
+        SOURCE.read_text(), " ".join(cmd), version, _cpu(),
         importlib.metadata.version("jaxlib"), importlib.metadata.version("scipy-openblas32"),
     ]).encode()).hexdigest()[:16]
     return cmd, key
@@ -122,8 +146,9 @@ def problem() -> str | None:
         if "problem" not in _STATE:
             try:
                 lib = ctypes.CDLL(str(build()))
-                jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.DroplessGroupedGemmF32),
-                                            platform="cpu")
+                for target, symbol in HANDLERS.items():
+                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                                platform="cpu")
                 _STATE["lib"] = lib
                 _STATE["problem"] = None
             except ImportError:
@@ -182,6 +207,60 @@ def _gmm_bwd(res, dy_MN):
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
+def _call_many(target, out_shapes, *args):
+    f32 = jnp.float32
+    return jax.ffi.ffi_call(target, tuple(jax.ShapeDtypeStruct(s, f32) for s in out_shapes),
+                            vmap_method="sequential")(*args)
+
+
+def gate_up_swiglu(x_ND, w_gate_EDF, w_up_EDF, group_sizes_E):
+    """(g, u, h) [N, F] float32: g = x @ w_gate[e], u = x @ w_up[e] on expert e's rows,
+    h = silu(g) * u, in one pass (rows past the groups: 0)."""
+    _require()
+    shape = (x_ND.shape[0], w_gate_EDF.shape[2])
+    return _call_many("dropless_gate_up_swiglu_f32", (shape,) * 3, x_ND, w_gate_EDF, w_up_EDF,
+                      group_sizes_E.astype(jnp.int32))
+
+
+def swiglu_dlhs(dy_ND, w_down_EFD, g_NF, u_NF, group_sizes_E):
+    """(dg, du) [N, F] float32, the gradients of g and u through h = silu(g) * u and the down
+    projection: dh = dy @ w_down[e]^T, dg = dh * u * silu'(g), du = dh * silu(g)."""
+    _require()
+    return _call_many("dropless_swiglu_dlhs_f32", (g_NF.shape,) * 2, dy_ND, w_down_EFD, g_NF,
+                      u_NF, group_sizes_E.astype(jnp.int32))
+
+
+def dual_dlhs(dg_NF, w_gate_EDF, du_NF, w_up_EDF, group_sizes_E):
+    """dg @ w_gate[e]^T + du @ w_up[e]^T -> [N, D] float32: x's gradient through gate and up."""
+    _require()
+    return _call_many("dropless_dual_dlhs_f32", ((dg_NF.shape[0], w_gate_EDF.shape[1]),), dg_NF,
+                      w_gate_EDF, du_NF, w_up_EDF, group_sizes_E.astype(jnp.int32))[0]
+
+
+@jax.custom_vjp
+def swiglu_ffn(x_ND, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E):
+    """down(silu(x @ gate) * (x @ up)) per expert over expert-major rows -> [N, D] float32, with
+    the elementwise steps fused into the products (the layer's `expert_ffn` on this backend)."""
+    return _swiglu_ffn_fwd(x_ND, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E)[0]
+
+
+def _swiglu_ffn_fwd(x_ND, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E):
+    g_NF, u_NF, h_NF = gate_up_swiglu(x_ND, w_gate_EDF, w_up_EDF, group_sizes_E)
+    y_ND = gmm_forward(h_NF, w_down_EFD, group_sizes_E)
+    return y_ND, (x_ND, w_gate_EDF, w_up_EDF, w_down_EFD, group_sizes_E, g_NF, u_NF, h_NF)
+
+
+def _swiglu_ffn_bwd(res, dy_ND):
+    x_ND, w_g, w_u, w_d, gs, g_NF, u_NF, h_NF = res
+    dy_ND = dy_ND.astype(jnp.float32)
+    dg_NF, du_NF = swiglu_dlhs(dy_ND, w_d, g_NF, u_NF, gs)
+    return (dual_dlhs(dg_NF, w_g, du_NF, w_u, gs), gmm_drhs(x_ND, dg_NF, gs),
+            gmm_drhs(x_ND, du_NF, gs), gmm_drhs(h_NF, dy_ND, gs), None)
+
+
+swiglu_ffn.defvjp(_swiglu_ffn_fwd, _swiglu_ffn_bwd)
 
 
 def supports(lhs_MK, rhs_GKN, out_dtype) -> bool:

@@ -7,6 +7,12 @@
 //   0  forward  out[M, N]    rows of g:  a[M, K] @ b[g]          (b = rhs [G, K, N])
 //   1  dlhs     out[M, K]    rows of g:  a[M, N] @ b[g]^T        (a = dy, b = rhs [G, K, N])
 //   2  drhs     out[G, K, N] group g:    a[rows, K]^T @ b[rows, N]  (a = lhs, b = dy)
+// Three more handlers fuse the SwiGLU expert FFN's elementwise steps into its products (each
+// row task finishes its rows while they are in cache; no [M, F] intermediate is written and read
+// back by a separate pass):
+//   gate_up_swiglu  g = x @ wg[g], u = x @ wu[g], h = silu(g) * u        -> g, u, h  [M, F]
+//   swiglu_dlhs     dh = dy @ wd[g]^T, then dg = dh * u * silu'(g), du = dh * silu(g)  -> dg, du
+//   dual_dlhs       dx = dg @ wg[g]^T + du @ wu[g]^T                       -> dx  [M, D]
 // Group g covers rows [start_g, end_g) with end_g = min(sum(max(sizes[:g+1], 0)), M) (ragged_dot
 // semantics: negative sizes count as zero, a group is cut at row M). Rows past the last group
 // and empty groups' weight gradients are written as zeros, never computed, so a NaN reaches only
@@ -16,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -167,7 +174,155 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
   return ffi::Error::Success();
 }
 
+
+std::vector<int64_t> GroupBounds(const ffi::Buffer<ffi::S32>& sizes, int64_t m) {
+  const int64_t g_count = sizes.element_count();
+  const int32_t* ps = sizes.typed_data();
+  std::vector<int64_t> bounds(g_count + 1, 0);   // group g: rows [bounds[g], bounds[g + 1])
+  for (int64_t g = 0; g < g_count; ++g) {
+    bounds[g + 1] = std::min(bounds[g] + std::max<int64_t>(ps[g], 0), m);
+  }
+  return bounds;
+}
+
+// Run fn(group, lo, hi) over every group's rows, cut into tasks of about equal work (as the
+// grouped GEMM cuts its forward), on `Threads()` workers.
+template <typename Fn>
+void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Fn fn) {
+  const int64_t g_count = static_cast<int64_t>(bounds.size()) - 1;
+  const int threads = Threads();
+  const int64_t per_row = std::max<int64_t>(macs_per_row, 1);
+  const int64_t task_macs = std::max(kTaskMacs, bounds[g_count] * per_row / (4 * threads) + 1);
+  std::vector<Task> tasks;
+  for (int64_t g = 0; g < g_count; ++g) {
+    const int64_t rows = bounds[g + 1] - bounds[g];
+    if (rows == 0) continue;
+    const int64_t pieces = (rows * per_row + task_macs - 1) / task_macs;
+    const int64_t step = std::min(rows, ((rows + pieces - 1) / pieces + 7) / 8 * 8);
+    for (int64_t lo = bounds[g]; lo < bounds[g + 1]; lo += step) {
+      tasks.push_back({g, lo, std::min(bounds[g + 1], lo + step), bounds[g], bounds[g + 1]});
+    }
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < tasks.size(); i = next++) fn(tasks[i].g, tasks[i].lo, tasks[i].hi);
+  };
+  std::vector<std::thread> pool;
+  const int helpers = std::min<int64_t>(threads, tasks.size()) - 1;
+  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+}
+
+// exp(x) in float32 without branches or calls, so the elementwise loops vectorize: Cody-Waite
+// range reduction x = n ln2 + r, |r| <= ln2 / 2, and Cephes's degree-6 polynomial for exp(r)
+// (about 1 ulp); x is clamped to where the result is a normal float. A NaN stays NaN.
+inline float FastExp(float x) {
+  x = x < -87.3f ? -87.3f : x;   // (a NaN passes both: it stays NaN)
+  x = x > 88.3f ? 88.3f : x;
+  const float n = __builtin_floorf(x * 1.44269504089f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+inline float Sigmoid(float x) { return 1.0f / (1.0f + FastExp(-x)); }
+
+void ZeroRows(float* p, int64_t from, int64_t to, int64_t width) {
+  if (to > from) std::memset(p + from * width, 0, sizeof(float) * (to - from) * width);
+}
+
+// x [M, D], wg and wu [G, D, F] -> g, u, h [M, F]
+ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
+                        ffi::Buffer<ffi::F32> wu, ffi::Buffer<ffi::S32> sizes,
+                        ffi::ResultBuffer<ffi::F32> g_out, ffi::ResultBuffer<ffi::F32> u_out,
+                        ffi::ResultBuffer<ffi::F32> h_out) {
+  const int64_t m = x.dimensions()[0], d = x.dimensions()[1], f = wg.dimensions()[2];
+  if (g_out->element_count() == 0) return ffi::Error::Success();
+  float *pg = g_out->typed_data(), *pu = u_out->typed_data(), *ph = h_out->typed_data();
+  for (float* p : {pg, pu, ph}) AdviseHugePages(p, sizeof(float) * m * f);
+  const auto bounds = GroupBounds(sizes, m);
+  const int64_t done = d == 0 ? 0 : bounds.back();
+  for (float* p : {pg, pu, ph}) ZeroRows(p, done, m, f);
+  if (d == 0) return ffi::Error::Success();
+  const float *px = x.typed_data(), *pwg = wg.typed_data(), *pwu = wu.typed_data();
+  ForRowTasks(bounds, 2 * d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
+    const int64_t rows = hi - lo;
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, f, d, 1.0f, px + lo * d,
+                      d, pwg + grp * d * f, f, 0.0f, pg + lo * f, f);
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, f, d, 1.0f, px + lo * d,
+                      d, pwu + grp * d * f, f, 0.0f, pu + lo * f, f);
+    for (int64_t i = lo * f; i < hi * f; ++i) ph[i] = pg[i] * Sigmoid(pg[i]) * pu[i];
+  });
+  return ffi::Error::Success();
+}
+
+// dy [M, D], wd [G, F, D], g and u [M, F] -> dg, du [M, F]
+ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
+                      ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> u,
+                      ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> dg_out,
+                      ffi::ResultBuffer<ffi::F32> du_out) {
+  const int64_t m = dy.dimensions()[0], d = dy.dimensions()[1], f = wd.dimensions()[1];
+  if (dg_out->element_count() == 0) return ffi::Error::Success();
+  float *pdg = dg_out->typed_data(), *pdu = du_out->typed_data();
+  for (float* p : {pdg, pdu}) AdviseHugePages(p, sizeof(float) * m * f);
+  const auto bounds = GroupBounds(sizes, m);
+  const int64_t done = d == 0 ? 0 : bounds.back();
+  for (float* p : {pdg, pdu}) ZeroRows(p, done, m, f);
+  if (d == 0) return ffi::Error::Success();
+  const float *pdy = dy.typed_data(), *pwd = wd.typed_data();
+  const float *pg = g.typed_data(), *pu = u.typed_data();
+  ForRowTasks(bounds, d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
+    // dh lands in dg's rows, then both gradients are finished in place
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, f, d, 1.0f,
+                      pdy + lo * d, d, pwd + grp * f * d, d, 0.0f, pdg + lo * f, f);
+    for (int64_t i = lo * f; i < hi * f; ++i) {
+      const float s = Sigmoid(pg[i]), dh = pdg[i];
+      pdu[i] = dh * (pg[i] * s);
+      pdg[i] = dh * pu[i] * (s + pg[i] * s * (1.0f - s));
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// a1, a2 [M, F], w1, w2 [G, D, F] -> a1 @ w1[g]^T + a2 @ w2[g]^T  [M, D]
+ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
+                    ffi::Buffer<ffi::F32> a2, ffi::Buffer<ffi::F32> w2,
+                    ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> out) {
+  const int64_t m = a1.dimensions()[0], f = a1.dimensions()[1], d = w1.dimensions()[1];
+  if (out->element_count() == 0) return ffi::Error::Success();
+  float* po = out->typed_data();
+  AdviseHugePages(po, sizeof(float) * m * d);
+  const auto bounds = GroupBounds(sizes, m);
+  const int64_t done = f == 0 ? 0 : bounds.back();
+  ZeroRows(po, done, m, d);
+  if (f == 0) return ffi::Error::Success();
+  const float *p1 = a1.typed_data(), *pw1 = w1.typed_data();
+  const float *p2 = a2.typed_data(), *pw2 = w2.typed_data();
+  ForRowTasks(bounds, 2 * d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, d, f, 1.0f, p1 + lo * f,
+                      f, pw1 + grp * d * f, f, 0.0f, po + lo * d, d);
+    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, d, f, 1.0f, p2 + lo * f,
+                      f, pw2 + grp * d * f, f, 1.0f, po + lo * d, d);
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+// the elementwise exp the fused handlers use, exported for the tests
+extern "C" void dropless_fast_exp(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FastExp(x[i]);
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGroupedGemmF32, GroupedGemm,
                               ffi::Ffi::Bind()
@@ -176,3 +331,32 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGroupedGemmF32, GroupedGemm,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGateUpSwigluF32, GateUpSwiglu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessSwigluDlhsF32, SwigluDlhs,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessDualDlhsF32, DualDlhs,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
