@@ -119,6 +119,30 @@ void AddTasks(const Problem& p, int64_t g, int64_t start, int64_t end, int64_t p
   }
 }
 
+std::vector<int64_t> GroupBounds(const ffi::Buffer<ffi::S32>& sizes, int64_t m) {
+  const int64_t g_count = sizes.element_count();
+  const int32_t* ps = sizes.typed_data();
+  std::vector<int64_t> bounds(g_count + 1, 0);   // group g: rows [bounds[g], bounds[g + 1])
+  for (int64_t g = 0; g < g_count; ++g) {
+    bounds[g + 1] = std::min(bounds[g] + std::max<int64_t>(ps[g], 0), m);
+  }
+  return bounds;
+}
+
+// Run fn(task) for every task on `Threads()` workers, each taking the next task in turn.
+template <typename Fn>
+void RunParallel(const std::vector<Task>& tasks, Fn fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < tasks.size(); i = next++) fn(tasks[i]);
+  };
+  std::vector<std::thread> pool;
+  const int helpers = std::min<int64_t>(Threads(), tasks.size()) - 1;
+  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+}
+
 ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
                        ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> out,
                        int32_t mode) {
@@ -135,15 +159,11 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
   const Problem p{mode, ad[0], mode == 2 ? ad[1] : bd[1], mode == 2 ? bd[1] : bd[2],
                   a.typed_data(), b.typed_data(), out->typed_data()};
   const int64_t g_count = sizes.element_count();
-  const int32_t* ps = sizes.typed_data();
   // out's row width (forward, dlhs) or one group's [K, N] block (drhs)
   const int64_t width = mode == 0 ? p.n : mode == 1 ? p.k : p.k * p.n;
   const int64_t inner = mode == 0 ? p.k : mode == 1 ? p.n : 1;   // 0: every product is zero
 
-  std::vector<int64_t> bounds(g_count + 1, 0);   // group g: rows [bounds[g], bounds[g + 1])
-  for (int64_t g = 0; g < g_count; ++g) {
-    bounds[g + 1] = std::min(bounds[g] + std::max<int64_t>(ps[g], 0), p.m);
-  }
+  const auto bounds = GroupBounds(sizes, p.m);
   if (mode != 2) {
     const int64_t done = inner == 0 ? 0 : bounds[g_count];
     std::memset(p.out + done * width, 0, sizeof(float) * (p.m - done) * width);
@@ -162,28 +182,11 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
     AddTasks(p, g, bounds[g], bounds[g + 1], (rows * p.k * p.n + task_macs - 1) / task_macs,
              tasks);
   }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < tasks.size(); i = next++) RunTask(p, tasks[i]);
-  };
-  std::vector<std::thread> pool;
-  const int helpers = std::min<int64_t>(threads, tasks.size()) - 1;
-  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  RunParallel(tasks, [&](const Task& t) { RunTask(p, t); });
   return ffi::Error::Success();
 }
 
 
-std::vector<int64_t> GroupBounds(const ffi::Buffer<ffi::S32>& sizes, int64_t m) {
-  const int64_t g_count = sizes.element_count();
-  const int32_t* ps = sizes.typed_data();
-  std::vector<int64_t> bounds(g_count + 1, 0);   // group g: rows [bounds[g], bounds[g + 1])
-  for (int64_t g = 0; g < g_count; ++g) {
-    bounds[g + 1] = std::min(bounds[g] + std::max<int64_t>(ps[g], 0), m);
-  }
-  return bounds;
-}
 
 // Run fn(group, lo, hi) over every group's rows, cut into tasks of about equal work (as the
 // grouped GEMM cuts its forward), on `Threads()` workers.
@@ -203,15 +206,7 @@ void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Fn fn
       tasks.push_back({g, lo, std::min(bounds[g + 1], lo + step), bounds[g], bounds[g + 1]});
     }
   }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < tasks.size(); i = next++) fn(tasks[i].g, tasks[i].lo, tasks[i].hi);
-  };
-  std::vector<std::thread> pool;
-  const int helpers = std::min<int64_t>(threads, tasks.size()) - 1;
-  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  RunParallel(tasks, [&](const Task& t) { fn(t.g, t.lo, t.hi); });
 }
 
 // exp(x) in float32 without branches or calls, so the elementwise loops vectorize: Cody-Waite
