@@ -2,7 +2,9 @@
 
 No timing is asserted here (CI machines are noisy); the numbers live in benchmarks/results/.
 """
+import dataclasses
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +79,24 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
         assert r["machine"]["jax"] == jax.__version__
     assert all(r["padding"]["executed_rows"] >= 256 and r["padding"]["dropped_rows"] == 0
                for r in recs if r["backend"] == "padded")
+
+
+def test_bench_gmm_times_both_native_kernels_and_names_a_bad_suffix(tmp_path, monkeypatch):
+    monkeypatch.delenv("DROPLESS_NATIVE_KERNEL", raising=False)
+    out = tmp_path / "gmm.jsonl"
+    args = bench_gmm.GmmOptions(m=256, k=32, n=32, groups=(8,), routings=("uniform",),
+                                dtypes=("float32",), backends=("openblas:own", "openblas:openblas"),
+                                repeats=1, out=str(out))
+    assert bench_gmm.run(args) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    seen = {(r["mode"], r["backend"], r["resolved"]) for r in recs}
+    for mode in ("fwd", "fwd+bwd"):
+        assert {(mode, "openblas:own", "openblas"), (mode, "openblas:openblas", "openblas")} <= seen
+    assert all(r["native_kernel"] == "auto" and r["openblas_core"] for r in recs)
+    assert "DROPLESS_NATIVE_KERNEL" not in os.environ   # put back after each timed call
+    for bad in ("tiled:own", "openblas:fast"):
+        with pytest.raises(ValueError, match=f"--backends '{bad}': a ':kernel' suffix"):
+            bench_gmm.run(dataclasses.replace(args, backends=(bad,)))
 
 
 def test_bench_moe_reports_drops_of_the_capacity_baseline(tmp_path):

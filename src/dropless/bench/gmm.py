@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ import numpy as np
 from dropless import machine, text_table
 from dropless.bench import dense, harness
 from dropless.ops import grouped_matmul, padding_stats, resolve_backend
-from dropless.ops.gmm import pallas_plan
+from dropless.ops.gmm import openblas, pallas_plan
 
 ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
 PADDED_MEMORY_LIMIT = 6 * 2**30  # bytes of padded operands we allow the padded baseline
@@ -56,6 +57,36 @@ def group_sizes_for(routing: str, m: int, g: int, seed: int = 0) -> np.ndarray:
     return rng.multinomial(m, p).astype(np.int32)
 
 
+def split_backend(name: str) -> tuple[str, str | None]:
+    """A --backends entry as (registry backend, native kernel or None): "openblas:own" and
+    "openblas:openblas" run the `openblas` backend with DROPLESS_NATIVE_KERNEL set for that call
+    (so both kernels of its library are timed in one process). Raises ValueError naming the entry
+    for a suffix on another backend or an unknown kernel."""
+    base, colon, kernel = name.partition(":")
+    if not colon:
+        return name, None
+    if resolve_backend(base) != "openblas" or kernel not in openblas.KERNEL_CHOICES:
+        raise ValueError(f"--backends {name!r}: a ':kernel' suffix goes on openblas only, one of "
+                         f"{', '.join('openblas:' + c for c in openblas.KERNEL_CHOICES)}")
+    return base, kernel
+
+
+def _with_kernel(fn, kernel: str):
+    """fn run to completion with DROPLESS_NATIVE_KERNEL=kernel (the kernel reads it when it
+    runs, so the result is waited for before the variable is put back)."""
+    def run(*args):
+        old = os.environ.get(openblas.KERNEL_ENV)
+        os.environ[openblas.KERNEL_ENV] = kernel
+        try:
+            return jax.block_until_ready(fn(*args))
+        finally:
+            if old is None:
+                os.environ.pop(openblas.KERNEL_ENV, None)
+            else:
+                os.environ[openblas.KERNEL_ENV] = old
+    return run
+
+
 def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     rng = np.random.default_rng(seed)
     dt = jnp.dtype(dtype)
@@ -79,13 +110,16 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
     work_fb = dict(work, loop=max(1.0, g * g / 100))
     resolved_of = {}
     for name in backends:
-        resolved = resolve_backend(name)
+        base, kernel = split_backend(name)
+        resolved = resolve_backend(base)
         opts = {"capacity": cap} if resolved == "padded" else {}
         f = lambda a, b, resolved=resolved, opts=opts: grouped_matmul(
             a, b, gs, backend=resolved, preferred_element_type=dt, **opts)
         fwd, fb = dense.fwd_and_fwd_bwd(f)
         if resolved != "loop":
             fwd, fb = jax.jit(fwd), jax.jit(fb)
+        if kernel is not None:
+            fwd, fb = _with_kernel(fwd, kernel), _with_kernel(fb, kernel)
         fns_f[name] = lambda fwd=fwd: fwd(lhs, rhs)
         fns_b[name] = lambda fb=fb: fb(lhs, rhs, dy)
         resolved_of[name] = resolved
@@ -116,7 +150,7 @@ def _case(m, k, n, g, routing, dtype, backends, repeats, budget_s, seed):
                 stats[nm].update(interleaved=False, runs=n_runs)
         for name in fns:
             rec = {"bench": "gmm", "mode": mode, "backend": name,
-                   "resolved": name if name in ("dense", "split_floor") else resolve_backend(name),
+                   "resolved": resolved_of.get(name, name),
                    "m": m, "k": k, "n": n, "groups": g, "routing": routing, "dtype": dtype,
                    "max_group": cap, "empty_groups": int((sizes == 0).sum())}
             if name in stats:
@@ -179,6 +213,9 @@ class GmmOptions:
 def run(args: GmmOptions) -> int:
     """Time every case of `args` (or, with `model_only`, only model it), printing a table per
     case and appending the records to `args.out`. Returns 0."""
+    bases = [split_backend(name)[0] for name in args.backends]   # a bad entry fails first
+    native = (openblas.describe() if "openblas" in map(resolve_backend, bases)
+              and not args.model_only else {})
     args, info, busy = harness.start(args)
     rows = []
     for dtype in args.dtypes:
@@ -195,7 +232,7 @@ def run(args: GmmOptions) -> int:
                              list(args.backends), args.repeats, args.budget_s, seed=g)
                 after = machine.busy_fraction(0.2)
                 for r in recs:
-                    r.update(machine=info, busy_before=busy, busy_after=after)
+                    r.update(machine=info, busy_before=busy, busy_after=after, **native)
                 harness.write_jsonl(args.out, recs)
                 rows += recs
                 busy = after

@@ -32,6 +32,7 @@ from dropless.config import MoEConfig
 from dropless.moe.experts import expert_ffn
 from dropless.bench import dense, harness, moe_profile
 from dropless.ops import resolve_backend
+from dropless.ops.gmm import openblas
 
 
 def _router_bias(routing: str, e: int, seed: int) -> np.ndarray:
@@ -247,10 +248,10 @@ def run_peer(args: MoEOptions) -> int:
         from dropless.bench import moe_torch
         torch = moe_torch.require_torch()
     args, info, busy = harness.start(args)
-    extra = {}
+    extra = dict(openblas.describe())
     if torch is not None:
-        extra = {"torch": torch.__version__,
-                 "torch_threads": moe_torch.set_threads(torch, args.torch_threads)}
+        extra.update(torch=torch.__version__,
+                     torch_threads=moe_torch.set_threads(torch, args.torch_threads))
     for t, e, k, d, f in args.cases:
         rates = moe_profile.measure_rates(t * k, d, f)
         rate_rec = {k.replace("flops", "gflops"): v / 1e9 for k, v in rates.items()

@@ -82,9 +82,10 @@ def _best_s(fn: Callable[[], Any], repeats: int) -> float:
 def measure_rates(n: int, d: int, f: int, dtype: str = "float32", repeats: int = 5,
                   stream_bytes: int = 256 * 2**20) -> dict[str, float]:
     """{"dense_flops": FLOP/s of an [n, d] @ [d, f] matmul, the faster of XLA's jitted dot
-    ("dense_flops_xla") and, in float32 where the `openblas` kernel builds, one OpenBLAS sgemm
-    ("dense_flops_openblas"); "bandwidth": bytes/s of a jitted streaming elementwise pass
-    (read + write) over `stream_bytes`}, best of `repeats`."""
+    ("dense_flops_xla") and, in float32 where the `openblas` kernel builds, one group on it
+    ("dense_flops_openblas": whichever kernel the native library runs for that shape, see
+    `openblas.describe`); "bandwidth": bytes/s of a jitted streaming elementwise pass (read +
+    write) over `stream_bytes`}, best of `repeats`."""
     dt = jnp.dtype(dtype)
     a = jnp.ones((n, d), dt)
     b = jnp.ones((d, f), dt)
@@ -92,8 +93,8 @@ def measure_rates(n: int, d: int, f: int, dtype: str = "float32", repeats: int =
     flops = 2.0 * n * d * f / _best_s(lambda: mm(a, b), repeats)
     rates = {"dense_flops_xla": flops}
     if dt == jnp.float32 and openblas.problem() is None:
-        # the same product as one OpenBLAS sgemm (a one-group grouped matmul): the faster of
-        # the two is what this machine allows
+        # the same product as a one-group grouped matmul on `openblas`: the faster of the two
+        # is what this machine allows
         one = jax.jit(openblas.gmm_forward)
         b_1DF, gs_1 = b[None], jnp.array([n], jnp.int32)
         rates["dense_flops_openblas"] = 2.0 * n * d * f / _best_s(lambda: one(a, b_1DF, gs_1),
@@ -255,7 +256,7 @@ def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float3
             "gmm_backend": cpu_kernels(dtype)[0], "fused_ffn": fused, "dense_gflops": rates["dense_flops"] / 1e9,
             **{k.replace("flops", "gflops"): v / 1e9 for k, v in rates.items()
                if k.startswith("dense_flops_")},
-            "bandwidth_gbs": rates["bandwidth"] / 1e9}
+            "bandwidth_gbs": rates["bandwidth"] / 1e9, **openblas.describe()}
     records, limit_of, sum_of = [], {"fwd": 0.0, "bwd": 0.0}, {"fwd": 0.0, "bwd": 0.0}
     for (ph, nm), (fl, by) in costs.items():
         ms = stats[f"{ph}/{nm}"]["median_ms"]

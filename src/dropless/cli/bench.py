@@ -121,7 +121,8 @@ def _gmm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", default=_join(d.dtypes), help="comma list of dtypes")
     p.add_argument("--backends", default=_join(d.backends),
                    help="comma list of backends to time beside dense (default "
-                        f"{_join(d.backends)}; padded uses capacity = largest group)")
+                        f"{_join(d.backends)}; padded uses capacity = largest group; "
+                        "openblas:own and openblas:openblas force the native library's kernel)")
     p.add_argument("--repeats", type=int, default=d.repeats,
                    help="timed runs per function (median)")
     p.add_argument("--budget-s", type=float, default=d.budget_s,
@@ -470,7 +471,12 @@ def check_arguments(kind: str, args) -> None:
         if getattr(args, dest, None) is not None:
             from dropless.ops.gmm.registry import check_backend_name
             for item in _items(args, dest):
-                check_backend_name(item, where=_flag(dest))
+                # gmm also takes openblas:own / openblas:openblas (bench/gmm.py split_backend)
+                check_backend_name(item.partition(":")[0] if kind == "gmm" else item,
+                                   where=_flag(dest))
+                if kind == "gmm":
+                    from dropless.bench.gmm import split_backend
+                    split_backend(item)
     if getattr(args, "routings", None) is not None:
         known = ROUTINGS.get(kind)
         if known is None:

@@ -63,6 +63,39 @@ def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
             assert (np.asarray(drhs)[g] == 0).all()
 
 
+# the two kernels of the native library, each forced (DROPLESS_NATIVE_KERNEL is read at every
+# call), at shapes that reach their edges: K past the tiled kernel's 512-wide contraction chunk,
+# N with no whole 16-wide panel (37) or a panel and a lone vector (80), groups past the NT form's
+# 64-row chunk (70) and no multiple of the 6- and 8-row tiles; a NaN in group 0's rows must not
+# reach another group's rows or weight gradient
+@pytest.mark.parametrize("kernel", ["own", "openblas"])
+@pytest.mark.parametrize("k, n, sizes", [(1100, 37, [5, 70, 0, 13]), (24, 80, [33, 1, 100, 0]),
+                                         (130, 16, [0, 0, 131, 2])])
+def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, monkeypatch, kernel, k, n,
+                                                       sizes):
+    monkeypatch.setenv("DROPLESS_NATIVE_KERNEL", kernel)
+    rng = np.random.default_rng(1)
+    m = sum(sizes) + 3
+    lhs = rng.standard_normal((m, k)).astype(np.float32)
+    rhs = rng.standard_normal((4, k, n)).astype(np.float32)
+    dy = rng.standard_normal((m, n)).astype(np.float32)
+    out, dlhs, drhs = fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy)
+    want = np_gmm(lhs.astype(np.float64), rhs.astype(np.float64), sizes)
+    want_dlhs, want_drhs = np_gmm_grads(lhs.astype(np.float64), rhs.astype(np.float64), sizes,
+                                        dy.astype(np.float64))
+    tol = dict(rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_allclose(out, want, **tol)
+    np.testing.assert_allclose(dlhs, want_dlhs, **dict(tol, atol=1e-4 * np.sqrt(n)))
+    np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=1e-4 * np.sqrt(m))
+    first = next(g for g, s in enumerate(sizes) if s)
+    lhs[0, 0] = np.nan
+    out, dlhs, drhs = map(np.asarray, fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
+    assert np.isnan(out[0]).all() and np.isnan(drhs[first][0]).all()
+    rows = sizes[first]
+    assert np.isfinite(out[rows:]).all() and np.isfinite(dlhs[rows:]).all()
+    assert np.isfinite(np.delete(drhs, first, axis=0)).all()
+
+
 def test_degenerate_dims_give_zeros():
     # K = 0: every product is an empty sum; N = 0 and M = 0: nothing to write
     for m, k, n in ((6, 0, 3), (6, 4, 0), (0, 4, 3)):
@@ -181,9 +214,11 @@ def _np_swiglu_ffn(x, wg, wu, wd, sizes, dy):
     return y, (dx, dwg, dwu, dwd)
 
 
+@pytest.mark.parametrize("kernel", ["own", "openblas"])
 @pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [0, 0, 0, 0]])
-def test_fused_swiglu_ffn_matches_float64_loop(sizes):
+def test_fused_swiglu_ffn_matches_float64_loop(monkeypatch, kernel, sizes):
     # D*F*2 = 2^17 multiply-adds a row: a 700-row group is cut into several row tasks
+    monkeypatch.setenv("DROPLESS_NATIVE_KERNEL", kernel)
     rng = np.random.default_rng(3)
     m, d, f = 1240, 256, 256
     x = rng.standard_normal((m, d)).astype(np.float32)
@@ -237,3 +272,19 @@ def test_fast_exp_is_within_2_ulp_of_float64_and_keeps_nan():
     want = np.exp(x[:-3].astype(np.float64))
     assert (np.abs(out[:-3] - want) / want).max() < 2 * 2.0 ** -23
     assert np.isnan(out[-3]) and out[-2] == 1.0 and out[-1] == 1.0
+
+
+def test_a_bad_kernel_choice_is_named(monkeypatch):
+    monkeypatch.setenv("DROPLESS_NATIVE_KERNEL", "fastest")
+    lhs, rhs = jnp.ones((4, 8)), jnp.ones((1, 8, 16))
+    with pytest.raises(ValueError, match=r"DROPLESS_NATIVE_KERNEL='fastest': use one of auto, own"):
+        grouped_matmul(lhs, rhs, jnp.array([4], jnp.int32), backend="openblas")
+
+
+def test_describe_says_which_kernels_run(monkeypatch):
+    monkeypatch.delenv("DROPLESS_NATIVE_KERNEL", raising=False)
+    info = openblas.describe()
+    assert info["native_kernel"] == "auto" and info["native_vector_floats"] in (4, 8, 16)
+    # OpenBLAS's own name for its kernel set, or the OPENBLAS_CORETYPE it was told
+    want = os.environ.get("OPENBLAS_CORETYPE")
+    assert info["openblas_core"] and (not want or info["openblas_core"].lower() == want.lower())

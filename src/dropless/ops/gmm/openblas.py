@@ -1,12 +1,15 @@
-"""`openblas`: a native CPU grouped GEMM (one OpenBLAS sgemm per group, rows read in place)
-behind XLA's FFI, float32, with the backward written out.
+"""`openblas`: a native CPU grouped GEMM (one GEMM per group, rows read in place) behind XLA's
+FFI, float32, with the backward written out. Each group's GEMM is OpenBLAS's sgemm or, in
+AVX-512 builds, the library's own register-tiled kernel (native/grouped_gemm.cc: where OpenBLAS
+runs its AVX2 kernels, and for groups of at most 64 rows; DROPLESS_NATIVE_KERNEL=own|openblas
+forces one, `describe()` says which ran).
 
 Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
 
 Why: XLA:CPU runs every dot of a `tiled` kernel through a fusion that copies the tile's rows and
 the group's weights and the result (docs/grouped_matmul.md), and its dense f32 dot ran at about
 half of OpenBLAS's rate on the 2-core AMD EPYC it was measured on. Here each group's product is
-one `sgemm` on pointers into the operands, with the transposes done by BLAS flags:
+one GEMM on pointers into the operands, with the transposes done by flags:
   forward  out[rows of g] = lhs[rows of g] @ rhs[g]
   dlhs     dlhs[rows of g] = dy[rows of g] @ rhs[g]^T
   drhs     drhs[g] = lhs[rows of g]^T @ dy[rows of g]        (one GEMM, contraction = the rows)
@@ -90,6 +93,28 @@ def _cpu() -> str:
     return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags"))}))
 
 
+def core() -> str | None:
+    """The kernel set OpenBLAS runs in this process ("SkylakeX", "Haswell", ...: its own
+    detection, or OPENBLAS_CORETYPE where that is set), or None where `openblas` cannot run."""
+    if problem() is not None:
+        return None
+    fn = _STATE["lib"].scipy_openblas_get_corename   # type: ignore[attr-defined]
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def describe() -> dict[str, object]:
+    """What the native library runs here, for benchmark records: OpenBLAS's kernel set
+    ("openblas_core"), the tiled kernel's vector width in floats ("native_vector_floats"; 16
+    where it may run, see native/grouped_gemm.cc) and DROPLESS_NATIVE_KERNEL ("native_kernel":
+    "own", "openblas", or "auto" where unset). Empty where `openblas` cannot run."""
+    if problem() is not None:
+        return {}
+    return {"openblas_core": core(),
+            "native_vector_floats": int(_STATE["lib"].dropless_vector_floats()),  # type: ignore
+            "native_kernel": os.environ.get(KERNEL_ENV) or "auto"}
+
+
 def _build_inputs() -> tuple[list[str], str]:
     """The compile command (output path last, to be filled in) and its cache key."""
     import scipy_openblas32  # noqa: PLC0415 (optional at import time of the package)
@@ -98,8 +123,10 @@ def _build_inputs() -> tuple[list[str], str]:
         raise RuntimeError("no C++ compiler (set CXX, install g++, or pip install ziglang)")
     inc_ffi = jax.ffi.include_dir()
     lib_dir = scipy_openblas32.get_lib_dir()
-    # -march=native and -fno-trapping-math let the fused handlers' elementwise loops vectorize
-    cmd = [*cxx, "-O3", "-march=native", "-fno-trapping-math", "-std=c++17", "-shared", "-fPIC",
+    # -march=native and -fno-trapping-math let the fused handlers' elementwise loops vectorize;
+    # -ffp-contract=fast lets the tiled kernel's multiply-adds be FMAs under -std=c++17
+    cmd = [*cxx, "-O3", "-march=native", "-fno-trapping-math", "-ffp-contract=fast",
+           "-std=c++17", "-shared", "-fPIC",
            "-w", f"-I{inc_ffi}", str(SOURCE),
            f"-L{lib_dir}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{lib_dir}"]
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True).stdout
@@ -158,7 +185,15 @@ def problem() -> str | None:
         return _STATE["problem"]  # type: ignore[return-value]
 
 
+KERNEL_ENV = "DROPLESS_NATIVE_KERNEL"
+KERNEL_CHOICES = ("auto", "own", "openblas")
+
+
 def _require() -> None:
+    choice = os.environ.get(KERNEL_ENV)
+    if choice and choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNEL_ENV}={choice!r}: use one of {', '.join(KERNEL_CHOICES)} "
+                         "(or leave it unset)")
     why = problem()
     if why is not None:
         raise RuntimeError(f"grouped_matmul backend 'openblas': {why}; use backend='tiled'")

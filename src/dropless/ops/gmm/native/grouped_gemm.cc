@@ -1,5 +1,6 @@
-// A CPU grouped GEMM for XLA's FFI: one OpenBLAS sgemm per group, on each group's rows in
-// place (no copies, no masked rows), float32.
+// A CPU grouped GEMM for XLA's FFI: one GEMM per group, on each group's rows in place (no
+// copies, no masked rows), float32. A group's GEMM is OpenBLAS's sgemm or the register-tiled
+// kernel below (`KernelChoice` says which).
 //
 // Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
 //
@@ -18,6 +19,7 @@
 // and empty groups' weight gradients are written as zeros, never computed, so a NaN reaches only
 // the rows and the group it belongs to.
 #include <sched.h>
+#include <strings.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -39,13 +41,14 @@ void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb
                        int k, float alpha, const float* a, int lda, const float* b, int ldb,
                        float beta, float* c, int ldc);
 void scipy_openblas_set_num_threads(int num_threads);
+char* scipy_openblas_get_corename(void);
 }
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// Every sgemm runs on one thread; the parallelism is ours: the products are cut into tasks (row
+// Every GEMM runs on one thread; the parallelism is ours: the products are cut into tasks (row
 // ranges of a group for forward and dlhs, column ranges of a group's [K, N] block for drhs) of
 // about equal work, and `Threads()` workers take them in turn. OpenBLAS's own threading costs
 // more than it saves on a 32-row group and cannot be limited per call in this build.
@@ -77,12 +80,190 @@ void AdviseHugePages(void* data, size_t bytes) {
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
 }
 
+// ---- The register-tiled kernel ----
+// Each product is cut into tiles of MR rows x NV vectors of C held in registers; the loop over
+// the contraction broadcasts MR values of A and loads NV vectors of one row of B (read in place,
+// no packing), in chunks of kKc so a B panel stays in L2. The NT form (c = a @ b^T) computes
+// c^T = b @ a^T, with a^T packed kNtRows rows at a time (a small copy that stays in cache) and
+// c written transposed. Where it runs instead of OpenBLAS is `KernelChoice`'s rule.
+#if defined(__AVX512F__)
+constexpr int kVW = 16;   // floats a vector
+constexpr int kMR = 6, kNV = 4, kNtMR = 8, kNtNV = 2;   // 32 vector registers
+#elif defined(__AVX__)
+constexpr int kVW = 8;
+constexpr int kMR = 6, kNV = 2, kNtMR = 6, kNtNV = 2;   // 16 vector registers
+#else
+constexpr int kVW = 4;
+constexpr int kMR = 6, kNV = 2, kNtMR = 6, kNtNV = 2;
+#endif
+constexpr int64_t kKc = 512;
+constexpr int64_t kNtRows = 64;
+typedef float Vec __attribute__((vector_size(kVW * sizeof(float))));
+
+inline Vec LoadVec(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void StoreVec(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
+
+// c[MR, cols] (+)= A[MR, k] @ B[k, NV * kVW][:, :cols], A(r, p) = a[r * sar + p * sac], B's rows
+// ldb apart (NV * kVW of each readable), C(r, j) = c[r * scr + j * scc]
+template <int MR, int NV>
+void Tile(int64_t k, const float* a, int64_t sar, int64_t sac, const float* b, int64_t ldb,
+          float* c, int64_t scr, int64_t scc, int cols, bool accumulate) {
+  Vec acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = Vec{};
+  for (int64_t p = 0; p < k; ++p) {
+    Vec bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = LoadVec(b + p * ldb + v * kVW);
+    for (int r = 0; r < MR; ++r) {
+      const Vec av = Vec{} + a[r * sar + p * sac];
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+  if (scc == 1 && cols == NV * kVW) {
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) {
+        float* q = c + r * scr + v * kVW;
+        StoreVec(q, accumulate ? LoadVec(q) + acc[r][v] : acc[r][v]);
+      }
+    return;
+  }
+  float buf[MR][NV * kVW];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) StoreVec(&buf[r][v * kVW], acc[r][v]);
+  for (int j = 0; j < cols; ++j)
+    for (int r = 0; r < MR; ++r) {
+      float* q = c + r * scr + j * scc;
+      *q = accumulate ? *q + buf[r][j] : buf[r][j];
+    }
+}
+
+// Tile over m rows: MR at a time, then one smaller tile for the rest
+template <int MR, int NV>
+void TileRows(int64_t m, int64_t k, const float* a, int64_t sar, int64_t sac, const float* b,
+              int64_t ldb, float* c, int64_t scr, int64_t scc, int cols, bool accumulate) {
+  int64_t r = 0;
+  for (; r + MR <= m; r += MR) {
+    Tile<MR, NV>(k, a + r * sar, sar, sac, b, ldb, c + r * scr, scr, scc, cols, accumulate);
+  }
+  a += r * sar;
+  c += r * scr;
+  switch (m - r) {
+#define DROPLESS_REST(x) \
+    case x: if constexpr (x < MR) Tile<x, NV>(k, a, sar, sac, b, ldb, c, scr, scc, cols, accumulate); break;
+    DROPLESS_REST(1) DROPLESS_REST(2) DROPLESS_REST(3) DROPLESS_REST(4) DROPLESS_REST(5)
+    DROPLESS_REST(6) DROPLESS_REST(7)
+#undef DROPLESS_REST
+    default: break;
+  }
+}
+
+// c[m, n] (+)= A[m, k] @ b[k, n] with A and C strided as in Tile. b_padded: b's rows are
+// readable up to n rounded up to whole vectors (the last partial vector is then computed whole
+// and stored in part); otherwise the last n % kVW columns are summed one by one.
+template <int MR, int NV>
+void OwnGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t sar, int64_t sac,
+             const float* b, int64_t ldb, bool b_padded, float* c, int64_t scr, int64_t scc,
+             bool accumulate) {
+  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const int64_t kc = std::min(kKc, k - k0);
+    const bool acc = accumulate || k0 > 0;
+    const float* ak = a + k0 * sac;
+    const float* bk = b + k0 * ldb;
+    int64_t j = 0;
+    for (; j + NV * kVW <= n; j += NV * kVW) {
+      TileRows<MR, NV>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc, NV * kVW, acc);
+    }
+    for (; j + kVW <= n; j += kVW) {
+      TileRows<MR, 1>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc, kVW, acc);
+    }
+    if (j < n && b_padded) {
+      TileRows<MR, 1>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc, n - j, acc);
+    } else {
+      for (; j < n; ++j)
+        for (int64_t r = 0; r < m; ++r) {
+          float sum = 0.0f;
+          for (int64_t p = 0; p < kc; ++p) sum += ak[r * sar + p * sac] * bk[p * ldb + j];
+          float* q = c + r * scr + j * scc;
+          *q = acc ? *q + sum : sum;
+        }
+    }
+  }
+}
+
+// c[m, n] (+)= a[m, k] @ b[n, k]^T
+void OwnGemmNT(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+               int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  thread_local std::vector<float> pack;   // a^T [k, rows rounded up to whole vectors]
+  for (int64_t i0 = 0; i0 < m; i0 += kNtRows) {
+    const int64_t rows = std::min(kNtRows, m - i0);
+    const int64_t width = (rows + kVW - 1) / kVW * kVW;
+    pack.assign(k * width, 0.0f);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t p = 0; p < k; ++p) pack[p * width + i] = a[(i0 + i) * lda + p];
+    OwnGemm<kNtMR, kNtNV>(n, rows, k, b, ldb, 1, pack.data(), width, true, c + i0 * ldc, 1, ldc,
+                          accumulate);
+  }
+}
+
+// Which kernel runs a group's products: DROPLESS_NATIVE_KERNEL=own or =openblas forces one
+// (read at each call); otherwise the tiled kernel runs in AVX-512 builds where OpenBLAS runs
+// its AVX2 (Haswell) kernels, and in AVX-512 builds for groups of at most kOwnRows rows (where it
+// also beat OpenBLAS's AVX-512 kernels); OpenBLAS everywhere else (docs/grouped_matmul.md).
+constexpr int64_t kOwnRows = 64;
+
+bool OpenblasRunsAvx512() {
+  static const bool yes = [] {
+    const char* name = scipy_openblas_get_corename();
+    for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+      if (name != nullptr && strcasecmp(name, core) == 0) return true;
+    }
+    return false;
+  }();
+  return yes;
+}
+
+struct KernelChoice {
+  int forced;   // 1 own, 2 openblas, 0 neither
+
+  static KernelChoice Now() {
+    const char* env = std::getenv("DROPLESS_NATIVE_KERNEL");
+    if (env != nullptr && std::strcmp(env, "own") == 0) return {1};
+    if (env != nullptr && std::strcmp(env, "openblas") == 0) return {2};
+    return {0};
+  }
+  bool Own(int64_t group_rows) const {
+    if (forced != 0) return forced == 1;
+    return kVW == 16 && (!OpenblasRunsAvx512() || group_rows <= kOwnRows);
+  }
+};
+
+// c[m, n] = (or += where accumulate) op(a) @ op(b), row-major, op = the transpose where ta / tb
+// (not both): OpenBLAS's sgemm or the tiled kernel
+void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
+          int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (!own) {
+    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                      m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+  } else if (tb) {
+    OwnGemmNT(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  } else if (ta) {
+    OwnGemm<kMR, kNV>(m, n, k, a, 1, lda, b, ldb, false, c, ldc, 1, accumulate);
+  } else {
+    OwnGemm<kMR, kNV>(m, n, k, a, lda, 1, b, ldb, false, c, ldc, 1, accumulate);
+  }
+}
+
 struct Problem {
   int32_t mode;
   int64_t m, k, n;   // k, n: rhs's [K, N] (forward, dlhs); lhs's K and dy's N (drhs)
   const float* a;
   const float* b;
   float* out;
+  KernelChoice kernels;
 };
 
 struct Task {
@@ -91,18 +272,17 @@ struct Task {
 };
 
 void RunTask(const Problem& p, const Task& t) {
-  const int64_t k = p.k, n = p.n, len = t.hi - t.lo;
+  const int64_t k = p.k, n = p.n, len = t.hi - t.lo, rows = t.end - t.start;
+  const bool own = p.kernels.Own(rows);
   if (p.mode == 0) {
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, len, n, k, 1.0f,
-                      p.a + t.lo * k, k, p.b + t.g * k * n, n, 0.0f, p.out + t.lo * n, n);
+    Gemm(own, false, false, len, n, k, p.a + t.lo * k, k, p.b + t.g * k * n, n, false,
+         p.out + t.lo * n, n);
   } else if (p.mode == 1) {
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, len, k, n, 1.0f,
-                      p.a + t.lo * n, n, p.b + t.g * k * n, n, 0.0f, p.out + t.lo * k, k);
+    Gemm(own, false, true, len, k, n, p.a + t.lo * n, n, p.b + t.g * k * n, n, false,
+         p.out + t.lo * k, k);
   } else {
-    const int64_t rows = t.end - t.start;
-    scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, len, rows, 1.0f,
-                      p.a + t.start * k, k, p.b + t.start * n + t.lo, n, 0.0f,
-                      p.out + t.g * k * n + t.lo, n);
+    Gemm(own, true, false, k, len, rows, p.a + t.start * k, k, p.b + t.start * n + t.lo, n,
+         false, p.out + t.g * k * n + t.lo, n);
   }
 }
 
@@ -157,7 +337,7 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
   if (out->element_count() == 0) return ffi::Error::Success();
   AdviseHugePages(out->typed_data(), sizeof(float) * out->element_count());
   const Problem p{mode, ad[0], mode == 2 ? ad[1] : bd[1], mode == 2 ? bd[1] : bd[2],
-                  a.typed_data(), b.typed_data(), out->typed_data()};
+                  a.typed_data(), b.typed_data(), out->typed_data(), KernelChoice::Now()};
   const int64_t g_count = sizes.element_count();
   // out's row width (forward, dlhs) or one group's [K, N] block (drhs)
   const int64_t width = mode == 0 ? p.n : mode == 1 ? p.k : p.k * p.n;
@@ -250,12 +430,13 @@ ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
   for (float* p : {pg, pu, ph}) ZeroRows(p, done, m, f);
   if (d == 0) return ffi::Error::Success();
   const float *px = x.typed_data(), *pwg = wg.typed_data(), *pwu = wu.typed_data();
+  const KernelChoice kernels = KernelChoice::Now();
   ForRowTasks(bounds, 2 * d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
-    const int64_t rows = hi - lo;
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, f, d, 1.0f, px + lo * d,
-                      d, pwg + grp * d * f, f, 0.0f, pg + lo * f, f);
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, f, d, 1.0f, px + lo * d,
-                      d, pwu + grp * d * f, f, 0.0f, pu + lo * f, f);
+    const bool own = kernels.Own(bounds[grp + 1] - bounds[grp]);
+    Gemm(own, false, false, hi - lo, f, d, px + lo * d, d, pwg + grp * d * f, f, false,
+         pg + lo * f, f);
+    Gemm(own, false, false, hi - lo, f, d, px + lo * d, d, pwu + grp * d * f, f, false,
+         pu + lo * f, f);
     for (int64_t i = lo * f; i < hi * f; ++i) ph[i] = pg[i] * Sigmoid(pg[i]) * pu[i];
   });
   return ffi::Error::Success();
@@ -276,10 +457,11 @@ ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
   if (d == 0) return ffi::Error::Success();
   const float *pdy = dy.typed_data(), *pwd = wd.typed_data();
   const float *pg = g.typed_data(), *pu = u.typed_data();
+  const KernelChoice kernels = KernelChoice::Now();
   ForRowTasks(bounds, d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
     // dh lands in dg's rows, then both gradients are finished in place
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, f, d, 1.0f,
-                      pdy + lo * d, d, pwd + grp * f * d, d, 0.0f, pdg + lo * f, f);
+    Gemm(kernels.Own(bounds[grp + 1] - bounds[grp]), false, true, hi - lo, f, d, pdy + lo * d,
+         d, pwd + grp * f * d, d, false, pdg + lo * f, f);
     for (int64_t i = lo * f; i < hi * f; ++i) {
       const float s = Sigmoid(pg[i]), dh = pdg[i];
       pdu[i] = dh * (pg[i] * s);
@@ -303,16 +485,21 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
   if (f == 0) return ffi::Error::Success();
   const float *p1 = a1.typed_data(), *pw1 = w1.typed_data();
   const float *p2 = a2.typed_data(), *pw2 = w2.typed_data();
+  const KernelChoice kernels = KernelChoice::Now();
   ForRowTasks(bounds, 2 * d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, d, f, 1.0f, p1 + lo * f,
-                      f, pw1 + grp * d * f, f, 0.0f, po + lo * d, d);
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, d, f, 1.0f, p2 + lo * f,
-                      f, pw2 + grp * d * f, f, 1.0f, po + lo * d, d);
+    const bool own = kernels.Own(bounds[grp + 1] - bounds[grp]);
+    Gemm(own, false, true, hi - lo, d, f, p1 + lo * f, f, pw1 + grp * d * f, f, false,
+         po + lo * d, d);
+    Gemm(own, false, true, hi - lo, d, f, p2 + lo * f, f, pw2 + grp * d * f, f, true,
+         po + lo * d, d);
   });
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+// floats a vector of the tiled kernel (16: an AVX-512 build, where `KernelChoice` may pick it)
+extern "C" int dropless_vector_floats() { return kVW; }
 
 // the elementwise exp the fused handlers use, exported for the tests
 extern "C" void dropless_fast_exp(const float* x, float* out, int64_t n) {
