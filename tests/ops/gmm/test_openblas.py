@@ -38,21 +38,24 @@ def fwd_bwd():
     return jax.jit(f)
 
 
+def _problem(seed, m, k, n, sizes):
+    """lhs [M, K], rhs [4, K, N], dy [M, N] (float32) and the float64 loop's output, dlhs, drhs."""
+    rng = np.random.default_rng(seed)
+    lhs = rng.standard_normal((m, k)).astype(np.float32)
+    rhs = rng.standard_normal((4, k, n)).astype(np.float32)
+    dy = rng.standard_normal((m, n)).astype(np.float32)
+    f64 = (lhs.astype(np.float64), rhs.astype(np.float64))
+    return lhs, rhs, dy, (np_gmm(*f64, sizes), *np_gmm_grads(*f64, sizes, dy.astype(np.float64)))
+
+
 # M=1240, K=N=256: a 700-row group is 45.9 M multiply-adds, cut into 3 row tasks (forward, dlhs)
 # and 3 column tasks of 96, 96 and 64 columns (drhs); 37 is no multiple of the row alignment
 # (8); rows 1187.. belong to no group and must come out 0.
 @pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [1, 0, 0, 0],
                                    [300, 300, 300, 300]])
 def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
-    rng = np.random.default_rng(0)
-    m, k, n = 1240, 256, 256
-    lhs = rng.standard_normal((m, k)).astype(np.float32)
-    rhs = rng.standard_normal((4, k, n)).astype(np.float32)
-    dy = rng.standard_normal((m, n)).astype(np.float32)
+    lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(0, 1240, 256, 256, sizes)
     out, dlhs, drhs = fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy)
-    want = np_gmm(lhs.astype(np.float64), rhs.astype(np.float64), sizes)
-    want_dlhs, want_drhs = np_gmm_grads(lhs.astype(np.float64), rhs.astype(np.float64), sizes,
-                                        dy.astype(np.float64))
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(dlhs, want_dlhs, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=2e-3)
@@ -74,15 +77,9 @@ def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
 def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, monkeypatch, kernel, k, n,
                                                        sizes):
     monkeypatch.setenv("DROPLESS_NATIVE_KERNEL", kernel)
-    rng = np.random.default_rng(1)
     m = sum(sizes) + 3
-    lhs = rng.standard_normal((m, k)).astype(np.float32)
-    rhs = rng.standard_normal((4, k, n)).astype(np.float32)
-    dy = rng.standard_normal((m, n)).astype(np.float32)
+    lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(1, m, k, n, sizes)
     out, dlhs, drhs = fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy)
-    want = np_gmm(lhs.astype(np.float64), rhs.astype(np.float64), sizes)
-    want_dlhs, want_drhs = np_gmm_grads(lhs.astype(np.float64), rhs.astype(np.float64), sizes,
-                                        dy.astype(np.float64))
     tol = dict(rtol=1e-4, atol=1e-4 * np.sqrt(k))
     np.testing.assert_allclose(out, want, **tol)
     np.testing.assert_allclose(dlhs, want_dlhs, **dict(tol, atol=1e-4 * np.sqrt(n)))
