@@ -4,7 +4,6 @@ No timing is asserted here (CI machines are noisy); the numbers live in benchmar
 """
 import dataclasses
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -81,8 +80,9 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
                for r in recs if r["backend"] == "padded")
 
 
-def test_bench_gmm_times_both_native_kernels_and_names_a_bad_suffix(tmp_path, monkeypatch):
-    monkeypatch.delenv("DROPLESS_NATIVE_KERNEL", raising=False)
+def test_bench_gmm_times_both_native_kernels_and_names_a_bad_suffix(tmp_path):
+    from dropless.ops.gmm import openblas
+    before = openblas.gemm_calls()
     out = tmp_path / "gmm.jsonl"
     args = bench_gmm.GmmOptions(m=256, k=32, n=32, groups=(8,), routings=("uniform",),
                                 dtypes=("float32",), backends=("openblas:own", "openblas:openblas"),
@@ -93,7 +93,9 @@ def test_bench_gmm_times_both_native_kernels_and_names_a_bad_suffix(tmp_path, mo
     for mode in ("fwd", "fwd+bwd"):
         assert {(mode, "openblas:own", "openblas"), (mode, "openblas:openblas", "openblas")} <= seen
     assert all(r["native_kernel"] == "auto" and r["openblas_core"] for r in recs)
-    assert "DROPLESS_NATIVE_KERNEL" not in os.environ   # put back after each timed call
+    assert openblas.kernel() == "auto"   # put back after each timed call
+    after = openblas.gemm_calls()
+    assert after["own"] > before["own"] and after["openblas"] > before["openblas"]
     for bad in ("tiled:own", "openblas:fast"):
         with pytest.raises(ValueError, match=f"--backends '{bad}': a ':kernel' suffix"):
             bench_gmm.run(dataclasses.replace(args, backends=(bad,)))

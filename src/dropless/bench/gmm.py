@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -59,8 +58,8 @@ def group_sizes_for(routing: str, m: int, g: int, seed: int = 0) -> np.ndarray:
 
 def split_backend(name: str) -> tuple[str, str | None]:
     """A --backends entry as (registry backend, native kernel or None): "openblas:own" and
-    "openblas:openblas" run the `openblas` backend with DROPLESS_NATIVE_KERNEL set for that call
-    (so both kernels of its library are timed in one process). Raises ValueError naming the entry
+    "openblas:openblas" run the `openblas` backend on that kernel of its library
+    (`openblas.use_kernel`), so both are timed in one process. Raises ValueError naming the entry
     for a suffix on another backend or an unknown kernel."""
     base, colon, kernel = name.partition(":")
     if not colon:
@@ -72,18 +71,11 @@ def split_backend(name: str) -> tuple[str, str | None]:
 
 
 def _with_kernel(fn, kernel: str):
-    """fn run to completion with DROPLESS_NATIVE_KERNEL=kernel (the kernel reads it when it
-    runs, so the result is waited for before the variable is put back)."""
+    """fn run to completion on the native library's `kernel` (the library reads its choice when
+    a call runs, so the result is waited for before the choice is put back)."""
     def run(*args):
-        old = os.environ.get(openblas.KERNEL_ENV)
-        os.environ[openblas.KERNEL_ENV] = kernel
-        try:
+        with openblas.use_kernel(kernel):
             return jax.block_until_ready(fn(*args))
-        finally:
-            if old is None:
-                os.environ.pop(openblas.KERNEL_ENV, None)
-            else:
-                os.environ[openblas.KERNEL_ENV] = old
     return run
 
 

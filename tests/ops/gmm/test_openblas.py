@@ -29,6 +29,13 @@ def test_builds_here_and_is_autos_cpu_choice():
     assert resolve_backend("auto", "cpu") == "openblas"
 
 
+def _only_ran(kernel, before):
+    """Every GEMM since `before` (openblas.gemm_calls()) ran on `kernel`, and some did."""
+    now = openblas.gemm_calls()
+    other = "openblas" if kernel == "own" else "own"
+    return now[kernel] > before[kernel] and now[other] == before[other]
+
+
 @pytest.fixture(scope="module")
 def fwd_bwd():
     def f(lhs, rhs, sizes, dy):
@@ -66,27 +73,30 @@ def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
             assert (np.asarray(drhs)[g] == 0).all()
 
 
-# the two kernels of the native library, each forced (DROPLESS_NATIVE_KERNEL is read at every
-# call), at shapes that reach their edges: K past the tiled kernel's 512-wide contraction chunk,
+# the two kernels of the native library, each forced (`use_kernel`, read when a call runs; the
+# GEMM counters say which ran), at shapes that reach their edges: K past the tiled kernel's 512-wide contraction chunk,
 # N with no whole 16-wide panel (37) or a panel and a lone vector (80), groups past the NT form's
 # 64-row chunk (70) and no multiple of the 6- and 8-row tiles; a NaN in group 0's rows must not
 # reach another group's rows or weight gradient
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
 @pytest.mark.parametrize("k, n, sizes", [(1100, 37, [5, 70, 0, 13]), (24, 80, [33, 1, 100, 0]),
                                          (130, 16, [0, 0, 131, 2])])
-def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, monkeypatch, kernel, k, n,
-                                                       sizes):
-    monkeypatch.setenv("DROPLESS_NATIVE_KERNEL", kernel)
+def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, kernel, k, n, sizes):
     m = sum(sizes) + 3
     lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(1, m, k, n, sizes)
-    out, dlhs, drhs = fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy)
+    before = openblas.gemm_calls()
+    with openblas.use_kernel(kernel):
+        out, dlhs, drhs = jax.block_until_ready(
+            fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
+    assert _only_ran(kernel, before)
     tol = dict(rtol=1e-4, atol=1e-4 * np.sqrt(k))
     np.testing.assert_allclose(out, want, **tol)
     np.testing.assert_allclose(dlhs, want_dlhs, **dict(tol, atol=1e-4 * np.sqrt(n)))
     np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=1e-4 * np.sqrt(m))
     first = next(g for g, s in enumerate(sizes) if s)
     lhs[0, 0] = np.nan
-    out, dlhs, drhs = map(np.asarray, fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
+    with openblas.use_kernel(kernel):
+        out, dlhs, drhs = map(np.asarray, fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
     assert np.isnan(out[0]).all() and np.isnan(drhs[first][0]).all()
     rows = sizes[first]
     assert np.isfinite(out[rows:]).all() and np.isfinite(dlhs[rows:]).all()
@@ -213,9 +223,8 @@ def _np_swiglu_ffn(x, wg, wu, wd, sizes, dy):
 
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
 @pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [0, 0, 0, 0]])
-def test_fused_swiglu_ffn_matches_float64_loop(monkeypatch, kernel, sizes):
+def test_fused_swiglu_ffn_matches_float64_loop(kernel, sizes):
     # D*F*2 = 2^17 multiply-adds a row: a 700-row group is cut into several row tasks
-    monkeypatch.setenv("DROPLESS_NATIVE_KERNEL", kernel)
     rng = np.random.default_rng(3)
     m, d, f = 1240, 256, 256
     x = rng.standard_normal((m, d)).astype(np.float32)
@@ -223,8 +232,11 @@ def test_fused_swiglu_ffn_matches_float64_loop(monkeypatch, kernel, sizes):
     wd = rng.standard_normal((4, f, d)).astype(np.float32) * 0.1
     dy = rng.standard_normal((m, d)).astype(np.float32)
     gs = jnp.asarray(sizes, jnp.int32)
-    y, pullback = jax.vjp(lambda *a: openblas.swiglu_ffn(*a, gs), x, wg, wu, wd)
-    got = pullback(dy)
+    before = openblas.gemm_calls()
+    with openblas.use_kernel(kernel):
+        y, pullback = jax.vjp(lambda *a: openblas.swiglu_ffn(*a, gs), x, wg, wu, wd)
+        got = jax.block_until_ready(pullback(dy))
+    assert _only_ran(kernel, before) or not sum(sizes)
     want_y, want = _np_swiglu_ffn(x, wg, wu, wd, sizes, dy)
     np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4 * np.abs(want_y).max() + 1e-6)
     for a, b in zip(got, want):
@@ -271,17 +283,31 @@ def test_fast_exp_is_within_2_ulp_of_float64_and_keeps_nan():
     assert np.isnan(out[-3]) and out[-2] == 1.0 and out[-1] == 1.0
 
 
-def test_a_bad_kernel_choice_is_named(monkeypatch):
-    monkeypatch.setenv("DROPLESS_NATIVE_KERNEL", "fastest")
-    lhs, rhs = jnp.ones((4, 8)), jnp.ones((1, 8, 16))
-    with pytest.raises(ValueError, match=r"DROPLESS_NATIVE_KERNEL='fastest': use one of auto, own"):
-        grouped_matmul(lhs, rhs, jnp.array([4], jnp.int32), backend="openblas")
+def test_a_bad_kernel_choice_is_named():
+    # read once, when the library loads: a fresh process
+    code = textwrap.dedent("""
+        import jax.numpy as jnp
+        from dropless.ops import grouped_matmul
+        grouped_matmul(jnp.ones((4, 8)), jnp.ones((1, 8, 16)), jnp.array([4], jnp.int32),
+                       backend="openblas")
+    """)
+    env = dict(os.environ, DROPLESS_NATIVE_KERNEL="fastest")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode != 0
+    assert ("ValueError: DROPLESS_NATIVE_KERNEL='fastest': use one of auto, own, openblas "
+            "(or leave it unset)") in proc.stderr
+    with pytest.raises(ValueError, match="use_kernel='fast': use one of auto, own, openblas"):
+        with openblas.use_kernel("fast"):
+            pass
 
 
-def test_describe_says_which_kernels_run(monkeypatch):
-    monkeypatch.delenv("DROPLESS_NATIVE_KERNEL", raising=False)
+def test_describe_says_which_kernels_run():
     info = openblas.describe()
     assert info["native_kernel"] == "auto" and info["native_vector_floats"] in (4, 8, 16)
+    with openblas.use_kernel("own"):
+        assert openblas.describe()["native_kernel"] == "own"
+    assert openblas.kernel() == "auto"
     # OpenBLAS's own name for its kernel set, or the OPENBLAS_CORETYPE it was told
     want = os.environ.get("OPENBLAS_CORETYPE")
     assert info["openblas_core"] and (not want or info["openblas_core"].lower() == want.lower())

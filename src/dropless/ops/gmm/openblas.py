@@ -1,8 +1,9 @@
 """`openblas`: a native CPU grouped GEMM (one GEMM per group, rows read in place) behind XLA's
 FFI, float32, with the backward written out. Each group's GEMM is OpenBLAS's sgemm or, in
 AVX-512 builds, the library's own register-tiled kernel (native/grouped_gemm.cc: where OpenBLAS
-runs its AVX2 kernels, and for groups of at most 64 rows; DROPLESS_NATIVE_KERNEL=own|openblas
-forces one, `describe()` says which ran).
+runs its AVX2 kernels, and for groups of at most 64 rows). DROPLESS_NATIVE_KERNEL=own|openblas,
+read when the library loads, forces one, and `use_kernel` for a block; `describe()` and
+`gemm_calls()` say which ran.
 
 Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
 
@@ -32,6 +33,7 @@ folder: the temp folder). Where that cannot happen (no compiler, no wheel, a fai
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.metadata
@@ -106,13 +108,14 @@ def core() -> str | None:
 def describe() -> dict[str, object]:
     """What the native library runs here, for benchmark records: OpenBLAS's kernel set
     ("openblas_core"), the tiled kernel's vector width in floats ("native_vector_floats"; 16
-    where it may run, see native/grouped_gemm.cc) and DROPLESS_NATIVE_KERNEL ("native_kernel":
-    "own", "openblas", or "auto" where unset). Empty where `openblas` cannot run."""
+    where it may run, see native/grouped_gemm.cc) and the kernel choice ("native_kernel": "own",
+    "openblas", or "auto", the library's rule; DROPLESS_NATIVE_KERNEL or `use_kernel`). Empty
+    where `openblas` cannot run."""
     if problem() is not None:
         return {}
     return {"openblas_core": core(),
             "native_vector_floats": int(_STATE["lib"].dropless_vector_floats()),  # type: ignore
-            "native_kernel": os.environ.get(KERNEL_ENV) or "auto"}
+            "native_kernel": kernel()}
 
 
 def _build_inputs() -> tuple[list[str], str]:
@@ -178,6 +181,11 @@ def problem() -> str | None:
                                                 platform="cpu")
                 _STATE["lib"] = lib
                 _STATE["problem"] = None
+                try:   # the kernel choice, once: a bad value fails every call, naming it
+                    lib.dropless_set_kernel(_kernel_code(os.environ.get(KERNEL_ENV) or "auto",
+                                                         KERNEL_ENV))
+                except ValueError as e:
+                    _STATE["kernel_error"] = f"{e} (or leave it unset)"
             except ImportError:
                 _STATE["problem"] = "the scipy-openblas32 package is not installed"
             except (RuntimeError, OSError, AttributeError) as e:
@@ -186,17 +194,53 @@ def problem() -> str | None:
 
 
 KERNEL_ENV = "DROPLESS_NATIVE_KERNEL"
-KERNEL_CHOICES = ("auto", "own", "openblas")
+KERNEL_CHOICES = ("auto", "own", "openblas")   # the library's choice codes 0, 1, 2
+
+
+def _kernel_code(name: str, where: str) -> int:
+    if name not in KERNEL_CHOICES:
+        raise ValueError(f"{where}={name!r}: use one of {', '.join(KERNEL_CHOICES)}")
+    return KERNEL_CHOICES.index(name)
 
 
 def _require() -> None:
-    choice = os.environ.get(KERNEL_ENV)
-    if choice and choice not in KERNEL_CHOICES:
-        raise ValueError(f"{KERNEL_ENV}={choice!r}: use one of {', '.join(KERNEL_CHOICES)} "
-                         "(or leave it unset)")
     why = problem()
     if why is not None:
         raise RuntimeError(f"grouped_matmul backend 'openblas': {why}; use backend='tiled'")
+    if "kernel_error" in _STATE:
+        raise ValueError(_STATE["kernel_error"])
+
+
+def _lib():
+    _require()
+    return _STATE["lib"]
+
+
+@contextlib.contextmanager
+def use_kernel(name: str):
+    """Run the native library's GEMMs on `name` ("own": the tiled kernel, "openblas", or "auto",
+    the library's rule) while the block runs, for every call in the process (it is one setting,
+    read when a call runs); the previous choice is restored after. For benchmarks and tests."""
+    code = _kernel_code(name, "use_kernel")
+    lib = _lib()
+    before = lib.dropless_kernel()
+    lib.dropless_set_kernel(code)
+    try:
+        yield
+    finally:
+        lib.dropless_set_kernel(before)
+
+
+def kernel() -> str:
+    """The native library's kernel choice now: "auto" (its rule), "own" or "openblas"."""
+    return KERNEL_CHOICES[_lib().dropless_kernel()]
+
+
+def gemm_calls() -> dict[str, int]:
+    """GEMMs the native library has run in this process, by kernel ("own", "openblas")."""
+    fn = _lib().dropless_gemm_calls
+    fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int]
+    return {"own": int(fn(1)), "openblas": int(fn(0))}
 
 
 def _call(mode: str, a, b, group_sizes_G, out_shape):

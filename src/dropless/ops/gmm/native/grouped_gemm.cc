@@ -209,10 +209,10 @@ void OwnGemmNT(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
   }
 }
 
-// Which kernel runs a group's products: DROPLESS_NATIVE_KERNEL=own or =openblas forces one
-// (read at each call); otherwise the tiled kernel runs in AVX-512 builds where OpenBLAS runs
-// its AVX2 (Haswell) kernels, and in AVX-512 builds for groups of at most kOwnRows rows (where it
-// also beat OpenBLAS's AVX-512 kernels); OpenBLAS everywhere else (docs/grouped_matmul.md).
+// Which kernel runs a group's products: `g_kernel` forces one; otherwise the tiled kernel runs in
+// AVX-512 builds where OpenBLAS runs its AVX2 (Haswell) kernels, and in AVX-512 builds for
+// groups of at most kOwnRows rows (where it also beat OpenBLAS's AVX-512 kernels); OpenBLAS
+// everywhere else (docs/grouped_matmul.md).
 constexpr int64_t kOwnRows = 64;
 
 bool OpenblasRunsAvx512() {
@@ -226,25 +226,28 @@ bool OpenblasRunsAvx512() {
   return yes;
 }
 
-struct KernelChoice {
-  int forced;   // 1 own, 2 openblas, 0 neither
+// 0 neither forced, 1 the tiled kernel, 2 OpenBLAS: set by dropless_set_kernel (openblas.py: from
+// DROPLESS_NATIVE_KERNEL when the library loads, and by `use_kernel`), read at each call
+std::atomic<int> g_kernel{0};
 
-  static KernelChoice Now() {
-    const char* env = std::getenv("DROPLESS_NATIVE_KERNEL");
-    if (env != nullptr && std::strcmp(env, "own") == 0) return {1};
-    if (env != nullptr && std::strcmp(env, "openblas") == 0) return {2};
-    return {0};
-  }
+struct KernelChoice {
+  int forced;
+
+  static KernelChoice Now() { return {g_kernel.load(std::memory_order_relaxed)}; }
   bool Own(int64_t group_rows) const {
     if (forced != 0) return forced == 1;
     return kVW == 16 && (!OpenblasRunsAvx512() || group_rows <= kOwnRows);
   }
 };
 
+// GEMMs run by each kernel in this process (the tests check which one ran)
+std::atomic<int64_t> g_gemm_calls[2] = {};   // [0] OpenBLAS, [1] the tiled kernel
+
 // c[m, n] = (or += where accumulate) op(a) @ op(b), row-major, op = the transpose where ta / tb
 // (not both): OpenBLAS's sgemm or the tiled kernel
 void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
           int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  g_gemm_calls[own ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
   if (!own) {
     scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                       m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
@@ -497,6 +500,12 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
 }
 
 }  // namespace
+
+// the kernel choice (0 neither forced, 1 the tiled kernel, 2 OpenBLAS), and GEMMs run so far by
+// OpenBLAS (own = 0) or by the tiled kernel (own = 1)
+extern "C" void dropless_set_kernel(int choice) { g_kernel.store(choice); }
+extern "C" int dropless_kernel() { return g_kernel.load(); }
+extern "C" int64_t dropless_gemm_calls(int own) { return g_gemm_calls[own ? 1 : 0].load(); }
 
 // floats a vector of the tiled kernel (16: an AVX-512 build, where `KernelChoice` may pick it)
 extern "C" int dropless_vector_floats() { return kVW; }
