@@ -256,7 +256,7 @@ def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float3
             "gmm_backend": cpu_kernels(dtype)[0], "fused_ffn": fused, "dense_gflops": rates["dense_flops"] / 1e9,
             **{k.replace("flops", "gflops"): v / 1e9 for k, v in rates.items()
                if k.startswith("dense_flops_")},
-            "bandwidth_gbs": rates["bandwidth"] / 1e9, **openblas.describe()}
+            "bandwidth_gbs": rates["bandwidth"] / 1e9}
     records, limit_of, sum_of = [], {"fwd": 0.0, "bwd": 0.0}, {"fwd": 0.0, "bwd": 0.0}
     for (ph, nm), (fl, by) in costs.items():
         ms = stats[f"{ph}/{nm}"]["median_ms"]
