@@ -17,6 +17,9 @@ one GEMM on pointers into the operands, with the transposes done by flags:
 Rows past the last group, and an empty group's weight gradient, are written as zeros without a
 product, so a NaN stays in its own rows and group (the registry's rule for every backend).
 
+`gather_rows`, `gather_sum` and `row_dots` (native/rows.cc) are the row gathers of the layer's
+permute and combine (moe/permute.py runs them for float32 on CPU).
+
 `swiglu_ffn` is the expert FFN down(silu(x @ gate) * (x @ up)) on this backend with the
 elementwise steps done by the row task that produced them, while its rows are in cache (three
 more handlers: gate_up_swiglu, swiglu_dlhs, dual_dlhs); the layer runs it for float32 on CPU
@@ -53,12 +56,18 @@ import numpy as np
 from dropless.ops.gmm.tiled import tiled_gmm
 
 TARGET = "dropless_grouped_gemm_f32"
-# FFI target name -> the handler symbol in the library
-HANDLERS = {TARGET: "DroplessGroupedGemmF32",
-            "dropless_gate_up_swiglu_f32": "DroplessGateUpSwigluF32",
-            "dropless_swiglu_dlhs_f32": "DroplessSwigluDlhsF32",
-            "dropless_dual_dlhs_f32": "DroplessDualDlhsF32"}
-SOURCE = Path(__file__).parent / "native" / "grouped_gemm.cc"
+# FFI target name -> the handler symbol in the library: the grouped GEMMs, and the row gathers
+GEMM_HANDLERS = {TARGET: "DroplessGroupedGemmF32",
+                 "dropless_gate_up_swiglu_f32": "DroplessGateUpSwigluF32",
+                 "dropless_swiglu_dlhs_f32": "DroplessSwigluDlhsF32",
+                 "dropless_dual_dlhs_f32": "DroplessDualDlhsF32"}
+ROW_HANDLERS = {"dropless_gather_rows_f32": "DroplessGatherRowsF32",
+                "dropless_gather_sum_f32": "DroplessGatherSumF32",
+                "dropless_row_dots_f32": "DroplessRowDotsF32"}
+HANDLERS = {**GEMM_HANDLERS, **ROW_HANDLERS}
+NATIVE = Path(__file__).parent / "native"
+SOURCES = (NATIVE / "grouped_gemm.cc", NATIVE / "rows.cc")   # one library
+HEADERS = (NATIVE / "threads.h",)
 MODES = {"forward": 0, "dlhs": 1, "drhs": 2}
 
 _LOCK = threading.Lock()
@@ -130,11 +139,11 @@ def _build_inputs() -> tuple[list[str], str]:
     # -ffp-contract=fast lets the tiled kernel's multiply-adds be FMAs under -std=c++17
     cmd = [*cxx, "-O3", "-march=native", "-fno-trapping-math", "-ffp-contract=fast",
            "-std=c++17", "-shared", "-fPIC",
-           "-w", f"-I{inc_ffi}", str(SOURCE),
+           "-w", f"-I{inc_ffi}", *map(str, SOURCES),
            f"-L{lib_dir}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{lib_dir}"]
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([
-        SOURCE.read_text(), " ".join(cmd), version, _cpu(),
+        *(f.read_text() for f in SOURCES + HEADERS), " ".join(cmd), version, _cpu(),
         importlib.metadata.version("jaxlib"), importlib.metadata.version("scipy-openblas32"),
     ]).encode()).hexdigest()[:16]
     return cmd, key
@@ -160,7 +169,7 @@ def build() -> Path:
     try:
         proc = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed: "
+            raise RuntimeError(f"building {', '.join(f.name for f in SOURCES)} failed: "
                                f"{(proc.stderr or proc.stdout).strip()[-600:]}")
         os.replace(tmp, out)   # atomic: a reader sees no file or the whole one
     finally:
@@ -340,6 +349,47 @@ def _swiglu_ffn_bwd(res, dy_ND):
 
 
 swiglu_ffn.defvjp(_swiglu_ffn_fwd, _swiglu_ffn_bwd)
+
+
+# ---- Row movement (native/rows.cc): the MoE layer's permute and combine on CPU ----
+# Legend here: R source rows, D row width, N gathered rows, T tokens, K choices per token.
+
+def _rows(target, out_shape, *args):
+    why = problem()   # (the GEMMs' kernel setting does not apply to these)
+    if why is not None:
+        raise RuntimeError(f"the native row gathers: {why}")
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out_shape, jnp.float32),
+                            vmap_method="sequential")(*args)
+
+
+def _factors(f, shape):
+    """A factor operand: f as float32 of `shape`, or the empty [0] meaning every factor is 1."""
+    if f is None:
+        return jnp.zeros((0,), jnp.float32)
+    return jnp.asarray(f, jnp.float32).reshape(shape)
+
+
+def gather_rows(src_RD, idx_N, scale_N=None):
+    """out[i] = scale[i] * src[idx[i]] -> [N, D] float32 (scale None: the rows copied as they
+    are). Indices outside [0, R) are clamped to it (jnp.take's mode="clip")."""
+    n = idx_N.shape[0]
+    return _rows("dropless_gather_rows_f32", (n, src_RD.shape[1]), src_RD.astype(jnp.float32),
+                 idx_N.astype(jnp.int32), _factors(scale_N, (n,)))
+
+
+def gather_sum(src_RD, idx_TK, weights_TK=None):
+    """out[t] = sum_k weights[t, k] * src[idx[t, k]] -> [T, D] float32, summed in float32 in
+    order k = 0, 1, ... (weights None: every weight 1). Indices clamped as in gather_rows."""
+    return _rows("dropless_gather_sum_f32", (idx_TK.shape[0], src_RD.shape[1]),
+                 src_RD.astype(jnp.float32), idx_TK.astype(jnp.int32),
+                 _factors(weights_TK, idx_TK.shape))
+
+
+def row_dots(a_TD, b_RD, idx_TK):
+    """out[t, k] = dot(a[t], b[idx[t, k]]) -> [T, K] float32 (the gradient of gather_sum's
+    weights). Indices clamped as in gather_rows."""
+    return _rows("dropless_row_dots_f32", idx_TK.shape, a_TD.astype(jnp.float32),
+                 b_RD.astype(jnp.float32), idx_TK.astype(jnp.int32))
 
 
 def supports(lhs_MK, rhs_GKN, out_dtype) -> bool:

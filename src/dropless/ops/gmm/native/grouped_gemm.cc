@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "threads.h"
 
 extern "C" {
 // OpenBLAS's CBLAS as the scipy-openblas32 wheel exports it (symbols prefixed `scipy_`).
@@ -40,7 +41,6 @@ enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112 };
 void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n,
                        int k, float alpha, const float* a, int lda, const float* b, int ldb,
                        float beta, float* c, int ldc);
-void scipy_openblas_set_num_threads(int num_threads);
 char* scipy_openblas_get_corename(void);
 }
 
@@ -48,37 +48,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+using dropless_native::AdviseHugePages;
+using dropless_native::ForEachTask;
+using dropless_native::Threads;
+
 // Every GEMM runs on one thread; the parallelism is ours: the products are cut into tasks (row
 // ranges of a group for forward and dlhs, column ranges of a group's [K, N] block for drhs) of
 // about equal work, and `Threads()` workers take them in turn. OpenBLAS's own threading costs
 // more than it saves on a 32-row group and cannot be limited per call in this build.
 constexpr int64_t kTaskMacs = int64_t{1} << 24;   // smallest task worth its own call
-
-int Threads() {
-  static const int n = [] {
-    scipy_openblas_set_num_threads(1);
-    if (const char* env = std::getenv("DROPLESS_NATIVE_THREADS")) {
-      const int v = std::atoi(env);
-      if (v > 0) return v;
-    }
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-    return std::max(cores, 1);
-  }();
-  return n;
-}
-
-// Ask for transparent huge pages on the 2 MiB-aligned interior of a large output buffer before
-// the first write: a fresh buffer from the allocator is untouched mmapped memory, and faulting it
-// in 4 KiB pages cost more than the products themselves for a [G, K, N] weight gradient (the
-// kernel zeroes a huge page in one fault). A no-op where THP is off or the pages exist already.
-void AdviseHugePages(void* data, size_t bytes) {
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  const uintptr_t lo = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t hi = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
-  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-}
 
 // ---- The register-tiled kernel ----
 // Each product is cut into tiles of MR rows x NV vectors of C held in registers; the loop over
@@ -315,15 +293,7 @@ std::vector<int64_t> GroupBounds(const ffi::Buffer<ffi::S32>& sizes, int64_t m) 
 // Run fn(task) for every task on `Threads()` workers, each taking the next task in turn.
 template <typename Fn>
 void RunParallel(const std::vector<Task>& tasks, Fn fn) {
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < tasks.size(); i = next++) fn(tasks[i]);
-  };
-  std::vector<std::thread> pool;
-  const int helpers = std::min<int64_t>(Threads(), tasks.size()) - 1;
-  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  ForEachTask(tasks.size(), [&](size_t i) { fn(tasks[i]); });
 }
 
 ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,

@@ -1,0 +1,223 @@
+// Row movement for the MoE layer's permute and combine (moe/permute.py), float32, for XLA's FFI:
+// the gathers that copy each token to its experts' rows and sum the experts' rows back, written
+// as plain loops over whole rows (XLA:CPU's row gather ran at 2-4 GB/s here; docs/grouped_matmul.md).
+//
+// Legend: R source rows, D row width, N gathered rows, T tokens, K choices per token.
+//
+//   gather_rows  out[i]    = s[i] * src[idx[i]]                  src [R, D], idx [N]     -> [N, D]
+//   gather_sum   out[t]    = sum_k w[t, k] * src[idx[t, k]]     src [R, D], idx [T, K]  -> [T, D]
+//   row_dots     out[t, k] = dot(a[t], b[idx[t, k]])            a [T, D], b [R, D]      -> [T, K]
+// `s` and `w` may be empty ([0]): then every factor is 1 (rows copied, or summed, as they are).
+// The sum over k runs in order k = 0, 1, ..., in float32. An index outside [0, R) is clamped to
+// it (jnp.take's mode="clip"); with R = 0 every output is zero.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "xla/ffi/api/ffi.h"
+#include "threads.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using dropless_native::AdviseHugePages;
+using dropless_native::ForEachTask;
+using dropless_native::Threads;
+
+#if defined(__AVX512F__)
+constexpr int kW = 16;   // floats a vector
+#elif defined(__AVX__)
+constexpr int kW = 8;
+#else
+constexpr int kW = 4;
+#endif
+typedef float Vec __attribute__((vector_size(kW * sizeof(float))));
+
+inline Vec Load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Run fn(lo, hi) over [0, rows) in chunks of at least kTaskBytes of traffic, at most four per
+// worker, on `Threads()` workers.
+constexpr int64_t kTaskBytes = int64_t{1} << 18;
+
+template <typename Fn>
+void ForRowChunks(int64_t rows, int64_t bytes_per_row, Fn fn) {
+  if (rows <= 0) return;
+  const int64_t by_size = std::max<int64_t>(1, rows * bytes_per_row / kTaskBytes);
+  const int64_t pieces = std::min<int64_t>({by_size, int64_t{4} * Threads(), rows});
+  const int64_t step = (rows + pieces - 1) / pieces;
+  ForEachTask(static_cast<size_t>((rows + step - 1) / step), [&](size_t i) {
+    const int64_t lo = static_cast<int64_t>(i) * step;
+    fn(lo, std::min(rows, lo + step));
+  });
+}
+
+inline int64_t Clamp(int32_t i, int64_t rows) {
+  return std::min<int64_t>(std::max<int32_t>(i, 0), rows - 1);
+}
+
+// a factor buffer is either empty (every factor 1) or holds one factor per entry
+ffi::Error CheckFactors(const ffi::Buffer<ffi::F32>& f, int64_t entries, const char* what) {
+  const int64_t n = f.element_count();
+  if (n != 0 && n != entries) return ffi::Error::InvalidArgument(what);
+  return ffi::Error::Success();
+}
+
+// whether a result buffer is [rows, cols] (nothing is written past what XLA allocated)
+bool IsShape(ffi::ResultBuffer<ffi::F32>& out, int64_t rows, int64_t cols) {
+  const auto od = out->dimensions();
+  return od.size() == 2 && od[0] == rows && od[1] == cols;
+}
+
+ffi::Error GatherRows(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> idx,
+                      ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> out) {
+  const auto sd = src.dimensions();
+  if (sd.size() != 2 || idx.dimensions().size() != 1) {
+    return ffi::Error::InvalidArgument("dropless_gather_rows: src must be 2-D and idx 1-D");
+  }
+  const int64_t r = sd[0], d = sd[1], n = idx.element_count();
+  if (!IsShape(out, n, d)) {
+    return ffi::Error::InvalidArgument("dropless_gather_rows: the result must be [N, D]");
+  }
+  if (auto e = CheckFactors(scale, n, "dropless_gather_rows: scale must be [0] or [N]");
+      e.failure()) {
+    return e;
+  }
+  float* po = out->typed_data();
+  if (n * d == 0) return ffi::Error::Success();
+  if (r == 0) {
+    std::memset(po, 0, sizeof(float) * n * d);
+    return ffi::Error::Success();
+  }
+  AdviseHugePages(po, sizeof(float) * n * d);
+  const float* ps = src.typed_data();
+  const int32_t* pi = idx.typed_data();
+  const float* pf = scale.element_count() ? scale.typed_data() : nullptr;
+  ForRowChunks(n, 2 * d * sizeof(float), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* row = ps + Clamp(pi[i], r) * d;
+      float* o = po + i * d;
+      if (pf == nullptr) {
+        std::memcpy(o, row, sizeof(float) * d);
+      } else {
+        const float s = pf[i];
+        for (int64_t c = 0; c < d; ++c) o[c] = s * row[c];
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error GatherSum(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> idx,
+                     ffi::Buffer<ffi::F32> weights, ffi::ResultBuffer<ffi::F32> out) {
+  const auto sd = src.dimensions();
+  const auto id = idx.dimensions();
+  if (sd.size() != 2 || id.size() != 2) {
+    return ffi::Error::InvalidArgument("dropless_gather_sum: src and idx must be 2-D");
+  }
+  const int64_t r = sd[0], d = sd[1], t = id[0], k = id[1];
+  const auto wd = weights.dimensions();
+  if (weights.element_count() != 0 && (wd.size() != 2 || wd[0] != t || wd[1] != k)) {
+    return ffi::Error::InvalidArgument("dropless_gather_sum: weights must be [0] or [T, K]");
+  }
+  if (!IsShape(out, t, d)) {
+    return ffi::Error::InvalidArgument("dropless_gather_sum: the result must be [T, D]");
+  }
+  float* po = out->typed_data();
+  if (t * d == 0) return ffi::Error::Success();
+  if (r == 0 || k == 0) {
+    std::memset(po, 0, sizeof(float) * t * d);
+    return ffi::Error::Success();
+  }
+  AdviseHugePages(po, sizeof(float) * t * d);
+  const float* ps = src.typed_data();
+  const int32_t* pi = idx.typed_data();
+  const float* pw = weights.element_count() ? weights.typed_data() : nullptr;
+  ForRowChunks(t, (k + 1) * d * sizeof(float), [&](int64_t lo, int64_t hi) {
+    for (int64_t tok = lo; tok < hi; ++tok) {
+      float* o = po + tok * d;
+      const int32_t* it = pi + tok * k;
+      const float* row = ps + Clamp(it[0], r) * d;
+      const float w0 = pw ? pw[tok * k] : 1.0f;
+      for (int64_t c = 0; c < d; ++c) o[c] = w0 * row[c];
+      for (int64_t j = 1; j < k; ++j) {
+        row = ps + Clamp(it[j], r) * d;
+        const float w = pw ? pw[tok * k + j] : 1.0f;
+        for (int64_t c = 0; c < d; ++c) o[c] += w * row[c];
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+inline float Dot(const float* a, const float* b, int64_t d) {
+  Vec acc[4] = {};
+  int64_t c = 0;
+  for (; c + 4 * kW <= d; c += 4 * kW) {
+    for (int v = 0; v < 4; ++v) acc[v] += Load(a + c + v * kW) * Load(b + c + v * kW);
+  }
+  for (; c + kW <= d; c += kW) acc[0] += Load(a + c) * Load(b + c);
+  const Vec sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  float total = 0.0f;
+  for (int v = 0; v < kW; ++v) total += sum[v];
+  for (; c < d; ++c) total += a[c] * b[c];
+  return total;
+}
+
+ffi::Error RowDots(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::S32> idx,
+                   ffi::ResultBuffer<ffi::F32> out) {
+  const auto ad = a.dimensions();
+  const auto bd = b.dimensions();
+  const auto id = idx.dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || id.size() != 2 || ad[1] != bd[1] || ad[0] != id[0]) {
+    return ffi::Error::InvalidArgument(
+        "dropless_row_dots: a [T, D], b [R, D] and idx [T, K] must agree");
+  }
+  const int64_t t = ad[0], d = ad[1], r = bd[0], k = id[1];
+  if (!IsShape(out, t, k)) {
+    return ffi::Error::InvalidArgument("dropless_row_dots: the result must be [T, K]");
+  }
+  float* po = out->typed_data();
+  if (t * k == 0) return ffi::Error::Success();
+  if (r == 0 || d == 0) {
+    std::memset(po, 0, sizeof(float) * t * k);
+    return ffi::Error::Success();
+  }
+  const float *pa = a.typed_data(), *pb = b.typed_data();
+  const int32_t* pi = idx.typed_data();
+  ForRowChunks(t, (k + 1) * d * sizeof(float), [&](int64_t lo, int64_t hi) {
+    for (int64_t tok = lo; tok < hi; ++tok) {
+      for (int64_t j = 0; j < k; ++j) {
+        po[tok * k + j] = Dot(pa + tok * d, pb + Clamp(pi[tok * k + j], r) * d, d);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGatherRowsF32, GatherRows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGatherSumF32, GatherSum,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessRowDotsF32, RowDots,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
