@@ -1,7 +1,13 @@
-"""Permutation: the hand-worked example and gradients against plain autodiff of gathers."""
+"""Permutation: the hand-worked example and gradients against plain autodiff of gathers; the
+native row gathers that permute and combine run for float32 on CPU (in the compiled HLO), combine
+and its gradients against the XLA form (combine_reference) and a float64 loop, and the XLA path
+for other dtypes, without the native library, and in a lowering for CUDA."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dropless.moe import permute as perm
 
@@ -45,3 +51,187 @@ def test_grads_match_autodiff_of_plain_gathers():
     f = lambda y: jnp.sum(perm.unpermute(y, p.order_N, p.inv_N, k) * w_tkd)
     g = lambda y: jnp.sum(plain_unperm(y) * w_tkd)
     np.testing.assert_allclose(jax.grad(f)(y), jax.grad(g)(y), rtol=1e-6)
+
+
+# ---- the native row gathers (float32 on CPU) against the XLA form and a float64 loop ----
+# Legend as in moe/permute.py: T tokens, D model dim, K top-k, N = T*K routed rows, E experts.
+
+NATIVE = ("dropless_gather_rows_f32", "dropless_gather_sum_f32", "dropless_row_dots_f32")
+
+
+def _routing(t, k, e, used, seed=0):
+    """ids [T, K]: K distinct experts a token, drawn from the first `used` of E (the rest get no
+    rows), and their Permutation."""
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.choice(used, k, replace=False) for _ in range(t)]).astype(np.int32)
+    return ids, perm.sort_by_expert(jnp.asarray(ids), e)
+
+
+def _targets(fn, *args) -> set[str]:
+    """The custom calls of fn's compiled HLO (for this host: CPU)."""
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    return set(re.findall(r'custom_call_target="([^"]+)"', hlo))
+
+
+def _fns(p, k):
+    """permute and combine, each with its gradient (a cotangent through jax.vjp)."""
+    def permute_grad(x, d):
+        return jax.vjp(lambda x: perm.permute(x, p.order_N, p.inv_N, k), x)[1](d)[0]
+
+    def combine_grads(y, w, dy):
+        return jax.vjp(lambda y, w: perm.combine(y, w, p.order_N, p.inv_N), y, w)[1](dy)
+    return (lambda x: perm.permute(x, p.order_N, p.inv_N, k), permute_grad,
+            lambda y, w: perm.combine(y, w, p.order_N, p.inv_N), combine_grads)
+
+
+def _operands(t, k, d, dtype=jnp.float32, seed=1):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((t, d)), dtype)
+    d_nd = jnp.asarray(rng.standard_normal((t * k, d)), dtype)
+    y = jnp.asarray(rng.standard_normal((t * k, d)), dtype)
+    w = jnp.asarray(rng.standard_normal((t, k)), dtype)
+    dy = jnp.asarray(rng.standard_normal((t, d)), jnp.float32)
+    return x, d_nd, y, w, dy
+
+
+def test_float32_on_cpu_runs_the_native_gathers():
+    t, k, e, d = 24, 2, 6, 8
+    _, p = _routing(t, k, e, e)
+    x, d_nd, y, w, dy = _operands(t, k, d)
+    fwd, fwd_grad, comb, comb_grads = _fns(p, k)
+    assert "dropless_gather_rows_f32" in _targets(fwd, x)
+    assert "dropless_gather_sum_f32" in _targets(fwd_grad, x, d_nd)
+    assert "dropless_gather_sum_f32" in _targets(comb, y, w)
+    assert {"dropless_gather_rows_f32", "dropless_row_dots_f32"} <= _targets(comb_grads, y, w, dy)
+    # and XLA's row gather is not compiled beside them (platform_dependent kept one branch)
+    for fn, args in ((fwd, (x,)), (fwd_grad, (x, d_nd)), (comb, (y, w))):
+        assert " gather(" not in jax.jit(fn).lower(*args).compile().as_text()
+
+
+def np_combine(y, w, inv, dy):
+    """(y_TD, d_y_ND, d_weights_TK) in float64, one (token, choice) at a time."""
+    y, w, dy = (np.asarray(a, np.float64) for a in (y, w, dy))
+    t, k = w.shape
+    out, d_y, d_w = np.zeros((t, y.shape[1])), np.zeros_like(y), np.zeros((t, k))
+    for tok in range(t):
+        for j in range(k):
+            row = int(inv[tok * k + j])
+            out[tok] += w[tok, j] * y[row]
+            d_y[row] += w[tok, j] * dy[tok]
+            d_w[tok, j] = np.dot(dy[tok], y[row])
+    return out, d_y, d_w
+
+
+def _close(got, want, rtol=1e-6):
+    want = np.asarray(want, np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rtol,
+                               atol=rtol * float(np.abs(want).max(initial=0.0)))
+
+
+# (T, K, E, experts used, D): experts past `used` receive no tokens; K = 1 and K = 8; D = 37 has a
+# vector tail in the native dots
+@pytest.mark.parametrize("t, k, e, used, d", [(96, 2, 8, 5, 40), (64, 1, 4, 3, 37),
+                                              (48, 8, 16, 10, 24), (300, 4, 8, 8, 384)])
+def test_combine_and_its_grads_match_xla_and_float64_loop(t, k, e, used, d):
+    _, p = _routing(t, k, e, used, seed=t)
+    assert (np.asarray(p.group_sizes_E)[used:] == 0).all()
+    _, _, y, w, dy = _operands(t, k, d, seed=k)
+
+    def value_and_grads(fn):
+        out, pullback = jax.vjp(lambda y, w: fn(y, w, p.order_N, p.inv_N), y, w)
+        return (out, *pullback(dy))
+    got = jax.jit(lambda: value_and_grads(perm.combine))()
+    xla = jax.jit(lambda: value_and_grads(perm.combine_reference))()
+    loop = np_combine(y, w, np.asarray(p.inv_N), dy)
+    assert got[0].dtype == jnp.float32 and got[0].shape == (t, d)
+    assert got[1].shape == y.shape and got[2].shape == w.shape
+    for a, b, c in zip(got, xla, loop):
+        _close(a, b)
+        _close(a, c)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_native_permute_and_grad_match_plain_gathers(k):
+    t, e, d = 50, 8, 37
+    _, p = _routing(t, k, e, e, seed=k)
+    x, d_nd, *_ = _operands(t, k, d)
+    fwd, fwd_grad, *_ = _fns(p, k)
+    assert "dropless_gather_sum_f32" in _targets(fwd_grad, x, d_nd)
+    plain = lambda x: x[p.order_N // k]
+    np.testing.assert_array_equal(jax.jit(fwd)(x), plain(x))
+    want = jax.vjp(plain, x)[1](d_nd)[0]                 # XLA's scatter-add transpose
+    np.testing.assert_allclose(jax.jit(fwd_grad)(x, d_nd), want, rtol=1e-6,
+                               atol=1e-6 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("y_dtype, w_dtype", [(jnp.bfloat16, jnp.bfloat16),
+                                              (jnp.float32, jnp.bfloat16),
+                                              (jnp.bfloat16, jnp.float32)])
+def test_other_dtypes_take_the_xla_path(y_dtype, w_dtype):
+    t, k, e, d = 40, 2, 6, 16
+    _, p = _routing(t, k, e, 4)
+    x, d_nd, y, w, dy = _operands(t, k, d)
+    x, d_nd, y, w = x.astype(y_dtype), d_nd.astype(y_dtype), y.astype(y_dtype), w.astype(w_dtype)
+    fwd, fwd_grad, comb, comb_grads = _fns(p, k)
+    for fn, args in ((fwd, (x,)), (fwd_grad, (x, d_nd)), (comb, (y, w)),
+                     (comb_grads, (y, w, dy))):
+        if fn in (fwd, fwd_grad) and y_dtype == jnp.float32:
+            continue   # float32 rows permute natively (the test above)
+        assert not any(n in _targets(fn, *args) for n in NATIVE)
+    out = jax.jit(comb)(y, w)
+    d_y, d_w = jax.jit(comb_grads)(y, w, dy)
+    assert out.dtype == jnp.float32 and d_y.dtype == y_dtype and d_w.dtype == w_dtype
+    ref = lambda y, w: perm.combine_reference(y, w, p.order_N, p.inv_N)
+    np.testing.assert_array_equal(out, ref(y, w))
+    for a, b in zip((d_y, d_w), jax.vjp(ref, y, w)[1](dy)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    # the reference rounds the weights to the rows' dtype, then sums exact products in float32
+    w_used = np.asarray(w.astype(y_dtype), np.float64)
+    want, want_dy, want_dw = np_combine(np.asarray(y, np.float64), w_used,
+                                        np.asarray(p.inv_N), dy)
+    _close(out, want)
+    # the gradients are rounded to bfloat16 where the reference's operand is (w: always)
+    _close(d_y, want_dy, rtol=2.0 ** -7 if y_dtype == jnp.bfloat16 else 1e-6)
+    _close(d_w, want_dw, rtol=2.0 ** -7)
+    if y_dtype == jnp.bfloat16:
+        np.testing.assert_array_equal(jax.jit(fwd)(x), x[p.order_N // k])
+
+
+def test_without_the_library_every_dtype_takes_the_xla_path(monkeypatch):
+    from dropless.ops.gmm import openblas
+    t, k, e, d = 30, 2, 5, 8
+    _, p = _routing(t, k, e, e)
+    x, d_nd, y, w, dy = _operands(t, k, d)
+    fwd, fwd_grad, comb, comb_grads = _fns(p, k)
+    native = [jax.jit(f)(*a) for f, a in ((fwd, (x,)), (fwd_grad, (x, d_nd)), (comb, (y, w)),
+                                          (comb_grads, (y, w, dy)))]
+    monkeypatch.setitem(openblas._STATE, "problem", "the native kernel is unavailable: test")
+    # (new functions: jit keeps the traces above, the choice is made when tracing)
+    for fn, args, want in zip(_fns(p, k),
+                              ((x,), (x, d_nd), (y, w), (y, w, dy)), native):
+        assert not any(n in _targets(fn, *args) for n in NATIVE)
+        for a, b in zip(jax.tree.leaves(jax.jit(fn)(*args)), jax.tree.leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * float(np.abs(b).max()))
+
+
+def _cuda_lowers() -> bool:
+    try:
+        jax.jit(jnp.sin).trace(jnp.ones(2)).lower(lowering_platforms=("cuda",))
+    except Exception:   # any failure: this jax cannot lower for CUDA here  # noqa: BLE001
+        return False
+    return True
+
+
+def test_lowering_for_cuda_keeps_xlas_gathers():
+    if not _cuda_lowers():
+        pytest.skip("this jax cannot lower for CUDA here")
+    t, k, e, d = 24, 2, 6, 8
+    _, p = _routing(t, k, e, e)
+    x, d_nd, y, w, dy = _operands(t, k, d)
+    for fn, args in zip(_fns(p, k), ((x,), (x, d_nd), (y, w), (y, w, dy))):
+        traced = jax.jit(fn).trace(*args)
+        cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+        assert "dropless_gather" not in cuda and "dropless_row_dots" not in cuda
+        assert "stablehlo.gather" in cuda
+        cpu = traced.lower(lowering_platforms=("cpu",)).as_text()   # (the same trace, for CPU)
+        assert "dropless_gather" in cpu or "dropless_row_dots" in cpu

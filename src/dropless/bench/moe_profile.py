@@ -164,9 +164,7 @@ def _parts(params, x_TD, dy_TD, cfg: MoEConfig) -> dict[tuple[str, str], Callabl
         return rout.weights_TK, rout.ids_TK
 
     def combine(y_ND, order, inv, w_TK):
-        y_TKD = perm.unpermute(y_ND, order, inv, k)
-        return jnp.einsum("tkd,tk->td", y_TKD, w_TK.astype(y_TKD.dtype),
-                          preferred_element_type=jnp.float32)
+        return perm.combine(y_ND, w_TK, order, inv)
 
     route_j = jax.jit(route)
     sort_j = jax.jit(lambda ids: perm.sort_by_expert(ids, e))

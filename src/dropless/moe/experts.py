@@ -216,7 +216,5 @@ def dropless_experts(x_TD, routing: Routing, experts, cfg: MoEConfig):
     (x_ND,) = quantized_rows(functools.partial(_permuted, top_k=cfg.top_k), x_TD, p.order_N,
                              p.inv_N, cfg=cfg)
     y_ND = expert_ffn(x_ND, p.group_sizes_E, experts, cfg)
-    y_TKD = perm.unpermute(y_ND, p.order_N, p.inv_N, cfg.top_k)
-    y_TD = jnp.einsum("tkd,tk->td", y_TKD, routing.weights_TK.astype(y_TKD.dtype),
-                      preferred_element_type=jnp.float32)
+    y_TD = perm.combine(y_ND, routing.weights_TK, p.order_N, p.inv_N)
     return y_TD, p.group_sizes_E

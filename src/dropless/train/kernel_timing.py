@@ -1,6 +1,7 @@
 """Start-up timing of the MoE layer's pieces at the run's exact shapes (per device, local
 dispatch): one grouped matmul (the gate projection, [N, D] x [E, D, F]), dispatch (sort by
-expert + permute rows) and combine (unpermute + weighted sum over the top-k choices).
+expert + permute rows) and combine (`moe.permute.combine`: the rows back to their tokens,
+weighted over the top-k choices), each as the layer runs it.
 
 Legend: T tokens per device per MoE layer, D model dim, F expert hidden, E experts, K top-k,
 N = T*K routed rows.
@@ -54,8 +55,7 @@ def time_moe_kernels(cfg: TrainConfig, *, repeats: int = 5) -> dict[str, float]:
 
     @jax.jit
     def combine(y_ND, order_N, inv_N, w_TK):
-        y_TKD = perm.unpermute(y_ND, order_N, inv_N, moe.top_k)
-        return jnp.einsum("tkd,tk->td", y_TKD, w_TK.astype(y_TKD.dtype))
+        return perm.combine(y_ND, w_TK, order_N, inv_N)
 
     return {"tokens": t, "rows": t * moe.top_k,
             "gmm_ms": _median_ms(gmm, x_ND, w_EDF, p.group_sizes_E, repeats=repeats),
