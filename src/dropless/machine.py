@@ -267,13 +267,17 @@ def _git_commit() -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """What the numbers came from: commit, versions, processor, cores, JAX device."""
+    """What the numbers came from: commit, versions, processor, cores, JAX device, and how the
+    host's malloc runs (runtime.host_memory.mode())."""
     import jax
     import jaxlib
+
+    from dropless.runtime import host_memory
     dev = jax.devices()[0]
     return {"git_commit": _git_commit(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "cpu": cpu_model(), "cores": os.cpu_count(), "platform": dev.platform,
-            "device_kind": dev.device_kind, "device_count": jax.device_count()}
+            "device_kind": dev.device_kind, "device_count": jax.device_count(),
+            "host_malloc": host_memory.mode()}
 
 
 # Set to a number (FLOP/s for the whole CPU) to use it instead of the cached measurement.

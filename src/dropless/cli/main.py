@@ -35,6 +35,9 @@ COMMANDS = {
 EXIT_ON_SIGNAL = ("eval", "generate")
 # commands that never start a JAX backend (the environment's JAX settings are not theirs)
 NO_BACKEND = ("config", "report")
+# commands that run steps in a loop: with DROPLESS_HOST_MALLOC=reuse, started from the shell, they
+# start again with glibc's malloc set to reuse freed memory (runtime.host_memory)
+REUSE_HOST_MEMORY = ("train", "bench", "eval")
 EXIT_FAILURE = 1         # the run failed (checkpoint write, I/O, device out of memory, ...)
 EXIT_USAGE = 2           # bad arguments or config (argparse uses 2 too)
 EXIT_INTERRUPTED = 130   # Ctrl-C outside the training loop (128 + SIGINT)
@@ -164,7 +167,21 @@ def check_environment(command: str) -> None:
                                           f"{machine.CPU_PEAK_ENV})")
 
 
+def restart_for_host_memory(*, from_shell: bool) -> None:
+    """Start this process again with glibc's malloc set to reuse freed memory
+    (runtime.host_memory) when it is due and the process came from the shell (`main()` without
+    arguments); a call from Python only checks DROPLESS_HOST_MALLOC. Raises ValueError for a bad
+    DROPLESS_HOST_MALLOC."""
+    from dropless.runtime import host_memory
+    env = host_memory.restart_env()
+    if env is not None and from_shell:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, env)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     trace = os.environ.get("DROPLESS_TRACEBACK", "") not in ("", "0")
     if "--traceback" in argv:
@@ -177,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         with exit_on_signal(args.command):
             if args.command not in NO_BACKEND:
                 check_environment(args.command)
+            if args.command in REUSE_HOST_MEMORY:
+                restart_for_host_memory(from_shell=from_shell)
             status = int(importlib.import_module(args._module).run(args) or 0)
         sys.stdout.flush()
         return status
