@@ -52,3 +52,15 @@ def test_busy_fraction_is_a_share():
 def test_format_table_aligns_and_rounds():
     rows = [{"a": 1.23456, "b": "x"}, {"a": 1234.5}]
     assert format_table(rows, ["a", "b"]).splitlines() == ["   a  b", "1.23  x", "1234   "]
+
+
+def test_time_interleaved_counts_the_fresh_memory_a_call_touches():
+    import numpy as np
+    kept = np.ones(1 << 24, np.float32)   # 64 MiB, touched once here
+    # a fresh 64 MiB buffer a call: over glibc's largest mmap threshold (32 MiB), so each call
+    # maps new pages and faults them in (>= 32 faults even in 2 MiB pages)
+    stats = machine.time_interleaved({"fresh": lambda: np.ones(1 << 24, np.float32).sum(),
+                                      "kept": lambda: kept.sum()}, repeats=3)
+    assert stats["fresh"]["page_faults"] >= 32, stats
+    assert stats["kept"]["page_faults"] < 16, stats
+    assert stats["fresh"]["min_ms"] <= stats["fresh"]["median_ms"] <= stats["fresh"]["max_ms"]
