@@ -12,8 +12,8 @@ they are on (docs/grouped_matmul.md).
 from its heap and gives the heap's top back to the system only once 2 GiB of it are free. A
 step's freed buffers are then the next step's, faulted in once; the process's resident memory
 stays near its peak instead of falling between steps. glibc reads them when the process starts,
-so that every thread, XLA's workers included, takes the one arena. (Set later, through
-`mallopt`, they missed threads that had taken an arena already, and some runs faulted as before.)
+so that every thread, XLA's workers included, takes the one arena. (`mallopt` inside the process
+reaches only threads that take an arena after the call.)
 
 The price is memory. In that layer the heap kept growing for 20 steps, to 2.65 GB resident
 against 1.34 GB at most under glibc's defaults, for a median step 4% faster (497 against 518
