@@ -214,6 +214,19 @@ def test_without_the_library_every_dtype_takes_the_xla_path(monkeypatch):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * float(np.abs(b).max()))
 
 
+def test_a_process_whose_default_backend_is_not_the_cpu_never_builds_the_library(monkeypatch):
+    from dropless.ops.gmm import openblas
+    t, k, e, d = 12, 2, 4, 8
+    _, p = _routing(t, k, e, e)
+    x, d_nd, y, w, dy = _operands(t, k, d)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    asked = []
+    monkeypatch.setattr(openblas, "problem", lambda: asked.append(1))
+    for fn, args in zip(_fns(p, k), ((x,), (x, d_nd), (y, w), (y, w, dy))):
+        assert not any(n in _targets(fn, *args) for n in NATIVE)
+    assert asked == []
+
+
 def _cuda_lowers() -> bool:
     try:
         jax.jit(jnp.sin).trace(jnp.ones(2)).lower(lowering_platforms=("cuda",))

@@ -11,10 +11,10 @@ Gather's transpose is a scatter-add; because `order` is a permutation, we write 
 through `inv` instead (and vice versa), which XLA runs much faster than a scatter on CPU.
 
 `combine` is the layer's way back: y_TD[t] = sum_k weights_TK[t, k] * y_ND[inv_N[t*K + k]].
-For float32 on CPU, `permute` and `combine` run the native row gathers of the `openblas`
-library (ops/gmm/openblas.py: gather_rows, gather_sum, row_dots), chosen at lowering time;
-elsewhere, or where that library cannot be built, XLA's gathers (`combine_reference` is the
-XLA form, and the tests' reference for the native one).
+For float32 on CPU, in a process whose default backend is the CPU, `permute` and `combine` run
+the native row gathers of the `openblas` library (ops/gmm/openblas.py: gather_rows, gather_sum,
+row_dots), chosen at lowering time; elsewhere, or where that library cannot be built, XLA's
+gathers (`combine_reference` is the XLA form, and the tests' reference for the native one).
 """
 from __future__ import annotations
 
@@ -49,8 +49,10 @@ def sort_by_expert(ids_TK: jax.Array, num_experts: int) -> Permutation:
 
 
 def _native(*arrays) -> bool:
-    """Whether the native row gathers take these arrays: float32, and the library is built."""
-    return (all(a.dtype == jnp.float32 for a in arrays)
+    """Whether the native row gathers take these arrays: float32, in a process whose default
+    backend is the CPU (elsewhere the CPU library is never built for them), and the library is
+    built."""
+    return (all(a.dtype == jnp.float32 for a in arrays) and jax.default_backend() == "cpu"
             and openblas.problem() is None)
 
 
