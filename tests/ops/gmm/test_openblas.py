@@ -76,11 +76,12 @@ def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
 # the two kernels of the native library, each forced (`use_kernel`, read when a call runs; the
 # GEMM counters say which ran), at shapes that reach their edges: K past the tiled kernel's 512-wide contraction chunk,
 # N with no whole 16-wide panel (37) or a panel and a lone vector (80), groups past the NT form's
-# 64-row chunk (70) and no multiple of the 6- and 8-row tiles; a NaN in group 0's rows must not
-# reach another group's rows or weight gradient
+# 64-row chunk (70) and no multiple of the 6- and 8-row tiles, and groups that fill the NT form's
+# 1-, 2- and 3-vector passes in part (17, 31, 47, and 49: a whole 32-row pass and a part one); a
+# NaN in group 0's rows must not reach another group's rows or weight gradient
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
 @pytest.mark.parametrize("k, n, sizes", [(1100, 37, [5, 70, 0, 13]), (24, 80, [33, 1, 100, 0]),
-                                         (130, 16, [0, 0, 131, 2])])
+                                         (130, 16, [0, 0, 131, 2]), (40, 48, [17, 31, 47, 49])])
 def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, kernel, k, n, sizes):
     m = sum(sizes) + 3
     lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(1, m, k, n, sizes)
@@ -222,7 +223,8 @@ def _np_swiglu_ffn(x, wg, wu, wd, sizes, dy):
 
 
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
-@pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [0, 0, 0, 0]])
+@pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [0, 0, 0, 0],
+                                   [17, 31, 47, 49]])
 def test_fused_swiglu_ffn_matches_float64_loop(kernel, sizes):
     # D*F*2 = 2^17 multiply-adds a row: a 700-row group is cut into several row tasks
     rng = np.random.default_rng(3)

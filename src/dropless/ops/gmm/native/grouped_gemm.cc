@@ -21,6 +21,7 @@
 #include <sched.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -28,8 +29,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <thread>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 #include "threads.h"
@@ -49,7 +55,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 using dropless_native::AdviseHugePages;
-using dropless_native::ForEachTask;
+using dropless_native::ForEachTaskAhead;
 using dropless_native::Threads;
 
 // Every GEMM runs on one thread; the parallelism is ours: the products are cut into tasks (row
@@ -62,8 +68,10 @@ constexpr int64_t kTaskMacs = int64_t{1} << 24;   // smallest task worth its own
 // Each product is cut into tiles of MR rows x NV vectors of C held in registers; the loop over
 // the contraction broadcasts MR values of A and loads NV vectors of one row of B (read in place,
 // no packing), in chunks of kKc so a B panel stays in L2. The NT form (c = a @ b^T) computes
-// c^T = b @ a^T, with a^T packed kNtRows rows at a time (a small copy that stays in cache) and
-// c written transposed. Where it runs instead of OpenBLAS is `KernelChoice`'s rule.
+// c^T = b @ a^T, with a^T packed kNtRows rows at a time (a small copy that stays in cache; its
+// rows padded to whole vectors, all computed in one pass of up to 3 vectors where AVX-512 has
+// the registers) and c written transposed (in registers, `StoreTransposed8`, where AVX-512
+// has the shuffles). Where it runs instead of OpenBLAS is `KernelChoice`'s rule.
 #if defined(__AVX512F__)
 constexpr int kVW = 16;   // floats a vector
 constexpr int kMR = 6, kNV = 4, kNtMR = 8, kNtNV = 2;   // 32 vector registers
@@ -85,6 +93,96 @@ inline Vec LoadVec(const float* p) {
 }
 inline void StoreVec(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
 
+// ---- Prefetching the next task's operands ----
+// A worker knows its next task while it runs the current one (ForEachTaskAhead). The tiled
+// kernel's contraction loop prefetches that task's operands into L2, one cache line a step, so
+// their memory latency overlaps this task's arithmetic: a 32-row group's weights (256 KiB at
+// K = 512, N = 128) are otherwise read from memory by its first row tile, which has too little
+// arithmetic to hide them. A task's prefetch stops at `PrefetchBytes()`: three quarters of the
+// L2 (768 KiB of a 1 MiB L2, the best of 256, 512, 768 and 1024 KiB at 256 groups of 32 rows,
+// docs/grouped_matmul.md), 768 KiB where the L2's size is unknown.
+inline int64_t PrefetchBytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? int64_t{l2} / 4 * 3 : int64_t{768} << 10;
+  }();
+  return bytes;
+}
+constexpr int kMaxSpans = 4;
+
+struct Span {
+  const float* data;
+  int64_t floats;
+};
+
+struct PrefetchQueue {
+  const char* next = nullptr;   // the line the kernel prefetches next, up to end
+  const char* end = nullptr;
+  Span spans[kMaxSpans];        // what follows spans[at - 1]
+  int count = 0, at = 0;
+
+  void Advance() {
+    next = end = nullptr;
+    if (at < count) {
+      next = reinterpret_cast<const char*>(spans[at].data);
+      end = next + sizeof(float) * spans[at].floats;
+      ++at;
+    }
+  }
+};
+thread_local PrefetchQueue g_prefetch;
+
+// The spans the kernel prefetches from now on (empty: none), cut to PrefetchBytes() in all
+void SetPrefetch(std::initializer_list<Span> spans) {
+  PrefetchQueue& q = g_prefetch;
+  q.count = q.at = 0;
+  int64_t budget = PrefetchBytes() / static_cast<int64_t>(sizeof(float));
+  for (const Span& s : spans) {
+    if (q.count == kMaxSpans || budget == 0) break;
+    if (s.floats <= 0) continue;
+    const int64_t take = std::min(s.floats, budget);
+    q.spans[q.count++] = {s.data, take};
+    budget -= take;
+  }
+  q.Advance();
+}
+
+#if defined(__AVX512F__)
+// c[j * ldc + r] (+)= acc[r][v][l] for j = v * 16 + l < cols and r < 8: each 8 x 16 block is
+// transposed in registers (two shuffle stages give 4 r-values of one j per 128-bit lane), so a
+// row j of c gets two 4-float stores instead of eight scalar ones.
+template <int NV>
+void StoreTransposed8(const Vec (&acc)[8][NV], float* c, int64_t ldc, int cols, bool accumulate) {
+  for (int v = 0; v < NV && v * kVW < cols; ++v) {
+    __m512 a[8];
+    for (int r = 0; r < 8; ++r) std::memcpy(&a[r], &acc[r][v], sizeof(__m512));
+    float half[2][4][16];   // [r 0-3 | 4-7][q]: lane l holds rows r of j = 16 v + 4 l + q
+    for (int h = 0; h < 2; ++h) {
+      const __m512 t0 = _mm512_unpacklo_ps(a[4 * h], a[4 * h + 1]);
+      const __m512 t1 = _mm512_unpackhi_ps(a[4 * h], a[4 * h + 1]);
+      const __m512 t2 = _mm512_unpacklo_ps(a[4 * h + 2], a[4 * h + 3]);
+      const __m512 t3 = _mm512_unpackhi_ps(a[4 * h + 2], a[4 * h + 3]);
+      _mm512_storeu_ps(half[h][0], _mm512_shuffle_ps(t0, t2, 0x44));
+      _mm512_storeu_ps(half[h][1], _mm512_shuffle_ps(t0, t2, 0xEE));
+      _mm512_storeu_ps(half[h][2], _mm512_shuffle_ps(t1, t3, 0x44));
+      _mm512_storeu_ps(half[h][3], _mm512_shuffle_ps(t1, t3, 0xEE));
+    }
+    const int rows = std::min(kVW, cols - v * kVW);
+    for (int i = 0; i < rows; ++i) {
+      float* q = c + (v * kVW + i) * ldc;
+      const int l = i / 4, qq = i % 4;
+      __m128 lo = _mm_loadu_ps(&half[0][qq][4 * l]), hi = _mm_loadu_ps(&half[1][qq][4 * l]);
+      if (accumulate) {
+        lo = _mm_add_ps(lo, _mm_loadu_ps(q));
+        hi = _mm_add_ps(hi, _mm_loadu_ps(q + 4));
+      }
+      _mm_storeu_ps(q, lo);
+      _mm_storeu_ps(q + 4, hi);
+    }
+  }
+}
+#endif
+
 // c[MR, cols] (+)= A[MR, k] @ B[k, NV * kVW][:, :cols], A(r, p) = a[r * sar + p * sac], B's rows
 // ldb apart (NV * kVW of each readable), C(r, j) = c[r * scr + j * scc]
 template <int MR, int NV>
@@ -93,14 +191,22 @@ void Tile(int64_t k, const float* a, int64_t sar, int64_t sac, const float* b, i
   Vec acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = Vec{};
+  const char* pf = g_prefetch.next;
+  const char* const pf_end = g_prefetch.end;
   for (int64_t p = 0; p < k; ++p) {
     Vec bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = LoadVec(b + p * ldb + v * kVW);
+    if (pf < pf_end) {
+      __builtin_prefetch(pf, 0, 2);
+      pf += 64;
+    }
     for (int r = 0; r < MR; ++r) {
-      const Vec av = Vec{} + a[r * sar + p * sac];
+      const Vec av = a[r * sar + p * sac] - Vec{};
       for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
     }
   }
+  g_prefetch.next = pf;
+  if (pf >= pf_end) g_prefetch.Advance();
   if (scc == 1 && cols == NV * kVW) {
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v) {
@@ -109,6 +215,14 @@ void Tile(int64_t k, const float* a, int64_t sar, int64_t sac, const float* b, i
       }
     return;
   }
+#if defined(__AVX512F__)
+  if constexpr (MR == 8) {
+    if (scr == 1) {   // the NT form's c^T tile: 8 floats of each of `cols` rows of c
+      StoreTransposed8<NV>(acc, c, scc, cols, accumulate);
+      return;
+    }
+  }
+#endif
   float buf[MR][NV * kVW];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) StoreVec(&buf[r][v * kVW], acc[r][v]);
@@ -151,24 +265,24 @@ void OwnGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t sar, int64
     const bool acc = accumulate || k0 > 0;
     const float* ak = a + k0 * sac;
     const float* bk = b + k0 * ldb;
+    // columns computed in whole vectors: where b's rows are padded, all of them
+    const int64_t whole = b_padded ? (n + kVW - 1) / kVW * kVW : n / kVW * kVW;
     int64_t j = 0;
-    for (; j + NV * kVW <= n; j += NV * kVW) {
-      TileRows<MR, NV>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc, NV * kVW, acc);
+    for (; j + NV * kVW <= whole; j += NV * kVW) {
+      TileRows<MR, NV>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc,
+                       static_cast<int>(std::min<int64_t>(NV * kVW, n - j)), acc);
     }
-    for (; j + kVW <= n; j += kVW) {
-      TileRows<MR, 1>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc, kVW, acc);
+    for (; j < whole; j += kVW) {
+      TileRows<MR, 1>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc,
+                      static_cast<int>(std::min<int64_t>(kVW, n - j)), acc);
     }
-    if (j < n && b_padded) {
-      TileRows<MR, 1>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc, n - j, acc);
-    } else {
-      for (; j < n; ++j)
-        for (int64_t r = 0; r < m; ++r) {
-          float sum = 0.0f;
-          for (int64_t p = 0; p < kc; ++p) sum += ak[r * sar + p * sac] * bk[p * ldb + j];
-          float* q = c + r * scr + j * scc;
-          *q = acc ? *q + sum : sum;
-        }
-    }
+    for (; j < n; ++j)
+      for (int64_t r = 0; r < m; ++r) {
+        float sum = 0.0f;
+        for (int64_t p = 0; p < kc; ++p) sum += ak[r * sar + p * sac] * bk[p * ldb + j];
+        float* q = c + r * scr + j * scc;
+        *q = acc ? *q + sum : sum;
+      }
   }
 }
 
@@ -182,7 +296,15 @@ void OwnGemmNT(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
     pack.assign(k * width, 0.0f);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t p = 0; p < k; ++p) pack[p * width + i] = a[(i0 + i) * lda + p];
-    OwnGemm<kNtMR, kNtNV>(n, rows, k, b, ldb, 1, pack.data(), width, true, c + i0 * ldc, 1, ldc,
+    float* ci = c + i0 * ldc;
+    if constexpr (kVW == 16) {   // 8 x 3 vectors fit the 32 registers: 48 rows in one pass
+      if (width == 3 * kVW) {
+        OwnGemm<kNtMR, 3>(n, rows, k, b, ldb, 1, pack.data(), width, true, ci, 1, ldc,
+                          accumulate);
+        continue;
+      }
+    }
+    OwnGemm<kNtMR, kNtNV>(n, rows, k, b, ldb, 1, pack.data(), width, true, ci, 1, ldc,
                           accumulate);
   }
 }
@@ -290,10 +412,33 @@ std::vector<int64_t> GroupBounds(const ffi::Buffer<ffi::S32>& sizes, int64_t m) 
   return bounds;
 }
 
-// Run fn(task) for every task on `Threads()` workers, each taking the next task in turn.
-template <typename Fn>
-void RunParallel(const std::vector<Task>& tasks, Fn fn) {
-  ForEachTask(tasks.size(), [&](size_t i) { fn(tasks[i]); });
+// The operands task t reads, to prefetch while the task before it runs (`prev`: that task). A
+// group's weights, or (drhs) its rows, are left out where the task before had the same group.
+void SetPrefetch(const Problem& p, const Task& t, const Task& prev) {
+  const int64_t k = p.k, n = p.n, rows = t.end - t.start, len = t.hi - t.lo;
+  const bool same = t.g == prev.g;
+  if (p.mode == 2) {
+    const bool whole = t.lo == 0 && t.hi == n;   // the task writes the group's whole block
+    SetPrefetch({{p.a + t.start * k, same ? 0 : rows * k}, {p.b + t.start * n, same ? 0 : rows * n},
+                 {p.out + t.g * k * n, whole ? k * n : 0}});
+  } else {
+    const int64_t width = p.mode == 0 ? k : n;   // a's row width
+    SetPrefetch({{p.b + t.g * k * n, same ? 0 : k * n}, {p.a + t.lo * width, len * width}});
+  }
+}
+
+// Run fn(task) for every task on `Threads()` workers, each taking the next task in turn and
+// prefetching the one after it (spans(next, task) sets what is prefetched).
+template <typename Spans, typename Fn>
+void RunParallel(const std::vector<Task>& tasks, Spans spans, Fn fn) {
+  ForEachTaskAhead(tasks.size(), [&](size_t i, size_t next) {
+    if (next < tasks.size()) {
+      spans(tasks[next], tasks[i]);
+    } else {
+      SetPrefetch({});
+    }
+    fn(tasks[i]);
+  });
 }
 
 ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
@@ -335,16 +480,18 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
     AddTasks(p, g, bounds[g], bounds[g + 1], (rows * p.k * p.n + task_macs - 1) / task_macs,
              tasks);
   }
-  RunParallel(tasks, [&](const Task& t) { RunTask(p, t); });
+  RunParallel(tasks, [&](const Task& t, const Task& prev) { SetPrefetch(p, t, prev); },
+              [&](const Task& t) { RunTask(p, t); });
   return ffi::Error::Success();
 }
 
 
 
 // Run fn(group, lo, hi) over every group's rows, cut into tasks of about equal work (as the
-// grouped GEMM cuts its forward), on `Threads()` workers.
-template <typename Fn>
-void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Fn fn) {
+// grouped GEMM cuts its forward), on `Threads()` workers; spans(group, lo, hi, same) sets what a
+// worker prefetches for its next task while it runs the one before (same: of the same group).
+template <typename Spans, typename Fn>
+void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Spans spans, Fn fn) {
   const int64_t g_count = static_cast<int64_t>(bounds.size()) - 1;
   const int threads = Threads();
   const int64_t per_row = std::max<int64_t>(macs_per_row, 1);
@@ -359,7 +506,8 @@ void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Fn fn
       tasks.push_back({g, lo, std::min(bounds[g + 1], lo + step), bounds[g], bounds[g + 1]});
     }
   }
-  RunParallel(tasks, [&](const Task& t) { fn(t.g, t.lo, t.hi); });
+  RunParallel(tasks, [&](const Task& t, const Task& prev) { spans(t.g, t.lo, t.hi, t.g == prev.g); },
+              [&](const Task& t) { fn(t.g, t.lo, t.hi); });
 }
 
 // exp(x) in float32 without branches or calls, so the elementwise loops vectorize: Cody-Waite
@@ -404,7 +552,11 @@ ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
   if (d == 0) return ffi::Error::Success();
   const float *px = x.typed_data(), *pwg = wg.typed_data(), *pwu = wu.typed_data();
   const KernelChoice kernels = KernelChoice::Now();
-  ForRowTasks(bounds, 2 * d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
+  auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
+    const int64_t w = same ? 0 : d * f;
+    SetPrefetch({{pwg + grp * d * f, w}, {pwu + grp * d * f, w}, {px + lo * d, (hi - lo) * d}});
+  };
+  ForRowTasks(bounds, 2 * d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
     const bool own = kernels.Own(bounds[grp + 1] - bounds[grp]);
     Gemm(own, false, false, hi - lo, f, d, px + lo * d, d, pwg + grp * d * f, f, false,
          pg + lo * f, f);
@@ -431,7 +583,11 @@ ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
   const float *pdy = dy.typed_data(), *pwd = wd.typed_data();
   const float *pg = g.typed_data(), *pu = u.typed_data();
   const KernelChoice kernels = KernelChoice::Now();
-  ForRowTasks(bounds, d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
+  auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
+    SetPrefetch({{pwd + grp * f * d, same ? 0 : f * d}, {pdy + lo * d, (hi - lo) * d},
+                 {pg + lo * f, (hi - lo) * f}, {pu + lo * f, (hi - lo) * f}});
+  };
+  ForRowTasks(bounds, d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
     // dh lands in dg's rows, then both gradients are finished in place
     Gemm(kernels.Own(bounds[grp + 1] - bounds[grp]), false, true, hi - lo, f, d, pdy + lo * d,
          d, pwd + grp * f * d, d, false, pdg + lo * f, f);
@@ -459,7 +615,12 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
   const float *p1 = a1.typed_data(), *pw1 = w1.typed_data();
   const float *p2 = a2.typed_data(), *pw2 = w2.typed_data();
   const KernelChoice kernels = KernelChoice::Now();
-  ForRowTasks(bounds, 2 * d * f, [&](int64_t grp, int64_t lo, int64_t hi) {
+  auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
+    const int64_t w = same ? 0 : d * f;
+    SetPrefetch({{pw1 + grp * d * f, w}, {pw2 + grp * d * f, w}, {p1 + lo * f, (hi - lo) * f},
+                 {p2 + lo * f, (hi - lo) * f}});
+  };
+  ForRowTasks(bounds, 2 * d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
     const bool own = kernels.Own(bounds[grp + 1] - bounds[grp]);
     Gemm(own, false, true, hi - lo, d, f, p1 + lo * f, f, pw1 + grp * d * f, f, false,
          po + lo * d, d);

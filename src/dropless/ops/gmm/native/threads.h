@@ -35,6 +35,16 @@ inline int Threads() {
   return n;
 }
 
+// Run work() on min(Threads(), count) workers, the caller among them, and wait for all.
+template <typename Work>
+void OnWorkers(size_t count, Work& work) {
+  std::vector<std::thread> pool;
+  const int helpers = static_cast<int>(std::min<size_t>(Threads(), count)) - 1;
+  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+}
+
 // Run fn(i) for i in [0, count) on up to `Threads()` workers (the caller is one of them), each
 // taking the next index in turn.
 template <typename Fn>
@@ -43,11 +53,24 @@ void ForEachTask(size_t count, Fn fn) {
   auto work = [&] {
     for (size_t i = next++; i < count; i = next++) fn(i);
   };
-  std::vector<std::thread> pool;
-  const int helpers = static_cast<int>(std::min<size_t>(Threads(), count)) - 1;
-  for (int i = 0; i < helpers; ++i) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  OnWorkers(count, work);
+}
+
+// Run fn(i, next) for i in [0, count) on up to `Threads()` workers (the caller is one of them).
+// A worker claims its next index before it runs the current one, so `next` is the index it runs
+// after i (count: none) and fn can prefetch what that one reads.
+template <typename Fn>
+void ForEachTaskAhead(size_t count, Fn fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    size_t i = next++;
+    while (i < count) {
+      const size_t after = next++;
+      fn(i, std::min(after, count));
+      i = after;
+    }
+  };
+  OnWorkers(count, work);
 }
 
 // Ask for transparent huge pages on the 2 MiB-aligned interior of a large output buffer before
