@@ -257,3 +257,19 @@ def test_profile_times_every_part_against_its_limit():
         assert r["median_ms"] > 0 and r["limit_ms"] > 0 and r["x_limit"] > 0, r
     total = {r["phase"]: r for r in recs if r["part"] == "(sum of parts)"}
     assert total["fwd+bwd"]["layer_ms"] > 0 and total["fwd"]["layer_x_limit"] > 0
+
+
+def test_a_rate_is_the_best_of_its_repeats_and_of_min_s_of_them():
+    from dropless.bench import moe_profile
+    calls, times = [], iter([0.03, 0.01, 0.02] + [0.005] * 1000)
+
+    def fn():
+        calls.append(1)
+        import time
+        time.sleep(next(times))
+        return jnp.zeros(())
+    best = moe_profile._best_s(fn, repeats=2, min_s=0.0)
+    assert len(calls) == 3 and 0.01 <= best < 0.02   # one warm-up call, then the best of 2
+    calls.clear()
+    best = moe_profile._best_s(fn, repeats=1, min_s=0.1)
+    assert len(calls) >= 10 and best < 0.01          # went on until 0.1 s of calls had run
