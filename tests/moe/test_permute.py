@@ -1,7 +1,8 @@
 """Permutation: the hand-worked example and gradients against plain autodiff of gathers; the
 native row gathers that permute and combine run for float32 on CPU (in the compiled HLO), combine
 and its gradients against the XLA form (combine_reference) and a float64 loop, and the XLA path
-for other dtypes, without the native library, and in a lowering for CUDA."""
+for other dtypes, without the native library, and in a lowering for CUDA; the native counting
+sort against XLA's sort and numpy, in and out of range, and the same XLA fallbacks."""
 import re
 
 import jax
@@ -200,7 +201,8 @@ def test_other_dtypes_take_the_xla_path(y_dtype, w_dtype):
 def test_without_the_library_every_dtype_takes_the_xla_path(monkeypatch):
     from dropless.ops.gmm import openblas
     t, k, e, d = 30, 2, 5, 8
-    _, p = _routing(t, k, e, e)
+    ids_tk, p = _routing(t, k, e, e)
+    native_sort = jax.jit(lambda i: perm.sort_by_expert(i, e))(jnp.asarray(ids_tk))
     x, d_nd, y, w, dy = _operands(t, k, d)
     fwd, fwd_grad, comb, comb_grads = _fns(p, k)
     native = [jax.jit(f)(*a) for f, a in ((fwd, (x,)), (fwd_grad, (x, d_nd)), (comb, (y, w)),
@@ -212,6 +214,10 @@ def test_without_the_library_every_dtype_takes_the_xla_path(monkeypatch):
         assert not any(n in _targets(fn, *args) for n in NATIVE)
         for a, b in zip(jax.tree.leaves(jax.jit(fn)(*args)), jax.tree.leaves(want)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * float(np.abs(b).max()))
+    sort = lambda i: perm.sort_by_expert(i, e)
+    assert "dropless_sort_by_expert" not in _targets(sort, jnp.asarray(ids_tk))
+    for a, b in zip(jax.jit(sort)(jnp.asarray(ids_tk)), native_sort):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_process_whose_default_backend_is_not_the_cpu_never_builds_the_library(monkeypatch):
@@ -224,6 +230,8 @@ def test_a_process_whose_default_backend_is_not_the_cpu_never_builds_the_library
     monkeypatch.setattr(openblas, "problem", lambda: asked.append(1))
     for fn, args in zip(_fns(p, k), ((x,), (x, d_nd), (y, w), (y, w, dy))):
         assert not any(n in _targets(fn, *args) for n in NATIVE)
+    ids = jnp.zeros((t, k), jnp.int32)
+    assert "dropless_sort_by_expert" not in _targets(lambda i: perm.sort_by_expert(i, e), ids)
     assert asked == []
 
 
@@ -248,3 +256,56 @@ def test_lowering_for_cuda_keeps_xlas_gathers():
         assert "stablehlo.gather" in cuda
         cpu = traced.lower(lowering_platforms=("cpu",)).as_text()   # (the same trace, for CPU)
         assert "dropless_gather" in cpu or "dropless_row_dots" in cpu
+
+
+# ---- the native counting sort (CPU) against XLA's stable sort and a numpy oracle ----
+
+def _np_sort(ids, e):
+    """order, inv, sizes the way numpy says: a stable argsort, its inverse, and bincount with
+    numpy's negative indices (an id in [-E, 0) counts for id + E; others outside [0, E) not)."""
+    ids = np.asarray(ids).reshape(-1)
+    order = np.argsort(ids, kind="stable")
+    inv = np.empty_like(order)
+    inv[order] = np.arange(ids.size)
+    sizes = np.zeros(e, np.int64)
+    for v in ids:
+        if -e <= v < e:
+            sizes[v] += 1
+    return order, inv, sizes
+
+
+@pytest.mark.parametrize("ids, e", [
+    (np.random.default_rng(0).integers(0, 256, (1024, 8)), 256),   # the 256-expert case's shape
+    (np.zeros((50, 2), int), 3),                                    # one expert takes every row
+    (np.array([[2, 2], [0, 2], [1, 0]]), 3),                        # ties keep their order
+    (np.array([[5, -1], [0, 7], [-4, 2], [-1, 3]]), 4),             # out of range, both ways
+    (np.zeros((0, 2), int), 4),                                     # no rows
+])
+def test_native_sort_matches_xla_and_numpy(ids, e):
+    ids = jnp.asarray(ids, jnp.int32)
+    flat = ids.reshape(-1)
+    want = _np_sort(ids, e)
+    ref = jax.jit(lambda f: perm.sort_by_expert_reference(f, e))(flat)
+    got = jax.jit(lambda i: perm.sort_by_expert(i, e))(ids)
+    for a, b, w in zip(got, ref, want):
+        assert a.dtype == jnp.int32
+        np.testing.assert_array_equal(a, w)
+        np.testing.assert_array_equal(b, w)
+    assert "dropless_sort_by_expert" in _targets(lambda i: perm.sort_by_expert(i, e), ids)
+
+
+def test_native_sort_under_vmap_sorts_each_item():
+    ids = jnp.asarray(np.random.default_rng(1).integers(0, 5, (3, 40, 2)), jnp.int32)
+    got = jax.jit(jax.vmap(lambda i: perm.sort_by_expert(i, 5)))(ids)
+    for b in range(3):
+        for a, w in zip(got, _np_sort(ids[b], 5)):
+            np.testing.assert_array_equal(a[b], w)
+
+
+def test_lowering_for_cuda_keeps_xlas_sort():
+    if not _cuda_lowers():
+        pytest.skip("this jax cannot lower for CUDA here")
+    traced = jax.jit(lambda i: perm.sort_by_expert(i, 6)).trace(jnp.zeros((24, 2), jnp.int32))
+    cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert "dropless_sort_by_expert" not in cuda and "stablehlo.sort" in cuda
+    assert "dropless_sort_by_expert" in traced.lower(lowering_platforms=("cpu",)).as_text()

@@ -13,7 +13,7 @@ through `inv` instead (and vice versa), which XLA runs much faster than a scatte
 `combine` is the layer's way back: y_TD[t] = sum_k weights_TK[t, k] * y_ND[inv_N[t*K + k]].
 For float32 on CPU, in a process whose default backend is the CPU, `permute` and `combine` run
 the native row gathers of the `openblas` library (ops/gmm/openblas.py: gather_rows, gather_sum,
-row_dots), chosen at lowering time; elsewhere, or where that library cannot be built, XLA's
+row_dots), and `sort_by_expert` its counting sort, chosen at lowering time; elsewhere, or where that library cannot be built, XLA's
 gathers (`combine_reference` is the XLA form, and the tests' reference for the native one).
 """
 from __future__ import annotations
@@ -39,8 +39,19 @@ class Permutation(NamedTuple):
 
 
 def sort_by_expert(ids_TK: jax.Array, num_experts: int) -> Permutation:
-    """Stable expert-major order of the T*K routed rows; nothing leaves the device."""
+    """Stable expert-major order of the T*K routed rows; nothing leaves the device. On CPU a
+    counting sort (the native library's, where `_native` allows), elsewhere XLA's sort
+    (`sort_by_expert_reference`, the tests' reference for the native one)."""
     flat_N = ids_TK.reshape(-1).astype(jnp.int32)
+    if not _native():
+        return sort_by_expert_reference(flat_N, num_experts)
+    return Permutation(*jax.lax.platform_dependent(
+        flat_N, cpu=lambda f: openblas.sort_by_expert(f, num_experts),
+        default=lambda f: tuple(sort_by_expert_reference(f, num_experts))))
+
+
+def sort_by_expert_reference(flat_N: jax.Array, num_experts: int) -> Permutation:
+    """`sort_by_expert` of the flat ids by XLA's stable sort and scatters."""
     order_N = jnp.argsort(flat_N, stable=True).astype(jnp.int32)
     n = flat_N.shape[0]
     inv_N = jnp.zeros((n,), jnp.int32).at[order_N].set(jnp.arange(n, dtype=jnp.int32))
@@ -49,9 +60,9 @@ def sort_by_expert(ids_TK: jax.Array, num_experts: int) -> Permutation:
 
 
 def _native(*arrays) -> bool:
-    """Whether the native row gathers take these arrays: float32, in a process whose default
-    backend is the CPU (elsewhere the CPU library is never built for them), and the library is
-    built."""
+    """Whether the native library takes these arrays: float32 (any for none), in a process
+    whose default backend is the CPU (elsewhere the CPU library is never built for them), and
+    the library is built."""
     return (all(a.dtype == jnp.float32 for a in arrays) and jax.default_backend() == "cpu"
             and openblas.problem() is None)
 

@@ -63,7 +63,8 @@ GEMM_HANDLERS = {TARGET: "DroplessGroupedGemmF32",
                  "dropless_dual_dlhs_f32": "DroplessDualDlhsF32"}
 ROW_HANDLERS = {"dropless_gather_rows_f32": "DroplessGatherRowsF32",
                 "dropless_gather_sum_f32": "DroplessGatherSumF32",
-                "dropless_row_dots_f32": "DroplessRowDotsF32"}
+                "dropless_row_dots_f32": "DroplessRowDotsF32",
+                "dropless_sort_by_expert": "DroplessSortByExpert"}
 HANDLERS = {**GEMM_HANDLERS, **ROW_HANDLERS}
 NATIVE = Path(__file__).parent / "native"
 SOURCES = (NATIVE / "grouped_gemm.cc", NATIVE / "rows.cc")   # one library
@@ -390,6 +391,21 @@ def row_dots(a_TD, b_RD, idx_TK):
     weights). Indices clamped as in gather_rows."""
     return _rows("dropless_row_dots_f32", idx_TK.shape, a_TD.astype(jnp.float32),
                  b_RD.astype(jnp.float32), idx_TK.astype(jnp.int32))
+
+
+def sort_by_expert(ids_N, num_experts: int):
+    """(order_N, inv_N, sizes_E) int32 by a counting sort: order_N the stable argsort of ids_N,
+    inv_N its inverse, sizes_E[e] the ids equal to e (moe.permute.sort_by_expert's XLA form,
+    out-of-range ids included)."""
+    why = problem()
+    if why is not None:
+        raise RuntimeError(f"the native row gathers: {why}")
+    n = ids_N.shape[0]
+    i32 = jnp.int32
+    return jax.ffi.ffi_call("dropless_sort_by_expert",
+                            (jax.ShapeDtypeStruct((n,), i32), jax.ShapeDtypeStruct((n,), i32),
+                             jax.ShapeDtypeStruct((num_experts,), i32)),
+                            vmap_method="sequential")(ids_N.astype(i32))
 
 
 def supports(lhs_MK, rhs_GKN, out_dtype) -> bool:

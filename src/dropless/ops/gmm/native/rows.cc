@@ -7,10 +7,14 @@
 //   gather_rows  out[i]    = s[i] * src[idx[i]]                  src [R, D], idx [N]     -> [N, D]
 //   gather_sum   out[t]    = sum_k w[t, k] * src[idx[t, k]]     src [R, D], idx [T, K]  -> [T, D]
 //   row_dots     out[t, k] = dot(a[t], b[idx[t, k]])            a [T, D], b [R, D]      -> [T, K]
+//   sort_by_expert  order = the stable argsort of ids, inv[order[i]] = i, sizes[e] = #(ids == e)
+//                   ids [N] int32 -> order [N], inv [N], sizes [E] int32: a counting sort
 // `s` and `w` may be empty ([0]): then every factor is 1 (rows copied, or summed, as they are).
 // The sum over k runs in order k = 0, 1, ..., in float32. An index outside [0, R) is clamped to
 // it (jnp.take's mode="clip"); with R = 0 every output is zero.
 #include <algorithm>
+#include <numeric>
+#include <vector>
 #include <cstdint>
 #include <cstring>
 
@@ -199,6 +203,45 @@ ffi::Error RowDots(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer
   return ffi::Error::Success();
 }
 
+// ids [N] -> order [N] (a stable sort of ids' positions by id), inv [N] (order's inverse) and
+// sizes [E] (how many ids name each expert). Where every id is in [0, E): one counting pass and
+// one placing pass. Otherwise as the XLA form does it (moe/permute.py): order by std::stable_sort
+// on the ids' values, and sizes counting an id in [-E, 0) as id + E (numpy's negative index), any
+// other out-of-range id not at all.
+ffi::Error SortByExpert(ffi::Buffer<ffi::S32> ids, ffi::ResultBuffer<ffi::S32> order,
+                        ffi::ResultBuffer<ffi::S32> inv, ffi::ResultBuffer<ffi::S32> sizes) {
+  const int64_t n = static_cast<int64_t>(ids.element_count());
+  const int64_t e = static_cast<int64_t>(sizes->element_count());
+  if (static_cast<int64_t>(order->element_count()) != n ||
+      static_cast<int64_t>(inv->element_count()) != n) {
+    return ffi::Error::InvalidArgument(
+        "dropless_sort_by_expert: order and inv must have as many entries as ids");
+  }
+  const int32_t* pid = ids.typed_data();
+  int32_t *po = order->typed_data(), *pv = inv->typed_data(), *ps = sizes->typed_data();
+  std::fill(ps, ps + e, 0);
+  const bool in_range = std::all_of(pid, pid + n, [e](int32_t v) { return v >= 0 && v < e; });
+  if (in_range) {
+    for (int64_t i = 0; i < n; ++i) ++ps[pid[i]];
+    std::vector<int64_t> next(e + 1, 0);   // the next sorted position of each expert's rows
+    for (int64_t g = 0; g < e; ++g) next[g + 1] = next[g] + ps[g];
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t at = next[pid[i]]++;
+      po[at] = static_cast<int32_t>(i);
+      pv[i] = static_cast<int32_t>(at);
+    }
+    return ffi::Error::Success();
+  }
+  std::iota(po, po + n, 0);
+  std::stable_sort(po, po + n, [pid](int32_t a, int32_t b) { return pid[a] < pid[b]; });
+  for (int64_t i = 0; i < n; ++i) pv[po[i]] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = pid[i] < 0 ? int64_t{pid[i]} + e : pid[i];
+    if (v >= 0 && v < e) ++ps[v];
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGatherRowsF32, GatherRows,
@@ -221,3 +264,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessRowDotsF32, RowDots,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessSortByExpert, SortByExpert,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
