@@ -1,4 +1,5 @@
-"""Routing: hand-worked cases, invariants (hypothesis), losses and the bias update."""
+"""Routing: hand-worked cases, invariants (hypothesis), losses and the bias update; the native
+top-k against jax.lax.top_k (NaNs, zeros, ties), and its XLA fallbacks."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,3 +114,58 @@ def test_config_errors_name_field_and_value():
         MoEConfig(num_experts=8, top_k=2, d_model=4, d_ff=0)
     with pytest.raises(ValueError, match=r"MoEConfig.capacity_factor=0"):
         MoEConfig(num_experts=8, top_k=2, d_model=4, d_ff=4, capacity_factor=0)
+
+
+# ---- the native top-k (float32 on CPU) against jax.lax.top_k ----
+
+def _hlo_targets(fn, *args):
+    import re
+    return set(re.findall(r'custom_call_target="([^"]+)"',
+                          jax.jit(fn).lower(*args).compile().as_text()))
+
+
+def _special_rows():
+    """Rows that test the order: NaNs of both signs, infinities, both zeros, and ties."""
+    neg_nan = np.array([0xFFC00000], np.uint32).view(np.float32)[0]
+    return np.array([
+        [1.0, np.nan, 3.0, neg_nan, 3.0, -0.0, 0.0, -np.inf, np.inf, 2.0],
+        [0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0],
+        [5.0] * 10,
+        [neg_nan] * 5 + [-np.inf] * 5,
+        [np.nan, 1.0, np.nan, 2.0, np.nan, -1.0, 0.5, np.nan, 7.0, -7.0],
+    ], np.float32)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, 10])
+def test_native_top_k_ids_equal_laxs(k):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([_special_rows(), rng.standard_normal((40, 10)).astype(np.float32),
+                        np.round(rng.standard_normal((40, 10)), 1).astype(np.float32)])
+    x = jnp.asarray(x)
+    got = jax.jit(lambda s: rt.top_k_ids(s, k))(x)
+    want = jax.lax.top_k(x, k)[1]
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(got, want)
+    assert "dropless_top_k" in _hlo_targets(lambda s: rt.top_k_ids(s, k), x)
+
+
+def test_native_top_k_at_the_256_expert_shape_and_under_vmap_and_grad():
+    x = jax.random.normal(jax.random.key(0), (1024, 256))
+    np.testing.assert_array_equal(jax.jit(lambda s: rt.top_k_ids(s, 8))(x),
+                                  jax.lax.top_k(x, 8)[1])
+    xb = x.reshape(4, 256, 256)
+    np.testing.assert_array_equal(jax.vmap(lambda s: rt.top_k_ids(s, 8))(xb),
+                                  jax.lax.top_k(xb, 8)[1])
+    # the weights' gradient flows through take_along_axis, not through the ids
+    f = lambda s: jnp.sum(jnp.take_along_axis(s, rt.top_k_ids(s, 8), axis=-1) ** 2)
+    g = lambda s: jnp.sum(jnp.take_along_axis(s, jax.lax.top_k(s, 8)[1], axis=-1) ** 2)
+    np.testing.assert_array_equal(jax.grad(f)(x), jax.grad(g)(x))
+
+
+def test_top_k_ids_takes_xlas_path_for_other_dtypes_and_elsewhere(monkeypatch):
+    x = jax.random.normal(jax.random.key(1), (16, 12))
+    for xx in (x.astype(jnp.bfloat16), x[None]):
+        assert "dropless_top_k" not in _hlo_targets(lambda s: rt.top_k_ids(s, 4), xx)
+        np.testing.assert_array_equal(rt.top_k_ids(xx, 4), jax.lax.top_k(xx, 4)[1])
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert "dropless_top_k" not in _hlo_targets(lambda s: rt.top_k_ids(s, 4), x)

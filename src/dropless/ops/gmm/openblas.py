@@ -64,7 +64,8 @@ GEMM_HANDLERS = {TARGET: "DroplessGroupedGemmF32",
 ROW_HANDLERS = {"dropless_gather_rows_f32": "DroplessGatherRowsF32",
                 "dropless_gather_sum_f32": "DroplessGatherSumF32",
                 "dropless_row_dots_f32": "DroplessRowDotsF32",
-                "dropless_sort_by_expert": "DroplessSortByExpert"}
+                "dropless_sort_by_expert": "DroplessSortByExpert",
+                "dropless_top_k": "DroplessTopK"}
 HANDLERS = {**GEMM_HANDLERS, **ROW_HANDLERS}
 NATIVE = Path(__file__).parent / "native"
 SOURCES = (NATIVE / "grouped_gemm.cc", NATIVE / "rows.cc")   # one library
@@ -406,6 +407,18 @@ def sort_by_expert(ids_N, num_experts: int):
                             (jax.ShapeDtypeStruct((n,), i32), jax.ShapeDtypeStruct((n,), i32),
                              jax.ShapeDtypeStruct((num_experts,), i32)),
                             vmap_method="sequential")(ids_N.astype(i32))
+
+
+def top_k_indices(x_TE, k: int):
+    """[T, K] int32: the indices jax.lax.top_k(x_TE, k) returns (each row's k largest,
+    descending, equal values by lower index, NaN above +inf and -NaN below -inf), for float32
+    x [T, E] with k <= E."""
+    why = problem()
+    if why is not None:
+        raise RuntimeError(f"the native row gathers: {why}")
+    return jax.ffi.ffi_call("dropless_top_k",
+                            jax.ShapeDtypeStruct((x_TE.shape[0], k), jnp.int32),
+                            vmap_method="sequential")(x_TE.astype(jnp.float32))
 
 
 def supports(lhs_MK, rhs_GKN, out_dtype) -> bool:

@@ -9,6 +9,9 @@
 //   row_dots     out[t, k] = dot(a[t], b[idx[t, k]])            a [T, D], b [R, D]      -> [T, K]
 //   sort_by_expert  order = the stable argsort of ids, inv[order[i]] = i, sizes[e] = #(ids == e)
 //                   ids [N] int32 -> order [N], inv [N], sizes [E] int32: a counting sort
+//   top_k        idx[t] = the K largest of x[t] (descending; equal values by lower index first),
+//                   x [T, E] float32 -> idx [T, K] int32, as jax.lax.top_k orders them: a total
+//                   order, -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN
 // `s` and `w` may be empty ([0]): then every factor is 1 (rows copied, or summed, as they are).
 // The sum over k runs in order k = 0, 1, ..., in float32. An index outside [0, R) is clamped to
 // it (jnp.take's mode="clip"); with R = 0 every output is zero.
@@ -242,6 +245,49 @@ ffi::Error SortByExpert(ffi::Buffer<ffi::S32> ids, ffi::ResultBuffer<ffi::S32> o
   return ffi::Error::Success();
 }
 
+// x's bits as an int32 that orders as jax.lax.top_k orders floats (a total order: a NaN with its
+// sign bit clear above +inf, one with it set below -inf, -0 below +0)
+inline int32_t OrderKey(float v) {
+  int32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits ^ ((bits >> 31) & 0x7fffffff);
+}
+
+// x [T, E] -> idx [T, K]: each row's K largest by OrderKey, ties to the lower index, in
+// descending order; one pass over a row keeping the best K in order (insertion).
+ffi::Error TopK(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::S32> idx) {
+  const auto xd = x.dimensions();
+  const auto id = idx->dimensions();
+  if (xd.size() != 2 || id.size() != 2 || id[0] != xd[0] || id[1] > xd[1]) {
+    return ffi::Error::InvalidArgument("dropless_top_k: x [T, E] and idx [T, K <= E] must agree");
+  }
+  const int64_t t = xd[0], e = xd[1], k = id[1];
+  if (t * k == 0) return ffi::Error::Success();
+  const float* px = x.typed_data();
+  int32_t* pi = idx->typed_data();
+  ForRowChunks(t, e * static_cast<int64_t>(sizeof(float)), [&](int64_t lo, int64_t hi) {
+    std::vector<int32_t> keys(k);
+    for (int64_t row = lo; row < hi; ++row) {
+      const float* xr = px + row * e;
+      int32_t* out = pi + row * k;
+      int64_t kept = 0;   // out[:kept] and keys[:kept] hold the best so far, best first
+      for (int64_t j = 0; j < e; ++j) {
+        const int32_t key = OrderKey(xr[j]);
+        if (kept == k && key <= keys[k - 1]) continue;   // a tie loses to the lower index
+        int64_t at = kept < k ? kept++ : k - 1;
+        while (at > 0 && keys[at - 1] < key) {
+          keys[at] = keys[at - 1];
+          out[at] = out[at - 1];
+          --at;
+        }
+        keys[at] = key;
+        out[at] = static_cast<int32_t>(j);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGatherRowsF32, GatherRows,
@@ -270,4 +316,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessSortByExpert, SortByExpert,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessTopK, TopK,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
