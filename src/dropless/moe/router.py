@@ -47,7 +47,7 @@ def _limit_to_groups(select_TE: jax.Array, n_groups: int, topk_groups: int) -> j
 def top_k_ids(select_TE: jax.Array, k: int) -> jax.Array:
     """[T, K] int32: jax.lax.top_k(select_TE, k)'s indices. For float32 on CPU, in a process
     whose default backend is the CPU, the native library's selection (the same indices, ties
-    and NaNs included; XLA:CPU's TopK took 1.3-1.7 ms for [1024, 256] top-8), chosen at
+    and NaNs included; 0.73 ms against XLA:CPU's 1.75 for [1024, 256] top-8), chosen at
     lowering time; elsewhere XLA's."""
     xla = lambda s: jax.lax.top_k(s, k)[1].astype(jnp.int32)
     if (select_TE.dtype != jnp.float32 or select_TE.ndim != 2 or k > select_TE.shape[-1]
