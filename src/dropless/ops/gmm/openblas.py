@@ -400,7 +400,7 @@ def sort_by_expert(ids_N, num_experts: int):
     out-of-range ids included)."""
     why = problem()
     if why is not None:
-        raise RuntimeError(f"the native row gathers: {why}")
+        raise RuntimeError(f"the native sort: {why}")
     n = ids_N.shape[0]
     i32 = jnp.int32
     return jax.ffi.ffi_call("dropless_sort_by_expert",
@@ -415,7 +415,7 @@ def top_k_indices(x_TE, k: int):
     x [T, E] with k <= E."""
     why = problem()
     if why is not None:
-        raise RuntimeError(f"the native row gathers: {why}")
+        raise RuntimeError(f"the native top-k: {why}")
     return jax.ffi.ffi_call("dropless_top_k",
                             jax.ShapeDtypeStruct((x_TE.shape[0], k), jnp.int32),
                             vmap_method="sequential")(x_TE.astype(jnp.float32))
