@@ -13,8 +13,9 @@ through `inv` instead (and vice versa), which XLA runs much faster than a scatte
 `combine` is the layer's way back: y_TD[t] = sum_k weights_TK[t, k] * y_ND[inv_N[t*K + k]].
 For float32 on CPU, in a process whose default backend is the CPU, `permute` and `combine` run
 the native row gathers of the `openblas` library (ops/gmm/openblas.py: gather_rows, gather_sum,
-row_dots), and `sort_by_expert` its counting sort, chosen at lowering time; elsewhere, or where that library cannot be built, XLA's
-gathers (`combine_reference` is the XLA form, and the tests' reference for the native one).
+row_dots), and `sort_by_expert` its counting sort, chosen at lowering time; elsewhere, or where
+that library cannot be built, XLA's gathers and sort (`combine_reference` and
+`sort_by_expert_reference` are the XLA forms, and the tests' references for the native ones).
 """
 from __future__ import annotations
 

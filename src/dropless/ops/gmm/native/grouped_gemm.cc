@@ -506,7 +506,8 @@ void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Spans
       tasks.push_back({g, lo, std::min(bounds[g + 1], lo + step), bounds[g], bounds[g + 1]});
     }
   }
-  RunParallel(tasks, [&](const Task& t, const Task& prev) { spans(t.g, t.lo, t.hi, t.g == prev.g); },
+  RunParallel(tasks,
+              [&](const Task& t, const Task& prev) { spans(t.g, t.lo, t.hi, t.g == prev.g); },
               [&](const Task& t) { fn(t.g, t.lo, t.hi); });
 }
 
