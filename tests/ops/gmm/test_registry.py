@@ -16,8 +16,13 @@ from tests._support.gmm_reference import np_gmm, np_gmm_grads, operands
 # which checks our delegation and its VJP, not its GPU kernels (tests/ops/gmm/test_pallas_gpu.py)
 TOKAMAX = pytest.param("tokamax", marks=pytest.mark.skipif(
     not tokamax_available(), reason="tokamax not installed (optional: pip install 'dropless[gpu]')"))
+# openblas is a jax.ffi kernel registered for the CPU: on a GPU (the device check runs this file
+# with JAX_PLATFORMS=cuda) it is refused when lowered (tests/ops/gmm/test_cpu_only.py)
+OPENBLAS = pytest.param("openblas", marks=pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="openblas runs on CPU only; the default backend is "
+                                           f"{jax.default_backend()}"))
 # pallas_gpu runs in Pallas interpret mode on CPU: the same kernels, executed by XLA:CPU
-JITTABLE = ["reference", "ragged_dot", "tiled", "openblas", "padded", "pallas_gpu", TOKAMAX]
+JITTABLE = ["reference", "ragged_dot", "tiled", OPENBLAS, "padded", "pallas_gpu", TOKAMAX]
 ALL = JITTABLE + ["loop"]
 
 
@@ -105,7 +110,7 @@ def test_preferred_element_type_sets_output_dtype():
         assert out.dtype == jnp.float32, backend
 
 
-@pytest.mark.parametrize("backend", ["tiled", "openblas", "ragged_dot", "padded", "reference",
+@pytest.mark.parametrize("backend", ["tiled", OPENBLAS, "ragged_dot", "padded", "reference",
                                      "pallas_gpu"])
 def test_jit_once_for_any_routing(backend):
     traces = []

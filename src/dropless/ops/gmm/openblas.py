@@ -32,7 +32,9 @@ binary depends on (`DROPLESS_CACHE`, default `~/.cache/dropless`); a finished bu
 place atomically, so concurrent processes never load a half-written file (an unwritable cache
 folder: the temp folder). Where that cannot happen (no compiler, no wheel, a failed build)
 `problem()` says why and `auto` uses `tiled`. Operands other than float32
-(bf16, f16, or another output dtype) run `tiled`.
+(bf16, f16, or another output dtype) run `tiled`. The kernel is registered for the CPU only:
+`backend="openblas"` in a function lowered for another platform raises one line saying so
+(`cpu_only.py`); `auto` lowers its CPU branch only for the CPU.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dropless.ops.gmm.cpu_only import on_cpu_only
 from dropless.ops.gmm.tiled import tiled_gmm
 
 TARGET = "dropless_grouped_gemm_f32"
@@ -427,9 +430,18 @@ def supports(lhs_MK, rhs_GKN, out_dtype) -> bool:
     return lhs_MK.dtype == f32 and rhs_GKN.dtype == f32 and jnp.dtype(out_dtype) == f32
 
 
+# the kernel is registered for the CPU only: asked for by name elsewhere, say so when lowering
+# (auto's CPU branch is not lowered for another platform, so auto is never refused)
+_gmm_on_cpu = on_cpu_only(_gmm, "grouped_matmul backend 'openblas' runs on CPU only (a jax.ffi "
+                                "kernel registered for the CPU) and this function is lowered "
+                                "for {platform}: use backend='auto' or 'tiled'")
+
+
 def openblas_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
     """Grouped matmul by one OpenBLAS sgemm per group (float32); other dtypes run `tiled`.
-    Shapes are checked by the caller. Raises RuntimeError when the kernel cannot be built."""
+    Shapes are checked by the caller. Raises RuntimeError when the kernel cannot be built, and
+    ValueError (naming the platform) when float32 operands are lowered for a platform other
+    than the CPU."""
     if not supports(lhs_MK, rhs_GKN, out_dtype):
         return tiled_gmm(lhs_MK, rhs_GKN, group_sizes_G, out_dtype=out_dtype)
-    return _gmm(lhs_MK, rhs_GKN, group_sizes_G)
+    return _gmm_on_cpu(lhs_MK, rhs_GKN, group_sizes_G)
