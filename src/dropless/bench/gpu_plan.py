@@ -11,9 +11,10 @@ probes of a fallible `auto` choice, the trainer's eval compile, the timings). Th
 sections are lists of units in the order of what they tell us (`GMM_PRIORITY`, `MOE_PRIORITY`):
 a section keeps the longest head of its list whose estimate, times `MARGIN`, fits its cap; the
 rest is recorded as skipped with the reason (least informative first). The model's figures for
-an H200 (`ASSUMED_H200`) are assumptions, stated on the conservative side, not measurements:
-no device has run this check yet. A device run records every compile and call time, and those
-numbers should then replace them.
+an H200 (`H200_COSTS`) are what the first device run measured (2026-12-04, jax 0.11.2, tokamax
+0.0.17: benchmarks/results/gpu_h200.jsonl), the slowest seen where it measured several (the
+longest compile, the lowest rate); the rest (marked "assumed") are guesses, for what that run
+did not reach.
 """
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ import dataclasses
 # run order: measurements first, then the GPU tests, which are time-boxed and take what is left
 SECTIONS = ("info", "gmm", "moe", "train", "tests")
 # seconds a section's process may run (process start included); their sum is the whole check's
-# bound: 330 s, leaving 30 s of the 6 minutes for run.sh (wheels, nvidia-smi) and the runner
-CAPS_S = {"info": 18, "gmm": 127, "moe": 65, "train": 96, "tests": 24}
+# bound: 330 s, leaving 30 s of the 6 minutes for run.sh (wheels, nvidia-smi) and the runner.
+# Set from the 2026-12-04 run (seconds taken / cap): info 11.1 / 18, gmm 32.4 / 127 (6 units),
+# moe 65.2 / 65 (cut: tokamax's autotuning made the layer's compile 30.6 s), train 48.1 / 96,
+# tests 24 / 24 (60 of 124 tests reached): moe gets room for both fwd+bwd cases, gmm for the
+# shapes it dropped, the tests what is left
+CAPS_S = {"info": 15, "gmm": 75, "moe": 95, "train": 62, "tests": 83}
 MARGIN = 1.25           # a section's estimate times this must fit its cap
 # the tests section is time-boxed: it runs until its cap and reports passed / failed / not
 # reached; its cap is its estimate
@@ -75,25 +80,34 @@ DRY_TIMING = {"samples": 1, "min_sample_s": 0.0}
 RAGGED_DOT_MAX_BYTES = 8 * 2**30
 RAGGED_DOT_MAX_S = 3.0
 
-# Assumed costs on one H200 (see the module docstring: not measured).
-ASSUMED_H200 = {
-    "process_start_s": 8.0,         # python, jax, CUDA and dropless start in a section's process
-    "compile_s": {"dense_xla": 2.0, "pallas_gpu": 6.0, "tokamax": 10.0, "ragged_dot": 3.0},
-    "tflops": {"dense_xla": 600.0, "pallas_gpu": 300.0, "tokamax": 400.0, "ragged_dot": 150.0},
-    "torch_peer_s": 2.0,            # torch._grouped_mm + torch.mm, fwd and fwd+bwd, one routing
-    "torch_start_s": 5.0,           # torch's import and CUDA context, once
-    "moe_compile_s": 5.0,           # one jitted MoE layer or dense SwiGLU, fwd or fwd+bwd
-    "moe_timing_s": 0.5,            # one mode's timings of a case (layer and dense)
-    "probe_s": 5.0,                 # fallback.kernel_problem: one fallible kernel's fwd+bwd
-    "train_compile_s": 45.0,        # the deepseek3-test train step (one device)
-    "train_eval_compile_s": 12.0,   # its eval step, compiled at the last step
-    "train_step_s": 0.1,
-    "info_s": 6.0,                  # torch import and nvidia-smi
+# Costs on one H200, from the 2026-12-04 run (benchmarks/results/gpu_h200.jsonl: record times
+# `t_s` and `compile_ms`); "assumed": not reached by that run. A compile through
+# fallback.compile_auto includes its kernel probes, so they are not counted apart.
+H200_COSTS = {
+    # a section's python, jax and dropless imports (1.7 s to its first record), the CUDA client
+    # and its first operands on the device (4.8 s), and its exit (1.7 s): the gmm section's
+    "process_start_s": 8.2,
+    # one compile (s), the largest seen over G8, G64 and both modes (dense_xla 0.07-1.05,
+    # pallas_gpu 0.50-0.83, tokamax 2.05-2.42 with its autotuning); ragged_dot assumed
+    "compile_s": {"dense_xla": 1.05, "pallas_gpu": 0.83, "tokamax": 2.42, "ragged_dot": 3.0},
+    # the lowest rate seen (dense 274-675, pallas_gpu 72-253, tokamax 163-332); ragged_dot
+    # (its padded product, G x the work) assumed
+    "tflops": {"dense_xla": 274.0, "pallas_gpu": 72.0, "tokamax": 163.0, "ragged_dot": 150.0},
+    "torch_peer_s": 0.5,            # the peer's four timings, one routing: 0.21-0.23 s at G8/G64
+    "torch_start_s": 8.0,           # torch's import, CUDA context and first peer: 7.8 s
+    "moe_dense_compile_s": 2.65,    # the dense SwiGLU, fwd+bwd (fwd assumed the same)
+    # the MoE layer's fwd+bwd (E:K 8:2): tokamax 30.6 s (probes and 30 autotuned kernels; 64:8
+    # was still autotuning when the cap cut it 26.4 s in); pallas_gpu (tokamax absent) assumed
+    "moe_layer_compile_s": {"tokamax": 30.6, "pallas_gpu": 5.0},
+    "moe_fwd_compile_fraction": 0.5,    # assumed: a fwd layer compile against its fwd+bwd's
+    "moe_timing_s": 0.5,            # one mode's timings of a case (layer and dense): < 0.5 s
+    # deepseek3-test (float32: tokamax declines when traced, pallas_gpu runs, no probe):
+    "train_compile_s": 30.5,        # the train step, as the trainer printed it
+    "train_eval_s": 5.2,            # its eval step's compile (4.5 s) and run, at the last step
+    "train_step_s": 0.07,           # the first step (2,048 tokens at 31,164 tok/s); median 4.6 ms
+    "train_setup_s": 3.7,           # the rest of the section's 48.1 s: config, corpus, init
+    "info_s": 2.9,                  # the rest of the info section's 11.1 s: torch, nvidia-smi
 }
-# grouped-matmul shapes of the gmm section's moe cases: gate/up [N, D] x [E, D, F] and down
-# [N, F] x [E, F, D]: the shapes probed when tokamax is auto's choice (fallback.py)
-MOE_GMM_SHAPES = 2
-TRAIN_GMM_SHAPES = 2    # deepseek3-test: the same two, once (one MoE layer shape)
 
 # the gmm section's units, most informative first: (shape label, backend); the first unit of a
 # shape also times XLA's dense matmul there (dense_xla, the baseline every backend of the shape
@@ -119,7 +133,7 @@ def flops(s: Shape, mode: str) -> int:
 def ragged_dot_cost(s: Shape) -> tuple[int, float]:
     """(bytes of the padded operands, assumed seconds of one fwd+bwd call) of CUDA ragged_dot."""
     padded_bytes = 2 * s.g * s.m * max(s.k, s.n) * 3
-    return padded_bytes, s.g * flops(s, "fwd+bwd") / (ASSUMED_H200["tflops"]["ragged_dot"] * 1e12)
+    return padded_bytes, s.g * flops(s, "fwd+bwd") / (H200_COSTS["tflops"]["ragged_dot"] * 1e12)
 
 
 def _measure_s(call_s: float, timing: dict) -> float:
@@ -149,8 +163,8 @@ def backends_at(s: Shape, tokamax: bool) -> list[str]:
 
 
 def _unit_s(s: Shape, backend: str, routings, torch: bool) -> float:
-    """Assumed seconds of one gmm unit: both modes' compiles and timings, every routing."""
-    a = ASSUMED_H200
+    """Estimated seconds of one gmm unit: both modes' compiles and timings, every routing."""
+    a = H200_COSTS
     if backend == "torch":
         return a["torch_peer_s"] * len(routings) if torch else 0.0
     sec = 0.0
@@ -184,16 +198,15 @@ def gmm_units(shapes, routings, tokamax: bool, torch: bool = True) -> list[dict]
 
 def moe_units(tokamax: bool, cases=MOE_CASES) -> list[dict]:
     """The moe section's units in MOE_PRIORITY order: {"case", "mode", "seconds"} (case: an
-    index into `cases`); a case's first unit carries its kernel probes (tokamax as auto's
-    choice only)."""
-    a, probed, units = ASSUMED_H200, set(), []
+    index into `cases`): the dense SwiGLU's compile, the layer's (tokamax's, with its probes
+    and autotuning, where it is auto's choice) and both timings."""
+    a, units = H200_COSTS, []
+    layer_s = a["moe_layer_compile_s"]["tokamax" if tokamax else "pallas_gpu"]
     for case, mode in MOE_PRIORITY:
         if case >= len(cases):
             continue
-        sec = 2 * a["moe_compile_s"] + a["moe_timing_s"]
-        if tokamax and case not in probed:
-            sec += MOE_GMM_SHAPES * a["probe_s"]
-            probed.add(case)
+        layer = layer_s * (1.0 if mode == "fwd+bwd" else a["moe_fwd_compile_fraction"])
+        sec = a["moe_dense_compile_s"] + layer + a["moe_timing_s"]
         units.append({"case": case, "mode": mode, "seconds": sec})
     return units
 
@@ -218,7 +231,7 @@ def fit(units: list[dict], budget_s: float) -> tuple[list[dict], list[dict]]:
 
 def _fixed_s(section: str, tokamax: bool, torch: bool, train_steps: int) -> float:
     """A section's seconds outside its units: process start, torch, the trainer's compiles."""
-    a = ASSUMED_H200
+    a = H200_COSTS
     start = a["process_start_s"]
     if section == "info":
         return start + a["info_s"]
@@ -227,8 +240,7 @@ def _fixed_s(section: str, tokamax: bool, torch: bool, train_steps: int) -> floa
     if section == "moe":
         return start
     if section == "train":
-        return (start + a["train_compile_s"] + a["train_eval_compile_s"]
-                + (TRAIN_GMM_SHAPES * a["probe_s"] if tokamax else 0.0)
+        return (start + a["train_setup_s"] + a["train_compile_s"] + a["train_eval_s"]
                 + train_steps * a["train_step_s"])
     return float(CAPS_S[section])
 
@@ -265,7 +277,7 @@ def estimate(*, tokamax: bool, torch: bool = True, train_steps: int = TRAIN_STEP
 
 def format_estimate(est: dict) -> str:
     """One line per section: estimated seconds, the cap, compiles where counted."""
-    lines = ["# estimated time on one H200 (assumed costs, see bench/gpu_plan.py):"]
+    lines = ["# estimated time on one H200 (costs from the 2026-12-04 run, see bench/gpu_plan.py):"]
     for name, r in est.items():
         extra = (f", {len(r['kept'])} units, {len(r['dropped'])} dropped" if "kept" in r
                  else "") + (" (time-boxed)" if r.get("time_boxed") else "")
