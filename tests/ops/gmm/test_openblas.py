@@ -104,6 +104,37 @@ def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, kernel, k, n, si
     assert np.isfinite(np.delete(drhs, first, axis=0)).all()
 
 
+# outputs above the size the library streams (`stream_min_bytes`): drhs's [G, K, N] (a group of
+# more rows than one 512-row contraction chunk is written in chunks, not streamed; 0-, 1- and
+# 5-row groups) and the forward's [M, N]; N = 144 is two 64-wide panels and a lone vector, 129
+# leaves a column summed one by one; both against the float64 loop
+@pytest.mark.parametrize("n", [144, 129])
+def test_streamed_outputs_match_float64_loop(n):
+    limit = openblas.stream_min_bytes()
+    if limit is None:
+        pytest.skip("this build has no streaming stores")
+    sizes = [0, 300, 1, 77, 0, 520, 33, 5]
+    m, g = sum(sizes), len(sizes)
+    k = -(-2 * limit // (4 * g * n))          # drhs: twice the limit
+    rng = np.random.default_rng(3)
+    lhs, dy = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (m, n)))
+    rhs = rng.standard_normal((g, k, n)).astype(np.float32)
+    drhs = np.asarray(jax.jit(openblas.gmm_drhs)(lhs, dy, jnp.asarray(sizes, jnp.int32)))
+    assert drhs.nbytes > limit
+    want = np_gmm_grads(lhs.astype(np.float64), rhs.astype(np.float64), sizes,
+                        dy.astype(np.float64))[1]
+    np.testing.assert_allclose(drhs, want, rtol=1e-4, atol=1e-4 * np.sqrt(m))
+    rows = -(-2 * limit // (4 * n))           # the forward: twice the limit
+    fsizes = [rows // 2, 0, rows - rows // 2 - 3, 3]
+    x = rng.standard_normal((rows + 5, 40)).astype(np.float32)
+    w = rng.standard_normal((4, 40, n)).astype(np.float32)
+    out = np.asarray(jax.jit(openblas.gmm_forward)(x, w, jnp.asarray(fsizes, jnp.int32)))
+    assert out.nbytes > limit
+    np.testing.assert_allclose(out, np_gmm(x.astype(np.float64), w.astype(np.float64), fsizes),
+                               rtol=1e-4, atol=1e-4 * np.sqrt(40))
+    assert (out[rows:] == 0).all()
+
+
 def test_degenerate_dims_give_zeros():
     # K = 0: every product is an empty sum; N = 0 and M = 0: nothing to write
     for m, k, n in ((6, 0, 3), (6, 4, 0), (0, 4, 3)):

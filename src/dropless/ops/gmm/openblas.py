@@ -250,6 +250,15 @@ def kernel() -> str:
     return KERNEL_CHOICES[_lib().dropless_kernel()]
 
 
+def stream_min_bytes() -> int | None:
+    """The output size above which the grouped GEMM's forward and rhs gradient are written with
+    streaming stores (the workers' L2s together), None where the build has no such stores."""
+    fn = _lib().dropless_stream_min_bytes
+    fn.restype = ctypes.c_int64
+    got = int(fn())
+    return None if got < 0 else got
+
+
 def gemm_calls() -> dict[str, int]:
     """GEMMs the native library has run in this process, by kernel ("own", "openblas")."""
     fn = _lib().dropless_gemm_calls

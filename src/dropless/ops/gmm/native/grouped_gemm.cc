@@ -93,13 +93,23 @@ inline Vec LoadVec(const float* p) {
 }
 inline void StoreVec(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
 
+// One core's L2 in bytes (sysconf), 1 MiB where it is unknown
+inline int64_t L2Bytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? int64_t{l2} : int64_t{1} << 20;
+  }();
+  return bytes;
+}
+
 // ---- Streaming stores ----
 // A store that bypasses the caches (a non-temporal store of a whole aligned vector; a plain store
-// where the address is not aligned or the build has no such instruction): for an output written
-// once and not read back by the task, so that its lines are not first read from memory. drhs
-// writes each group's whole [K, N] block so (64 MiB at 256 groups, K = 512, N = 128), and ran
-// 1.7x faster for it (docs/grouped_matmul.md). A worker that streamed calls StreamFence before
-// its results are read by another thread.
+// where the address is not aligned or the build has no such instruction), so that the line is
+// not first read from memory. The grouped GEMM's forward and drhs stream an output larger than
+// the workers' L2s together (`StreamsOutput`), which would not stay in cache anyway: at 256
+// groups (K = 512, N = 128) drhs's 64 MiB of [K, N] blocks ran 1.7x faster for it and the down
+// projection's 16 MiB forward 1.2x (docs/grouped_matmul.md). A worker that streamed calls
+// StreamFence before its results are read by another thread.
 #if defined(__AVX512F__) || defined(__AVX__)
 constexpr bool kStreams = true;
 #else
@@ -121,6 +131,9 @@ inline void StreamVec(float* p, Vec v) {
   }
   StoreVec(p, v);
 }
+inline bool StreamsOutput(int64_t floats) {
+  return kStreams && int64_t{sizeof(float)} * floats > Threads() * L2Bytes();
+}
 inline void StreamFence() {
 #if defined(__AVX__)
   _mm_sfence();
@@ -134,14 +147,8 @@ inline void StreamFence() {
 // K = 512, N = 128) are otherwise read from memory by its first row tile, which has too little
 // arithmetic to hide them. A task's prefetch stops at `PrefetchBytes()`: three quarters of the
 // L2 (768 KiB of a 1 MiB L2, the best of 256, 512, 768 and 1024 KiB at 256 groups of 32 rows,
-// docs/grouped_matmul.md), 768 KiB where the L2's size is unknown.
-inline int64_t PrefetchBytes() {
-  static const int64_t bytes = [] {
-    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return l2 > 0 ? int64_t{l2} / 4 * 3 : int64_t{768} << 10;
-  }();
-  return bytes;
-}
+// docs/grouped_matmul.md; 768 KiB where the L2's size is unknown).
+inline int64_t PrefetchBytes() { return L2Bytes() / 4 * 3; }
 constexpr int kMaxSpans = 4;
 
 struct Span {
@@ -399,7 +406,7 @@ void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const flo
   } else if (ta) {
     OwnGemm<kMR, kNV>(m, n, k, a, 1, lda, b, ldb, false, c, ldc, 1, accumulate, stream);
   } else {
-    OwnGemm<kMR, kNV>(m, n, k, a, lda, 1, b, ldb, false, c, ldc, 1, accumulate);
+    OwnGemm<kMR, kNV>(m, n, k, a, lda, 1, b, ldb, false, c, ldc, 1, accumulate, stream);
   }
 }
 
@@ -410,6 +417,7 @@ struct Problem {
   const float* b;
   float* out;
   KernelChoice kernels;
+  bool stream;   // the forward's or drhs's output is written with streaming stores
 };
 
 struct Task {
@@ -422,15 +430,15 @@ void RunTask(const Problem& p, const Task& t) {
   const bool own = p.kernels.Own(rows);
   if (p.mode == 0) {
     Gemm(own, false, false, len, n, k, p.a + t.lo * k, k, p.b + t.g * k * n, n, false,
-         p.out + t.lo * n, n);
+         p.out + t.lo * n, n, p.stream);
   } else if (p.mode == 1) {
     Gemm(own, false, true, len, k, n, p.a + t.lo * n, n, p.b + t.g * k * n, n, false,
          p.out + t.lo * k, k);
   } else {
     Gemm(own, true, false, k, len, rows, p.a + t.start * k, k, p.b + t.start * n + t.lo, n,
-         false, p.out + t.g * k * n + t.lo, n, /*stream=*/true);
-    StreamFence();
+         false, p.out + t.g * k * n + t.lo, n, p.stream);
   }
+  if (p.stream) StreamFence();
 }
 
 // Cut group g (rows [start, end)) into `pieces` tasks along its rows or (drhs) its columns.
@@ -464,7 +472,7 @@ void SetPrefetch(const Problem& p, const Task& t, const Task& prev) {
   if (p.mode == 2) {
     // the output block too where the task writes it whole and does not stream it (RunTask)
     const bool whole = t.lo == 0 && t.hi == n;
-    const bool streamed = kStreams && p.kernels.Own(rows);
+    const bool streamed = p.stream && p.kernels.Own(rows);
     SetPrefetch({{p.a + t.start * k, same ? 0 : rows * k}, {p.b + t.start * n, same ? 0 : rows * n},
                  {p.out + t.g * k * n, whole && !streamed ? k * n : 0}});
   } else {
@@ -501,7 +509,8 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
   if (out->element_count() == 0) return ffi::Error::Success();
   AdviseHugePages(out->typed_data(), sizeof(float) * out->element_count());
   const Problem p{mode, ad[0], mode == 2 ? ad[1] : bd[1], mode == 2 ? bd[1] : bd[2],
-                  a.typed_data(), b.typed_data(), out->typed_data(), KernelChoice::Now()};
+                  a.typed_data(), b.typed_data(), out->typed_data(), KernelChoice::Now(),
+                  mode != 1 && StreamsOutput(out->element_count())};
   const int64_t g_count = sizes.element_count();
   // out's row width (forward, dlhs) or one group's [K, N] block (drhs)
   const int64_t width = mode == 0 ? p.n : mode == 1 ? p.k : p.k * p.n;
@@ -687,6 +696,10 @@ extern "C" int64_t dropless_gemm_calls(int own) { return g_gemm_calls[own ? 1 : 
 
 // floats a vector of the tiled kernel (16: an AVX-512 build, where `KernelChoice` may pick it)
 extern "C" int dropless_vector_floats() { return kVW; }
+// the size above which the grouped GEMM's forward and drhs outputs are streamed (-1: never)
+extern "C" int64_t dropless_stream_min_bytes() {
+  return kStreams ? Threads() * L2Bytes() : -1;
+}
 
 // the elementwise exp the fused handlers use, exported for the tests
 extern "C" void dropless_fast_exp(const float* x, float* out, int64_t n) {
