@@ -11,8 +11,9 @@ forward+backward (so the parts' sum can be compared with the fused whole). Parts
   router (logits, softmax, top-k), sort (argsort, inverse, group sizes), gather (x to
   expert-major rows), gmm gate / up / down forward, swiglu, combine (unsort, weight, sum over
   K), and in the backward: combine, gmm down dlhs and drhs, swiglu, gmm gate and up dlhs and
-  drhs, gather (the scatter-add as a gather through inv + sum), router; the shared expert
-  (forward, forward+backward) when the layer has one. Where the layer runs the fused SwiGLU
+  drhs, gather (the scatter-add as a gather through inv + sum), router, each backward part
+  run from the residuals its forward saved, as in the layer (its forward not recomputed); the
+  shared expert (forward, backward) when the layer has one. Where the layer runs the fused SwiGLU
   FFN (`openblas.swiglu_ffn`: float32 on the `openblas` backend), its three kernels are timed as
   well (`FUSED_PARTS`: each with the unfused parts it stands in for) and the phase sums add what
   the layer runs: the fused kernels instead of the parts they replace (`in_layer`).
@@ -185,7 +186,11 @@ def _parts(params, x_TD, dy_TD, cfg: MoEConfig) -> dict[tuple[str, str], Callabl
     y_ND = gmm(h_NF, w_d, gs)
 
     def vjp_of(fn, *primals):
-        return jax.jit(lambda *a: jax.vjp(fn, *a[:-1])[1](a[-1]))
+        # the backward alone, from the forward's residuals (as in the layer's backward): the
+        # call's primal arguments are those residuals' source and are not recomputed
+        _, pullback = jax.vjp(fn, *primals)
+        backward = jax.jit(lambda pb, ct: pb(ct))
+        return lambda *a: backward(pullback, a[-1])
     combine_b = vjp_of(lambda y, w: combine(y, p.order_N, p.inv_N, w), y_ND, w_TK)
     dy_ND = combine_b(y_ND, w_TK, dy_TD.astype(jnp.float32))[0].astype(dt)
     dh_NF = dlhs(dy_ND, w_d, gs)
