@@ -114,7 +114,7 @@ def _fused_on_cpu(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
     w = {k: experts[k].astype(jnp.float32) for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD")}
     args = (x_ND, w["w_gate_EDF"], w["w_up_EDF"], w["w_down_EFD"], gs)
     if cfg.gmm_backend == "openblas":
-        return openblas.swiglu_ffn(*args)
+        return openblas.swiglu_ffn_on_cpu(*args)
 
     def generic(x, w_g, w_u, w_d, gs):
         return _unfused_ffn(x, gs, {"w_gate_EDF": w_g, "w_up_EDF": w_u, "w_down_EFD": w_d}, cfg)

@@ -44,6 +44,21 @@ def test_openblas_by_name_lowered_for_cuda_is_refused_in_one_line(make):
 
 
 @built
+def test_the_layer_with_openblas_by_name_lowered_for_cuda_is_refused_in_one_line():
+    from dropless import moe
+    from dropless.config import MoEConfig
+    cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=16, gmm_backend="openblas")
+    params = moe.init_params(jax.random.key(0), cfg)
+    x = jnp.ones((6, 8), jnp.float32)
+    loss = lambda p, x: moe.apply(p, x, cfg)[0].sum()   # noqa: E731
+    for fn in (loss, jax.grad(loss)):
+        with pytest.raises(ValueError, match=REFUSED):
+            triton_check.cuda_lowered(fn, params, x)
+    # lowered for the CPU it is the fused native FFN
+    assert "dropless_gate_up_swiglu_f32" in jax.jit(jax.grad(loss)).lower(params, x).as_text()
+
+
+@built
 def test_auto_and_other_dtypes_are_not_refused():
     lhs, rhs, gs, _ = operands(10, 4, 6, SIZES)
     # auto runs openblas on CPU: its CPU branch is not lowered for CUDA

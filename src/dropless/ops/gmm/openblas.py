@@ -59,6 +59,11 @@ from dropless.ops.gmm.cpu_only import on_cpu_only
 from dropless.ops.gmm.tiled import tiled_gmm
 
 TARGET = "dropless_grouped_gemm_f32"
+# what `backend="openblas"` (the grouped matmul, and the layer's fused FFN) raises when lowered
+# for another platform (`cpu_only.on_cpu_only`)
+CPU_ONLY = ("grouped_matmul backend 'openblas' runs on CPU only (a jax.ffi kernel registered "
+            "for the CPU) and this function is lowered for {platform}: use backend='auto' or "
+            "'tiled'")
 # FFI target name -> the handler symbol in the library: the grouped GEMMs, and the row gathers
 GEMM_HANDLERS = {TARGET: "DroplessGroupedGemmF32",
                  "dropless_gate_up_swiglu_f32": "DroplessGateUpSwigluF32",
@@ -363,6 +368,9 @@ def _swiglu_ffn_bwd(res, dy_ND):
 
 
 swiglu_ffn.defvjp(_swiglu_ffn_fwd, _swiglu_ffn_bwd)
+# the layer's fused FFN where the backend is asked for by name: refused in one line when lowered
+# for another platform, as the grouped matmul is
+swiglu_ffn_on_cpu = on_cpu_only(swiglu_ffn, CPU_ONLY)
 
 
 # ---- Row movement (native/rows.cc): the MoE layer's permute and combine on CPU ----
@@ -441,9 +449,7 @@ def supports(lhs_MK, rhs_GKN, out_dtype) -> bool:
 
 # the kernel is registered for the CPU only: asked for by name elsewhere, say so when lowering
 # (auto's CPU branch is not lowered for another platform, so auto is never refused)
-_gmm_on_cpu = on_cpu_only(_gmm, "grouped_matmul backend 'openblas' runs on CPU only (a jax.ffi "
-                                "kernel registered for the CPU) and this function is lowered "
-                                "for {platform}: use backend='auto' or 'tiled'")
+_gmm_on_cpu = on_cpu_only(_gmm, CPU_ONLY)
 
 
 def openblas_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
