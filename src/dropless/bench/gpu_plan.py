@@ -25,7 +25,7 @@ SECTIONS = ("info", "gmm", "moe", "train", "tests")
 # seconds a section's process may run (process start included); their sum is the whole check's
 # bound: 330 s, leaving 30 s of the 6 minutes for run.sh (wheels, nvidia-smi) and the runner.
 # Set from the 2026-12-04 run (seconds taken / cap): info 11.1 / 18, gmm 32.4 / 127 (6 units),
-# moe 65.2 / 65 (cut: tokamax's autotuning made the layer's compile 30.6 s), train 48.1 / 96,
+# moe 65.2 / 65 (cut: the layer's compile under tokamax took 30.6 s), train 48.1 / 96,
 # tests 24 / 24 (60 of 124 tests reached): moe gets room for both fwd+bwd cases, gmm for the
 # shapes it dropped, the tests what is left
 CAPS_S = {"info": 15, "gmm": 75, "moe": 95, "train": 62, "tests": 83}
@@ -88,7 +88,7 @@ H200_COSTS = {
     # and its first operands on the device (4.8 s), and its exit (1.7 s): the gmm section's
     "process_start_s": 8.2,
     # one compile (s), the largest seen over G8, G64 and both modes (dense_xla 0.07-1.05,
-    # pallas_gpu 0.50-0.83, tokamax 2.05-2.42 with its autotuning); ragged_dot assumed
+    # pallas_gpu 0.50-0.83, tokamax 2.05-2.42); ragged_dot assumed
     "compile_s": {"dense_xla": 1.05, "pallas_gpu": 0.83, "tokamax": 2.42, "ragged_dot": 3.0},
     # the lowest rate seen (dense 274-675, pallas_gpu 72-253, tokamax 163-332); ragged_dot
     # (its padded product, G x the work) assumed
@@ -96,8 +96,9 @@ H200_COSTS = {
     "torch_peer_s": 0.5,            # the peer's four timings, one routing: 0.21-0.23 s at G8/G64
     "torch_start_s": 8.0,           # torch's import, CUDA context and first peer: 7.8 s
     "moe_dense_compile_s": 2.65,    # the dense SwiGLU, fwd+bwd (fwd assumed the same)
-    # the MoE layer's fwd+bwd (E:K 8:2): tokamax 30.6 s (probes and 30 autotuned kernels; 64:8
-    # was still autotuning when the cap cut it 26.4 s in); pallas_gpu (tokamax absent) assumed
+    # the MoE layer's fwd+bwd (E:K 8:2): tokamax 30.6 s (its kernel probes and 30 kernels on
+    # tokamax's heuristic configs, none tuned for these shapes; 64:8 was still compiling when the
+    # cap cut it 26.4 s in); pallas_gpu (tokamax absent) assumed
     "moe_layer_compile_s": {"tokamax": 30.6, "pallas_gpu": 5.0},
     "moe_fwd_compile_fraction": 0.5,    # assumed: a fwd layer compile against its fwd+bwd's
     "moe_timing_s": 0.5,            # one mode's timings of a case (layer and dense): < 0.5 s
@@ -198,8 +199,8 @@ def gmm_units(shapes, routings, tokamax: bool, torch: bool = True) -> list[dict]
 
 def moe_units(tokamax: bool, cases=MOE_CASES) -> list[dict]:
     """The moe section's units in MOE_PRIORITY order: {"case", "mode", "seconds"} (case: an
-    index into `cases`): the dense SwiGLU's compile, the layer's (tokamax's, with its probes
-    and autotuning, where it is auto's choice) and both timings."""
+    index into `cases`): the dense SwiGLU's compile, the layer's (tokamax's, with its kernel
+    probes, where it is auto's choice) and both timings."""
     a, units = H200_COSTS, []
     layer_s = a["moe_layer_compile_s"]["tokamax" if tokamax else "pallas_gpu"]
     for case, mode in MOE_PRIORITY:
