@@ -110,7 +110,7 @@ inline int64_t L2Bytes() {
 // groups (K = 512, N = 128) drhs's 64 MiB of [K, N] blocks ran 1.7x faster for it and the down
 // projection's 16 MiB forward 1.2x (docs/grouped_matmul.md). A worker that streamed calls
 // StreamFence before its results are read by another thread.
-#if defined(__AVX512F__) || defined(__AVX__)
+#if defined(__AVX__)
 constexpr bool kStreams = true;
 #else
 constexpr bool kStreams = false;
@@ -131,8 +131,10 @@ inline void StreamVec(float* p, Vec v) {
   }
   StoreVec(p, v);
 }
+// the output size above which it is streamed (-1: never, the build has no streaming stores)
+inline int64_t StreamMinBytes() { return kStreams ? Threads() * L2Bytes() : -1; }
 inline bool StreamsOutput(int64_t floats) {
-  return kStreams && int64_t{sizeof(float)} * floats > Threads() * L2Bytes();
+  return kStreams && int64_t{sizeof(float)} * floats > StreamMinBytes();
 }
 inline void StreamFence() {
 #if defined(__AVX__)
@@ -697,9 +699,7 @@ extern "C" int64_t dropless_gemm_calls(int own) { return g_gemm_calls[own ? 1 : 
 // floats a vector of the tiled kernel (16: an AVX-512 build, where `KernelChoice` may pick it)
 extern "C" int dropless_vector_floats() { return kVW; }
 // the size above which the grouped GEMM's forward and drhs outputs are streamed (-1: never)
-extern "C" int64_t dropless_stream_min_bytes() {
-  return kStreams ? Threads() * L2Bytes() : -1;
-}
+extern "C" int64_t dropless_stream_min_bytes() { return StreamMinBytes(); }
 
 // the elementwise exp the fused handlers use, exported for the tests
 extern "C" void dropless_fast_exp(const float* x, float* out, int64_t n) {
