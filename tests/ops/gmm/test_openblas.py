@@ -55,9 +55,9 @@ def _problem(seed, m, k, n, sizes):
     return lhs, rhs, dy, (np_gmm(*f64, sizes), *np_gmm_grads(*f64, sizes, dy.astype(np.float64)))
 
 
-# M=1240, K=N=256: a 700-row group is 45.9 M multiply-adds, cut into 3 row tasks (forward, dlhs)
-# and 3 column tasks of 96, 96 and 64 columns (drhs); 37 is no multiple of the row alignment
-# (8); rows 1187.. belong to no group and must come out 0.
+# M=1240, K=N=256: a 700-row group is 45.9 M multiply-adds, cut into row tasks (forward, dlhs)
+# and tasks of its weight gradient's K rows (drhs), smaller towards the end; 37 is no multiple of
+# the row alignment (8); rows 1187.. belong to no group and must come out 0.
 @pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [1, 0, 0, 0],
                                    [300, 300, 300, 300]])
 def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
@@ -102,6 +102,42 @@ def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, kernel, k, n, si
     rows = sizes[first]
     assert np.isfinite(out[rows:]).all() and np.isfinite(dlhs[rows:]).all()
     assert np.isfinite(np.delete(drhs, first, axis=0)).all()
+
+
+# contractions longer than one of the tiled kernel's chunks (`chunk_rows`: its tiles of C are
+# then written, read back and added to): the forward's K and a drhs group's rows (transposed
+# first: more than 128 rows) past the forward's chunk, and the NT form's N past its own; a
+# group under 128 rows runs drhs on its rows in place. Both kernels, each forced.
+@pytest.mark.parametrize("kernel", ["own", "openblas"])
+@pytest.mark.parametrize("case", ["nn", "nt"])
+def test_contractions_past_one_chunk_match_float64_loop(fwd_bwd, kernel, case):
+    chunk = openblas.chunk_rows()
+    if case == "nn":
+        k, n, sizes = chunk["nn"] + 52, 40, [chunk["nn"] + 102, 0, 47, 0]
+    else:
+        k, n, sizes = 24, chunk["nt"] + 54, [60, 0, 40, 3]
+    m = sum(sizes) + 2
+    lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(4, m, k, n, sizes)
+    before = openblas.gemm_calls()
+    with openblas.use_kernel(kernel):
+        out, dlhs, drhs = jax.block_until_ready(
+            fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
+    assert _only_ran(kernel, before)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_allclose(dlhs, want_dlhs, rtol=1e-4, atol=1e-4 * np.sqrt(n))
+    np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=1e-4 * np.sqrt(m))
+    assert not np.asarray(out)[sum(sizes):].any() and not np.asarray(drhs)[1].any()
+
+
+def test_auto_runs_the_tiled_kernel_for_every_group_in_avx512_builds(fwd_bwd):
+    # the library's rule (native/grouped_gemm.cc, KernelChoice): its own kernel wherever the
+    # build has AVX-512, whatever the group's size; OpenBLAS elsewhere
+    sizes = [1000, 30, 0, 200]
+    lhs, rhs, dy, _ = _problem(5, sum(sizes), 64, 64, sizes)
+    before = openblas.gemm_calls()
+    jax.block_until_ready(fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
+    wide = openblas.describe()["native_vector_floats"] == 16
+    assert _only_ran("own" if wide else "openblas", before)
 
 
 # outputs above the size the library streams (`stream_min_bytes`): drhs's [G, K, N] (a group of
@@ -277,6 +313,43 @@ def test_fused_swiglu_ffn_matches_float64_loop(kernel, sizes):
     assert not np.asarray(y)[sum(sizes):].any() and not np.asarray(got[0])[sum(sizes):].any()
 
 
+# the fused forward's edges on both kernels, against the float64 loop, its three outputs and the
+# FFN's output and gradients: F with 2-vector gate/up tiles, a 1-vector tile and 8 columns summed
+# one by one (216 = 6 x 32 + 16 + 8); D past the fused tile's contraction chunk (its g and u then
+# written, read back and finished in the last chunk); outputs above the streaming size
+@pytest.mark.parametrize("kernel", ["own", "openblas"])
+@pytest.mark.parametrize("shape", ["columns", "chunks", "streamed"])
+def test_fused_ffn_edges_match_float64_loop(kernel, shape):
+    if shape == "streamed" and openblas.stream_min_bytes() is None:
+        pytest.skip("this build has no streaming stores")
+    m, d, f = {"columns": (300, 96, 216), "chunks": (150, openblas.chunk_rows()["gate_up"] + 40, 40),
+               "streamed": (None, 64, 264)}[shape]
+    if m is None:                      # each [M, F] output twice the streamed size
+        m = -(-2 * openblas.stream_min_bytes() // (4 * f))
+    sizes = [m // 2 - 5, 0, m - m // 2 - 7, 9]          # rows m - 3 .. m + 2 in no group
+    rng = np.random.default_rng(6)
+    x, dy = (rng.standard_normal((m + 3, d)).astype(np.float32) for _ in range(2))
+    wg, wu = (rng.standard_normal((4, d, f)).astype(np.float32) / np.sqrt(d) for _ in range(2))
+    wd = rng.standard_normal((4, f, d)).astype(np.float32) / np.sqrt(f)
+    gs = jnp.asarray(sizes, jnp.int32)
+    before = openblas.gemm_calls()
+    with openblas.use_kernel(kernel):
+        g, u, h = map(np.asarray, jax.jit(openblas.gate_up_swiglu)(x, wg, wu, gs))
+        y, pullback = jax.vjp(lambda *a: openblas.swiglu_ffn(*a, gs), x, wg, wu, wd)
+        got = jax.block_until_ready(pullback(dy))
+    assert _only_ran(kernel, before)
+    assert shape != "streamed" or g.nbytes > openblas.stream_min_bytes()
+    want_g, want_u = (np_gmm(x.astype(np.float64), w.astype(np.float64), sizes) for w in (wg, wu))
+    tol = dict(rtol=1e-4, atol=1e-4 * np.sqrt(d))
+    np.testing.assert_allclose(g, want_g, **tol)
+    np.testing.assert_allclose(u, want_u, **tol)
+    np.testing.assert_allclose(h, want_g / (1 + np.exp(-want_g)) * want_u, **tol)
+    want_y, want = _np_swiglu_ffn(x, wg, wu, wd, sizes, dy)
+    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4 * np.abs(want_y).max())
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
 def test_the_layer_runs_the_fused_ffn_on_cpu_unless_openblas_is_refused():
     import dataclasses
     from dropless import moe
@@ -303,18 +376,24 @@ def test_the_layer_runs_the_fused_ffn_on_cpu_unless_openblas_is_refused():
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6 * float(np.abs(b).max()) + 1e-7)
 
 
-def test_fast_exp_is_within_2_ulp_of_float64_and_keeps_nan():
+@pytest.mark.parametrize("form", ["scalar", "vector"])
+def test_fast_exp_is_within_2_ulp_of_float64_and_keeps_nan(form):
+    # the fused handlers' exp, one float at a time and a vector at a time (the vector form's
+    # floor is a truncation corrected where it rounded up: off by one below 0 without it)
     import ctypes
     assert openblas.problem() is None
     lib = ctypes.CDLL(str(openblas.build()))
     x = np.concatenate([np.linspace(-87, 88, 400001, dtype=np.float32),
                         np.array([np.nan, 0.0, -0.0], np.float32)])
+    x = np.concatenate([x, np.zeros(-x.size % 16, np.float32)])     # whole vectors
     out = np.empty_like(x)
-    lib.dropless_fast_exp(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
-                          ctypes.c_int64(x.size))
-    want = np.exp(x[:-3].astype(np.float64))
-    assert (np.abs(out[:-3] - want) / want).max() < 2 * 2.0 ** -23
-    assert np.isnan(out[-3]) and out[-2] == 1.0 and out[-1] == 1.0
+    fn = lib.dropless_fast_exp if form == "scalar" else lib.dropless_fast_exp_vec
+    fn(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+       ctypes.c_int64(x.size))
+    n = 400001
+    want = np.exp(x[:n].astype(np.float64))
+    assert (np.abs(out[:n] - want) / want).max() < 2 * 2.0 ** -23
+    assert np.isnan(out[n]) and out[n + 1] == 1.0 and out[n + 2] == 1.0
 
 
 def test_a_bad_kernel_choice_is_named():

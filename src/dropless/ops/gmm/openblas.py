@@ -264,6 +264,15 @@ def stream_min_bytes() -> int | None:
     return None if got < 0 else got
 
 
+def chunk_rows() -> dict[str, int]:
+    """The tiled kernel's contraction chunk (rows of B a tile reads before C is written and read
+    back; half the L2 over a panel's width) by product: "nn" (forward, drhs), "nt" (dlhs and the
+    fused backward's, in 2-vector passes) and "gate_up" (the fused forward)."""
+    fn = _lib().dropless_chunk_rows
+    fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int]
+    return {name: int(fn(i)) for i, name in enumerate(("nn", "nt", "gate_up"))}
+
+
 def gemm_calls() -> dict[str, int]:
     """GEMMs the native library has run in this process, by kernel ("own", "openblas")."""
     fn = _lib().dropless_gemm_calls

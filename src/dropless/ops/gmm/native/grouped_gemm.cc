@@ -19,7 +19,6 @@
 // and empty groups' weight gradients are written as zeros, never computed, so a NaN reaches only
 // the rows and the group it belongs to.
 #include <sched.h>
-#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -47,7 +46,6 @@ enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112 };
 void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n,
                        int k, float alpha, const float* a, int lda, const float* b, int ldb,
                        float beta, float* c, int ldc);
-char* scipy_openblas_get_corename(void);
 }
 
 namespace ffi = xla::ffi;
@@ -59,16 +57,17 @@ using dropless_native::ForEachTaskAhead;
 using dropless_native::Threads;
 
 // Every GEMM runs on one thread; the parallelism is ours: the products are cut into tasks (row
-// ranges of a group for forward and dlhs, column ranges of a group's [K, N] block for drhs) of
-// about equal work, and `Threads()` workers take them in turn. OpenBLAS's own threading costs
-// more than it saves on a 32-row group and cannot be limited per call in this build.
+// ranges of a group for forward and dlhs, row ranges of a group's [K, N] block for drhs), smaller
+// towards the end (`CutTasks`), and `Threads()` workers take them in turn. OpenBLAS's own
+// threading costs more than it saves on a 32-row group and cannot be limited per call in this
+// build.
 constexpr int64_t kTaskMacs = int64_t{1} << 24;   // smallest task worth its own call
 
 // ---- The register-tiled kernel ----
 // Each product is cut into tiles of MR rows x NV vectors of C held in registers; the loop over
 // the contraction broadcasts MR values of A and loads NV vectors of one row of B (read in place,
-// no packing), in chunks of kKc so a B panel stays in L2. The NT form (c = a @ b^T) computes
-// c^T = b @ a^T, with a^T packed kNtRows rows at a time (a small copy that stays in cache; its
+// no packing), in chunks (`ChunkRows`) so a B panel stays in L2. The NT form (c = a @ b^T)
+// computes c^T = b @ a^T, with a^T packed kNtRows rows at a time (a small copy that stays in cache; its
 // rows padded to whole vectors, all computed in one pass of up to 3 vectors where AVX-512 has
 // the registers) and c written transposed (in registers, `StoreTransposed8`, where AVX-512
 // has the shuffles). Where it runs instead of OpenBLAS is `KernelChoice`'s rule.
@@ -82,7 +81,6 @@ constexpr int kMR = 6, kNV = 2, kNtMR = 6, kNtNV = 2;   // 16 vector registers
 constexpr int kVW = 4;
 constexpr int kMR = 6, kNV = 2, kNtMR = 6, kNtNV = 2;
 #endif
-constexpr int64_t kKc = 512;
 constexpr int64_t kNtRows = 64;
 typedef float Vec __attribute__((vector_size(kVW * sizeof(float))));
 
@@ -100,6 +98,16 @@ inline int64_t L2Bytes() {
     return l2 > 0 ? int64_t{l2} : int64_t{1} << 20;
   }();
   return bytes;
+}
+
+// The contraction's chunk for a B panel `panel_floats` wide: the rows that fill half of one
+// core's L2 (2048 rows of a 64-float panel in a 1 MiB L2), so the panel stays there while A's
+// tiles sweep it. A product whose contraction fits one chunk writes each tile of C once, and
+// can stream it; a second chunk reads C back (a [1024 rows, 1024] @ [1024, 512] forward in
+// 512-row chunks was 5% slower, docs/grouped_matmul.md).
+inline int64_t ChunkRows(int64_t panel_floats) {
+  const int64_t rows = L2Bytes() / 2 / (int64_t{sizeof(float)} * panel_floats);
+  return std::max<int64_t>(rows / 16 * 16, 256);
 }
 
 // ---- Streaming stores ----
@@ -310,23 +318,39 @@ template <int MR, int NV>
 void OwnGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t sar, int64_t sac,
              const float* b, int64_t ldb, bool b_padded, float* c, int64_t scr, int64_t scc,
              bool accumulate, bool stream = false) {
-  stream = stream && k <= kKc;   // (a C written in several chunks is read back)
-  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
-    const int64_t kc = std::min(kKc, k - k0);
+  const int64_t chunk = ChunkRows(NV * kVW);
+  stream = stream && k <= chunk;   // (a C written in several chunks is read back)
+  for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+    const int64_t kc = std::min(chunk, k - k0);
     const bool acc = accumulate || k0 > 0;
     const float* ak = a + k0 * sac;
     const float* bk = b + k0 * ldb;
     // columns computed in whole vectors: where b's rows are padded, all of them
     const int64_t whole = b_padded ? (n + kVW - 1) / kVW * kVW : n / kVW * kVW;
-    int64_t j = 0;
-    for (; j + NV * kVW <= whole; j += NV * kVW) {
-      TileRows<MR, NV>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc,
-                       static_cast<int>(std::min<int64_t>(NV * kVW, n - j)), acc, stream);
+    // every whole-vector column block of rows [r0, r0 + rows)
+    auto blocks = [&](int64_t r0, int64_t rows) {
+      const float* ar = ak + r0 * sar;
+      float* cr = c + r0 * scr;
+      int64_t j = 0;
+      for (; j + NV * kVW <= whole; j += NV * kVW) {
+        TileRows<MR, NV>(rows, kc, ar, sar, sac, bk + j, ldb, cr + j * scc, scr, scc,
+                         static_cast<int>(std::min<int64_t>(NV * kVW, n - j)), acc, stream);
+      }
+      for (; j < whole; j += kVW) {
+        TileRows<MR, 1>(rows, kc, ar, sar, sac, bk + j, ldb, cr + j * scc, scr, scc,
+                        static_cast<int>(std::min<int64_t>(kVW, n - j)), acc, stream);
+      }
+    };
+    // Where the chunk of b fits half the L2, each tile of A's rows runs every column block
+    // (A's tile read from L1 again, b from L2); else each column block runs every row of A, so
+    // that its panel stays in L2. The NT form's packed b is small: read the other way, its
+    // [1024, 512] weights were fetched from L3 once a column block
+    if (int64_t{sizeof(float)} * kc * whole <= L2Bytes() / 2) {
+      for (int64_t r0 = 0; r0 < m; r0 += MR) blocks(r0, std::min<int64_t>(MR, m - r0));
+    } else {
+      blocks(0, m);
     }
-    for (; j < whole; j += kVW) {
-      TileRows<MR, 1>(m, kc, ak, sar, sac, bk + j, ldb, c + j * scc, scr, scc,
-                      static_cast<int>(std::min<int64_t>(kVW, n - j)), acc, stream);
-    }
+    int64_t j = whole;
     for (; j < n; ++j)
       for (int64_t r = 0; r < m; ++r) {
         float sum = 0.0f;
@@ -337,46 +361,91 @@ void OwnGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t sar, int64
   }
 }
 
-// c[m, n] (+)= a[m, k] @ b[n, k]^T
-void OwnGemmNT(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-               int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  thread_local std::vector<float> pack;   // a^T [k, rows rounded up to whole vectors]
-  for (int64_t i0 = 0; i0 < m; i0 += kNtRows) {
-    const int64_t rows = std::min(kNtRows, m - i0);
-    const int64_t width = (rows + kVW - 1) / kVW * kVW;
-    pack.assign(k * width, 0.0f);
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t p = 0; p < k; ++p) pack[p * width + i] = a[(i0 + i) * lda + p];
-    float* ci = c + i0 * ldc;
-    if constexpr (kVW == 16) {   // 8 x 3 vectors fit the 32 registers: 48 rows in one pass
-      if (width == 3 * kVW) {
-        OwnGemm<kNtMR, 3>(n, rows, k, b, ldb, 1, pack.data(), width, true, ci, 1, ldc,
-                          accumulate);
-        continue;
-      }
+#if defined(__AVX512F__)
+// r[q] = column q of the 16 x 16 block whose rows are r[0..15] (three shuffle stages)
+inline void Transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
+      t[8 * h + i + 4] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0xDD);
     }
-    OwnGemm<kNtMR, kNtNV>(n, rows, k, b, ldb, 1, pack.data(), width, true, ci, 1, ldc,
-                          accumulate);
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+  }
+}
+#endif
+
+// out[p * width + i] = a[i * lda + p] for i < rows, p < k, and 0 for rows <= i < width: the
+// transpose of a's rows, each row of out padded to `width` floats. Whole 16 x 16 blocks are
+// transposed in registers where AVX-512 has the shuffles: a scalar transpose writes one float a
+// cache line, and took a tenth of the NT form's time at 1024-row groups.
+void PackTransposed(const float* a, int64_t lda, int64_t rows, int64_t k, float* out,
+                    int64_t width) {
+  int64_t i0 = 0, p0 = 0;
+#if defined(__AVX512F__)
+  const int64_t whole_k = k / 16 * 16;
+  for (; i0 + 16 <= rows; i0 += 16) {
+    for (int64_t p = 0; p < whole_k; p += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(a + (i0 + i) * lda + p);
+      Transpose16(r);
+      for (int q = 0; q < 16; ++q) _mm512_storeu_ps(out + (p + q) * width + i0, r[q]);
+    }
+  }
+  p0 = whole_k;   // rows [0, i0) lack only the columns [whole_k, k)
+#endif
+  for (int64_t p = 0; p < k; ++p) {
+    float* o = out + p * width;
+    for (int64_t i = p < p0 ? i0 : 0; i < rows; ++i) o[i] = a[i * lda + p];
+    for (int64_t i = rows; i < width; ++i) o[i] = 0.0f;
   }
 }
 
-// Which kernel runs a group's products: `g_kernel` forces one; otherwise the tiled kernel runs in
-// AVX-512 builds where OpenBLAS runs its AVX2 (Haswell) kernels, and in AVX-512 builds for
-// groups of at most kOwnRows rows (where it also beat OpenBLAS's AVX-512 kernels); OpenBLAS
-// everywhere else (docs/grouped_matmul.md).
-constexpr int64_t kOwnRows = 64;
-
-bool OpenblasRunsAvx512() {
-  static const bool yes = [] {
-    const char* name = scipy_openblas_get_corename();
-    for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
-      if (name != nullptr && strcasecmp(name, core) == 0) return true;
+// c[rows, n] (+)= a[rows, k] @ b[n, k]^T for rows <= kNtRows: c^T = b @ a^T, a^T packed
+void NtChunk(int64_t rows, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+             int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  thread_local std::vector<float> pack;   // a^T [k, rows rounded up to whole vectors]
+  const int64_t width = (rows + kVW - 1) / kVW * kVW;
+  pack.resize(k * width);
+  PackTransposed(a, lda, rows, k, pack.data(), width);
+  if constexpr (kVW == 16) {   // 8 x 3 vectors fit the 32 registers: 48 rows in one pass
+    if (width == 3 * kVW) {
+      OwnGemm<kNtMR, 3>(n, rows, k, b, ldb, 1, pack.data(), width, true, c, 1, ldc, accumulate);
+      return;
     }
-    return false;
-  }();
-  return yes;
+  }
+  OwnGemm<kNtMR, kNtNV>(n, rows, k, b, ldb, 1, pack.data(), width, true, c, 1, ldc, accumulate);
 }
 
+// c[m, n] (+)= a[m, k] @ b[n, k]^T, plus a2[m, k] @ b2[n, k]^T where a2 is given (a2 and b2
+// strided as a and b), kNtRows rows at a time: a chunk's second product adds into its rows of c
+// while they are in cache.
+void OwnGemmNT(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+               int64_t ldb, float* c, int64_t ldc, bool accumulate, const float* a2 = nullptr,
+               const float* b2 = nullptr) {
+  for (int64_t i0 = 0; i0 < m; i0 += kNtRows) {
+    const int64_t rows = std::min(kNtRows, m - i0);
+    NtChunk(rows, n, k, a + i0 * lda, lda, b, ldb, c + i0 * ldc, ldc, accumulate);
+    if (a2 != nullptr) NtChunk(rows, n, k, a2 + i0 * lda, lda, b2, ldb, c + i0 * ldc, ldc, true);
+  }
+}
+
+// Which kernel runs a group's products: `g_kernel` forces one; otherwise the tiled kernel in
+// AVX-512 builds, for every group (it ran ahead of OpenBLAS's AVX-512 kernels from 32- to
+// 1024-row groups), and OpenBLAS elsewhere (an AVX2 build of the tiled kernel lost to OpenBLAS's
+// Haswell kernels; docs/grouped_matmul.md).
 // 0 neither forced, 1 the tiled kernel, 2 OpenBLAS: set by dropless_set_kernel (openblas.py: from
 // DROPLESS_NATIVE_KERNEL when the library loads, and by `use_kernel`), read at each call
 std::atomic<int> g_kernel{0};
@@ -385,28 +454,42 @@ struct KernelChoice {
   int forced;
 
   static KernelChoice Now() { return {g_kernel.load(std::memory_order_relaxed)}; }
-  bool Own(int64_t group_rows) const {
-    if (forced != 0) return forced == 1;
-    return kVW == 16 && (!OpenblasRunsAvx512() || group_rows <= kOwnRows);
-  }
+  bool Own() const { return forced != 0 ? forced == 1 : kVW == 16; }
 };
 
 // GEMMs run by each kernel in this process (the tests check which one ran)
 std::atomic<int64_t> g_gemm_calls[2] = {};   // [0] OpenBLAS, [1] the tiled kernel
 
+// The TN form (drhs: a^T @ b, the contraction over a group's rows) transposes a where it has at
+// least this many rows, so that a tile's broadcasts read A's rows in order. Read in place, each
+// step's values are in another row of a, `lda` floats on: 8% slower at 1024-row groups with both
+// threads on cold operands. At 32-row groups the copy costs more than it saves
+// (docs/grouped_matmul.md).
+constexpr int64_t kTransposeRows = 128;
+
+inline void CountGemms(bool own, int64_t count) {
+  g_gemm_calls[own ? 1 : 0].fetch_add(count, std::memory_order_relaxed);
+}
+
 // c[m, n] = (or += where accumulate) op(a) @ op(b), row-major, op = the transpose where ta / tb
 // (not both): OpenBLAS's sgemm or the tiled kernel
+
 void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
           int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
           bool stream = false) {
-  g_gemm_calls[own ? 1 : 0].fetch_add(1, std::memory_order_relaxed);
+  CountGemms(own, 1);
   if (!own) {
     scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                       m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
   } else if (tb) {
     OwnGemmNT(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-  } else if (ta) {
+  } else if (ta && k < kTransposeRows) {
     OwnGemm<kMR, kNV>(m, n, k, a, 1, lda, b, ldb, false, c, ldc, 1, accumulate, stream);
+  } else if (ta) {
+    thread_local std::vector<float> at;   // a^T [m, k]
+    at.resize(m * k);
+    PackTransposed(a, lda, k, m, at.data(), k);
+    OwnGemm<kMR, kNV>(m, n, k, at.data(), k, 1, b, ldb, false, c, ldc, 1, accumulate, stream);
   } else {
     OwnGemm<kMR, kNV>(m, n, k, a, lda, 1, b, ldb, false, c, ldc, 1, accumulate, stream);
   }
@@ -423,13 +506,13 @@ struct Problem {
 };
 
 struct Task {
-  int64_t g, lo, hi;   // rows [lo, hi) (forward, dlhs) or columns [lo, hi) of N (drhs)
+  int64_t g, lo, hi;   // rows [lo, hi) (forward, dlhs) or rows [lo, hi) of the [K, N] block (drhs)
   int64_t start, end;  // the group's rows
 };
 
 void RunTask(const Problem& p, const Task& t) {
   const int64_t k = p.k, n = p.n, len = t.hi - t.lo, rows = t.end - t.start;
-  const bool own = p.kernels.Own(rows);
+  const bool own = p.kernels.Own();
   if (p.mode == 0) {
     Gemm(own, false, false, len, n, k, p.a + t.lo * k, k, p.b + t.g * k * n, n, false,
          p.out + t.lo * n, n, p.stream);
@@ -437,23 +520,41 @@ void RunTask(const Problem& p, const Task& t) {
     Gemm(own, false, true, len, k, n, p.a + t.lo * n, n, p.b + t.g * k * n, n, false,
          p.out + t.lo * k, k);
   } else {
-    Gemm(own, true, false, k, len, rows, p.a + t.start * k, k, p.b + t.start * n + t.lo, n,
-         false, p.out + t.g * k * n + t.lo, n, p.stream);
+    Gemm(own, true, false, len, n, rows, p.a + t.start * k + t.lo, k, p.b + t.start * n, n,
+         false, p.out + (t.g * k + t.lo) * n, n, p.stream);
   }
   if (p.stream) StreamFence();
 }
 
-// Cut group g (rows [start, end)) into `pieces` tasks along its rows or (drhs) its columns.
-void AddTasks(const Problem& p, int64_t g, int64_t start, int64_t end, int64_t pieces,
-              std::vector<Task>& tasks) {
-  const int64_t span = p.mode == 2 ? p.n : end - start;
-  const int64_t align = p.mode == 2 ? 16 : 8;   // whole SIMD vectors / row blocks per task
-  int64_t step = (span + pieces - 1) / pieces;
-  step = std::min(span, (step + align - 1) / align * align);
-  const int64_t base = p.mode == 2 ? 0 : start;
-  for (int64_t lo = 0; lo < span; lo += step) {
-    tasks.push_back({g, base + lo, base + std::min(span, lo + step), start, end});
+// The tasks of a product over every group g: its span(g) units (the group's rows, or drhs's K
+// rows of its block, from 0) of unit_macs(g) multiply-adds each, cut into pieces of at most
+// max(kTaskMacs, a quarter of one worker's share) and of at most 1 / (2 x workers) of the
+// work not yet cut, so the last tasks are small and no worker waits long for another's last
+// one (pieces of equal size left 2-5% of the workers' time idle at 8 groups of ~1024 rows,
+// docs/grouped_matmul.md). A group's pieces are about equal, whole multiples of 8 units (but
+// its last).
+template <typename Span, typename UnitMacs>
+std::vector<Task> CutTasks(const std::vector<int64_t>& bounds, bool from_group_start, Span span,
+                           UnitMacs unit_macs) {
+  const int64_t g_count = static_cast<int64_t>(bounds.size()) - 1;
+  const int64_t workers = Threads();
+  int64_t left = 0;
+  for (int64_t g = 0; g < g_count; ++g) left += span(g) * unit_macs(g);
+  const int64_t most = std::max(kTaskMacs, left / (4 * workers) + 1);
+  std::vector<Task> tasks;
+  for (int64_t g = 0; g < g_count; ++g) {
+    const int64_t units = span(g), unit = std::max<int64_t>(unit_macs(g), 1);
+    const int64_t base = from_group_start ? bounds[g] : 0;
+    for (int64_t lo = 0; lo < units;) {
+      const int64_t target = std::min(most, std::max(kTaskMacs, left / (2 * workers)));
+      const int64_t pieces = ((units - lo) * unit + target - 1) / target;
+      const int64_t step = std::min(units - lo, ((units - lo + pieces - 1) / pieces + 7) / 8 * 8);
+      tasks.push_back({g, base + lo, base + lo + step, bounds[g], bounds[g + 1]});
+      left -= step * unit;
+      lo += step;
+    }
   }
+  return tasks;
 }
 
 std::vector<int64_t> GroupBounds(const ffi::Buffer<ffi::S32>& sizes, int64_t m) {
@@ -472,11 +573,10 @@ void SetPrefetch(const Problem& p, const Task& t, const Task& prev) {
   const int64_t k = p.k, n = p.n, rows = t.end - t.start, len = t.hi - t.lo;
   const bool same = t.g == prev.g;
   if (p.mode == 2) {
-    // the output block too where the task writes it whole and does not stream it (RunTask)
-    const bool whole = t.lo == 0 && t.hi == n;
-    const bool streamed = p.stream && p.kernels.Own(rows);
+    // the task's rows of the output block too where they are not streamed (RunTask)
+    const bool streamed = p.stream && p.kernels.Own();
     SetPrefetch({{p.a + t.start * k, same ? 0 : rows * k}, {p.b + t.start * n, same ? 0 : rows * n},
-                 {p.out + t.g * k * n, whole && !streamed ? k * n : 0}});
+                 {p.out + (t.g * k + t.lo) * n, streamed ? 0 : len * n}});
   } else {
     const int64_t width = p.mode == 0 ? k : n;   // a's row width
     SetPrefetch({{p.b + t.g * k * n, same ? 0 : k * n}, {p.a + t.lo * width, len * width}});
@@ -524,18 +624,16 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
     std::memset(p.out + done * width, 0, sizeof(float) * (p.m - done) * width);
     if (inner == 0) return ffi::Error::Success();
   }
-  const int threads = Threads();
-  const int64_t total_macs = bounds[g_count] * p.k * p.n;
-  const int64_t task_macs = std::max(kTaskMacs, total_macs / (4 * threads) + 1);
+  auto rows = [&](int64_t g) { return bounds[g + 1] - bounds[g]; };
   std::vector<Task> tasks;
-  for (int64_t g = 0; g < g_count; ++g) {
-    const int64_t rows = bounds[g + 1] - bounds[g];
-    if (rows == 0) {
-      if (mode == 2) std::memset(p.out + g * width, 0, sizeof(float) * width);
-      continue;
+  if (mode == 2) {   // each group's [K, N] block in pieces of its K rows
+    for (int64_t g = 0; g < g_count; ++g) {
+      if (rows(g) == 0) std::memset(p.out + g * width, 0, sizeof(float) * width);
     }
-    AddTasks(p, g, bounds[g], bounds[g + 1], (rows * p.k * p.n + task_macs - 1) / task_macs,
-             tasks);
+    tasks = CutTasks(bounds, false, [&](int64_t g) { return rows(g) == 0 ? 0 : p.k; },
+                     [&](int64_t g) { return rows(g) * p.n; });
+  } else {
+    tasks = CutTasks(bounds, true, rows, [&](int64_t) { return p.k * p.n; });
   }
   RunParallel(tasks, [&](const Task& t, const Task& prev) { SetPrefetch(p, t, prev); },
               [&](const Task& t) { RunTask(p, t); });
@@ -549,20 +647,8 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
 // worker prefetches for its next task while it runs the one before (same: of the same group).
 template <typename Spans, typename Fn>
 void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Spans spans, Fn fn) {
-  const int64_t g_count = static_cast<int64_t>(bounds.size()) - 1;
-  const int threads = Threads();
-  const int64_t per_row = std::max<int64_t>(macs_per_row, 1);
-  const int64_t task_macs = std::max(kTaskMacs, bounds[g_count] * per_row / (4 * threads) + 1);
-  std::vector<Task> tasks;
-  for (int64_t g = 0; g < g_count; ++g) {
-    const int64_t rows = bounds[g + 1] - bounds[g];
-    if (rows == 0) continue;
-    const int64_t pieces = (rows * per_row + task_macs - 1) / task_macs;
-    const int64_t step = std::min(rows, ((rows + pieces - 1) / pieces + 7) / 8 * 8);
-    for (int64_t lo = bounds[g]; lo < bounds[g + 1]; lo += step) {
-      tasks.push_back({g, lo, std::min(bounds[g + 1], lo + step), bounds[g], bounds[g + 1]});
-    }
-  }
+  const auto tasks = CutTasks(bounds, true, [&](int64_t g) { return bounds[g + 1] - bounds[g]; },
+                              [&](int64_t) { return macs_per_row; });
   RunParallel(tasks,
               [&](const Task& t, const Task& prev) { spans(t.g, t.lo, t.hi, t.g == prev.g); },
               [&](const Task& t) { fn(t.g, t.lo, t.hi); });
@@ -591,6 +677,138 @@ inline float FastExp(float x) {
 
 inline float Sigmoid(float x) { return 1.0f / (1.0f + FastExp(-x)); }
 
+// FastExp and Sigmoid on a vector, the same operations lane by lane (the floor as a truncation
+// corrected where it rounded up)
+typedef int32_t IVec __attribute__((vector_size(kVW * sizeof(int32_t))));
+inline Vec Splat(float a) { return a - Vec{}; }
+inline Vec VecExp(Vec x) {
+  x = x < Splat(-87.3f) ? Splat(-87.3f) : x;   // (a NaN passes both: it stays NaN)
+  x = x > Splat(88.3f) ? Splat(88.3f) : x;
+  const Vec y = x * 1.44269504089f + 0.5f;
+  const Vec t = __builtin_convertvector(__builtin_convertvector(y, IVec), Vec);
+  const Vec n = t > y ? t - 1.0f : t;
+  const Vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  Vec p = Splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+inline Vec VecSigmoid(Vec x) { return 1.0f / (1.0f + VecExp(-x)); }
+
+// ---- The gate and up products in one tile ----
+// g and u [MR, NV vectors] = A[MR, k] @ B1 and @ B2, sharing A's broadcasts (MR x 2 NV
+// accumulators: the registers of one MR x 2NV tile); where `finish` (the contraction's last
+// chunk), h = silu(g) * u is computed in registers, so no pass reads g and u back. Where
+// `accumulate`, g and u hold the earlier chunks' sums. C(r, j) = c[r * ldc + j].
+template <int MR, int NV>
+void DualTile(int64_t k, const float* a, int64_t lda, const float* b1, const float* b2,
+              int64_t ldb, float* g, float* u, float* h, int64_t ldc, bool accumulate,
+              bool finish, bool stream) {
+  Vec acc1[MR][NV], acc2[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc1[r][v] = acc2[r][v] = Vec{};
+  const char* pf = g_prefetch.next;
+  const char* const pf_end = g_prefetch.end;
+  for (int64_t p = 0; p < k; ++p) {
+    Vec bv1[NV], bv2[NV];
+    for (int v = 0; v < NV; ++v) {
+      bv1[v] = LoadVec(b1 + p * ldb + v * kVW);
+      bv2[v] = LoadVec(b2 + p * ldb + v * kVW);
+    }
+    if (pf < pf_end) {
+      __builtin_prefetch(pf, 0, 2);
+      pf += 64;
+    }
+    for (int r = 0; r < MR; ++r) {
+      const Vec av = a[r * lda + p] - Vec{};
+      for (int v = 0; v < NV; ++v) {
+        acc1[r][v] += av * bv1[v];
+        acc2[r][v] += av * bv2[v];
+      }
+    }
+  }
+  g_prefetch.next = pf;
+  if (pf >= pf_end) g_prefetch.Advance();
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      const int64_t at = r * ldc + v * kVW;
+      Vec gv = acc1[r][v], uv = acc2[r][v];
+      if (accumulate) {
+        gv += LoadVec(g + at);
+        uv += LoadVec(u + at);
+      }
+      if (finish && stream) {
+        StreamVec(g + at, gv);
+        StreamVec(u + at, uv);
+        StreamVec(h + at, gv * VecSigmoid(gv) * uv);
+      } else {
+        StoreVec(g + at, gv);
+        StoreVec(u + at, uv);
+        if (finish) StoreVec(h + at, gv * VecSigmoid(gv) * uv);
+      }
+    }
+}
+
+template <int MR, int NV>
+void DualTileRows(int64_t m, int64_t k, const float* a, int64_t lda, const float* b1,
+                  const float* b2, int64_t ldb, float* g, float* u, float* h, int64_t ldc,
+                  bool accumulate, bool finish, bool stream) {
+  int64_t r = 0;
+  for (; r + MR <= m; r += MR) {
+    DualTile<MR, NV>(k, a + r * lda, lda, b1, b2, ldb, g + r * ldc, u + r * ldc, h + r * ldc,
+                     ldc, accumulate, finish, stream);
+  }
+  a += r * lda;
+  const int64_t at = r * ldc;
+  switch (m - r) {
+#define DROPLESS_REST(x) \
+    case x: if constexpr (x < MR) DualTile<x, NV>(k, a, lda, b1, b2, ldb, g + at, u + at, h + at, ldc, accumulate, finish, stream); break;
+    DROPLESS_REST(1) DROPLESS_REST(2) DROPLESS_REST(3) DROPLESS_REST(4) DROPLESS_REST(5)
+#undef DROPLESS_REST
+    default: break;
+  }
+}
+
+// g = a @ b1, u = a @ b2 and h = silu(g) * u, all [m, n] (ldc apart), a [m, k] (lda apart), b1
+// and b2 [k, n] (ldb apart), on the tiled kernel. Columns past the last whole vector run two
+// plain GEMMs and a scalar pass.
+void OwnGateUp(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b1,
+               const float* b2, int64_t ldb, float* g, float* u, float* h, int64_t ldc,
+               bool stream) {
+  constexpr int kDualNV = kNV / 2;   // g's and u's vectors: the registers of one kMR x kNV tile
+  const int64_t whole = n / kVW * kVW, chunk = ChunkRows(2 * kDualNV * kVW);
+  for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+    const int64_t kc = std::min(chunk, k - k0);
+    const bool acc = k0 > 0, finish = k0 + kc >= k;
+    const float* ak = a + k0;
+    int64_t j = 0;
+    for (; j + kDualNV * kVW <= whole; j += kDualNV * kVW) {
+      DualTileRows<kMR, kDualNV>(m, kc, ak, lda, b1 + k0 * ldb + j, b2 + k0 * ldb + j, ldb,
+                                 g + j, u + j, h + j, ldc, acc, finish, stream && finish);
+    }
+    for (; j < whole; j += kVW) {
+      DualTileRows<kMR, 1>(m, kc, ak, lda, b1 + k0 * ldb + j, b2 + k0 * ldb + j, ldb, g + j,
+                           u + j, h + j, ldc, acc, finish, stream && finish);
+    }
+  }
+  if (whole < n) {
+    OwnGemm<kMR, 1>(m, n - whole, k, a, lda, 1, b1 + whole, ldb, false, g + whole, ldc, 1, false);
+    OwnGemm<kMR, 1>(m, n - whole, k, a, lda, 1, b2 + whole, ldb, false, u + whole, ldc, 1, false);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = whole; j < n; ++j) {
+        const int64_t at = r * ldc + j;
+        h[at] = g[at] * Sigmoid(g[at]) * u[at];
+      }
+  }
+}
+
 void ZeroRows(float* p, int64_t from, int64_t to, int64_t width) {
   if (to > from) std::memset(p + from * width, 0, sizeof(float) * (to - from) * width);
 }
@@ -614,8 +832,16 @@ ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
     const int64_t w = same ? 0 : d * f;
     SetPrefetch({{pwg + grp * d * f, w}, {pwu + grp * d * f, w}, {px + lo * d, (hi - lo) * d}});
   };
+  const bool stream = StreamsOutput(m * f);
   ForRowTasks(bounds, 2 * d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
-    const bool own = kernels.Own(bounds[grp + 1] - bounds[grp]);
+    const bool own = kernels.Own();
+    if (own) {
+      CountGemms(true, 2);
+      OwnGateUp(hi - lo, f, d, px + lo * d, d, pwg + grp * d * f, pwu + grp * d * f, f,
+                pg + lo * f, pu + lo * f, ph + lo * f, f, stream);
+      if (stream) StreamFence();
+      return;
+    }
     Gemm(own, false, false, hi - lo, f, d, px + lo * d, d, pwg + grp * d * f, f, false,
          pg + lo * f, f);
     Gemm(own, false, false, hi - lo, f, d, px + lo * d, d, pwu + grp * d * f, f, false,
@@ -645,15 +871,25 @@ ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
     SetPrefetch({{pwd + grp * f * d, same ? 0 : f * d}, {pdy + lo * d, (hi - lo) * d},
                  {pg + lo * f, (hi - lo) * f}, {pu + lo * f, (hi - lo) * f}});
   };
-  ForRowTasks(bounds, d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
-    // dh lands in dg's rows, then both gradients are finished in place
-    Gemm(kernels.Own(bounds[grp + 1] - bounds[grp]), false, true, hi - lo, f, d, pdy + lo * d,
-         d, pwd + grp * f * d, d, false, pdg + lo * f, f);
-    for (int64_t i = lo * f; i < hi * f; ++i) {
+  // dh lands in dg's rows, then both gradients are finished in place
+  auto finish = [&](int64_t from, int64_t to) {
+    int64_t i = from * f;
+    for (; i + kVW <= to * f; i += kVW) {   // the loop below, a vector at a time
+      const Vec gv = LoadVec(pg + i), s = VecSigmoid(gv), dh = LoadVec(pdg + i);
+      StoreVec(pdu + i, dh * (gv * s));
+      StoreVec(pdg + i, dh * LoadVec(pu + i) * (s + gv * s * (1.0f - s)));
+    }
+    for (; i < to * f; ++i) {
       const float s = Sigmoid(pg[i]), dh = pdg[i];
       pdu[i] = dh * (pg[i] * s);
       pdg[i] = dh * pu[i] * (s + pg[i] * s * (1.0f - s));
     }
+  };
+  ForRowTasks(bounds, d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
+    const bool own = kernels.Own();
+    Gemm(own, false, true, hi - lo, f, d, pdy + lo * d, d, pwd + grp * f * d, d, false,
+         pdg + lo * f, f);
+    finish(lo, hi);
   });
   return ffi::Error::Success();
 }
@@ -679,7 +915,13 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
                  {p2 + lo * f, (hi - lo) * f}});
   };
   ForRowTasks(bounds, 2 * d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
-    const bool own = kernels.Own(bounds[grp + 1] - bounds[grp]);
+    const bool own = kernels.Own();
+    if (own) {   // both products of a chunk of rows while it is in cache
+      CountGemms(true, 2);
+      OwnGemmNT(hi - lo, d, f, p1 + lo * f, f, pw1 + grp * d * f, f, po + lo * d, d, false,
+                p2 + lo * f, pw2 + grp * d * f);
+      return;
+    }
     Gemm(own, false, true, hi - lo, d, f, p1 + lo * f, f, pw1 + grp * d * f, f, false,
          po + lo * d, d);
     Gemm(own, false, true, hi - lo, d, f, p2 + lo * f, f, pw2 + grp * d * f, f, true,
@@ -700,10 +942,20 @@ extern "C" int64_t dropless_gemm_calls(int own) { return g_gemm_calls[own ? 1 : 
 extern "C" int dropless_vector_floats() { return kVW; }
 // the size above which the grouped GEMM's forward and drhs outputs are streamed (-1: never)
 extern "C" int64_t dropless_stream_min_bytes() { return StreamMinBytes(); }
+// the tiled kernel's contraction chunk (`ChunkRows`): of the forward's and drhs's tiles
+// (`panel` 0), the NT form's (1, its 2-vector pass) and the fused gate and up tiles (2)
+extern "C" int64_t dropless_chunk_rows(int panel) {
+  return ChunkRows(panel == 0 ? kNV * kVW : panel == 1 ? kNtNV * kVW : 2 * (kNV / 2) * kVW);
+}
 
 // the elementwise exp the fused handlers use, exported for the tests
 extern "C" void dropless_fast_exp(const float* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = FastExp(x[i]);
+}
+// the same a vector at a time (VecExp, the fused handlers' vector loops), n a whole number of
+// vectors (`dropless_vector_floats`)
+extern "C" void dropless_fast_exp_vec(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i + kVW <= n; i += kVW) StoreVec(out + i, VecExp(LoadVec(x + i)));
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGroupedGemmF32, GroupedGemm,
