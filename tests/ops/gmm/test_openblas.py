@@ -73,27 +73,35 @@ def test_matches_float64_loop_where_work_is_split(fwd_bwd, sizes):
             assert (np.asarray(drhs)[g] == 0).all()
 
 
+def _kernel_matches_float64_loop(fwd_bwd, kernel, seed, k, n, sizes, rows_past):
+    """Run the forward and both gradients on `kernel` (forced) for groups of `sizes` and
+    `rows_past` rows in none, check that only that kernel ran and that all three equal the
+    float64 loop; returns the operands (lhs, rhs, dy) and the results (out, dlhs, drhs)."""
+    m = sum(sizes) + rows_past
+    lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(seed, m, k, n, sizes)
+    before = openblas.gemm_calls()
+    with openblas.use_kernel(kernel):
+        got = jax.block_until_ready(fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
+    assert _only_ran(kernel, before)
+    out, dlhs, drhs = got
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_allclose(dlhs, want_dlhs, rtol=1e-4, atol=1e-4 * np.sqrt(n))
+    np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=1e-4 * np.sqrt(m))
+    return (lhs, rhs, dy), tuple(map(np.asarray, got))
+
+
 # the two kernels of the native library, each forced (`use_kernel`, read when a call runs; the
-# GEMM counters say which ran), at shapes that reach their edges: K past the tiled kernel's 512-wide contraction chunk,
-# N with no whole 16-wide panel (37) or a panel and a lone vector (80), groups past the NT form's
-# 64-row chunk (70) and no multiple of the 6- and 8-row tiles, and groups that fill the NT form's
+# GEMM counters say which ran), at shapes that reach their edges: N with no whole 16-wide panel
+# (37) or a panel and a lone vector (80), drhs groups on both sides of its 128-row transpose (100,
+# 131), groups past the NT form's 64-row chunk (70) and no multiple of the 6- and 8-row tiles,
+# and groups that fill the NT form's
 # 1-, 2- and 3-vector passes in part (17, 31, 47, and 49: a whole 32-row pass and a part one); a
 # NaN in group 0's rows must not reach another group's rows or weight gradient
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
 @pytest.mark.parametrize("k, n, sizes", [(1100, 37, [5, 70, 0, 13]), (24, 80, [33, 1, 100, 0]),
                                          (130, 16, [0, 0, 131, 2]), (40, 48, [17, 31, 47, 49])])
 def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, kernel, k, n, sizes):
-    m = sum(sizes) + 3
-    lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(1, m, k, n, sizes)
-    before = openblas.gemm_calls()
-    with openblas.use_kernel(kernel):
-        out, dlhs, drhs = jax.block_until_ready(
-            fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
-    assert _only_ran(kernel, before)
-    tol = dict(rtol=1e-4, atol=1e-4 * np.sqrt(k))
-    np.testing.assert_allclose(out, want, **tol)
-    np.testing.assert_allclose(dlhs, want_dlhs, **dict(tol, atol=1e-4 * np.sqrt(n)))
-    np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=1e-4 * np.sqrt(m))
+    lhs, rhs, dy = _kernel_matches_float64_loop(fwd_bwd, kernel, 1, k, n, sizes, 3)[0]
     first = next(g for g, s in enumerate(sizes) if s)
     lhs[0, 0] = np.nan
     with openblas.use_kernel(kernel):
@@ -116,17 +124,8 @@ def test_contractions_past_one_chunk_match_float64_loop(fwd_bwd, kernel, case):
         k, n, sizes = chunk["nn"] + 52, 40, [chunk["nn"] + 102, 0, 47, 0]
     else:
         k, n, sizes = 24, chunk["nt"] + 54, [60, 0, 40, 3]
-    m = sum(sizes) + 2
-    lhs, rhs, dy, (want, want_dlhs, want_drhs) = _problem(4, m, k, n, sizes)
-    before = openblas.gemm_calls()
-    with openblas.use_kernel(kernel):
-        out, dlhs, drhs = jax.block_until_ready(
-            fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
-    assert _only_ran(kernel, before)
-    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
-    np.testing.assert_allclose(dlhs, want_dlhs, rtol=1e-4, atol=1e-4 * np.sqrt(n))
-    np.testing.assert_allclose(drhs, want_drhs, rtol=1e-4, atol=1e-4 * np.sqrt(m))
-    assert not np.asarray(out)[sum(sizes):].any() and not np.asarray(drhs)[1].any()
+    out, _, drhs = _kernel_matches_float64_loop(fwd_bwd, kernel, 4, k, n, sizes, 2)[1]
+    assert not out[sum(sizes):].any() and not drhs[1].any()
 
 
 def test_auto_runs_the_tiled_kernel_for_every_group_in_avx512_builds(fwd_bwd):

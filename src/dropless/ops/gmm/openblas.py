@@ -1,9 +1,8 @@
 """`openblas`: a native CPU grouped GEMM (one GEMM per group, rows read in place) behind XLA's
-FFI, float32, with the backward written out. Each group's GEMM is OpenBLAS's sgemm or, in
-AVX-512 builds, the library's own register-tiled kernel (native/grouped_gemm.cc: where OpenBLAS
-runs its AVX2 kernels, and for groups of at most 64 rows). DROPLESS_NATIVE_KERNEL=own|openblas,
-read when the library loads, forces one, and `use_kernel` for a block; `describe()` and
-`gemm_calls()` say which ran.
+FFI, float32, with the backward written out. Each group's GEMM is the library's own
+register-tiled kernel in AVX-512 builds (native/grouped_gemm.cc), OpenBLAS's sgemm elsewhere.
+DROPLESS_NATIVE_KERNEL=own|openblas, read when the library loads, forces one, and `use_kernel`
+for a block; `describe()` and `gemm_calls()` say which ran.
 
 Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
 
@@ -127,7 +126,8 @@ def core() -> str | None:
 def describe() -> dict[str, object]:
     """What the native library runs here, for benchmark records: OpenBLAS's kernel set
     ("openblas_core"), the tiled kernel's vector width in floats ("native_vector_floats"; 16
-    where it may run, see native/grouped_gemm.cc) and the kernel choice ("native_kernel": "own",
+    in AVX-512 builds, where `auto` runs it for every group, see native/grouped_gemm.cc) and the
+    kernel choice ("native_kernel": "own",
     "openblas", or "auto", the library's rule; DROPLESS_NATIVE_KERNEL or `use_kernel`). Empty
     where `openblas` cannot run."""
     if problem() is not None:

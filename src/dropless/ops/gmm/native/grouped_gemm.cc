@@ -657,18 +657,24 @@ void ForRowTasks(const std::vector<int64_t>& bounds, int64_t macs_per_row, Spans
 // exp(x) in float32 without branches or calls, so the elementwise loops vectorize: Cody-Waite
 // range reduction x = n ln2 + r, |r| <= ln2 / 2, and Cephes's degree-6 polynomial for exp(r)
 // (about 1 ulp); x is clamped to where the result is a normal float. A NaN stays NaN.
-inline float FastExp(float x) {
-  x = x < -87.3f ? -87.3f : x;   // (a NaN passes both: it stays NaN)
-  x = x > 88.3f ? 88.3f : x;
-  const float n = __builtin_floorf(x * 1.44269504089f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+// exp(x - n ln2) for the n = round(x / ln2) of the range reduction, on a float or a vector
+template <typename T>
+inline T ExpReduced(T x, T n) {
+  const T r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  T p = T{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+inline float FastExp(float x) {
+  x = x < -87.3f ? -87.3f : x;   // (a NaN passes both: it stays NaN)
+  x = x > 88.3f ? 88.3f : x;
+  const float n = __builtin_floorf(x * 1.44269504089f + 0.5f);
+  const float p = ExpReduced(x, n);
   int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
@@ -687,14 +693,7 @@ inline Vec VecExp(Vec x) {
   const Vec y = x * 1.44269504089f + 0.5f;
   const Vec t = __builtin_convertvector(__builtin_convertvector(y, IVec), Vec);
   const Vec n = t > y ? t - 1.0f : t;
-  const Vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  Vec p = Splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  const Vec p = ExpReduced(x, n);
   const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
   Vec scale;
   std::memcpy(&scale, &bits, sizeof(scale));
