@@ -115,13 +115,16 @@ def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, kernel, k, n, si
 # contractions longer than one of the tiled kernel's chunks (`chunk_rows`: its tiles of C are
 # then written, read back and added to): the forward's K and a drhs group's rows (transposed
 # first: more than 128 rows) past the forward's chunk, and the NT form's N past its own; a
-# group under 128 rows runs drhs on its rows in place. Both kernels, each forced.
+# group under 128 rows runs drhs on its rows in place; a drhs task whose a^T exceeds the 2^20
+# floats a worker transposes at a time. Both kernels, each forced.
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
-@pytest.mark.parametrize("case", ["nn", "nt"])
+@pytest.mark.parametrize("case", ["nn", "nt", "tn_slices"])
 def test_contractions_past_one_chunk_match_float64_loop(fwd_bwd, kernel, case):
     chunk = openblas.chunk_rows()
     if case == "nn":
         k, n, sizes = chunk["nn"] + 52, 40, [chunk["nn"] + 102, 0, 47, 0]
+    elif case == "tn_slices":   # drhs tasks of 800 of K's rows x 2000 rows: a^T in 2 slices
+        k, n, sizes = 2400, 8, [2000, 0, 0, 3]
     else:
         k, n, sizes = 24, chunk["nt"] + 54, [60, 0, 40, 3]
     out, _, drhs = _kernel_matches_float64_loop(fwd_bwd, kernel, 4, k, n, sizes, 2)[1]

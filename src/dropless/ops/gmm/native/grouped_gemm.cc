@@ -466,6 +466,9 @@ std::atomic<int64_t> g_gemm_calls[2] = {};   // [0] OpenBLAS, [1] the tiled kern
 // threads on cold operands. At 32-row groups the copy costs more than it saves
 // (docs/grouped_matmul.md).
 constexpr int64_t kTransposeRows = 128;
+// floats of a^T a worker transposes at a time (4 MiB: 1024 of K's rows of a 1024-row group; a
+// 4096-row group at K = 7168 would otherwise keep 117 MB in each worker)
+constexpr int64_t kTransposeFloats = int64_t{1} << 20;
 
 inline void CountGemms(bool own, int64_t count) {
   g_gemm_calls[own ? 1 : 0].fetch_add(count, std::memory_order_relaxed);
@@ -485,11 +488,16 @@ void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const flo
     OwnGemmNT(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
   } else if (ta && k < kTransposeRows) {
     OwnGemm<kMR, kNV>(m, n, k, a, 1, lda, b, ldb, false, c, ldc, 1, accumulate, stream);
-  } else if (ta) {
-    thread_local std::vector<float> at;   // a^T [m, k]
-    at.resize(m * k);
-    PackTransposed(a, lda, k, m, at.data(), k);
-    OwnGemm<kMR, kNV>(m, n, k, at.data(), k, 1, b, ldb, false, c, ldc, 1, accumulate, stream);
+  } else if (ta) {   // a^T's rows a slice at a time: [rows, k], at most kTransposeFloats
+    thread_local std::vector<float> at;
+    const int64_t step = std::max<int64_t>(1, std::min(m, kTransposeFloats / k));
+    at.resize(step * k);
+    for (int64_t r0 = 0; r0 < m; r0 += step) {
+      const int64_t rows = std::min(step, m - r0);
+      PackTransposed(a + r0, lda, k, rows, at.data(), k);
+      OwnGemm<kMR, kNV>(rows, n, k, at.data(), k, 1, b, ldb, false, c + r0 * ldc, ldc, 1,
+                        accumulate, stream);
+    }
   } else {
     OwnGemm<kMR, kNV>(m, n, k, a, lda, 1, b, ldb, false, c, ldc, 1, accumulate, stream);
   }
