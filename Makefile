@@ -51,8 +51,8 @@ test-main: setup
 # GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist.
 JAX_LEG_OLD := 0.11.2
 JAX_LEG_NEW := 0.12.0.1
-export GPU_TESTS := $(wildcard tests/ops/gmm/test_triton_check*.py \
-                      tests/ops/gmm/test_pallas_gpu.py tests/ops/gmm/test_tokamax_backend.py tests/bench/test_gpu.py)
+export GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py \
+                      tests/ops/gpu/test_pallas_gpu.py tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py)
 setup-gpu-lowering:
 	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) setup
 	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) setup

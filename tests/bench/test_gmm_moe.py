@@ -81,7 +81,7 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
 
 
 def test_bench_gmm_times_both_native_kernels_and_names_a_bad_suffix(tmp_path):
-    from dropless.ops.gmm import openblas
+    from dropless.ops.native import library as openblas
     before = openblas.gemm_calls()
     out = tmp_path / "gmm.jsonl"
     args = bench_gmm.GmmOptions(m=256, k=32, n=32, groups=(8,), routings=("uniform",),

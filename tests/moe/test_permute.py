@@ -199,7 +199,7 @@ def test_other_dtypes_take_the_xla_path(y_dtype, w_dtype):
 
 
 def test_without_the_library_every_dtype_takes_the_xla_path(monkeypatch):
-    from dropless.ops.gmm import openblas
+    from dropless.ops.native import library as openblas
     t, k, e, d = 30, 2, 5, 8
     ids_tk, p = _routing(t, k, e, e)
     native_sort = jax.jit(lambda i: perm.sort_by_expert(i, e))(jnp.asarray(ids_tk))
@@ -221,7 +221,7 @@ def test_without_the_library_every_dtype_takes_the_xla_path(monkeypatch):
 
 
 def test_a_process_whose_default_backend_is_not_the_cpu_never_builds_the_library(monkeypatch):
-    from dropless.ops.gmm import openblas
+    from dropless.ops.native import library as openblas
     t, k, e, d = 12, 2, 4, 8
     _, p = _routing(t, k, e, e)
     x, d_nd, y, w, dy = _operands(t, k, d)

@@ -30,7 +30,8 @@ import numpy as np
 from dropless import machine, text_table
 from dropless.bench import dense, harness
 from dropless.ops import grouped_matmul, padding_stats, resolve_backend
-from dropless.ops.gmm import openblas, pallas_plan
+from dropless.ops import native as openblas
+from dropless.ops.gpu import pallas_plan
 
 ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
 PADDED_MEMORY_LIMIT = 6 * 2**30  # bytes of padded operands we allow the padded baseline

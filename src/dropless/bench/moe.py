@@ -32,7 +32,7 @@ from dropless.config import MoEConfig
 from dropless.moe.experts import expert_ffn
 from dropless.bench import dense, harness, moe_profile
 from dropless.ops import resolve_backend
-from dropless.ops.gmm import openblas
+from dropless.ops import native as openblas
 
 
 def _router_bias(routing: str, e: int, seed: int) -> np.ndarray:

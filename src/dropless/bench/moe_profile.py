@@ -39,7 +39,7 @@ from dropless.moe import permute as perm
 from dropless.moe import router as rt
 from dropless.moe.ffn import swiglu, swiglu_ffn
 from dropless.bench import dense
-from dropless.ops.gmm import openblas
+from dropless.ops import native as openblas
 from dropless.ops.gmm.registry import resolve_backend
 from dropless.ops.gmm.tiled import tiled_dlhs, tiled_drhs, tiled_gmm
 

@@ -28,7 +28,8 @@ from dropless.config import MoEConfig
 from dropless.moe import permute as perm
 from dropless.moe.ffn import swiglu
 from dropless.moe.router import Routing
-from dropless.ops.gmm import grouped_matmul, openblas
+from dropless.ops import native as openblas
+from dropless.ops.gmm import grouped_matmul
 from dropless.ops.gmm.choices import note, shape_key
 from dropless.ops.gmm.registry import resolve_backend
 from dropless.quant.mx_rows import MXRows, travel

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dropless.ops.gmm import openblas
+from dropless.ops import native as openblas
 
 # Every index here is in range (a permutation of [0, N), or order // K < T), so the gathers
 # clamp instead of jnp.take's default "fill", whose out-of-range select made XLA:CPU's row

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from dropless.config import MoEConfig
-from dropless.ops.gmm import openblas
+from dropless.ops import native as openblas
 
 
 class Routing(NamedTuple):

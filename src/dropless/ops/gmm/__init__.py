@@ -3,10 +3,10 @@ from dropless.ops.gmm.baselines import (loop_gmm, padded_gmm, padding_stats, rag
                                         reference_gmm)
 from dropless.ops.gmm.registry import (backend_spec, grouped_matmul, grouped_matmul_backends,
                                        register_backend, resolve_backend, tokamax_unusable)
-from dropless.ops.gmm.openblas import openblas_gmm, problem as openblas_problem
-from dropless.ops.gmm.pallas_gpu import OPTIONS as PALLAS_GPU_OPTIONS, pallas_gpu_gmm
+from dropless.ops.native.library import openblas_gmm, problem as openblas_problem
+from dropless.ops.gpu.pallas_gpu import OPTIONS as PALLAS_GPU_OPTIONS, pallas_gpu_gmm
 from dropless.ops.gmm.tiled import DEFAULT_TILE_SIZES, tiled_gmm
-from dropless.ops.gmm.tokamax_backend import tokamax_gmm
+from dropless.ops.gpu.tokamax_backend import tokamax_gmm
 
 register_backend("reference", reference_gmm,
                  description="per-group masked loop, G x the work; obviously correct (tests)")

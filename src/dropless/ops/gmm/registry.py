@@ -170,7 +170,7 @@ def tokamax_available() -> bool:
     suits this jax (`tokamax_backend.tokamax_problem`; cached there)."""
     if importlib.util.find_spec("tokamax") is None:
         return False
-    from dropless.ops.gmm.tokamax_backend import tokamax_problem  # noqa: PLC0415
+    from dropless.ops.gpu.tokamax_backend import tokamax_problem  # noqa: PLC0415
     return tokamax_problem() is None
 
 
@@ -178,7 +178,7 @@ def tokamax_unusable() -> str | None:
     """Why `auto` cannot use tokamax here (None: it can); the tokamax backend's `problem`."""
     if tokamax_available():
         return None
-    from dropless.ops.gmm.tokamax_backend import tokamax_problem  # noqa: PLC0415
+    from dropless.ops.gpu.tokamax_backend import tokamax_problem  # noqa: PLC0415
     return tokamax_problem() if importlib.util.find_spec("tokamax") else "tokamax is not installed"
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dropless.ops.gmm import openblas
+from dropless.ops.native import library as openblas
 
 U = 2.0 ** -24   # float32's unit roundoff
 

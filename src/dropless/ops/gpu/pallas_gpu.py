@@ -41,7 +41,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from dropless.ops.gmm import pallas_plan
+from dropless.ops.gpu import pallas_plan
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

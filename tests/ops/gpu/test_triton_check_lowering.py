@@ -21,7 +21,7 @@ from dropless.config import MoEConfig
 from dropless.config_file import build_config
 from dropless.moe import apply, init_params
 from dropless.ops import grouped_matmul
-from dropless.ops.gmm import triton_check
+from dropless.ops.gpu import triton_check
 from dropless.ops.gmm.registry import tokamax_available
 from dropless.train import step
 

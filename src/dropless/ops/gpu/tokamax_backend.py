@@ -23,7 +23,7 @@ import logging
 import jax
 
 from dropless.ops.gmm import choices
-from dropless.ops.gmm.pallas_gpu import pallas_gpu_gmm
+from dropless.ops.gpu.pallas_gpu import pallas_gpu_gmm
 
 IMPLEMENTATIONS = ("mosaic", "triton", "xla")
 PREFERRED = ("mosaic", "triton")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dropless.ops import grouped_matmul
-from dropless.ops.gmm import openblas
+from dropless.ops.native import library as openblas
 from dropless.ops.gmm.registry import resolve_backend
 from tests._support.gmm_reference import np_gmm, np_gmm_grads
 
@@ -221,7 +221,7 @@ def test_concurrent_builds_into_one_empty_cache_both_load(tmp_path):
     # into place, so both load a whole library and no temp file is left behind
     script = textwrap.dedent("""
         import jax.numpy as jnp, numpy as np
-        from dropless.ops.gmm import openblas
+        from dropless.ops.native import library as openblas
         assert openblas.problem() is None, openblas.problem()
         out = openblas.gmm_forward(jnp.ones((4, 3)), jnp.ones((2, 3, 2)), jnp.array([1, 2]))
         assert np.asarray(out).tolist() == [[3, 3], [3, 3], [3, 3], [0, 0]], out

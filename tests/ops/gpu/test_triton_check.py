@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from dropless.ops import grouped_matmul
-from dropless.ops.gmm import triton_check
+from dropless.ops.gpu import triton_check
 
 G, M, K, N = 6, 56, 24, 40
 SIZES = jnp.array([9, 0, 20, 1, 3, 13], jnp.int32)

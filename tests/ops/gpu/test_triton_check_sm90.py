@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import pytest
 
 from dropless.ops import grouped_matmul
-from dropless.ops.gmm import pallas_plan, triton_check
-from dropless.ops.gmm.pallas_gpu import PallasGpuConfig, kernel_blocks
+from dropless.ops.gpu import pallas_plan, triton_check
+from dropless.ops.gpu.pallas_gpu import PallasGpuConfig, kernel_blocks
 
 pytestmark = pytest.mark.skipif(triton_check.triton_available() is not None,
                                 reason=str(triton_check.triton_available()))

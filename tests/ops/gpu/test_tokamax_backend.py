@@ -20,7 +20,8 @@ import pytest
 from jax.interpreters import mlir
 
 from dropless.ops import grouped_matmul
-from dropless.ops.gmm import registry, tokamax_backend, triton_check
+from dropless.ops.gmm import registry
+from dropless.ops.gpu import tokamax_backend, triton_check
 from dropless.ops.gmm.baselines import reference_gmm
 
 G, M, K, N = 4, 40, 16, 24

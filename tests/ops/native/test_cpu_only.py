@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from dropless.ops import grouped_matmul
-from dropless.ops.gmm import openblas, triton_check
-from dropless.ops.gmm.cpu_only import on_cpu_only
+from dropless.ops.native import library as openblas
+from dropless.ops.gpu import triton_check
+from dropless.ops.native.cpu_only import on_cpu_only
 from tests._support.gmm_reference import np_gmm, np_gmm_grads, operands
 
 on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu",

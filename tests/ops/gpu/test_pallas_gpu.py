@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from dropless.ops import grouped_matmul
-from dropless.ops.gmm import pallas_plan
-from dropless.ops.gmm.pallas_gpu import group_offsets, work_items
+from dropless.ops.gpu import pallas_plan
+from dropless.ops.gpu.pallas_gpu import group_offsets, work_items
 from tests._support.gmm_reference import np_gmm, np_gmm_grads, operands
 
 

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dropless.ops.gmm.cpu_only import on_cpu_only
+from dropless.ops.native.cpu_only import on_cpu_only
 from dropless.ops.gmm.tiled import tiled_gmm
 
 TARGET = "dropless_grouped_gemm_f32"
@@ -74,7 +74,7 @@ ROW_HANDLERS = {"dropless_gather_rows_f32": "DroplessGatherRowsF32",
                 "dropless_sort_by_expert": "DroplessSortByExpert",
                 "dropless_top_k": "DroplessTopK"}
 HANDLERS = {**GEMM_HANDLERS, **ROW_HANDLERS}
-NATIVE = Path(__file__).parent / "native"
+NATIVE = Path(__file__).parent / "csrc"
 SOURCES = (NATIVE / "grouped_gemm.cc", NATIVE / "rows.cc")   # one library
 HEADERS = (NATIVE / "threads.h",)
 MODES = {"forward": 0, "dlhs": 1, "drhs": 2}
