@@ -461,7 +461,7 @@ def supports(lhs_MK, rhs_GKN, out_dtype) -> bool:
 _gmm_on_cpu = on_cpu_only(_gmm, CPU_ONLY)
 
 
-def openblas_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
+def native_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
     """Grouped matmul by one OpenBLAS sgemm per group (float32); other dtypes run `tiled`.
     Shapes are checked by the caller. Raises RuntimeError when the kernel cannot be built, and
     ValueError (naming the platform) when float32 operands are lowered for a platform other
