@@ -1,4 +1,4 @@
-"""JSON the command line writes holds no NaN/Infinity token (issue 18): json_out against
+"""JSON the command line writes holds no NaN/Infinity token: json_out against
 Python's own parser with NaN refused, and the plan / bench / config show outputs."""
 import json
 import math

@@ -1,4 +1,4 @@
-"""The fault table's row type and runner (issue 18): every way a user can break an input, a file
+"""The fault table's row type and runner: every way a user can break an input, a file
 on disk or a run, as one row, and one runner that checks every row the same way.
 
 A row says how to break something (`setup`), which `dropless` command to run on it (`argv`), the

@@ -1,4 +1,4 @@
-"""Fault rows: broken Hugging Face checkpoints (issue 17's "Why" list), each through
+"""Fault rows: broken Hugging Face checkpoints, each through
 `dropless convert BAD OUT`: exit 2, one line naming the file and the key or tensor, the source
 folder unchanged and nothing written."""
 import json

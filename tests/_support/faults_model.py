@@ -1,6 +1,6 @@
-"""Fault rows: `dropless eval` / `generate` / `convert` arguments and model folders (issue 18,
-and issue 17's tokenizer and non-destructive writes). Every refusal is one line naming the
-argument and the command that was run, before any compile; nothing on disk changes."""
+"""Fault rows: `dropless eval` / `generate` / `convert` arguments, model folders, tokenizers and
+non-destructive writes. Every refusal is one line naming the argument and the command that was
+run, before any compile; nothing on disk changes."""
 import json
 import shutil
 from pathlib import Path

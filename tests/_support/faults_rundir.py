@@ -1,4 +1,4 @@
-"""Fault rows: what a run directory is, and readers and writers at once (issue 29).
+"""Fault rows: what a run directory is, and readers and writers at once.
 
 * A folder is trained into only if dropless made it (its `.dropless-run` marker, or a run made
   before the marker existed, recognised by config.json + checkpoints/): a Hugging Face model

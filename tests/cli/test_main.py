@@ -1,4 +1,4 @@
-"""Argument checks of `plan` and `bench` (issue 18): every default and --quick set passes, so
+"""Argument checks of `plan` and `bench`: every default and --quick set passes, so
 the checks refuse only what is wrong (the refusals are rows of tests/_support/faults_cli.py)."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""The fault table (issue 18): every row of every `tests/_support/faults_<area>.py` file, run and
+"""The fault table: every row of every `tests/_support/faults_<area>.py` file, run and
 checked the same way (see `tests/_support/fault.py` for what a row is, what is checked and where
 a row runs).
 

@@ -1,6 +1,6 @@
 """Resume is transactional, run directories are unique, and the CLI turns errors into one line.
 
-Each refused resume is checked to leave the run directory byte-identical (issue 11, item 1);
+Each refused resume is checked to leave the run directory byte-identical;
 the fault matrix with real signals and full disks is in test_train_faults.py.
 """
 import json

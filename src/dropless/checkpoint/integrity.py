@@ -12,7 +12,7 @@ A step directory written by `checkpoint.save` looks like this (orbax, one proces
 `hashes` maps each array's path ('params/layers/1/moe/w_up_EDF') to its xxh3-64 hash over the
 array's bytes in C order, computed from the arrays being saved (so it covers what was meant to
 be written, not what reached the disk). The array store keeps no checksum of its own: bits
-flipped in a chunk file load silently unless the hash is compared (issue 18).
+flipped in a chunk file load silently unless the hash is compared.
 
 `inspect` finds what can be seen without reading arrays (an empty step folder, a missing or
 unparsable JSON file, a missing `state/`, a missing manifest, an empty chunk file);
