@@ -1,6 +1,8 @@
 """Typed, frozen, keyword-only configs, validated on construction.
 
 Every error names the field and the value, e.g. `MoEConfig.top_k=9 must be <= num_experts=8`.
+Every field carries its one-line description (`described`), from which `config_docs` writes the
+configuration reference, docs/config.md.
 """
 from __future__ import annotations
 
@@ -46,6 +48,16 @@ INIT_FIELDS = ("init", "init_std", "head_init_std", "embed_init_std", "init_resi
 
 def _fail(cls: str, field: str, value: Any, why: str) -> None:
     raise ValueError(f"{cls}.{field}={value!r} {why}")
+
+
+DOC = "doc"   # the metadata key of a config field's one-line description
+
+
+def described(default: Any = dataclasses.MISSING, *, doc: str) -> Any:
+    """A dataclass field carrying its one-line description `doc` in its metadata (under `DOC`):
+    the one place a config key is described (`config_docs` writes docs/config.md from it).
+    `default` is `dataclasses.field`'s; without one the field is required."""
+    return dataclasses.field(default=default, metadata={DOC: doc})
 
 
 SCALAR_WORDS = {bool: "true or false", int: "an int", float: "a finite number", str: "a string"}
@@ -137,53 +149,89 @@ class MoEConfig:
     path do.
     """
 
-    num_experts: int
-    top_k: int
-    d_model: int
-    d_ff: int
-    num_shared_experts: int = 0
-    score_func: str = "softmax"
-    norm_topk_prob: bool = True
-    routed_scaling_factor: float = 1.0
-    n_groups: int = 1
-    topk_groups: int = 1
-    capacity_factor: float | None = None
-    gmm_backend: str = "auto"
-    gmm_quantization: str = "none"
-    mx_scale_rounding: str = "floor"  # MXFP8 scales: "floor" (OCP spec) or "up" (never saturates)
-    mx_grad_elem: str = "e4m3"        # MXFP8 element format of gradients: "e4m3" or "e5m2"
-    # NVFP4 recipe pieces (gmm_quantization="nvfp4"; docs/nvfp4.md): weight blocks "2d" (16x16)
-    # or "1d" (1x16), the FP32 tensor scale, the wgrad Hadamard transform, stochastic rounding
-    # of gradients, and the seed of the Hadamard signs and of the rounding key
-    nvfp4_weight_blocks: str = "2d"
-    nvfp4_tensor_scale: bool = True
-    nvfp4_rht: bool = True
-    nvfp4_stochastic_rounding: bool = True
-    nvfp4_seed: int = 0
-    # "mxfp8": routed rows quantized once before the dispatch (1x32 E4M3 + E8M0 scales), sent
-    # so, and fed to the MXFP8 grouped matmul as is; combine stays in `dtype` (docs/fp8_dispatch.md)
-    dispatch_quantization: str = "none"
-    dtype: str = "float32"           # activations and expert matmul inputs
-    weight_dtype: str = "float32"    # stored expert / shared weights (router stays float32)
-    prefuse_moe_weights: bool = False  # experts hold one [E, D, 2F] gate+up weight (MaxText key)
-    load_balance_coef: float = 0.0   # Switch/Mixtral loss; Mixtral uses 0.02
-    seq_aux_coef: float = 0.0        # DeepSeek-V3 sequence-wise loss; V3 uses 1e-4
-    z_loss_coef: float = 0.0         # ST-MoE router z-loss; 1e-3 there
-    # DeepSeek-V3's gamma for the aux-loss-free bias. None = by score function: 0.001 for sigmoid
-    # (DeepSeek-V3), 0.0 for softmax: Mixtral and Qwen3-MoE have no routing bias, and updating
-    # one would make a fine-tuned model's routing drift from the reference it was loaded from.
-    bias_update_speed: float | None = None
+    num_experts: int = described(doc="routed experts in the layer")
+    top_k: int = described(doc="experts each token is routed to")
+    d_model: int = described(doc="the layer's input and output width; must equal model.d_model, "
+                                 "which sets it too")
+    d_ff: int = described(doc="hidden width of each expert's SwiGLU")
+    num_shared_experts: int = described(
+        0, doc="experts every token passes through beside its top_k, run as one SwiGLU of "
+               "width num_shared_experts x d_ff")
+    score_func: str = described(
+        "softmax", doc="router scores: softmax over the experts (Mixtral, Qwen3-MoE) or an "
+                       "independent sigmoid per expert (DeepSeek-V3)")
+    norm_topk_prob: bool = described(
+        True, doc="renormalise the chosen experts' weights to sum to one")
+    routed_scaling_factor: float = described(
+        1.0, doc="multiplies the routed experts' combine weights (DeepSeek-V3: 2.5)")
+    n_groups: int = described(
+        1, doc="expert groups for group-limited routing (DeepSeek-V3: 8); 1 = no groups")
+    topk_groups: int = described(
+        1, doc="groups a token may choose experts from: those whose two best scores sum highest")
+    capacity_factor: float | None = described(
+        None, doc="null = dropless; a number = the capacity baseline: each expert keeps at most "
+                  "ceil(tokens x top_k / num_experts x capacity_factor) rows, the rest dropped")
+    gmm_backend: str = described(
+        "auto", doc="grouped-matmul backend: auto (chosen per platform when lowered) or a name "
+                    "in the ops.gmm registry (an unknown name's error lists them)")
+    gmm_quantization: str = described(
+        "none", doc="expert matmuls in low precision: none, mxfp8 (docs/mxfp8.md) or nvfp4 "
+                    "(docs/nvfp4.md)")
+    mx_scale_rounding: str = described(
+        "floor", doc="MXFP8 block scales rounded floor (the OCP spec) or up (never saturates)")
+    mx_grad_elem: str = described("e4m3", doc="MXFP8 element format of gradients: e4m3 or e5m2")
+    # NVFP4 recipe pieces (gmm_quantization="nvfp4"; docs/nvfp4.md)
+    nvfp4_weight_blocks: str = described(
+        "2d", doc="NVFP4 weight scale blocks: 2d (16x16) or 1d (1x16)")
+    nvfp4_tensor_scale: bool = described(
+        True, doc="NVFP4: an FP32 per-tensor scale above the block scales")
+    nvfp4_rht: bool = described(
+        True, doc="NVFP4: a random Hadamard transform on the weight-gradient matmul's inputs")
+    nvfp4_stochastic_rounding: bool = described(
+        True, doc="NVFP4: gradients quantized with stochastic rounding")
+    nvfp4_seed: int = described(
+        0, doc="NVFP4: seed of the Hadamard signs and of the rounding key (< 2^32)")
+    # rows travel as 1x32 E4M3 blocks with E8M0 scales; the combine stays in `dtype`
+    dispatch_quantization: str = described(
+        "none", doc="none, or mxfp8: routed rows quantized once before the dispatch, sent so "
+                    "and fed to the MXFP8 grouped matmul (needs gmm_quantization=mxfp8; "
+                    "docs/fp8_dispatch.md)")
+    dtype: str = described("float32", doc="activations and the expert matmuls' inputs")
+    weight_dtype: str = described(
+        "float32", doc="stored expert and shared-expert weights (the router stays float32)")
+    prefuse_moe_weights: bool = described(
+        False, doc="experts hold one [E, D, 2F] gate+up weight instead of two")
+    load_balance_coef: float = described(
+        0.0, doc="weight of the Switch/Mixtral load-balance loss (Mixtral: 0.02)")
+    seq_aux_coef: float = described(
+        0.0, doc="weight of DeepSeek-V3's sequence-wise balance loss (V3: 1e-4)")
+    z_loss_coef: float = described(0.0, doc="weight of the ST-MoE router z-loss (1e-3 there)")
+    # None = by score function: 0.001 for sigmoid (DeepSeek-V3), 0.0 for softmax: Mixtral and
+    # Qwen3-MoE have no routing bias, and updating one would make a fine-tuned model's routing
+    # drift from the reference it was loaded from.
+    bias_update_speed: float | None = described(
+        None, doc="DeepSeek-V3's gamma, the update speed of the aux-loss-free routing bias; "
+                  "null = 0.001 for sigmoid, 0.0 for softmax")
     # expert parallelism (used only when a mesh with an `expert` axis is given)
-    dispatcher: str = "auto"
-    ragged_buffer_factor: float = 2.0
-    overflow: str = "rounds"
-    overflow_check_every_n_steps: int = 1
-    # dispatch overlapped with the expert matmuls (moe/dispatch/overlap.py, docs/overlap.md):
-    # each device's tokens in this many chunks, each its own dispatch -> experts -> combine, so
-    # chunk i+1's dispatch and chunk i-1's combine can run while chunk i computes. 1 = off.
-    # Megatron-Core's nearest is overlap_moe_expert_parallel_comm (two micro-batches); Tutel /
-    # DeepSpeed call this number a2a_ffn_overlap_degree.
-    ep_comm_overlap_chunks: int = 1
+    dispatcher: str = described(
+        "auto", doc="how routed rows reach their experts' devices: auto (by mesh and "
+                    "platform), local (no dispatcher), allgather, a2a, ragged_a2a or node_a2a")
+    ragged_buffer_factor: float = described(
+        2.0, doc="expert-parallel send/receive buffers hold this x the rows a balanced routing "
+                 "sends each peer (>= 1)")
+    overflow: str = described(
+        "rounds", doc="rows past a full buffer: rounds (sent in extra rounds, none dropped) or "
+                      "error (dropped; the run stops at the last good step)")
+    overflow_check_every_n_steps: int = described(
+        1, doc="with overflow=error: steps between the loop's reads of the overflow flag (each "
+               "read is a host sync)")
+    # each chunk is its own dispatch -> experts -> combine, so chunk i+1's dispatch and chunk
+    # i-1's combine can run while chunk i computes (moe/dispatch/overlap.py). Megatron-Core's
+    # nearest is overlap_moe_expert_parallel_comm (two micro-batches); Tutel / DeepSpeed call
+    # this number a2a_ffn_overlap_degree.
+    ep_comm_overlap_chunks: int = described(
+        1, doc="each device's tokens in this many chunks so the dispatch overlaps the expert "
+               "matmuls (docs/overlap.md); 1 = off")
 
     def __post_init__(self) -> None:
         c = "MoEConfig"
@@ -263,12 +311,15 @@ class MeshConfig:
     how the dispatcher gets it.
     """
 
-    data: int = 1
-    fsdp: int = 1
-    expert: int = 1
-    dcn_data: int = 1
-    dcn_fsdp: int = 1
-    dcn_expert: int = 1
+    data: int = described(1, doc="devices on the data axis: the batch split, weights replicated")
+    fsdp: int = described(1, doc="devices on the fsdp axis: the batch split, weights and "
+                                 "optimizer state sharded")
+    expert: int = described(1, doc="devices on the expert axis: the batch split, experts "
+                                   "divided among them (must divide model.moe.num_experts)")
+    dcn_data: int = described(1, doc="nodes the data axis spans (divides data); the rest of the "
+                                     "axis is inside a node")
+    dcn_fsdp: int = described(1, doc="nodes the fsdp axis spans (divides fsdp)")
+    dcn_expert: int = described(1, doc="nodes the expert axis spans (divides expert)")
 
     def __post_init__(self) -> None:
         c = "MeshConfig"
@@ -348,53 +399,75 @@ class ModelConfig:
     mscale(rope_mscale_all_dim)^2 when rope_mscale_all_dim > 0.
     """
 
-    vocab_size: int
-    d_model: int
-    num_layers: int
-    num_heads: int
-    d_ff: int
-    attention: str = "mla"
-    first_k_dense: int = 0
-    layer_pattern: str = ""          # "" = from first_k_dense; else one of D/M per layer
-    moe: MoEConfig | None = None
-    # standard attention (mha): 0 means num_heads / d_model // num_heads
-    num_kv_heads: int = 0
-    head_dim: int = 0
-    qk_norm: bool = False            # Qwen3: RMSNorm on each query/key head
+    vocab_size: int = described(doc="tokens in the vocabulary (rows of the embedding and head)")
+    d_model: int = described(doc="model width (hidden size)")
+    num_layers: int = described(doc="decoder layers")
+    num_heads: int = described(doc="attention heads (query heads under GQA)")
+    d_ff: int = described(doc="hidden width of the dense layers' SwiGLU")
+    attention: str = described(
+        "mla", doc="mla (DeepSeek's multi-head latent attention) or mha (standard attention, "
+                   "GQA with num_kv_heads)")
+    first_k_dense: int = described(
+        0, doc="the first this many layers are dense, the rest MoE (where layer_pattern is \"\")")
+    layer_pattern: str = described(
+        "", doc="one letter per layer, D dense or M MoE (e.g. DMDM); \"\" = from first_k_dense")
+    moe: MoEConfig | None = described(
+        None, doc="the MoE layer (the `model.moe.*` keys); null = every layer dense")
+    # standard attention (mha)
+    num_kv_heads: int = described(0, doc="mha: key/value heads (GQA); 0 = num_heads")
+    head_dim: int = described(0, doc="mha: dims per head; 0 = d_model // num_heads")
+    qk_norm: bool = described(False, doc="mha: RMSNorm on each query and key head (Qwen3)")
     # multi-head latent attention (mla)
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 512
-    qk_nope_head_dim: int = 128
-    qk_rope_head_dim: int = 64
-    v_head_dim: int = 128
-    mla_norm_eps: float = 1e-6       # MLA q/kv latent RMSNorms
-    rope_theta: float = 10000.0
-    rope_type: str = "default"       # "default" or "yarn"
-    rope_factor: float = 1.0         # yarn: context extension factor (DeepSeek-V3: 40)
-    rope_original_max_position: int = 4096
-    rope_beta_fast: float = 32.0
-    rope_beta_slow: float = 1.0
-    rope_mscale: float = 1.0
-    rope_mscale_all_dim: float = 0.0
-    norm_eps: float = 1e-6
-    tie_embeddings: bool = False
-    mtp_depth: int = 0               # DeepSeek-V3 multi-token prediction modules (0 = off)
-    mtp_loss_coef: float = 0.3
-    dtype: str = "float32"           # activations
-    weight_dtype: str = "float32"    # stored weights
-    # run consecutive same-kind layers under one jax.lax.scan over stacked weights (MaxText's
-    # flag); parameters then hold "layer_runs" instead of "layers" (docs/scan_layers.md)
-    scan_layers: bool = False
-    # initialisation (docs/training.md "Initialisation"; the tables are models/init.py's):
-    # init: the scheme; init_std: the std of every matrix under "normal" (a Hugging Face
-    # config's initializer_range); head_init_std / embed_init_std: 0 = the scheme's, else that
-    # std for the output head / the embedding; init_residual_scaling: the residual-output
-    # projections (attention out, dense/shared/expert down) scaled by 1/sqrt(2 * num_layers)
-    init: str = "fan_in"
-    init_std: float = 0.02
-    head_init_std: float = 0.0
-    embed_init_std: float = 0.0
-    init_residual_scaling: bool = False
+    q_lora_rank: int = described(
+        0, doc="mla: rank of the query's low-rank projection; 0 = a full-rank query projection")
+    kv_lora_rank: int = described(512, doc="mla: rank of the compressed key/value latent")
+    qk_nope_head_dim: int = described(128, doc="mla: query/key dims per head without rope")
+    qk_rope_head_dim: int = described(
+        64, doc="mla: query/key dims per head with rope (decoupled, shared key; even)")
+    v_head_dim: int = described(128, doc="mla: value dims per head")
+    mla_norm_eps: float = described(
+        1e-6, doc="mla: epsilon of the q/kv latent RMSNorms (DeepSeek fixes 1e-6 there)")
+    rope_theta: float = described(10000.0, doc="rotary base (theta)")
+    rope_type: str = described(
+        "default", doc="default, or yarn (YaRN context extension, as DeepSeek-V3)")
+    rope_factor: float = described(1.0, doc="yarn: context extension factor (DeepSeek-V3: 40)")
+    rope_original_max_position: int = described(
+        4096, doc="yarn: the context length before the extension")
+    rope_beta_fast: float = described(
+        32.0, doc="yarn: dims rotating more often than this over the original context keep "
+                  "their frequency")
+    rope_beta_slow: float = described(
+        1.0, doc="yarn: dims rotating less often than this are divided by rope_factor")
+    rope_mscale: float = described(
+        1.0, doc="yarn: m of the cos/sin scale's numerator mscale(m) = 0.1 m ln(rope_factor) + 1")
+    rope_mscale_all_dim: float = described(
+        0.0, doc="yarn: m of the cos/sin scale's denominator; when > 0 MLA's softmax scale is "
+                 "multiplied by mscale(m)^2")
+    norm_eps: float = described(1e-6, doc="epsilon of the RMSNorms (MLA's latent ones apart)")
+    tie_embeddings: bool = described(
+        False, doc="the output head is the embedding matrix (no separate lm_head)")
+    mtp_depth: int = described(
+        0, doc="DeepSeek-V3 multi-token prediction modules; 0 = off")
+    mtp_loss_coef: float = described(
+        0.3, doc="weight of the mean MTP cross-entropy in the loss")
+    dtype: str = described("float32", doc="activations")
+    weight_dtype: str = described("float32", doc="stored weights")
+    # parameters then hold "layer_runs" instead of "layers"
+    scan_layers: bool = described(
+        False, doc="consecutive same-kind layers run under one jax.lax.scan over stacked "
+                   "weights (docs/scan_layers.md)")
+    # initialisation (docs/training.md "Initialisation"; the tables are models/init.py's)
+    init: str = described(
+        "fan_in", doc="initialisation scheme: fan_in, normal, maxtext or legacy "
+                      "(models/init.py)")
+    init_std: float = described(
+        0.02, doc="normal: the std of every matrix (a Hugging Face config's initializer_range)")
+    head_init_std: float = described(
+        0.0, doc="std of the output head's weights; 0 = the scheme's")
+    embed_init_std: float = described(0.0, doc="std of the embedding; 0 = the scheme's")
+    init_residual_scaling: bool = described(
+        False, doc="residual-output projections (attention out, dense/shared/expert down) "
+                   "scaled by 1/sqrt(2 x num_layers)")
 
     def __post_init__(self) -> None:
         c = "ModelConfig"
@@ -526,52 +599,84 @@ class TrainConfig:
     (data * fsdp * expert, `mesh`), as in MaxText.
     """
 
-    model: ModelConfig
-    mesh: MeshConfig = MeshConfig()   # parallelism (MaxText ici_* x dcn_*)
-    preset: str = ""                 # the preset the model came from (informational)
-    steps: int = 400
-    per_device_batch_size: int = 16
-    seq_len: int = 128
-    learning_rate: float = 3e-3
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1        # cosine decays to learning_rate * min_lr_ratio
-    lr_decay_steps: int = 0          # step the cosine ends at; 0 = `steps` (pinned on resume)
-    weight_decay: float = 0.1
-    adam_b1: float = 0.9
-    adam_b2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0           # global-norm clip; 0 disables
-    seed: int = 0
-    init_from: str = ""              # "hf:DIR" (a Hugging Face folder) or a `dropless convert`
-                                     # output / run dir: start from its weights (fine-tuning)
-    remat: str = "none"
-    xla_recipe: str = "none"
-    xla_flags: str = ""              # extra XLA flags ("--name=value ..."), MaxText's xla_* keys
-    environment: str = ""            # "NAME=value ..." set before JAX starts (MaxText env keys)
-    distributed: bool = False        # jax.distributed.initialize() from the cluster environment
+    model: ModelConfig = described(doc="the model; its keys start from the preset's values")
+    mesh: MeshConfig = described(
+        MeshConfig(), doc="parallelism (MaxText's `ici_*` x `dcn_*` parallelism)")
+    preset: str = described(
+        "", doc="the named preset the model came from (a key: picks the model to start from, "
+                "tiny when none is named)")
+    steps: int = described(400, doc="optimizer steps the run trains for")
+    per_device_batch_size: int = described(
+        16, doc="sequences per device per step; the global batch is this x the mesh's devices")
+    seq_len: int = described(128, doc="tokens per sequence")
+    learning_rate: float = described(3e-3, doc="peak learning rate, reached after the warmup")
+    warmup_steps: int = described(20, doc="steps of linear warmup from 0 to learning_rate")
+    min_lr_ratio: float = described(
+        0.1, doc="the cosine decays to learning_rate x min_lr_ratio")
+    lr_decay_steps: int = described(
+        0, doc="step the cosine ends at (constant after); 0 = steps, and a resumed run keeps "
+               "its first horizon")
+    weight_decay: float = described(
+        0.1, doc="AdamW's decoupled weight decay, on matrices only (not norms or biases)")
+    adam_b1: float = described(0.9, doc="AdamW's beta1")
+    adam_b2: float = described(0.95, doc="AdamW's beta2")
+    adam_eps: float = described(1e-8, doc="AdamW's epsilon")
+    grad_clip: float = described(1.0, doc="gradients clipped to this global norm; 0 = no clip")
+    seed: int = described(0, doc="seed of the initial weights and of the data order")
+    init_from: str = described(
+        "", doc="start from these weights (fine-tuning): hf:DIR (a Hugging Face folder), a "
+                "`dropless convert` output or a run directory")
+    remat: str = described(
+        "none", doc="rematerialisation: none, full, minimal, or offload (attention's marked "
+                    "activations to host)")
+    xla_recipe: str = described(
+        "none", doc="XLA flags and environment set before JAX starts: none, gpu, or cpu8 (8 "
+                    "host devices)")
+    xla_flags: str = described(
+        "", doc="extra XLA flags (\"--name=value ...\"); MaxText's `xla_*` keys add to them")
+    environment: str = described(
+        "", doc="\"NAME=value ...\" set before JAX starts; MaxText's environment keys add to it")
+    distributed: bool = described(
+        False, doc="start jax.distributed from the cluster environment (several processes)")
     # data
-    data: str = "stdlib"             # "stdlib", or a path: .txt/.py/.md, .jsonl, .npy, .bin, a dir
-    tokenizer: str = "byte"          # "byte" or a path to a Hugging Face tokenizer.json
-    bin_dtype: str = "uint16"        # element type of pre-tokenized .bin files
-    eval_fraction: float = 0.02
-    eval_every: int = 50
-    eval_batches: int = 2
-    packing: str = "documents"       # PACKINGS
-    sft: bool = False                # records are prompt/completion or chat messages
-    sft_completion_only: bool = True  # with sft: the loss counts completion tokens only
-    eval_data: str = ""              # held-out data; "" = eval_fraction of `data`
-    prefetch: int = 2                # batches the loader produces ahead of the step
+    data: str = described(
+        "stdlib", doc="training data: stdlib (the Python standard library's .py files), or a "
+                      "path: .txt/.py/.md, .jsonl, .npy, .bin, a folder or a prepared dataset")
+    tokenizer: str = described(
+        "byte", doc="byte (one token per byte), or a path to a Hugging Face tokenizer.json")
+    bin_dtype: str = described(
+        "uint16", doc="element type of pre-tokenized .bin files: uint8, uint16, int32 or uint32")
+    eval_fraction: float = described(
+        0.02, doc="share of the data's documents held out for evaluation, where eval_data is "
+                  "empty")
+    eval_every: int = described(50, doc="steps between evaluations (and one at the end)")
+    eval_batches: int = described(2, doc="batches each evaluation reads")
+    packing: str = described(
+        "documents", doc="documents (several per row, attention and loss never crossing one), "
+                         "pad (one per row, padded) or stream (joined with EOS, windows cross)")
+    sft: bool = described(
+        False, doc="supervised fine-tuning: records are prompt/completion or chat messages")
+    sft_completion_only: bool = described(
+        True, doc="with sft: the loss counts completion tokens only")
+    eval_data: str = described(
+        "", doc="held-out data (a path, as data); \"\" = eval_fraction of data")
+    prefetch: int = described(2, doc="batches the loader builds ahead of the step")
     # output
-    run_dir: str = "runs"
-    run_name: str = ""               # "" = a timestamped name
-    log_every: int = 1
-    checkpoint_every: int = 100      # 0 disables periodic checkpoints
-    keep_checkpoints: int = 3
-    async_checkpoints: bool = True
-    time_kernels: bool = True        # time grouped matmul / dispatch / combine at start-up
-    profile_steps: int = 0           # >0: JAX profiler trace of that many steps (from step 3)
-    check_nan: bool = False          # stop at the first non-finite loss/gradient/parameter,
-                                     # naming the step, layer and parameter (train/nonfinite.py)
+    run_dir: str = described("runs", doc="folder the run's directory is made in")
+    run_name: str = described("", doc="the run directory's name; \"\" = a timestamped name")
+    log_every: int = described(1, doc="steps between printed step lines")
+    checkpoint_every: int = described(
+        100, doc="steps between checkpoints; 0 = no periodic checkpoints")
+    keep_checkpoints: int = described(3, doc="newest checkpoints kept; older ones are deleted")
+    async_checkpoints: bool = described(
+        True, doc="write checkpoints in the background while training goes on")
+    time_kernels: bool = described(
+        True, doc="time the grouped matmul, dispatch and combine at start-up (the start record)")
+    profile_steps: int = described(
+        0, doc="a JAX profiler trace of this many steps, from the third; 0 = none")
+    check_nan: bool = described(
+        False, doc="stop at the first non-finite loss, gradient or parameter, naming the step, "
+                   "layer and parameter (train/nonfinite.py)")
 
     def __post_init__(self) -> None:
         c = "TrainConfig"

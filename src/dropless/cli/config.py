@@ -1,5 +1,7 @@
 """`dropless config show [--config FILE] [--preset NAME] [key=value ...]`: the effective config
-(YAML) and the model's parameter counts, FLOPs per token included."""
+(YAML) and the model's parameter counts, FLOPs per token included; `dropless config keys`: every
+accepted key; `dropless config reference`: the configuration reference (markdown, what
+docs/config.md holds)."""
 from __future__ import annotations
 
 
@@ -9,9 +11,22 @@ def add_arguments(parser) -> None:
     from dropless.cli.train import add_config_arguments
     add_config_arguments(p)   # what describes a config; not train's run options (--resume)
     sub.add_parser("keys", help="list every accepted key, ours and MaxText's")
+    sub.add_parser("reference", help="print the configuration reference as markdown: every key "
+                                     "of every section with its type, default, description "
+                                     "and MaxText names (docs/config.md is this output)",
+                   description="Print the configuration reference (markdown): how keys are "
+                               "set, then one table per section (top level, mesh, model, "
+                               "model.moe) giving each key's type, default, one-line "
+                               "description and the MaxText names translated to it. "
+                               "Regenerate the docs with: dropless config reference > "
+                               "docs/config.md")
 
 
 def run(args) -> int:
+    if args.action == "reference":
+        from dropless.config_docs import reference
+        print(reference(), end="")
+        return 0
     if args.action == "keys":
         from dropless.compat.maxtext import KNOWN
         from dropless.config_file import known_keys

@@ -22,7 +22,8 @@ COMMANDS = {
     "bench": ("dropless.cli.bench", "benchmarks: grouped matmul, MoE layer, ... (JSON lines)"),
     "train": ("dropless.cli.train", "train a model (no arguments: the tiny preset on the "
                                     "Python stdlib's source, into runs/)"),
-    "config": ("dropless.cli.config", "show the effective config, or list the accepted keys"),
+    "config": ("dropless.cli.config", "show the effective config, list the accepted keys, or "
+                                      "print their reference"),
     "report": ("dropless.cli.report", "draw loss, throughput and expert load of a run to PNG"),
     "plan": ("dropless.cli.plan", "plan a cluster run: memory, FLOPs, bytes, step time, layouts"),
     "convert": ("dropless.cli.convert", "Hugging Face checkpoint -> dropless directory, and back"),
