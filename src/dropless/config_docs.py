@@ -246,7 +246,7 @@ def reference() -> str:
     config field without a description."""
     names = maxtext_names()
     parts = ["# Configuration reference",
-             f"<!-- generated from src/dropless/config.py by `{REGENERATE}`: edit the field "
+             f"<!-- generated from src/dropless/config/ by `{REGENERATE}`: edit the field "
              "descriptions there, not this file -->",
              introduction()]
     for path, cls in SECTIONS.items():

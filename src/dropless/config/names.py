@@ -1,0 +1,47 @@
+"""The names config fields take: each field's allowed values, and the tables other layers build
+from them (the dispatch registry from `DISPATCH_STRATEGIES`, the model's remat from
+`REMAT_CHECKPOINT_POLICIES`, the mesh from `MESH_AXES`). Each name is written here once.
+"""
+from __future__ import annotations
+
+SCORE_FUNCS = ("softmax", "sigmoid")
+GMM_QUANTIZATIONS = ("none", "mxfp8", "nvfp4")
+# The expert-parallel strategies, each with what it does. config sits below moe, so it names
+# them and moe/dispatch/registry.py builds each one's spec from these names (its import fails
+# when a name here has no implementation there)
+DISPATCH_STRATEGIES: dict[str, str] = {
+    "allgather": "gather all tokens, run local experts, reduce-scatter back",
+    "a2a": "deduplicated rows over all_to_all in static per-peer chunks (every backend)",
+    "ragged_a2a": "deduplicated rows over ragged_all_to_all (GPU/TPU; padding never travels)",
+    "node_a2a": "node-level dedup: one row per (token, node) across nodes, fanned out inside "
+                "the node",
+}
+# MoEConfig.dispatcher's values: "auto" (a strategy chosen per mesh and platform), "local" (no
+# dispatcher: the single-device layer), then the strategies
+DISPATCHERS = ("auto", "local", *DISPATCH_STRATEGIES)
+OVERFLOW_POLICIES = ("rounds", "error")
+# How documents fill a batch's rows (TrainConfig.packing): "documents" packs several per row with
+# segment ids and positions that restart per document, attention and loss never crossing a
+# boundary (MaxText's packing=true); "pad" holds one document per row, padded (packing=false);
+# "stream" joins documents with EOS and lets windows run across them (runs made before packing).
+PACKINGS = ("documents", "pad", "stream")
+# ModelConfig.init's schemes (models/init.py holds each one's table: per parameter kind, the
+# distribution and std) and the fields that only say how a model starts (they never change the
+# parameter tree, so weights trained under one scheme load under another)
+INIT_SCHEMES = ("fan_in", "normal", "maxtext", "legacy")
+INIT_FIELDS = ("init", "init_std", "head_init_std", "embed_init_std", "init_residual_scaling")
+
+MESH_AXES = ("data", "fsdp", "expert")   # the mesh axes, in mesh order
+
+ATTENTION_KINDS = ("mla", "mha")
+ROPE_TYPES = ("default", "yarn")
+LAYER_KINDS = {"D": "dense", "M": "moe"}
+# Each remat policy -> the jax.checkpoint_policies policy it is (None: no rematerialisation);
+# models/deepseek.py builds the policy from that name
+REMAT_CHECKPOINT_POLICIES: dict[str, str | None] = {
+    "none": None,
+    "full": "nothing_saveable",
+    "minimal": "dots_with_no_batch_dims_saveable",
+    "offload": "save_and_offload_only_these_names",   # attention's marked activations to host
+}
+REMAT_POLICIES = tuple(REMAT_CHECKPOINT_POLICIES)     # TrainConfig.remat's values
