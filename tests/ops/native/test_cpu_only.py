@@ -1,5 +1,5 @@
 """A CPU-only kernel asked for by name is refused in one line where it is lowered for another
-platform (ops/gmm/cpu_only.py), and nowhere else: the `openblas` backend lowered for CUDA on
+platform (cpu_only.py), and nowhere else: the `native` backend lowered for CUDA on
 this CPU host, forward and gradient-only; `auto`, which runs it on CPU, lowers for CUDA.
 
 Legend: M rows, K contraction dim, N output dim, G groups.
@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from dropless.ops import grouped_matmul
-from dropless.ops.native import library as openblas
+from dropless.ops.native import load
 from dropless.ops.gpu import triton_check
 from dropless.ops.native.cpu_only import on_cpu_only
 from tests._support.gmm_reference import np_gmm, np_gmm_grads, operands
 
 on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu",
                             reason="runs the kernel: the default backend is not the CPU")
-built = pytest.mark.skipif(openblas.problem() is not None,
-                           reason=f"the openblas kernel is not built: {openblas.problem()}")
-REFUSED = re.escape("grouped_matmul backend 'openblas' runs on CPU only (a jax.ffi kernel "
+built = pytest.mark.skipif(load.problem() is not None,
+                           reason=f"the native library is not built: {load.problem()}")
+REFUSED = re.escape("grouped_matmul backend 'native' runs on CPU only (a jax.ffi kernel "
                     "registered for the CPU) and this function is lowered for cuda: use "
                     "backend='auto' or 'tiled'")
 SIZES = [3, 0, 5]   # an empty group; rows 8..9 past the sum
@@ -38,17 +38,17 @@ def _grads_only(backend, gs):
 
 @built
 @pytest.mark.parametrize("make", [_fwd, _grads_only], ids=["forward", "gradients_only"])
-def test_openblas_by_name_lowered_for_cuda_is_refused_in_one_line(make):
+def test_native_by_name_lowered_for_cuda_is_refused_in_one_line(make):
     lhs, rhs, gs, _ = operands(10, 4, 6, SIZES)
     with pytest.raises(ValueError, match=REFUSED):
-        triton_check.cuda_lowered(make("openblas", gs), lhs, rhs)
+        triton_check.cuda_lowered(make("native", gs), lhs, rhs)
 
 
 @built
-def test_the_layer_with_openblas_by_name_lowered_for_cuda_is_refused_in_one_line():
+def test_the_layer_with_native_by_name_lowered_for_cuda_is_refused_in_one_line():
     from dropless import moe
     from dropless.config import MoEConfig
-    cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=16, gmm_backend="openblas")
+    cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=16, gmm_backend="native")
     params = moe.init_params(jax.random.key(0), cfg)
     x = jnp.ones((6, 8), jnp.float32)
     loss = lambda p, x: moe.apply(p, x, cfg)[0].sum()   # noqa: E731
@@ -62,28 +62,28 @@ def test_the_layer_with_openblas_by_name_lowered_for_cuda_is_refused_in_one_line
 @built
 def test_auto_and_other_dtypes_are_not_refused():
     lhs, rhs, gs, _ = operands(10, 4, 6, SIZES)
-    # auto runs openblas on CPU: its CPU branch is not lowered for CUDA
+    # auto runs native on CPU: its CPU branch is not lowered for CUDA
     cuda = triton_check.cuda_lowered(_grads_only("auto", gs), lhs, rhs).as_text()
-    assert openblas.TARGET not in cuda and triton_check.TRITON_TARGET in cuda
+    assert load.TARGET not in cuda and triton_check.TRITON_TARGET in cuda
     cpu = jax.jit(_grads_only("auto", gs)).lower(lhs, rhs).as_text()
-    assert openblas.TARGET in cpu and "dropless_cpu_only" not in cpu
+    assert load.TARGET in cpu and "dropless_cpu_only" not in cpu
     # bf16 runs tiled on every platform, by name too
     b16 = [x.astype(jnp.bfloat16) for x in (lhs, rhs)]
-    assert openblas.TARGET not in triton_check.cuda_lowered(_fwd("openblas", gs), *b16).as_text()
+    assert load.TARGET not in triton_check.cuda_lowered(_fwd("native", gs), *b16).as_text()
 
 
 @on_cpu
 @built
 def test_on_cpu_the_kernel_runs_jitted_eager_and_vmapped():
     lhs, rhs, gs, dy = operands(10, 4, 6, SIZES)
-    f = lambda a, b, d: jax.vjp(_fwd("openblas", gs), a, b)[1](d)   # noqa: E731
+    f = lambda a, b, d: jax.vjp(_fwd("native", gs), a, b)[1](d)   # noqa: E731
     dl, dr = jax.jit(f)(lhs, rhs, dy)
     edl, edr = np_gmm_grads(lhs, rhs, SIZES, dy)
     np.testing.assert_allclose(dl, edl, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dr, edr, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(_fwd("openblas", gs)(lhs, rhs), np_gmm(lhs, rhs, SIZES),
+    np.testing.assert_allclose(_fwd("native", gs)(lhs, rhs), np_gmm(lhs, rhs, SIZES),
                                rtol=1e-5, atol=1e-5)
-    two = jax.vmap(_fwd("openblas", gs), (0, None))(jnp.stack([lhs, 2 * lhs]), rhs)
+    two = jax.vmap(_fwd("native", gs), (0, None))(jnp.stack([lhs, 2 * lhs]), rhs)
     np.testing.assert_allclose(two[1], 2 * np_gmm(lhs, rhs, SIZES), rtol=1e-5, atol=1e-5)
 
 

@@ -1,8 +1,7 @@
 // Row movement and selection for the MoE layer on CPU, for XLA's FFI: the float32 gathers that
-// copy each token to its experts' rows and sum the experts' rows back (moe/permute.py), the sort
-// of routed rows by expert (moe/permute.py) and the router's top-k (moe/router.py), written as
-// plain loops (XLA:CPU's row gather ran at 2-4 GB/s here, its sort of 8192 ids took 1.3 ms and
-// its TopK 1.75 ms at [1024, 256]; docs/grouped_matmul.md).
+// copy each token to its experts' rows and sum the experts' rows back, the sort of routed rows
+// by expert and the router's top-k (rows.py; the layer reaches them through ops/kernels.py),
+// written as plain loops over rows, which run faster than XLA:CPU's row gather, sort and TopK.
 //
 // Legend: R source rows, D row width, N gathered rows, T tokens, K choices per token, E experts.
 //
@@ -210,7 +209,7 @@ ffi::Error RowDots(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b, ffi::Buffer
 
 // ids [N] -> order [N] (a stable sort of ids' positions by id), inv [N] (order's inverse) and
 // sizes [E] (how many ids name each expert). Where every id is in [0, E): one counting pass and
-// one placing pass. Otherwise as the XLA form does it (moe/permute.py): order by std::stable_sort
+// one placing pass. Otherwise as the XLA form does it (ops/kernels.py): order by std::stable_sort
 // on the ids' values, and sizes counting an id in [-E, 0) as id + E (numpy's negative index), any
 // other out-of-range id not at all.
 ffi::Error SortByExpert(ffi::Buffer<ffi::S32> ids, ffi::ResultBuffer<ffi::S32> order,

@@ -1,6 +1,6 @@
 // What the native library's handlers share: how many workers run a call, the parallel loop they
-// run it with, and huge pages for large fresh outputs. Included by grouped_gemm.cc and rows.cc,
-// which are built into one library (openblas.py).
+// run it with, and huge pages for large fresh outputs. Included by every handler's source; all
+// of csrc/*.cc are built into one library (load.py).
 #ifndef DROPLESS_NATIVE_THREADS_H_
 #define DROPLESS_NATIVE_THREADS_H_
 

@@ -1,21 +1,26 @@
-"""The native row gathers (native/rows.cc via openblas.gather_rows, gather_sum, row_dots) against
+"""The native row gathers (rows.py: gather_rows, gather_sum, row_dots on csrc/rows.cc) against
 float64 NumPy loops, one row (or one (token, choice)) at a time: at shapes whose work is cut into
 several tasks and widths with vector tails (37) or none (384), with and without the optional
 factors, clamped out-of-range indices, an empty source (R = 0) and empty outputs, a NaN kept to
-the outputs that read its row, under jit and vmap, and the handlers' refusal of bad operands."""
+the outputs that read its row, under jit and vmap, and the handlers' refusal of bad operands.
+
+Legend: R source rows, D row width, N gathered rows, T tokens, K choices per token.
+"""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dropless.ops.native import library as openblas
+from dropless.ops.native import load
+from dropless.ops.native import rows as native_rows
+
 
 U = 2.0 ** -24   # float32's unit roundoff
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _built():
-    assert openblas.problem() is None   # the suite's environment builds the library
+    assert load.problem() is None   # the suite's environment builds the library
 
 
 def _clamp(i, r):
@@ -81,9 +86,13 @@ def _indices(rng, r, shape):
     return idx
 
 
-gather_rows = jax.jit(openblas.gather_rows)
-gather_sum = jax.jit(openblas.gather_sum)
-row_dots = jax.jit(openblas.row_dots)
+gather_rows = jax.jit(native_rows.gather_rows)
+
+
+gather_sum = jax.jit(native_rows.gather_sum)
+
+
+row_dots = jax.jit(native_rows.row_dots)
 
 
 # N = 3000 rows of 384 floats is 9.2 MB of traffic, cut into 4 tasks a worker; 37 floats is two
@@ -220,11 +229,11 @@ def test_vmap_runs_each_item():
     idx = _indices(rng, r, (b, t, k))
     w = rng.standard_normal((b, t, k)).astype(np.float32)
     flat, s = idx.reshape(b, -1), w.reshape(b, -1)
-    got_rows = jax.vmap(openblas.gather_rows)(src, flat, s)
-    got_shared = jax.jit(jax.vmap(openblas.gather_rows, in_axes=(None, 0, 0)))(src[0], flat, s)
-    got_sum = jax.vmap(openblas.gather_sum)(src, idx, w)
-    got_plain = jax.vmap(openblas.gather_sum, in_axes=(0, 0, None))(src, idx, None)
-    got_dots = jax.jit(jax.vmap(openblas.row_dots))(a, src, idx)
+    got_rows = jax.vmap(native_rows.gather_rows)(src, flat, s)
+    got_shared = jax.jit(jax.vmap(native_rows.gather_rows, in_axes=(None, 0, 0)))(src[0], flat, s)
+    got_sum = jax.vmap(native_rows.gather_sum)(src, idx, w)
+    got_plain = jax.vmap(native_rows.gather_sum, in_axes=(0, 0, None))(src, idx, None)
+    got_dots = jax.jit(jax.vmap(native_rows.row_dots))(a, src, idx)
     for i in range(b):
         np.testing.assert_array_equal(got_rows[i], np_gather_rows(src[i], flat[i], s[i])
                                       .astype(np.float32))
@@ -267,7 +276,7 @@ def test_bad_operands_are_refused_naming_the_handler():
         _ffi("dropless_gather_rows_f32", (3, 3), src, idx.astype(jnp.float32), jnp.zeros((0,)))
     # the wrappers size the factors themselves: a wrong-length one fails before the call
     with pytest.raises(TypeError):
-        openblas.gather_rows(src, idx, jnp.ones((2,)))
+        native_rows.gather_rows(src, idx, jnp.ones((2,)))
 
 
 def test_non_float32_operands_are_converted():
@@ -275,7 +284,7 @@ def test_non_float32_operands_are_converted():
     rng = np.random.default_rng(6)
     src = rng.standard_normal((8, 5)).astype(np.float32)
     idx = np.array([[1, 7], [0, 3]], np.int64)
-    got = openblas.gather_sum(jnp.asarray(src, jnp.bfloat16), idx, np.ones((2, 2), np.float16))
+    got = native_rows.gather_sum(jnp.asarray(src, jnp.bfloat16), idx, np.ones((2, 2), np.float16))
     assert got.dtype == jnp.float32
     want, mag = np_gather_sum(np.asarray(jnp.asarray(src, jnp.bfloat16), np.float32), idx)
     _within(got, want, mag, 2)

@@ -1,0 +1,45 @@
+"""The GEMM kernel choice (choice.py): DROPLESS_NATIVE_KERNEL and `use_kernel` name a bad value and
+the choices; `describe` and `kernel` say which kernel runs and OpenBLAS's kernel set. Which
+kernel actually ran is checked where the products run (test_gemm.py, test_ffn.py)."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dropless.ops.native import choice
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_a_bad_kernel_choice_is_named():
+    # read once, when the library loads: a fresh process
+    code = textwrap.dedent("""
+        import jax.numpy as jnp
+        from dropless.ops import grouped_matmul
+        grouped_matmul(jnp.ones((4, 8)), jnp.ones((1, 8, 16)), jnp.array([4], jnp.int32),
+                       backend="native")
+    """)
+    env = dict(os.environ, DROPLESS_NATIVE_KERNEL="fastest")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode != 0
+    assert ("ValueError: DROPLESS_NATIVE_KERNEL='fastest': use one of auto, own, openblas "
+            "(or leave it unset)") in proc.stderr
+    with pytest.raises(ValueError, match="use_kernel='fast': use one of auto, own, openblas"):
+        with choice.use_kernel("fast"):
+            pass
+
+
+def test_describe_says_which_kernels_run():
+    info = choice.describe()
+    assert info["native_kernel"] == "auto" and info["native_vector_floats"] in (4, 8, 16)
+    with choice.use_kernel("own"):
+        assert choice.describe()["native_kernel"] == "own"
+    assert choice.kernel() == "auto"
+    # OpenBLAS's own name for its kernel set, or the OPENBLAS_CORETYPE it was told
+    want = os.environ.get("OPENBLAS_CORETYPE")
+    assert info["openblas_core"] and (not want or info["openblas_core"].lower() == want.lower())
