@@ -2,7 +2,8 @@
 module of src/dropless, imports point only down that table (or sideways within a layer), no two
 modules or packages import each other in a circle, no module imports another package's
 private (`_name`) module or function, and the modules of `dropless eval`, `generate` and
-`convert` reach nothing of train/.
+`convert` reach nothing of train/, and the MoE layer (moe/) names no kernel: it imports no backend
+module of ops and picks no platform (the capability registry, ops.kernels, does).
 
 Every import counts, also one inside a function (a lazy import is still a dependency)."""
 from __future__ import annotations
@@ -258,6 +259,64 @@ def test_only_cli_parses_arguments_and_exits():
                     and isinstance(node.value, ast.Name) and node.value.id == "sys":
                 bad.append(f"{name}:{node.lineno}")
     assert not bad, f"parse arguments and exit in cli/ only: {bad}"
+
+
+# The MoE layer asks for kernels by capability and names none: each platform's kernels are
+# chosen in ops (`ops.kernels`: the sort, top-k, the row gathers, the fused FFN; `ops.gmm`: the
+# grouped matmul). moe/ reaches ops only through these; the dispatcher's own registry
+# (`moe/dispatch/`) picks a dispatch strategy per platform, which is not a kernel choice.
+MOE_OPS = ("dropless.ops", "dropless.ops.gmm", "dropless.ops.kernels")
+DISPATCH_CHOOSERS = ("dropless.moe.dispatch.registry", "dropless.moe.dispatch.expert_parallel")
+PLATFORM_CHOICE = ("default_backend", "platform_dependent")
+
+
+def kernel_choices(name: str, tree: ast.Module, source: str) -> list[str]:
+    """Where module `name` (of moe/) names a kernel or picks one: an import of ops beyond
+    `MOE_OPS` (a backend module: ops.native, ops.gpu, ops.gmm.tiled, ...), a use of
+    `jax.default_backend` or `platform_dependent` outside `DISPATCH_CHOOSERS`, or the name of
+    the native backend's old name anywhere in its text."""
+    bad = [f"{name}:{line} imports {dst}" for dst, _, line in imports(name, tree)
+           if (dst == "dropless.ops" or dst.startswith("dropless.ops.")) and dst not in MOE_OPS]
+    if name not in DISPATCH_CHOOSERS:
+        bad += [f"{name}:{node.lineno} uses {_referent(node)}" for node in ast.walk(tree)
+                if _referent(node) in PLATFORM_CHOICE]
+    bad += [f"{name}:{n + 1} names openblas" for n, text in enumerate(source.splitlines())
+            if "openblas" in text.lower()]
+    return bad
+
+
+def _referent(node: ast.AST) -> str | None:
+    """The name an attribute, a name or an imported name refers to (None for other nodes)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.alias):
+        return node.name.rsplit(".", 1)[-1]
+    return None
+
+
+def test_the_moe_layer_names_no_kernel():
+    moe = [m for m in MODULES if m == "dropless.moe" or m.startswith("dropless.moe.")]
+    assert "dropless.moe.experts" in moe and "dropless.moe.dispatch.registry" in moe
+    bad = []
+    for name in moe:
+        path = PKG.parent / (name.replace(".", "/") + ("/__init__.py" if _is_package(name)
+                                                       else ".py"))
+        bad += kernel_choices(name, MODULES[name], path.read_text())
+    assert not bad, ("the MoE layer asks dropless.ops.kernels for a capability; the platform "
+                     "choice is made there:\n" + "\n".join(bad))
+
+
+def test_the_kernel_check_sees_a_violation():
+    src = ("import jax\nfrom dropless.ops import native\nfrom dropless.ops.gpu import pallas_gpu\n"
+           "from jax.lax import platform_dependent\n"
+           "def f(x):\n    return jax.default_backend()  # openblas\n")
+    found = kernel_choices("dropless.moe.router", ast.parse(src), src)
+    assert len(found) == 5, found
+    assert kernel_choices("dropless.moe.dispatch.registry", ast.parse(src), "") == [
+        "dropless.moe.dispatch.registry:2 imports dropless.ops.native",
+        "dropless.moe.dispatch.registry:3 imports dropless.ops.gpu.pallas_gpu"]
 
 
 def drawing() -> str:

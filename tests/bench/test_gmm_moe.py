@@ -81,23 +81,25 @@ def test_bench_gmm_writes_every_backend_and_mode(tmp_path):
 
 
 def test_bench_gmm_times_both_native_kernels_and_names_a_bad_suffix(tmp_path):
-    from dropless.ops.native import library as openblas
-    before = openblas.gemm_calls()
+    from dropless.ops import native
+    before = native.gemm_calls()
     out = tmp_path / "gmm.jsonl"
+    # the second entry under the backend's old name: recorded under its new one
     args = bench_gmm.GmmOptions(m=256, k=32, n=32, groups=(8,), routings=("uniform",),
-                                dtypes=("float32",), backends=("openblas:own", "openblas:openblas"),
+                                dtypes=("float32",), backends=("native:own", "openblas:openblas"),
                                 repeats=1, out=str(out))
     assert bench_gmm.run(args) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     seen = {(r["mode"], r["backend"], r["resolved"]) for r in recs}
     for mode in ("fwd", "fwd+bwd"):
-        assert {(mode, "openblas:own", "openblas"), (mode, "openblas:openblas", "openblas")} <= seen
+        assert {(mode, "native:own", "native"), (mode, "native:openblas", "native")} <= seen
     assert all(r["native_kernel"] == "auto" and r["openblas_core"] for r in recs)
-    assert openblas.kernel() == "auto"   # put back after each timed call
-    after = openblas.gemm_calls()
+    assert native.kernel() == "auto"   # put back after each timed call
+    after = native.gemm_calls()
     assert after["own"] > before["own"] and after["openblas"] > before["openblas"]
-    for bad in ("tiled:own", "openblas:fast"):
-        with pytest.raises(ValueError, match=f"--backends '{bad}': a ':kernel' suffix"):
+    for bad in ("tiled:own", "native:fast", "openblas:fast"):
+        with pytest.raises(ValueError, match=f"--backends '{bad}': a ':kernel' suffix goes on "
+                                             "native only, one of native:auto, native:own"):
             bench_gmm.run(dataclasses.replace(args, backends=(bad,)))
 
 

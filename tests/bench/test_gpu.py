@@ -78,7 +78,7 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     for r in recs:
         if r.get("event") not in ("section_start", "section_end"):
             by.setdefault(r["section"], []).append(r)
-    assert by["info"][0]["auto_on_this_platform"] == "openblas"
+    assert by["info"][0]["auto_on_this_platform"] == "native"
     timed = {(r["mode"], r["backend"]) for r in by["gmm"] if "median_ms" in r}
     for mode in plan.MODES:   # pallas_gpu ran (interpret mode), against the same-run dense
         assert {(mode, "dense_xla"), (mode, "pallas_gpu")} <= timed
@@ -105,10 +105,10 @@ def test_a_failing_tokamax_falls_back_and_records_say_what_ran(dry_run, section,
     _, out, recs, _ = dry_run
     ran = [r for r in recs if r["section"] == section and "gmm_fallbacks" in r]
     assert ran, section
-    for r in ran:   # auto asked, openblas ran: the stand-in tokamax failed at that stage
-        assert r["ran"] == "openblas" and r["gmm_fallbacks"], r
+    for r in ran:   # auto asked, native ran: the stand-in tokamax failed at that stage
+        assert r["ran"] == "native" and r["gmm_fallbacks"], r
         assert {(f["from"], f["to"], f["stage"]) for f in r["gmm_fallbacks"]} == {
-            ("tokamax", "openblas", stage)}
+            ("tokamax", "native", stage)}
         assert f"tokamax failed to {stage}" in r["ran_because"]
     log = (out / f"{section}.log").read_text()
     assert f"grouped_matmul auto: tokamax failed to {stage}" in log

@@ -178,3 +178,24 @@ def test_nnx_module_matches_functional_and_updates_bias():
     expected = cfg.bias_update_speed * np.sign(np.mean(counts) - np.asarray(counts))
     np.testing.assert_allclose(m.bias_E[...], expected, rtol=1e-6)
     assert "bias_E" not in nnx.state(m, nnx.Param)
+
+
+def test_gmm_backend_openblas_is_the_native_backend_under_its_old_name():
+    # the config keeps the new name, from the constructor and from a config file's key alike
+    from dropless.config_file import build_config
+    old = MoEConfig(num_experts=4, top_k=2, d_model=16, d_ff=24, dtype="float32",
+                    weight_dtype="float32", gmm_backend="openblas")
+    assert old.gmm_backend == "native" and old == old.replace(gmm_backend="native")
+    assert build_config([("model.moe.gmm_backend", "openblas")]).model.moe.gmm_backend == "native"
+    if jax.default_backend() != "cpu":
+        return   # the native backend runs on CPU only
+    params = moe.init_params(jax.random.key(0), old)
+    x = jax.random.normal(jax.random.key(1), (10, 16))
+    loss = lambda p, x: (moe.apply(p, x, old)[0] ** 2).sum()   # noqa: E731
+    want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+    # the same numbers bit for bit as the layer built with the new name
+    new = old.replace(gmm_backend="native")
+    got = jax.jit(jax.value_and_grad(lambda p, x: (moe.apply(p, x, new)[0] ** 2).sum(),
+                                     argnums=(0, 1)))(params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(a, b)

@@ -12,7 +12,7 @@ cannot beat. Baselines that do G times the work (ragged_dot on CPU, padding to c
 skipped when their estimated time exceeds `--budget-s`, and the skip is reported, not hidden.
 
 Each case also prints (and writes, as a `mode: "model"` record) `pallas_gpu`'s cost model from
-`ops/gmm/pallas_plan.py`, computed from the case's own group sizes: rows computed per useful
+`ops/gpu/pallas_plan.py`, computed from the case's own group sizes: rows computed per useful
 row, modeled HBM bytes per useful FLOP and lhs reads of the forward, drhs bytes per FLOP and
 its makespan against a perfect split, before (bm-aligned tiles, bm=128, work items fastest,
 drhs groups fastest) and after (this kernel). A model, not a measurement; `--model-only`
@@ -29,8 +29,8 @@ import numpy as np
 
 from dropless import machine, text_table
 from dropless.bench import dense, harness
-from dropless.ops import grouped_matmul, padding_stats, resolve_backend
-from dropless.ops import native as openblas
+from dropless.ops import grouped_matmul, native, padding_stats, resolve_backend
+from dropless.ops.gmm.aliases import canonical_backend
 from dropless.ops.gpu import pallas_plan
 
 ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
@@ -58,24 +58,32 @@ def group_sizes_for(routing: str, m: int, g: int, seed: int = 0) -> np.ndarray:
 
 
 def split_backend(name: str) -> tuple[str, str | None]:
-    """A --backends entry as (registry backend, native kernel or None): "openblas:own" and
-    "openblas:openblas" run the `openblas` backend on that kernel of its library
-    (`openblas.use_kernel`), so both are timed in one process. Raises ValueError naming the entry
-    for a suffix on another backend or an unknown kernel."""
+    """A --backends entry as (registry backend, native kernel or None): "native:own" and
+    "native:openblas" run the `native` backend on that kernel of its library
+    (`native.use_kernel`), so both are timed in one process (an old backend name, such as
+    "openblas:own", is its new one). Raises ValueError naming the entry for a suffix on another
+    backend or an unknown kernel."""
     base, colon, kernel = name.partition(":")
     if not colon:
         return name, None
-    if resolve_backend(base) != "openblas" or kernel not in openblas.KERNEL_CHOICES:
-        raise ValueError(f"--backends {name!r}: a ':kernel' suffix goes on openblas only, one of "
-                         f"{', '.join('openblas:' + c for c in openblas.KERNEL_CHOICES)}")
-    return base, kernel
+    if resolve_backend(base) != "native" or kernel not in native.KERNEL_CHOICES:
+        raise ValueError(f"--backends {name!r}: a ':kernel' suffix goes on native only, one of "
+                         f"{', '.join('native:' + c for c in native.KERNEL_CHOICES)}")
+    return canonical_backend(base), kernel
+
+
+def canonical_entry(name: str) -> str:
+    """A --backends entry with its backend under its current name ("openblas:own" ->
+    "native:own"; others unchanged): what the records and tables show."""
+    base, colon, kernel = name.partition(":")
+    return canonical_backend(base) + colon + kernel
 
 
 def _with_kernel(fn, kernel: str):
     """fn run to completion on the native library's `kernel` (the library reads its choice when
     a call runs, so the result is waited for before the choice is put back)."""
     def run(*args):
-        with openblas.use_kernel(kernel):
+        with native.use_kernel(kernel):
             return jax.block_until_ready(fn(*args))
     return run
 
@@ -207,8 +215,9 @@ def run(args: GmmOptions) -> int:
     """Time every case of `args` (or, with `model_only`, only model it), printing a table per
     case and appending the records to `args.out`. Returns 0."""
     bases = [split_backend(name)[0] for name in args.backends]   # a bad entry fails first
-    native = (openblas.describe() if "openblas" in map(resolve_backend, bases)
-              and not args.model_only else {})
+    args = dataclasses.replace(args, backends=tuple(map(canonical_entry, args.backends)))
+    library = (native.describe() if "native" in map(resolve_backend, bases)
+               and not args.model_only else {})
     args, info, busy = harness.start(args)
     rows = []
     for dtype in args.dtypes:
@@ -225,7 +234,7 @@ def run(args: GmmOptions) -> int:
                              list(args.backends), args.repeats, args.budget_s, seed=g)
                 after = machine.busy_fraction(0.2)
                 for r in recs:
-                    r.update(machine=info, busy_before=busy, busy_after=after, **native)
+                    r.update(machine=info, busy_before=busy, busy_after=after, **library)
                 harness.write_jsonl(args.out, recs)
                 rows += recs
                 busy = after

@@ -31,8 +31,8 @@ from dropless import machine, moe, text_table
 from dropless.config import MoEConfig
 from dropless.moe.experts import expert_ffn
 from dropless.bench import dense, harness, moe_profile
-from dropless.ops import resolve_backend
-from dropless.ops import native as openblas
+from dropless.ops import native, resolve_backend
+from dropless.ops.gmm.aliases import canonical_backend
 
 
 def _router_bias(routing: str, e: int, seed: int) -> np.ndarray:
@@ -113,8 +113,9 @@ def _case(t, d, f, e, k, routing, dtype, backends, cfs, repeats, budget_s, fused
     return records
 
 
-# the side-by-side's cases (tokens, experts, top_k, d_model, d_ff): issue 26's three shapes, then
-# DeepSeek-V3's 256 experts top-8 at a small width, 32 rows an expert (bytes-limited)
+# the side-by-side's cases (tokens, experts, top_k, d_model, d_ff): three shapes of 8 to 64
+# experts, then DeepSeek-V3's 256 experts top-8 at a small width, 32 rows an expert
+# (bytes-limited)
 PEER_CASES = ((4096, 8, 2, 512, 1024), (4096, 16, 2, 512, 1024), (2048, 64, 8, 512, 1024),
               (1024, 256, 8, 512, 128))
 
@@ -166,7 +167,8 @@ def run(args: MoEOptions) -> int:
             for routing in args.routings:
                 t = math.ceil(args.rows / k)
                 recs = _case(t, args.d_model, args.d_ff, e, k, routing, dtype,
-                             list(args.backends), list(args.capacity_factors), args.repeats,
+                             [canonical_backend(b) for b in args.backends],
+                             list(args.capacity_factors), args.repeats,
                              args.budget_s, fused=args.fused)
                 after = machine.busy_fraction(0.2)
                 for r in recs:
@@ -248,7 +250,7 @@ def run_peer(args: MoEOptions) -> int:
         from dropless.bench import moe_torch
         torch = moe_torch.require_torch()
     args, info, busy = harness.start(args)
-    extra = dict(openblas.describe())
+    extra = dict(native.describe())
     if torch is not None:
         extra.update(torch=torch.__version__,
                      torch_threads=moe_torch.set_threads(torch, args.torch_threads))

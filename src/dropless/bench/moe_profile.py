@@ -5,8 +5,8 @@ Legend: T tokens, D model dim, F expert hidden dim, E experts, K top-k, N = T*K 
 Fs shared-expert hidden dim.
 
 Op-level timing: every part of the dropless layer (unfused weights, the grouped-matmul kernels
-that `auto` runs on CPU: `openblas` for float32 where it builds, else `tiled`) is jitted on its own, on the intermediate values the layer itself computes,
-and all parts are timed in one round-robin together with the whole layer's forward and
+that `auto` runs on CPU: `native` for float32 where it builds, else `tiled`) is jitted on its
+own, on the intermediate values the layer itself computes, and all parts are timed in one round-robin together with the whole layer's forward and
 forward+backward (so the parts' sum can be compared with the fused whole). Parts:
   router (logits, softmax, top-k), sort (argsort, inverse, group sizes), gather (x to
   expert-major rows), gmm gate / up / down forward, swiglu, combine (unsort, weight, sum over
@@ -14,7 +14,7 @@ forward+backward (so the parts' sum can be compared with the fused whole). Parts
   drhs, gather (the scatter-add as a gather through inv + sum), router, each backward part
   run from the residuals its forward saved, as in the layer (its forward not recomputed); the
   shared expert (forward, backward) when the layer has one. Where the layer runs the fused SwiGLU
-  FFN (`openblas.swiglu_ffn`: float32 on the `openblas` backend), its three kernels are timed as
+  FFN (`native.swiglu_ffn`: float32 on the `native` backend), its three kernels are timed as
   well (`FUSED_PARTS`: each with the unfused parts it stands in for) and the phase sums add what
   the layer runs: the fused kernels instead of the parts they replace (`in_layer`).
 
@@ -39,7 +39,7 @@ from dropless.moe import permute as perm
 from dropless.moe import router as rt
 from dropless.moe.ffn import swiglu, swiglu_ffn
 from dropless.bench import dense
-from dropless.ops import native as openblas
+from dropless.ops import native
 from dropless.ops.gmm.registry import resolve_backend
 from dropless.ops.gmm.tiled import tiled_dlhs, tiled_drhs, tiled_gmm
 
@@ -53,8 +53,8 @@ FUSED_PARTS = {
 
 
 def runs_fused(dtype) -> bool:
-    """Whether the layer's expert FFN runs `openblas.swiglu_ffn` on CPU for `dtype`."""
-    return cpu_kernels(dtype)[0] == "openblas"
+    """Whether the layer's expert FFN runs `native.swiglu_ffn` on CPU for `dtype`."""
+    return cpu_kernels(dtype)[0] == "native"
 
 
 def cpu_kernels(dtype) -> tuple[str, tuple[Callable, Callable, Callable]]:
@@ -62,9 +62,9 @@ def cpu_kernels(dtype) -> tuple[str, tuple[Callable, Callable, Callable]]:
     products as `(forward(a, w, gs), dlhs(dy, w, gs), drhs(a, dy, gs))`, each jitted."""
     dt = jnp.dtype(dtype)
     name = resolve_backend("auto", "cpu")
-    if name == "openblas" and dt == jnp.float32:
-        return name, (jax.jit(openblas.gmm_forward), jax.jit(openblas.gmm_dlhs),
-                      jax.jit(openblas.gmm_drhs))
+    if name == "native" and dt == jnp.float32:
+        return name, (jax.jit(native.gmm_forward), jax.jit(native.gmm_dlhs),
+                      jax.jit(native.gmm_drhs))
     return "tiled", (jax.jit(lambda a, w, gs: tiled_gmm(a, w, gs, out_dtype=dt)),
                      jax.jit(lambda dy, w, gs: tiled_dlhs(dy, w, gs, out_dtype=dt)),
                      jax.jit(lambda a, dy, gs: tiled_drhs(a, dy, gs, out_dtype=dt)))
@@ -85,9 +85,9 @@ def _best_s(fn: Callable[[], Any], repeats: int, min_s: float = 0.0) -> float:
 def measure_rates(n: int, d: int, f: int, dtype: str = "float32", repeats: int = 5,
                   stream_bytes: int = 256 * 2**20, min_s: float = 1.0) -> dict[str, float]:
     """{"dense_flops": FLOP/s of an [n, d] @ [d, f] matmul, the faster of XLA's jitted dot
-    ("dense_flops_xla") and, in float32 where the `openblas` kernel builds, one group on it
-    ("dense_flops_openblas": whichever kernel the native library runs for that shape, see
-    `openblas.describe`); "bandwidth": bytes/s of a jitted streaming elementwise pass (read +
+    ("dense_flops_xla") and, in float32 where the `native` backend builds, one group on it
+    ("dense_flops_openblas", a key kept from the backend's old name: whichever kernel the native
+    library runs for that shape, see `native.describe`); "bandwidth": bytes/s of a jitted streaming elementwise pass (read +
     write) over `stream_bytes`}, each the best of at least `repeats` calls and `min_s` seconds
     of them. On a 2-core EPYC the best of 5 [8192, 512] @ [512, 128] products ranged over
     255-305 GFLOP/s from one run to the next and the best of 100 over 318-378: the limits are
@@ -98,10 +98,10 @@ def measure_rates(n: int, d: int, f: int, dtype: str = "float32", repeats: int =
     mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dt))
     flops = 2.0 * n * d * f / _best_s(lambda: mm(a, b), repeats, min_s)
     rates = {"dense_flops_xla": flops}
-    if dt == jnp.float32 and openblas.problem() is None:
-        # the same product as a one-group grouped matmul on `openblas`: the faster of the two
+    if dt == jnp.float32 and native.problem() is None:
+        # the same product as a one-group grouped matmul on `native`: the faster of the two
         # is what this machine allows
-        one = jax.jit(openblas.gmm_forward)
+        one = jax.jit(native.gmm_forward)
         b_1DF, gs_1 = b[None], jnp.array([n], jnp.int32)
         rates["dense_flops_openblas"] = 2.0 * n * d * f / _best_s(lambda: one(a, b_1DF, gs_1),
                                                                   repeats, min_s)
@@ -220,7 +220,7 @@ def _parts(params, x_TD, dy_TD, cfg: MoEConfig) -> dict[tuple[str, str], Callabl
     }
     if runs_fused(dt):
         gate_up_j, swiglu_dlhs_j, dual_dlhs_j = (jax.jit(fn) for fn in (
-            openblas.gate_up_swiglu, openblas.swiglu_dlhs, openblas.dual_dlhs))
+            native.gate_up_swiglu, native.swiglu_dlhs, native.dual_dlhs))
         calls[("fwd", "fused gate+up+swiglu")] = lambda: gate_up_j(x_ND, w_g, w_u, gs)
         calls[("bwd", "fused down dlhs+swiglu")] = lambda: swiglu_dlhs_j(dy_ND, w_d, g_NF,
                                                                          u_NF, gs)
@@ -261,7 +261,8 @@ def profile_case(t: int, d: int, f: int, e: int, k: int, *, dtype: str = "float3
     replaced = {(ph, r) for (ph, _), rs in FUSED_PARTS.items() for r in rs} if fused else set()
     base = {"bench": "moe", "mode": "profile", "tokens": t, "d_model": d, "d_ff": f,
             "experts": e, "top_k": k, "dtype": dtype, "shared_experts": shared_experts,
-            "gmm_backend": cpu_kernels(dtype)[0], "fused_ffn": fused, "dense_gflops": rates["dense_flops"] / 1e9,
+            "gmm_backend": cpu_kernels(dtype)[0], "fused_ffn": fused,
+            "dense_gflops": rates["dense_flops"] / 1e9,
             **{k.replace("flops", "gflops"): v / 1e9 for k, v in rates.items()
                if k.startswith("dense_flops_")},
             "bandwidth_gbs": rates["bandwidth"] / 1e9}

@@ -122,7 +122,8 @@ def _gmm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", default=_join(d.backends),
                    help="comma list of backends to time beside dense (default "
                         f"{_join(d.backends)}; padded uses capacity = largest group; "
-                        "openblas:own and openblas:openblas force the native library's kernel)")
+                        "native:own and native:openblas force the native library's kernel; "
+                        "openblas, the native backend's old name, still works)")
     p.add_argument("--repeats", type=int, default=d.repeats,
                    help="timed runs per function (median)")
     p.add_argument("--budget-s", type=float, default=d.budget_s,
@@ -471,7 +472,7 @@ def check_arguments(kind: str, args) -> None:
         if getattr(args, dest, None) is not None:
             from dropless.ops.gmm.registry import check_backend_name
             for item in _items(args, dest):
-                # gmm also takes openblas:own / openblas:openblas (bench/gmm.py split_backend)
+                # gmm also takes native:own / native:openblas (bench/gmm.py split_backend)
                 check_backend_name(item.partition(":")[0] if kind == "gmm" else item,
                                    where=_flag(dest))
                 if kind == "gmm":

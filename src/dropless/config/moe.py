@@ -152,8 +152,9 @@ class MoEConfig:
             _fail(c, "ragged_buffer_factor", self.ragged_buffer_factor, "must be >= 1.0")
         _one_of(c, self, "overflow", OVERFLOW_POLICIES)
         # the backend name is checked against its registry (below config), read at call time
-        from dropless.ops.gmm.registry import check_backend_name
+        from dropless.ops.gmm.registry import canonical_backend, check_backend_name
         check_backend_name(self.gmm_backend, where="MoEConfig.gmm_backend")
+        object.__setattr__(self, "gmm_backend", canonical_backend(self.gmm_backend))
         _one_of(c, self, "dispatcher", DISPATCHERS)
 
     def replace(self, **changes: Any) -> "MoEConfig":

@@ -28,10 +28,8 @@ from dropless.config import MoEConfig
 from dropless.moe import permute as perm
 from dropless.moe.ffn import swiglu
 from dropless.moe.router import Routing
-from dropless.ops import native as openblas
+from dropless.ops import kernels
 from dropless.ops.gmm import grouped_matmul
-from dropless.ops.gmm.choices import note, shape_key
-from dropless.ops.gmm.registry import resolve_backend
 from dropless.quant.mx_rows import MXRows, travel
 
 
@@ -87,9 +85,15 @@ def expert_ffn(x_ND: jax.Array | MXRows, group_sizes_E: jax.Array,
     dt = jnp.dtype(cfg.dtype)
     if not isinstance(x_ND, MXRows):
         x_ND = x_ND.astype(dt)
-    if _fusable(x_ND, experts, cfg):
-        return _fused_on_cpu(x_ND, group_sizes_E, experts, cfg)
-    return _unfused_ffn(x_ND, group_sizes_E, experts, cfg)
+    if not _plain_swiglu(x_ND, experts, cfg):
+        return _unfused_ffn(x_ND, group_sizes_E, experts, cfg)
+
+    def generic(x, w_g, w_u, w_d, gs):
+        return _unfused_ffn(x, gs, {"w_gate_EDF": w_g, "w_up_EDF": w_u, "w_down_EFD": w_d}, cfg)
+    # the platform's fused FFN where it offers one for this backend and these rows
+    return kernels.swiglu_ffn(x_ND, experts["w_gate_EDF"], experts["w_up_EDF"],
+                              experts["w_down_EFD"], group_sizes_E, backend=cfg.gmm_backend,
+                              generic=generic)
 
 
 def _unfused_ffn(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
@@ -99,36 +103,11 @@ def _unfused_ffn(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
     return gmm_for(cfg)(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E)
 
 
-def _fusable(x_ND, experts, cfg: MoEConfig) -> bool:
-    """Whether the `openblas` backend's fused SwiGLU FFN can stand in for the three grouped
-    matmuls and the activation: float32, unquantized, unfused weights, backend auto or openblas."""
+def _plain_swiglu(x_ND, experts, cfg: MoEConfig) -> bool:
+    """Whether this FFN is the plain SwiGLU of three grouped matmuls that a platform's fused
+    FFN may stand in for (`kernels.swiglu_ffn`): unquantized rows and matmuls, unfused weights."""
     return (not isinstance(x_ND, MXRows) and cfg.gmm_quantization == "none"
-            and FUSED_KEY not in experts and jnp.dtype(cfg.dtype) == jnp.float32
-            and cfg.gmm_backend in ("auto", "openblas"))
-
-
-def _fused_on_cpu(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
-    """`openblas.swiglu_ffn` (the activation fused into the products) where the grouped matmuls
-    would all run `openblas`: by name, or under `auto` when lowered for CPU and `auto` picks it
-    at all three shapes (refusals of `auto_scope` included); elsewhere the unfused FFN."""
-    gs = group_sizes_E.astype(jnp.int32)
-    w = {k: experts[k].astype(jnp.float32) for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD")}
-    args = (x_ND, w["w_gate_EDF"], w["w_up_EDF"], w["w_down_EFD"], gs)
-    if cfg.gmm_backend == "openblas":
-        return openblas.swiglu_ffn_on_cpu(*args)
-
-    def generic(x, w_g, w_u, w_d, gs):
-        return _unfused_ffn(x, gs, {"w_gate_EDF": w_g, "w_up_EDF": w_u, "w_down_EFD": w_d}, cfg)
-
-    def cpu(x, w_g, w_u, w_d, gs):
-        h = jax.ShapeDtypeStruct((x.shape[0], w_g.shape[2]), jnp.float32)
-        keys = [shape_key(a, b, gs, jnp.float32) for a, b in ((x, w_g), (x, w_u), (h, w_d))]
-        if any(resolve_backend("auto", "cpu", k) != "openblas" for k in keys):
-            return generic(x, w_g, w_u, w_d, gs)
-        for k in dict.fromkeys(keys):
-            note({"asked": "auto", "platform": "cpu", "backend": "openblas", "shape": k})
-        return openblas.swiglu_ffn(x, w_g, w_u, w_d, gs)
-    return jax.lax.platform_dependent(*args, cpu=cpu, default=generic)
+            and FUSED_KEY not in experts)
 
 
 def _concat(a, b):

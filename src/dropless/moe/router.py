@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from dropless.config import MoEConfig
-from dropless.ops import native as openblas
+from dropless.ops import kernels
 
 
 class Routing(NamedTuple):
@@ -45,17 +45,9 @@ def _limit_to_groups(select_TE: jax.Array, n_groups: int, topk_groups: int) -> j
 
 
 def top_k_ids(select_TE: jax.Array, k: int) -> jax.Array:
-    """[T, K] int32: jax.lax.top_k(select_TE, k)'s indices. For float32 on CPU, in a process
-    whose default backend is the CPU, the native library's selection (the same indices, ties
-    and NaNs included; 0.73 ms against XLA:CPU's 1.75 for [1024, 256] top-8), chosen at
-    lowering time; elsewhere XLA's."""
-    xla = lambda s: jax.lax.top_k(s, k)[1].astype(jnp.int32)
-    if (select_TE.dtype != jnp.float32 or select_TE.ndim != 2 or k > select_TE.shape[-1]
-            or jax.default_backend() != "cpu" or openblas.problem() is not None):
-        return xla(select_TE)
-    # (indices carry no gradient: the native call is kept out of differentiation)
-    return jax.lax.platform_dependent(jax.lax.stop_gradient(select_TE),
-                                      cpu=lambda s: openblas.top_k_indices(s, k), default=xla)
+    """[T, K] int32: jax.lax.top_k(select_TE, k)'s indices, by the platform's top-k
+    (`kernels.top_k_indices`: the same indices, ties and NaNs included, wherever it runs)."""
+    return kernels.top_k_indices(select_TE, k)
 
 
 def route(logits_TE: jax.Array, bias_E: jax.Array, cfg: MoEConfig) -> Routing:

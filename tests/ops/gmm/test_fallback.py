@@ -4,7 +4,7 @@ Legend: M rows, K contraction dim, N output dim, G groups.
 
 Stand-in kernels (ops/gmm/standins.py) put in front of `auto`'s CPU chain fail the way a GPU
 kernel can: a custom call XLA cannot compile, a kernel that raises when it runs. The function
-compiled through `compile_auto` must then run on the next backend (`openblas`), give the same
+compiled through `compile_auto` must then run on the next backend (`native`), give the same
 numbers as the reference, say so in one log line and in its Outcome; a failure with nothing to
 fall back to raises.
 """
@@ -41,7 +41,7 @@ def _reference(a, b, gs):
 @pytest.fixture
 def cheap_floor(monkeypatch):
     """CPU's chain ends at `reference` (a masked loop over G=3 groups: a quick compile) instead
-    of `openblas`, `tiled`, so each retrace costs little; one test keeps the real chain."""
+    of `native`, `tiled`, so each retrace costs little; one test keeps the real chain."""
     monkeypatch.setitem(registry.AUTO_CHAINS, "cpu", ("reference",))
     return "reference"
 
@@ -80,7 +80,7 @@ def test_the_real_cpu_chain_takes_over(caplog):
     with registry.stand_in("tokamax", standins.failing_gmm("compile"), first_on="cpu"):
         compiled, out = fallback.compile_auto(_loss_and_grads, *args, what="loss")
         got = compiled(*args)
-    assert out.backend == "openblas" and out.fallbacks[0]["to"] == "openblas"
+    assert out.backend == "native" and out.fallbacks[0]["to"] == "native"
     np.testing.assert_allclose(got[0], _reference(*args)[0], rtol=1e-5)
 
 
@@ -118,7 +118,7 @@ def test_a_failure_with_nothing_to_fall_back_to_raises(cheap_floor):
 
 def test_a_working_auto_choice_is_kept_and_named():
     compiled, out = fallback.compile_auto(_loss_and_grads, *_operands(), what="loss")
-    assert out.backend == "openblas" and out.fallbacks == ()
+    assert out.backend == "native" and out.fallbacks == ()
     assert [r["asked"] for r in out.ran] == ["auto"]
 
 
@@ -129,16 +129,16 @@ def test_run_once_refuses_donated_arguments():
 
 
 def test_stand_in_is_undone_and_refusals_are_scoped():
-    assert registry.auto_chain("cpu") == ("openblas", "tiled")
+    assert registry.auto_chain("cpu") == ("native", "tiled")
     with registry.stand_in("standin_x", standins.failing_gmm("run"), first_on="cpu"):
-        assert registry.auto_chain("cpu") == ("standin_x", "openblas", "tiled")
+        assert registry.auto_chain("cpu") == ("standin_x", "native", "tiled")
         with registry.auto_scope(refused=frozenset({("standin_x", None)})):
-            assert registry.resolve_backend("auto", "cpu") == "openblas"
+            assert registry.resolve_backend("auto", "cpu") == "native"
         assert registry.resolve_backend("auto", "cpu") == "standin_x"
     assert "standin_x" not in registry.grouped_matmul_backends()
-    assert registry.auto_chain("cpu") == ("openblas", "tiled")
+    assert registry.auto_chain("cpu") == ("native", "tiled")
     # the floor is never refused
-    with registry.auto_scope(refused=frozenset({("openblas", None), ("tiled", None)})):
+    with registry.auto_scope(refused=frozenset({("native", None), ("tiled", None)})):
         assert registry.resolve_backend("auto", "cpu") == "tiled"
 
 

@@ -13,16 +13,16 @@ from dropless.ops.gmm.tiled import plan_tiles
 from tests._support.gmm_reference import np_gmm, np_gmm_grads, operands
 
 # tokamax runs where it is installed (the `gpu` extra); on CPU through its "xla" implementation,
-# which checks our delegation and its VJP, not its GPU kernels (tests/ops/gmm/test_pallas_gpu.py)
+# which checks our delegation and its VJP, not its GPU kernels (tests/ops/gpu/test_pallas_gpu.py)
 TOKAMAX = pytest.param("tokamax", marks=pytest.mark.skipif(
     not tokamax_available(), reason="tokamax not installed (optional: pip install 'dropless[gpu]')"))
-# openblas is a jax.ffi kernel registered for the CPU: on a GPU (the device check runs this file
-# with JAX_PLATFORMS=cuda) it is refused when lowered (tests/ops/gmm/test_cpu_only.py)
-OPENBLAS = pytest.param("openblas", marks=pytest.mark.skipif(
-    jax.default_backend() != "cpu", reason="openblas runs on CPU only; the default backend is "
+# native is a jax.ffi kernel registered for the CPU: on a GPU (the device check runs this file
+# with JAX_PLATFORMS=cuda) it is refused when lowered (tests/ops/native/test_cpu_only.py)
+NATIVE = pytest.param("native", marks=pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="native runs on CPU only; the default backend is "
                                            f"{jax.default_backend()}"))
 # pallas_gpu runs in Pallas interpret mode on CPU: the same kernels, executed by XLA:CPU
-JITTABLE = ["reference", "ragged_dot", "tiled", OPENBLAS, "padded", "pallas_gpu", TOKAMAX]
+JITTABLE = ["reference", "ragged_dot", "tiled", NATIVE, "padded", "pallas_gpu", TOKAMAX]
 ALL = JITTABLE + ["loop"]
 
 
@@ -110,7 +110,7 @@ def test_preferred_element_type_sets_output_dtype():
         assert out.dtype == jnp.float32, backend
 
 
-@pytest.mark.parametrize("backend", ["tiled", OPENBLAS, "ragged_dot", "padded", "reference",
+@pytest.mark.parametrize("backend", ["tiled", NATIVE, "ragged_dot", "padded", "reference",
                                      "pallas_gpu"])
 def test_jit_once_for_any_routing(backend):
     traces = []
@@ -195,6 +195,32 @@ def test_backend_list_and_unknown_backend():
         grouped_matmul(lhs, rhs, gs, backend="nope")
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="native runs on CPU only")
+def test_old_name_openblas_is_native_with_one_deprecation_warning(monkeypatch):
+    import warnings
+    from dropless.ops import resolve_backend
+    from dropless.ops.gmm import aliases, registry
+    monkeypatch.setattr(aliases, "_WARNED", set())   # as in a fresh process
+    sizes = [4, 0, 6]
+    lhs, rhs, gs, _ = operands(10, 4, 3, sizes)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = jax.jit(lambda a, b: grouped_matmul(a, b, gs, backend="openblas"))(lhs, rhs)
+        registry.check_backend_name("openblas")
+        assert resolve_backend("openblas") == "native"
+        assert registry.unusable("openblas") is None
+        with registry.auto_scope(refused=frozenset({("openblas", None)})):
+            assert resolve_backend("auto", "cpu") == "tiled"   # a refusal of the old name
+    said = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(said) == 1 and "'openblas' is now called 'native'" in str(said[0].message)
+    new = jax.jit(lambda a, b: grouped_matmul(a, b, gs, backend="native"))(lhs, rhs)
+    np.testing.assert_array_equal(old, new)
+    np.testing.assert_allclose(new, np_gmm(lhs, rhs, sizes), rtol=1e-5, atol=1e-5)
+    # listed under its new name only; the old one is not a name of its own
+    assert "native" in grouped_matmul_backends() and "openblas" not in grouped_matmul_backends()
+    assert registry.backend_spec("openblas") is registry.backend_spec("native")
+
+
 def test_bad_inputs_name_the_argument():
     lhs, rhs, gs, _ = operands(6, 4, 2, [3, 3])
     with pytest.raises(ValueError, match="K=3 does not match rhs K=4"):
@@ -223,7 +249,7 @@ def test_loop_backend_refuses_jit_with_a_clear_message():
 
 def test_auto_per_platform_never_ragged_dot_on_cuda():
     from dropless.ops import resolve_backend
-    assert resolve_backend("auto", "cpu") == "openblas"   # tiled where it cannot build
+    assert resolve_backend("auto", "cpu") == "native"   # tiled where it cannot build
     gpu_choice = "tokamax" if tokamax_available() else "pallas_gpu"
     assert resolve_backend("auto", "cuda") == gpu_choice
     assert resolve_backend("auto", "tpu") == "ragged_dot"

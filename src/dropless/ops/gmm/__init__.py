@@ -3,7 +3,7 @@ from dropless.ops.gmm.baselines import (loop_gmm, padded_gmm, padding_stats, rag
                                         reference_gmm)
 from dropless.ops.gmm.registry import (backend_spec, grouped_matmul, grouped_matmul_backends,
                                        register_backend, resolve_backend, tokamax_unusable)
-from dropless.ops.native.library import native_gmm, problem as native_problem
+from dropless.ops.native import native_gmm, problem as native_problem
 from dropless.ops.gpu.pallas_gpu import OPTIONS as PALLAS_GPU_OPTIONS, pallas_gpu_gmm
 from dropless.ops.gmm.tiled import DEFAULT_TILE_SIZES, tiled_gmm
 from dropless.ops.gpu.tokamax_backend import tokamax_gmm
@@ -15,9 +15,11 @@ register_backend("ragged_dot", ragged_dot_gmm,
                              "zero-padded dense product (G x the FLOPs), by name only")
 register_backend("tiled", tiled_gmm, options=("tile_sizes",),
                  description="pure-JAX row tiles per group with hand-written VJP; CPU default")
-register_backend("openblas", native_gmm, problem=native_problem,
-                 description="one OpenBLAS sgemm per group through XLA's FFI, rows in place "
-                             "(float32; other dtypes run tiled); CPU default when it builds")
+register_backend("native", native_gmm, problem=native_problem,
+                 description="the native CPU library (ops/native): one GEMM per group through "
+                             "XLA's FFI, rows in place, OpenBLAS's sgemm or, on AVX-512, the "
+                             "library's own tiled kernel (float32; other dtypes run tiled); CPU "
+                             "default when it builds (old name: openblas)")
 register_backend("pallas_gpu", pallas_gpu_gmm, options=PALLAS_GPU_OPTIONS,
                  description="our Pallas kernels via Triton (fwd, dlhs, drhs), sizes on device; "
                              "CUDA; interpret mode on CPU (slow, for tests)")

@@ -15,6 +15,8 @@ from typing import Iterator
 
 import jax.numpy as jnp
 
+from dropless.ops.gmm.aliases import canonical_backend
+
 
 @dataclasses.dataclass(frozen=True)
 class AutoState:
@@ -30,12 +32,14 @@ STATE: contextvars.ContextVar[AutoState] = contextvars.ContextVar("dropless_gmm_
 @contextlib.contextmanager
 def auto_scope(*, refused: frozenset = frozenset(), events: list | None = None) -> Iterator[None]:
     """Within the block, `auto` skips the `refused` (backend, shape key) pairs (shape key None:
-    every shape; keys from `shape_key`), and functions traced record their grouped-matmul
-    choices in `events` (dicts: asked, backend, shape, and platform for `auto`, implementation
-    or reason for `tokamax`). Nested scopes add to the outer one's refusals."""
+    every shape; keys from `shape_key`; an old backend name counts as its new one), and
+    functions traced record their grouped-matmul choices in `events` (dicts: asked, backend,
+    shape, and platform for `auto`, implementation or reason for `tokamax`). Nested scopes add
+    to the outer one's refusals."""
     outer = STATE.get()
+    refused = frozenset((canonical_backend(b), shape) for b, shape in refused)
     token = STATE.set(dataclasses.replace(
-        outer, refused=outer.refused | frozenset(refused),
+        outer, refused=outer.refused | refused,
         events=events if events is not None else outer.events))
     try:
         yield

@@ -3,9 +3,9 @@
 Legend: M rows (sorted by group), K contraction dim, N output dim, G groups.
 
 `auto` picks its backend when a function is lowered (registry.py); a kernel can still fail
-after that, when XLA compiles it or when it first runs on the device (tokamax's Mosaic GPU
-kernel had never run on an H200 when this was written). `compile_auto(fn, *args)` makes that
-survivable, in this order:
+after that, when XLA compiles it or when it first runs on the device (a Mosaic GPU kernel on a
+GPU generation it was not tried on). `compile_auto(fn, *args)` makes that survivable, in this
+order:
 
   1. trace and lower `fn` in an `auto_scope` that records each grouped matmul's choice;
   2. for each shape whose chosen backend has a next one in `auto`'s chain (tokamax on CUDA),
@@ -18,8 +18,8 @@ survivable, in this order:
 
 Each fallback is one log line (logger "dropless.ops.gmm") and an entry of the returned
 `Outcome`, which also says which backend ran at each shape. The same runs on every platform:
-on CPU `auto`'s chain is `tiled` alone, so nothing is probed unless a test or a dry run puts a
-stand-in first (`registry.stand_in`).
+on CPU `auto`'s chain is `native`, then `tiled`, and `native` is probed like any backend with
+a next one (a test or a dry run puts a failing stand-in first with `registry.stand_in`).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ exact one for the platform when the function is lowered (`jax.lax.platform_depen
 jitted function is right on CPU and on CUDA, and lowers for CUDA on a machine without a GPU:
 
   platform   auto picks                                   why
-  cpu        openblas (float32) where it builds, else     ragged_dot is a masked dense dot there;
+  cpu        native (float32) where it builds, else       ragged_dot is a masked dense dot there;
              tiled                                        XLA:CPU copies each tile of `tiled`
   cuda       tokamax if usable, else pallas_gpu           XLA runs ragged_dot zero-padded there
   rocm/tpu   ragged_dot                                   a grouped kernel in XLA (TPU)
@@ -22,7 +22,8 @@ whole function by `auto_scope(refused=...)`, which `ops/gmm/fallback.py` sets wh
 backend fails to compile or to run on the device; tracing inside `auto_scope(events=[...])`
 records, per grouped matmul, what `auto` chose on each platform and what `tokamax` ran, so a
 caller can say which backend ran. `stand_in` puts a backend first on a platform's chain (tests
-and `bench gpu --dry-run` use failing stand-ins to show the fallback on CPU).
+and `bench gpu --dry-run` use failing stand-ins to show the fallback on CPU). An old backend
+name (`aliases.ALIASES`: `openblas` -> `native`) is accepted wherever a name is, as its new one.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dropless.ops.gmm import choices
+from dropless.ops.gmm.aliases import ALIASES, canonical_backend
 from dropless.ops.gmm.choices import auto_scope, note, shape_key  # noqa: F401 (re-exported)
 
 
@@ -74,9 +76,10 @@ def grouped_matmul_backends() -> tuple[str, ...]:
 
 
 def backend_spec(name: str) -> BackendSpec:
-    """The registered backend `name`; for `auto`, a spec whose fn chooses per platform when
-    lowered. Raises ValueError for an unknown name."""
+    """The registered backend `name` (an old name: its new one); for `auto`, a spec whose fn
+    chooses per platform when lowered. Raises ValueError for an unknown name."""
     check_backend_name(name)
+    name = canonical_backend(name)
     if name == "auto":
         return BackendSpec("auto", auto_gmm, "the fastest exact backend of the platform, "
                            "chosen when lowering: " + ", ".join(
@@ -85,15 +88,16 @@ def backend_spec(name: str) -> BackendSpec:
 
 
 def check_backend_name(name: str, where: str = "backend") -> None:
-    """Raise ValueError naming `where`, the value and the known backends if `name` is unknown."""
-    if name != "auto" and name not in _REGISTRY:
+    """Raise ValueError naming `where`, the value and the known backends if `name` is unknown
+    (an old name, `aliases.ALIASES`, is known)."""
+    if name != "auto" and ALIASES.get(name, name) not in _REGISTRY:
         raise ValueError(f"{where}={name!r} is not a grouped-matmul backend; "
                          f"known: {', '.join(grouped_matmul_backends())}")
 
 
 AUTO_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 # what `auto` tries on each platform, in order; the last is the floor
-AUTO_CHAINS = {"cpu": ("openblas", "tiled"), "cuda": ("tokamax", "pallas_gpu"),
+AUTO_CHAINS = {"cpu": ("native", "tiled"), "cuda": ("tokamax", "pallas_gpu"),
                "rocm": ("ragged_dot",), "tpu": ("ragged_dot",)}
 
 
@@ -120,6 +124,7 @@ def stand_in(name: str, fn: Callable[..., jax.Array], *, first_on: str,
 def unusable(name: str) -> str | None:
     """Why backend `name` cannot run in this process (not registered, optional package missing
     or unsuited); None when it can."""
+    name = canonical_backend(name)
     spec = _REGISTRY.get(name)
     if spec is None:
         return f"{name!r} is not registered"
@@ -209,14 +214,15 @@ def resolve_backend(name: str, platform: str | None = None, shape: tuple | None 
     """The backend `name` runs as on `platform` (default: jax's default backend), at `shape`
     (a `shape_key`; None: any shape) under the active `auto_scope`'s refusals.
 
-    `auto` -> `openblas` on CPU where its kernel builds, else `tiled` (ragged_dot does G times
+    `auto` -> `native` on CPU where its kernel builds, else `tiled` (ragged_dot does G times
     the work there); on CUDA (`gpu`/`cuda`)
     `tokamax` when it is installed and suits this jax, else `pallas_gpu` (never ragged_dot: XLA
     runs it as a zero-padded dense product on CUDA); `ragged_dot` on TPU and ROCm: the first
-    of `auto_chain(platform)` not refused, the last one if all are. Other names: themselves.
+    of `auto_chain(platform)` not refused, the last one if all are. Other names: themselves
+    (an old name: its new one).
     """
     if name != "auto":
-        return name
+        return canonical_backend(name)
     chain = auto_chain(platform or jax.default_backend())
     return next((b for b in chain[:-1] if not _refused(b, shape)), chain[-1])
 
