@@ -72,10 +72,10 @@ ROWS = [
         ("d.jsonl", "line 1", "object", "'text'"), "d.jsonl"),
     row("data-jsonl-bad-json-line-2", {"d.jsonl": _jsonl(OK_LINE, '{"text": ', OK_LINE)},
         ("d.jsonl", "line 2", "json"), "d.jsonl", check=_not_line_1),
-    # '{"text": "ok"}\n' is 15 bytes, '{"text": "' 10 more: the bad byte is at offset 25
+    # '{"text": "' is 10 bytes: the bad byte is at offset 10 of line 2
     row("data-jsonl-invalid-utf8",
         {"d.jsonl": b'{"text": "ok"}\n{"text": "\xff"}\n' + OK_LINE.encode() + b"\n"},
-        ("d.jsonl", "utf-8", "byte 25", "line 2"), "d.jsonl"),
+        ("d.jsonl", "utf-8", "byte 10", "line 2"), "d.jsonl"),
     row("data-bin-odd-size", {"t.bin": bytes(range(7))},
         ("t.bin", "7 bytes", "uint16", "multiple of 2"), "t.bin"),
     row("data-bin-empty", {"t.bin": b""}, ("t.bin", "empty"), "t.bin"),

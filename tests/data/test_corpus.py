@@ -151,3 +151,29 @@ def test_document_tokens_join_the_documents_with_eos(tmp_path):
         data.document_tokens(str(tmp_path / "e.jsonl"), tok)
     with pytest.raises(ValueError, match=r"^dropless eval: --data=x holds no text$"):
         data.document_tokens(str(tmp_path / "e.jsonl"), tok, what="dropless eval: --data=x")
+
+
+def test_jsonl_is_read_by_the_one_reader_compressed_too(tmp_path):
+    """`text_documents` and `data prepare`'s reader give the same texts of the same JSONL lines,
+    plain, gzip- and zstd-compressed; a line `prepare` refuses, training refuses the same way."""
+    import gzip
+
+    import zstandard
+
+    from dropless.data import readers
+    lines = [json.dumps({"text": t}) for t in ("a\r\nb", "c\u2028d", "é")]
+    raw = ("\n".join(lines[:2]) + "\n\n" + lines[2] + "\r\n").encode()
+    (tmp_path / "x.jsonl").write_bytes(raw)
+    (tmp_path / "y.jsonl.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "z.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    for name in ("x.jsonl", "y.jsonl.gz", "z.jsonl.zst"):
+        docs = data.text_documents(str(tmp_path / name))
+        assert [t for _, t in docs] == ["a\r\nb", "c\u2028d", "é"], name
+        assert [n for n, _ in docs] == [f"{name}:0", f"{name}:1", f"{name}:3"]
+        (f,) = readers.input_files(str(tmp_path / name))
+        assert [t for c in readers.text_chunks(f, "text") for t in readers.chunk_texts(f, c, "text")
+                ] == [t for _, t in docs]
+    (tmp_path / "bad.jsonl").write_bytes(b'{"text": "a"}\n{"body": "b"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl' line 2 has no 'text' field \(its fields: "
+                                         r"body\); training reads the 'text' field"):
+        data.text_documents(str(tmp_path / "bad.jsonl"))

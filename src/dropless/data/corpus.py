@@ -29,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from dropless.data import shards
+from dropless.data import readers, shards
+from dropless.data.readers import TEXT_SUFFIXES
 from dropless.data.tokenizer import make_tokenizer
 
-TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
+TEXT_HINT = ("training reads the 'text' field; `dropless data prepare --text-field NAME` "
+             "prepares another")
 LARGE_TEXT_BYTES = 64 << 20   # text above this is tokenized at every start: suggest `prepare`
 
 
@@ -93,13 +95,6 @@ def _where(source: str, path: Path) -> str:
     return f"data={source!r}" if Path(source) == path else f"data={source!r}: {path}"
 
 
-def _json_kind(value) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "an int", float: "a float", str: "a string", list: "a list",
-            dict: "an object"}.get(type(value), type(value).__name__)
-
-
 def _utf8(raw: bytes, where: str) -> str:
     """`raw` decoded as UTF-8; ValueError naming the byte offset and line of the first bad byte."""
     try:
@@ -111,28 +106,15 @@ def _utf8(raw: bytes, where: str) -> str:
 
 
 def _jsonl_documents(path: Path, source: str) -> list[tuple[str, str]]:
-    """(name, text) per non-blank line of a JSONL file: each line one JSON object whose "text"
-    is a string. Raises ValueError naming the file and the line (or byte) that is wrong."""
-    where = _where(source, path)
-    docs = []
-    # split at "\n" only: str.splitlines would also split inside a line at U+2028 and friends
-    for i, line in enumerate(_utf8(path.read_bytes(), where).split("\n")):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where} line {i + 1}, column {e.colno}: invalid JSON ({e.msg})"
-                             ) from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{where} line {i + 1} is {_json_kind(rec)}, not an object with a "
-                             "'text' field (JSONL: one JSON object per line)")
-        if "text" not in rec:
-            raise ValueError(f"{where}: line {i + 1} has no 'text' field")
-        if not isinstance(rec["text"], str):
-            raise ValueError(f"{where} line {i + 1}: 'text' must be a string, not "
-                             f"{_json_kind(rec['text'])} ({json.dumps(rec['text'])[:40]})")
-        docs.append((f"{path.name}:{i}", rec["text"]))
+    """(name, text) per non-blank line of a JSONL file (compressed too, see `readers`): each
+    line one JSON object whose "text" is a string, read and checked by `readers`, the one
+    reader of JSONL. Raises ValueError naming the file and the line that is wrong."""
+    file = readers.InputFile(path=path, name=path.name, kind="jsonl", weight=1.0, size=0)
+    where, docs = _where(source, path), []
+    for i, raw, _ in readers.jsonl_lines(file):
+        at = f"{where} line {i + 1}"
+        rec = readers.parse_jsonl_line(raw, at, "text")
+        docs.append((f"{path.name}:{i}", readers.record_text(rec, "text", at, TEXT_HINT)))
     return docs
 
 
@@ -148,7 +130,7 @@ def _directory_files(path: Path, source: str) -> list[Path]:
     """The files of a directory source that are read (text and JSONL, sorted); ValueError when
     there are none, saying what the directory holds instead."""
     files = sorted(p for p in path.rglob("*")
-                   if p.suffix in TEXT_SUFFIXES + (".jsonl",) and p.is_file())
+                   if readers.kind_of(p) in ("text", "jsonl") and p.is_file())
     if files:
         return files
     found: dict[str, int] = {}
@@ -170,7 +152,7 @@ def text_documents(source: str) -> list[tuple[str, str]]:
     path = Path(source)
     if path.is_dir():
         return [doc for f in _directory_files(path, source) for doc in text_documents(str(f))]
-    if path.suffix == ".jsonl":
+    if readers.kind_of(path) == "jsonl":
         return _jsonl_documents(path, source)
     if path.suffix == ".json":
         raise _not_jsonl(source, path)

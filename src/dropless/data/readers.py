@@ -27,8 +27,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from dropless.data.corpus import TEXT_SUFFIXES, _json_kind
-
+TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 ARROW_SUFFIXES = (".arrow",)
@@ -200,9 +199,18 @@ def input_files(spec: str) -> list[InputFile]:
 
 # --- JSONL --------------------------------------------------------------------------------------
 
-def parse_jsonl_line(raw: bytes, at: str) -> dict:
+def json_kind(value) -> str:
+    """How an error names a JSON value's type: 'null', 'an int', 'a list', ..."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an int", float: "a float", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def parse_jsonl_line(raw: bytes, at: str, text_field: str | None = None) -> dict:
     """The JSON object of one raw JSONL line; ValueError naming `at` (file and line) for bytes
-    that are not UTF-8, invalid JSON, or a value that is not an object."""
+    that are not UTF-8, invalid JSON, or a value that is not an object (with `text_field`, the
+    message names the field the object should hold)."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -213,20 +221,22 @@ def parse_jsonl_line(raw: bytes, at: str) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"{at}, column {e.colno}: invalid JSON ({e.msg})") from None
     if not isinstance(rec, dict):
-        raise ValueError(f"{at} is {_json_kind(rec)}, not a JSON object (JSONL: one object "
-                         "per line)")
+        holding = f" with a {text_field!r} field" if text_field else ""
+        raise ValueError(f"{at} is {json_kind(rec)}, not a JSON object{holding} (JSONL: one "
+                         "object per line)")
     return rec
 
 
-def record_text(rec: dict, text_field: str, at: str) -> str:
-    """rec[text_field], which must be a string; ValueError naming `at` and the fields there."""
+def record_text(rec: dict, text_field: str, at: str,
+                hint: str = "choose the text field with --text-field") -> str:
+    """rec[text_field], which must be a string; ValueError naming `at` and the fields there,
+    ending with `hint` (what the user can do)."""
     if text_field not in rec:
         fields = ", ".join(sorted(map(str, rec))[:8]) or "none"
-        raise ValueError(f"{at} has no {text_field!r} field (its fields: {fields}); choose the "
-                         "text field with --text-field")
+        raise ValueError(f"{at} has no {text_field!r} field (its fields: {fields}); {hint}")
     text = rec[text_field]
     if not isinstance(text, str):
-        raise ValueError(f"{at}: {text_field!r} must be a string, not {_json_kind(text)}")
+        raise ValueError(f"{at}: {text_field!r} must be a string, not {json_kind(text)}")
     return text
 
 
@@ -274,7 +284,7 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
-def _jsonl_lines(file: InputFile, start: int) -> Iterator[tuple[int, bytes, int]]:
+def jsonl_lines(file: InputFile, start: int = 0) -> Iterator[tuple[int, bytes, int]]:
     """(line index, raw line without its newline, bytes read) per non-blank line >= start."""
     stream, raw = _open_jsonl(file.path)
     try:
@@ -372,7 +382,7 @@ def records(file: InputFile, *, start: int = 0) -> Iterator[tuple[int, dict]]:
     """(index, record) of every record of `file` from index `start` on (a text file: one record
     {"text": its content}). Raises ValueError naming the file and line / row of a bad record."""
     if file.kind == "jsonl":
-        for i, line, _ in _jsonl_lines(file, start):
+        for i, line, _ in jsonl_lines(file, start):
             yield i, parse_jsonl_line(line, where(file, i))
     elif file.kind == "text":
         if start == 0:
@@ -398,7 +408,7 @@ def text_chunks(file: InputFile, text_field: str, *, start: int = 0,
                         bytes_done=file.size)
     elif file.kind == "jsonl":
         idx, lines, size = [], [], 0
-        for i, line, done in _jsonl_lines(file, start):
+        for i, line, done in jsonl_lines(file, start):
             idx.append(i)
             lines.append(line)
             size += len(line)
@@ -423,5 +433,5 @@ def chunk_texts(file: InputFile, chunk: Chunk, text_field: str) -> list[str]:
                 raise ValueError(f"{where(file, i)}: {text_field!r} is null; it must be a "
                                  "string")
         return chunk.payload
-    return [record_text(parse_jsonl_line(raw, where(file, i)), text_field, where(file, i))
+    return [record_text(parse_jsonl_line(raw, where(file, i), text_field), text_field, where(file, i))
             for i, raw in zip(chunk.indices, chunk.payload)]

@@ -45,7 +45,8 @@ import numpy as np
 from dropless.data.batch import Batch
 from dropless.data.chat_template import ChatTemplate, PrefixMismatch, assistant_spans, \
     read_chat_template, render, token_mask
-from dropless.data.corpus import _json_kind, is_eval_document
+from dropless.data.corpus import is_eval_document
+from dropless.data.readers import json_kind
 from dropless.data import readers
 from dropless.data.tokenizer import ByteTokenizer, make_tokenizer
 
@@ -85,7 +86,7 @@ class ExampleSet:
 def _string(where: str, record: dict, key: str) -> str:
     value = record[key]
     if not isinstance(value, str):
-        raise ValueError(f"{where}: '{key}' must be a string, not {_json_kind(value)}")
+        raise ValueError(f"{where}: '{key}' must be a string, not {json_kind(value)}")
     return value
 
 
@@ -112,21 +113,21 @@ def _prompt_completion(where: str, record: dict, tok) -> Example:
 def _checked_messages(where: str, messages) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"{where}: 'messages' must be a non-empty list of {{role, content}} "
-                         f"objects, not {_json_kind(messages)}"
+                         f"objects, not {json_kind(messages)}"
                          + (" (an empty list)" if isinstance(messages, list) else ""))
     for i, m in enumerate(messages, 1):
         if not isinstance(m, dict):
             raise ValueError(f"{where}: message {i} must be an object with 'role' and 'content', "
-                             f"not {_json_kind(m)}")
+                             f"not {json_kind(m)}")
         for key in ("role", "content"):
             if key not in m:
                 raise ValueError(f"{where}: message {i} has no '{key}'")
         if not isinstance(m["role"], str) or not m["role"]:
             raise ValueError(f"{where}: message {i}: 'role' must be a non-empty string, not "
-                             + ("an empty one" if m["role"] == "" else _json_kind(m["role"])))
+                             + ("an empty one" if m["role"] == "" else json_kind(m["role"])))
         if not isinstance(m["content"], str):
             raise ValueError(f"{where}: message {i} ({m['role']}): 'content' must be a string, "
-                             f"not {_json_kind(m['content'])} (content parts are not read)")
+                             f"not {json_kind(m['content'])} (content parts are not read)")
         if m["role"] == "assistant" and not m["content"].strip():
             raise ValueError(f"{where}: message {i} (assistant) is empty: nothing to learn")
     if not any(m["role"] == "assistant" for m in messages):
@@ -183,7 +184,7 @@ def example_from_record(where: str, record, *, tok, template: ChatTemplate | Non
     the chat template of its folder (None: chat records are refused). Raises ValueError
     starting with `where` for every refused record (module doc)."""
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: an SFT record must be an object, not {_json_kind(record)}")
+        raise ValueError(f"{where}: an SFT record must be an object, not {json_kind(record)}")
     if "messages" in record:
         both = [k for k in ("prompt", "completion") if k in record]
         if both:
