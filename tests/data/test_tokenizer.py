@@ -1,4 +1,4 @@
-"""Tokenizers as users ship them (issue 17 item 4): a real tokenizer.json built by the `tokenizers`
+"""Tokenizers as users ship them: a real tokenizer.json built by the `tokenizers`
 library, its special tokens from tokenizer_config.json / generation_config.json, checked against
 transformers' own ids (committed in _tokenizer_reference.json: 4.57.6 and 5.24.0 agree) and
 against `tokenizers` directly; HF folders never fall back to bytes; eval / generate /

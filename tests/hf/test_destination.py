@@ -1,4 +1,4 @@
-"""Writes that never destroy (issue 17 item 6): `dropless convert` killed part-way over an
+"""Writes that never destroy: `dropless convert` killed part-way over an
 existing folder of another model leaves that folder byte-identical and the source intact, and
 what it half-wrote does not load; a later convert replaces the folder whole.
 

@@ -53,7 +53,7 @@ class Shape:
     backends: tuple[str, ...]
 
 
-# the shapes, the targets (G8, G64) first (a section cut at its cap loses the last);
+# the shapes measured, the targets (G8, G64) first (a section cut at its cap loses the last);
 # tokamax (where installed) at the targets only, to stay within the cap
 SHAPES = (
     Shape("G8", 8192, 1024, 1024, 8, ("pallas_gpu", "tokamax", "ragged_dot")),
