@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from dropless.models import arithmetic as ar
-from dropless.models import deepseek
+from dropless.models import decoder
 from dropless.models.arithmetic import param_counts
 from dropless.presets import PRESETS, PUBLISHED_COUNTS, get_preset
 from dropless.train import metrics as met
@@ -70,13 +70,13 @@ def test_expert_load_summary():
 
 def test_deepseek3_test_forward_with_mtp():
     cfg = get_preset("deepseek3-test")
-    params = deepseek.init_params(jax.random.key(0), cfg)
+    params = decoder.init_params(jax.random.key(0), cfg)
     tokens = jnp.zeros((2, 8), jnp.int32)
 
     @jax.jit
     def run(params, tokens):
-        logits, h, aux = deepseek.forward(params, tokens, cfg)
-        return logits, aux, deepseek.mtp_logits(params, h, tokens, cfg)[0]
+        logits, h, aux = decoder.forward(params, tokens, cfg)
+        return logits, aux, decoder.mtp_logits(params, h, tokens, cfg)[0]
     logits, aux, mtp = run(params, tokens)
     assert logits.shape == (2, 8, 256) and len(mtp) == 1 and mtp[0].shape == (2, 8, 256)
     assert aux["tokens_per_expert_LE"].shape == (2, 8)
@@ -90,6 +90,6 @@ def test_unknown_preset_suggests():
 
 def test_big_presets_init_abstractly():
     for name in PRESETS:
-        shapes = jax.eval_shape(lambda k, n=name: deepseek.init_params(k, get_preset(n)),
+        shapes = jax.eval_shape(lambda k, n=name: decoder.init_params(k, get_preset(n)),
                                 jax.random.key(0))
         assert len(shapes["layers"]) == get_preset(name).num_layers

@@ -1,5 +1,5 @@
 """Write tests/fixtures/init/legacy_sha256.json: the sha256 of every leaf of
-`models.deepseek.init_params` for a few configs and seeds. Run it at the commit whose init
+the model's `init_params` for a few configs and seeds. Run it at the commit whose init
 `legacy` must reproduce (4443fd4, before init schemes existed):
 
     PYTHONPATH=<that checkout>/src python tools/make_legacy_init_fixture.py
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from dropless.config import ModelConfig, MoEConfig
-from dropless.models.deepseek import init_params
+from dropless.models import init_params   # models.decoder (models.deepseek at 4443fd4)
 from dropless.presets import get_preset
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "tests/fixtures/init/legacy_sha256.json"

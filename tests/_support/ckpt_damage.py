@@ -146,7 +146,7 @@ def flip_param(run: Path, step: int) -> str:
     from dropless import checkpoint as ckpt
     from dropless.checkpoint import integrity
     from dropless.model_dir import from_dict, read_dropless_config
-    from dropless.models.deepseek import init_params
+    from dropless.models.decoder import init_params
     cfg = from_dict(read_dropless_config(run))
     like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
     params = ckpt.read_params(run / "checkpoints", step, like)

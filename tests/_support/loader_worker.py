@@ -35,13 +35,13 @@ def _model():
     """(TrainConfig, params as host arrays): the same in every process, built once."""
     if not _MODEL:
         from dropless.config import ModelConfig, MoEConfig, TrainConfig
-        from dropless.models import deepseek
+        from dropless.models import decoder
         moe = MoEConfig(num_experts=4, top_k=2, d_model=32, d_ff=16, gmm_backend="ragged_dot")
         model = ModelConfig(vocab_size=256, d_model=32, num_layers=2, num_heads=2, d_ff=64,
                             kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
                             v_head_dim=8, mtp_depth=1, moe=moe)
         cfg = TrainConfig(model=model, seq_len=S, packing=PACKING, seed=SEED)
-        params = jax.tree.map(np.asarray, deepseek.init_params(jax.random.PRNGKey(0), model))
+        params = jax.tree.map(np.asarray, decoder.init_params(jax.random.PRNGKey(0), model))
         _MODEL.append((cfg, params))
     return _MODEL[0]
 

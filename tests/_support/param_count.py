@@ -24,7 +24,7 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """{"total", "active", "embedding", "lm_head", "attention", "dense_ffn", "routed_experts",
     "shared_experts", "router", "norms", "mtp", "router_bias", "mtp_matmul_active"}: parameter
     counts (not bytes). Attention counts include its q/kv norms (MLA, qk-norm)."""
-    from dropless.models.deepseek import init_params
+    from dropless.models.decoder import init_params
     from dropless.models.scan import unstack_layers
     shapes = jax.eval_shape(lambda k: unstack_layers(init_params(k, cfg)), jax.random.key(0))
     counts = {"embedding": _size(shapes["embed"]), "lm_head": _size(shapes.get("lm_head", {})),

@@ -80,10 +80,10 @@ def initial_params(family: str):
     """The seeded model of `family`: dropless's init, with norm weights around 1 (not 1, so a
     misplaced norm shows) and, for sigmoid routing, a random routing bias (the experts' choice
     depends on it)."""
-    from dropless.models import deepseek
+    from dropless.models import decoder
     cfg = MODELS[family]
     key = jax.random.PRNGKey(SEEDS[family])
-    params = deepseek.init_params(key, cfg)
+    params = decoder.init_params(key, cfg)
     leaves, tree = jax.tree_util.tree_flatten_with_path(params)
     keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
     out = []

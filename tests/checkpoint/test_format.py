@@ -12,7 +12,7 @@ from dropless import checkpoint as ckpt
 from dropless.config_file import build_config
 from dropless.model_dir import load_dropless, to_dict
 from dropless.models import scan
-from dropless.models.deepseek import init_params
+from dropless.models.decoder import init_params
 from dropless.moe import expert_layout
 from dropless.train import step as step_lib
 

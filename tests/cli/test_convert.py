@@ -46,7 +46,7 @@ def test_convert_error_is_one_line(tmp_path, capsys):
 
 def _jit_forward(params, tokens, cfg):
     import jax
-    from dropless.models.deepseek import forward
+    from dropless.models.decoder import forward
     cfg = cfg.replace(moe=cfg.moe.replace(gmm_backend="reference"))   # compiles faster
     return np.asarray(jax.jit(lambda p, t: forward(p, t, cfg)[0])(params, tokens), np.float64)
 

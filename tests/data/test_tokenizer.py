@@ -129,7 +129,7 @@ def test_eval_uses_the_folders_tokenizer(folders, tmp_path, capsys):
     """eval on the Mixtral fixture with a real tokenizer: the loss equals a forward pass over the
     windows of the ids transformers' tokenizer gives (BOS first, EOS between documents)."""
     import jax
-    from dropless.models.deepseek import forward
+    from dropless.models.decoder import forward
     d = _model_with(tmp_path, folders["llama"])
     data = tmp_path / "held.txt"
     text = "The quick brown fox jumps over the lazy dog. One two three. " * 3

@@ -23,7 +23,7 @@ from safetensors.numpy import load_file
 from dropless import hf
 from dropless.hf import layout
 from dropless.hf.reader import CheckpointReader
-from dropless.models.deepseek import forward
+from dropless.models.decoder import forward
 from tests._support.paths import HF_FIXTURES
 
 FIX = HF_FIXTURES

@@ -9,7 +9,7 @@ import pytest
 
 from dropless import hf
 from dropless.config import ModelConfig, MoEConfig
-from dropless.models.deepseek import init_params
+from dropless.models.decoder import init_params
 from tests._support.paths import HF_FIXTURES
 
 FIX = HF_FIXTURES

@@ -10,7 +10,7 @@ import pytest
 
 from dropless import hf
 from dropless.config import MeshConfig, ModelConfig, MoEConfig
-from dropless.models.deepseek import init_params
+from dropless.models.decoder import init_params
 from dropless.parallel.mesh import make_mesh
 from tests._support.paths import HF_FIXTURES, SRC
 
@@ -20,7 +20,7 @@ PROBE = r"""
 import json, resource, sys, tracemalloc
 import jax, numpy as np
 from dropless import hf
-from dropless.models.deepseek import init_params
+from dropless.models.decoder import init_params
 jax.device_put(np.zeros(4)).block_until_ready()
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 tracemalloc.start()

@@ -10,7 +10,7 @@ import pytest
 
 from dropless.config import ATTENTION_KINDS, REMAT_POLICIES, ModelConfig, MoEConfig
 from dropless.models import attention as att
-from dropless.models import deepseek
+from dropless.models import decoder
 
 
 def naive_attention(q, k, v, scale):
@@ -98,14 +98,14 @@ def test_gqa_matches_naive_with_repeated_heads():
 def test_causality_through_gradients(attention):
     """d logits[:, i] / d embedding of token j must be zero for every j > i."""
     cfg = small_cfg(attention, mtp_depth=0)
-    params = deepseek.init_params(jax.random.key(0), cfg)
+    params = decoder.init_params(jax.random.key(0), cfg)
     tokens = jnp.arange(6, dtype=jnp.int32)[None] % cfg.vocab_size
     x0 = params["embed"]["w_VD"][tokens]
 
     def logit_at(x, i):
         # an identity lookup: token t's embedding is row t of x, so d/dx is d/d(embeddings)
         p = dict(params, embed={"w_VD": x})
-        out, _, _ = deepseek.forward(p, jnp.arange(6, dtype=jnp.int32)[None], cfg)
+        out, _, _ = decoder.forward(p, jnp.arange(6, dtype=jnp.int32)[None], cfg)
         return out[0, i].sum()
 
     grad_at = jax.jit(jax.grad(logit_at))      # one compile; i is traced
@@ -118,11 +118,11 @@ def test_causality_through_gradients(attention):
 @pytest.fixture(scope="module")
 def remat_case():
     cfg = small_cfg()
-    params = deepseek.init_params(jax.random.key(0), cfg)
+    params = decoder.init_params(jax.random.key(0), cfg)
     tokens = (jnp.arange(12, dtype=jnp.int32).reshape(2, 6) * 7) % cfg.vocab_size
 
     def grads(r):
-        return jax.jit(jax.grad(lambda p: deepseek.forward(p, tokens, cfg, remat=r)[0].mean())
+        return jax.jit(jax.grad(lambda p: decoder.forward(p, tokens, cfg, remat=r)[0].mean())
                        )(params)
     return grads, grads("none")
 
@@ -144,11 +144,11 @@ def test_every_attention_kind_has_a_spec():
 
 def test_forward_rejects_bad_tokens():
     cfg = small_cfg()
-    params = deepseek.init_params(jax.random.key(0), cfg)
+    params = decoder.init_params(jax.random.key(0), cfg)
     with pytest.raises(ValueError, match="tokens must be an int array"):
-        deepseek.forward(params, jnp.zeros((2, 3)), cfg)
+        decoder.forward(params, jnp.zeros((2, 3)), cfg)
     with pytest.raises(ValueError, match="remat='bogus'"):
-        deepseek.forward(params, jnp.zeros((1, 3), jnp.int32), cfg, remat="bogus")
+        decoder.forward(params, jnp.zeros((1, 3), jnp.int32), cfg, remat="bogus")
 
 
 def test_model_config_errors():
@@ -165,14 +165,14 @@ def test_model_config_errors():
 def test_mtp_sees_exactly_one_token_ahead():
     """MTP depth 1 at position i may use tokens 0..i+1 (it predicts i+2), never later ones."""
     cfg = small_cfg(mtp_depth=1)
-    params = deepseek.init_params(jax.random.key(0), cfg)
+    params = decoder.init_params(jax.random.key(0), cfg)
     x0 = params["embed"]["w_VD"][jnp.arange(6)]
 
     def mtp_logit_at(x, i):
         p = dict(params, embed={"w_VD": x})
         toks = jnp.arange(6, dtype=jnp.int32)[None]
-        _, h, _ = deepseek.forward(p, toks, cfg)
-        return deepseek.mtp_logits(p, h, toks, cfg)[0][0][0, i].sum()
+        _, h, _ = decoder.forward(p, toks, cfg)
+        return decoder.mtp_logits(p, h, toks, cfg)[0][0][0, i].sum()
 
     grad_at = jax.jit(jax.grad(mtp_logit_at))
     for i in range(5):                     # position 5 sees a wrapped token; the loss masks it

@@ -7,7 +7,7 @@ import pytest
 
 from dropless.config import ModelConfig, TrainConfig
 from dropless.data.batch import Batch
-from dropless.models import deepseek
+from dropless.models import decoder
 from dropless.models.evaluate import evaluate_batches, pad_rows
 from dropless.train import step
 
@@ -16,7 +16,7 @@ CFG = ModelConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2, d_ff=24,
 
 
 def test_packed_documents_evaluate_as_the_step_does():
-    params = deepseek.init_params(jax.random.key(0), CFG)
+    params = decoder.init_params(jax.random.key(0), CFG)
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 32, 6), rng.integers(0, 32, 5)   # two documents of 5 and 4 targets
     seg = np.int32([[1] * 5 + [2] * 4 + [0]])

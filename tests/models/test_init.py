@@ -15,7 +15,7 @@ import pytest
 
 from dropless.config import INIT_FIELDS, INIT_SCHEMES, ModelConfig, MoEConfig
 from dropless.models import init as init_lib
-from dropless.models.deepseek import init_params
+from dropless.models.decoder import init_params
 from dropless.presets import get_preset
 from tests._support.paths import FIXTURES
 from tools.make_legacy_init_fixture import leaf_hashes

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dropless.config import ModelConfig
-from dropless.models import deepseek, scan
+from dropless.models import decoder, scan
 from tests._support import param_count as count
 from dropless.presets import get_preset
 
@@ -47,8 +47,8 @@ def test_layer_runs_follow_is_moe_layer():
 @pytest.fixture(scope="module")
 def both():
     cfg = patterned()
-    per_layer = deepseek.init_params(jax.random.key(0), cfg)
-    scanned = deepseek.init_params(jax.random.key(0), cfg.replace(scan_layers=True))
+    per_layer = decoder.init_params(jax.random.key(0), cfg)
+    scanned = decoder.init_params(jax.random.key(0), cfg.replace(scan_layers=True))
     return cfg, per_layer, scanned
 
 
@@ -80,7 +80,7 @@ def loss_and_grads(both):
 
     def run(params, c, remat):
         def f(p):
-            logits, _, aux = deepseek.forward(p, tokens, c, remat=remat)
+            logits, _, aux = decoder.forward(p, tokens, c, remat=remat)
             return jnp.mean(logits ** 2) + aux["moe_loss"], aux
         return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
     return lambda remat: (run(per_layer, cfg, remat),
@@ -108,7 +108,7 @@ def test_merge_aux_stacks_every_per_layer_key():
                "load_balance_loss": jnp.float32(0), "seq_aux_loss": jnp.float32(0),
                "tokens_per_expert": jnp.full((4,), i), "dropped_rows": jnp.int32(10 + i),
                "rows_inter_E": jnp.arange(4) + i} for i in range(3)]
-    out = deepseek._merge_aux(layers)
+    out = decoder._merge_aux(layers)
     assert float(out["moe_loss"]) == 3 and int(out["dropped_tokens"]) == 3
     assert float(out["z_loss"]) == 1.0
     np.testing.assert_array_equal(out["dropped_rows_L"], [10, 11, 12])
@@ -152,7 +152,7 @@ def test_stacked_params_shard_with_an_unsharded_layer_axis():
         pytest.skip("needs 8 host devices (tests/conftest.py)")
     mesh = jax.make_mesh((1, 2, 4), ("data", "fsdp", "expert"))
     cfg = get_preset("deepseek3-test").replace(scan_layers=True)
-    shapes = jax.eval_shape(lambda k: deepseek.init_params(k, cfg), jax.random.key(0))
+    shapes = jax.eval_shape(lambda k: decoder.init_params(k, cfg), jax.random.key(0))
     stacked = state_shardings({"params": shapes}, mesh)["params"]["layer_runs"]
     flat_shapes = jax.eval_shape(lambda t: scan.to_layout(t, False), shapes)
     flat = state_shardings({"params": flat_shapes}, mesh)["params"]["layers"]
@@ -179,7 +179,7 @@ def test_scan_equals_unrolled_expert_parallel():
     for scanned in (False, True):
         cfg = build_config(list({**settings, "model.scan_layers": scanned}.items()))
         mesh = train_mesh(cfg.mesh)
-        params = deepseek.init_params(jax.random.key(0), cfg.model)
+        params = decoder.init_params(jax.random.key(0), cfg.model)
         params = jax.device_put(params, state_shardings(params, mesh))
         fn = jax.jit(jax.value_and_grad(functools.partial(
             step.loss_fn, cfg=cfg, mesh=mesh), has_aux=True))

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from dropless import MeshConfig
 from dropless.config import ModelConfig
-from dropless.models import deepseek
+from dropless.models import decoder
 from dropless.parallel import sharding
 from dropless.parallel.mesh import logical_to_spec, make_mesh
 from dropless.presets import PRESETS
@@ -59,7 +59,7 @@ VARIANTS = _variants()
 
 
 def _shapes(cfg):
-    return jax.eval_shape(lambda k: deepseek.init_params(k, cfg), jax.random.key(0))
+    return jax.eval_shape(lambda k: decoder.init_params(k, cfg), jax.random.key(0))
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -168,7 +168,7 @@ def test_padding_fraction():
 def test_parameter_memory_matches_the_trainers_arrays(name):
     """Weight bytes on one device = the bytes of the trainer's real parameter tree (f32)."""
     presets = pytest.importorskip("dropless.presets")
-    from dropless.models.deepseek import init_params
+    from dropless.models.decoder import init_params
     cfg = presets.get_preset(name)
     shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
     real = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(shapes))

@@ -10,7 +10,7 @@ import pytest
 
 from dropless import cli
 from dropless.config_file import build_config
-from dropless.models.deepseek import init_params
+from dropless.models.decoder import init_params
 from dropless.checkpoint import latest_step
 from dropless.train.nonfinite import NonFiniteGuard, _backward_order, locate, nonfinite_leaves
 

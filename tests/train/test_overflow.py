@@ -53,7 +53,7 @@ def test_guard_freezes_state_from_the_first_overflow_until_the_check():
 def test_per_layer_overflow_reaches_the_step_metrics():
     """The model keeps each MoE layer's dispatcher stats: rows dropped (overflow='error'),
     the buffer factor that fits, and rounds beyond the first (counted under 'rounds')."""
-    from dropless.models.deepseek import _merge_aux
+    from dropless.models.decoder import _merge_aux
     def aux(dropped, factor, rounds):
         return {"loss": jnp.zeros(()), "dropped_tokens": jnp.zeros((), jnp.int32),
                 "tokens_per_expert": jnp.ones((4,)), "load_balance_loss": jnp.zeros(()),

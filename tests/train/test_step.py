@@ -9,7 +9,7 @@ import pytest
 
 from dropless.config import ModelConfig, TrainConfig
 from dropless.data.batch import Batch, from_windows
-from dropless.models import deepseek
+from dropless.models import decoder
 from dropless.train import step
 
 MODEL = ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, d_ff=24,
@@ -56,7 +56,7 @@ def test_stream_batch_is_bitwise_the_windows_step():
     gradient are those of the [B, S + 1] windows the step took before, bit for bit."""
     model = MODEL.replace(mtp_depth=0)   # the MTP masks are the same code under "stream"
     cfg = TrainConfig(model=model, packing="stream")
-    params = deepseek.init_params(jax.random.key(0), model)
+    params = decoder.init_params(jax.random.key(0), model)
     w = np.asarray(jax.random.randint(jax.random.key(1), (2, 9), 0, 32), np.int32)
     fn = jax.jit(jax.value_and_grad(functools.partial(step.loss_fn, cfg=cfg), has_aux=True))
     (l1, m1), g1 = fn(params, w)

@@ -37,7 +37,7 @@ ATTENTION_KINDS = ("mla", "mha")
 ROPE_TYPES = ("default", "yarn")
 LAYER_KINDS = {"D": "dense", "M": "moe"}
 # Each remat policy -> the jax.checkpoint_policies policy it is (None: no rematerialisation);
-# models/deepseek.py builds the policy from that name
+# models/decoder.py builds the policy from that name
 REMAT_CHECKPOINT_POLICIES: dict[str, str | None] = {
     "none": None,
     "full": "nothing_saveable",

@@ -141,7 +141,7 @@ def load(path: str | Path, *, dtype: str | None = None, mesh: Any = None,
     architectures or features we do not implement, ValueError for a tensor whose shape does not
     match config.json or a tensor the mapping does not consume.
     """
-    from dropless.models.deepseek import init_params
+    from dropless.models.decoder import init_params
     with _opened(Path(path), dtype=dtype, mtp_depth=mtp_depth) as (hf, cfg, lay, reader):
         shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
         params = jax.tree.map(lambda _: None, shapes)

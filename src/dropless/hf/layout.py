@@ -235,7 +235,7 @@ def _block(cfg: ModelConfig, pre: str, path: Path, is_moe: bool, lay: Layout) ->
 
 
 def leaves(cfg: ModelConfig, lay: Layout) -> list[Leaf]:
-    """Every parameter of `cfg`'s model (the tree `models.deepseek.init_params` builds) with
+    """Every parameter of `cfg`'s model (the tree `models.decoder.init_params` builds) with
     its HF tensor names and conversion, in checkpoint order."""
     out = [Leaf(("embed", "w_VD"), ("model.embed_tokens.weight",), Same())]
     for i in range(cfg.num_layers):

@@ -57,7 +57,7 @@ def load_dropless(folder: str | Path, *, what: str = "",
     ValueError starting with `what` (see `model_dir.read_dropless_config`) when the folder is
     not a model, its params/ are damaged, or no step of the run reads."""
     import jax
-    from dropless.models.deepseek import init_params
+    from dropless.models.decoder import init_params
     folder = Path(folder).absolute()
     cfg = from_dict(read_dropless_config(folder, what=what))
     like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
@@ -109,7 +109,7 @@ def cast_like(params: Any, cfg) -> Any:
     """`params` cast leaf by leaf to the dtypes `init_params(cfg)` gives (cfg a ModelConfig)."""
     import jax
     import jax.numpy as jnp
-    from dropless.models.deepseek import init_params
+    from dropless.models.decoder import init_params
     like = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
     return jax.tree.map(lambda x, l: jnp.asarray(x, l.dtype), params, like)
 

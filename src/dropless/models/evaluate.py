@@ -36,7 +36,7 @@ def _row_nll():
     import jax
     import jax.numpy as jnp
     import optax
-    from dropless.models.deepseek import forward
+    from dropless.models.decoder import forward
 
     @functools.partial(jax.jit, static_argnames=("cfg",))
     def row_nll(params, b_BS1, *, cfg):
@@ -54,7 +54,7 @@ def _document_nll():
     import jax
     import jax.numpy as jnp
     import optax
-    from dropless.models.deepseek import forward
+    from dropless.models.decoder import forward
 
     @functools.partial(jax.jit, static_argnames=("cfg",))
     def document_nll(params, b: Batch, *, cfg):

@@ -19,7 +19,7 @@ def _next_token():
     (built on first use)."""
     import jax
     import jax.numpy as jnp
-    from dropless.models.deepseek import forward
+    from dropless.models.decoder import forward
 
     @functools.partial(jax.jit, static_argnames=("cfg", "temperature"))
     def next_token(params, buf_1S, pos, key, *, cfg, temperature: float):

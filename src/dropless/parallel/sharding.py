@@ -44,7 +44,7 @@ MOE_LAYER_AXES: dict[str, tuple[str | None, ...]] = {
     "shared/w_down_FD": ("mlp", "embed"),
 }
 
-# One decoder block (models/deepseek.py): attention (MLA or GQA), norms, a dense FFN or MoE.
+# One decoder block (models/decoder.py): attention (MLA or GQA), norms, a dense FFN or MoE.
 BLOCK_AXES: dict[str, tuple[str | None, ...]] = {
     "attn_norm_D": (None,),
     "ffn_norm_D": (None,),

@@ -165,15 +165,15 @@ def _locate_forward(params: dict, inputs, m, mesh) -> str:
     """The first non-finite output of the forward pass on `inputs` (`step.StepInputs`), in words
     ("" when all are finite). Each piece is jitted on its own; same-kind layers share one
     compiled function."""
-    from dropless.models import deepseek
+    from dropless.models import decoder
     dt = jnp.dtype(m.dtype)
     tokens_BS, seg_BS = inputs.tokens_BS, inputs.segment_ids_BS
-    cos, sin = deepseek.rope_for(tokens_BS, m, inputs.positions_BS)
+    cos, sin = decoder.rope_for(tokens_BS, m, inputs.positions_BS)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
     if _bad(x):
         return "the embedding of the batch's tokens"
-    attn = jax.jit(functools.partial(deepseek.attention_residual, cfg=m))
-    ffn = jax.jit(functools.partial(deepseek.ffn_residual, cfg=m, mesh=mesh))
+    attn = jax.jit(functools.partial(decoder.attention_residual, cfg=m))
+    ffn = jax.jit(functools.partial(decoder.ffn_residual, cfg=m, mesh=mesh))
     for i, p in enumerate(params["layers"]):
         x = attn(p, x, cos, sin, seg_BS)
         if _bad(x):
@@ -182,12 +182,12 @@ def _locate_forward(params: dict, inputs, m, mesh) -> str:
         if _bad(x):
             part = "MoE" if "moe" in p else "dense FFN"
             return f"layer {i}, {part} (layers/{i}/{'moe' if 'moe' in p else 'ffn'})"
-    logits = jax.jit(functools.partial(deepseek.logits_from_hidden, cfg=m))(
+    logits = jax.jit(functools.partial(decoder.logits_from_hidden, cfg=m))(
         params, x, params["final_norm"]["w_D"])
     if _bad(logits):
         return "the output head (final_norm, lm_head)"
     if params.get("mtp"):
-        outs, _ = jax.jit(functools.partial(deepseek.mtp_logits, cfg=m, mesh=mesh))(
+        outs, _ = jax.jit(functools.partial(decoder.mtp_logits, cfg=m, mesh=mesh))(
             params, x, tokens_BS, segment_ids_BS=seg_BS, positions_BS=inputs.positions_BS)
         for k, lg in enumerate(outs, start=1):
             if _bad(lg):

@@ -25,7 +25,7 @@ import optax
 
 from dropless.config import TrainConfig
 from dropless.data.batch import Batch
-from dropless.models import deepseek
+from dropless.models import decoder
 from dropless.moe import update_bias
 from dropless.parallel.mesh import AnyMesh
 
@@ -68,7 +68,7 @@ def make_optimizer(cfg: TrainConfig, params) -> optax.GradientTransformation:
 def init_state(cfg: TrainConfig) -> tuple[State, optax.GradientTransformation]:
     """Fresh parameters and optimizer state from cfg.seed."""
     k_init, k_run = jax.random.split(jax.random.PRNGKey(cfg.seed))
-    params = deepseek.init_params(k_init, cfg.model)
+    params = decoder.init_params(k_init, cfg.model)
     opt = make_optimizer(cfg, params)
     state = {"params": params, "opt_state": opt.init(params),
              "step": jnp.zeros((), jnp.int32), "rng": k_run}
@@ -135,13 +135,13 @@ def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | 
     m = cfg.model
     x = step_inputs(batch, cfg)
     docs = {"segment_ids_BS": x.segment_ids_BS, "positions_BS": x.positions_BS}
-    logits, h, aux = deepseek.forward(params, x.tokens_BS, m, **docs, mesh=mesh,
+    logits, h, aux = decoder.forward(params, x.tokens_BS, m, **docs, mesh=mesh,
                                       remat=cfg.remat)
     ce = cross_entropy(logits, x.targets_BS, x.loss_mask_BS)
     total = ce + aux["moe_loss"]
     metrics = {"ce_loss": ce, **aux}
     if m.mtp_depth:
-        mtp, mtp_aux = deepseek.mtp_logits(params, h, x.tokens_BS, m, **docs, mesh=mesh,
+        mtp, mtp_aux = decoder.mtp_logits(params, h, x.tokens_BS, m, **docs, mesh=mesh,
                                            remat=cfg.remat)
         losses = []
         for k, lg in enumerate(mtp, start=1):
@@ -206,7 +206,7 @@ def eval_loss(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
     """Held-out next-token cross-entropy over the counted targets (no MTP, no balance losses);
     the batch is read as `step_inputs` says."""
     x = step_inputs(batch, cfg)
-    logits, _, _ = deepseek.forward(params, x.tokens_BS, cfg.model,
+    logits, _, _ = decoder.forward(params, x.tokens_BS, cfg.model,
                                     segment_ids_BS=x.segment_ids_BS,
                                     positions_BS=x.positions_BS, mesh=mesh)
     return cross_entropy(logits, x.targets_BS, x.loss_mask_BS)

@@ -18,7 +18,7 @@ import pytest
 
 from dropless.config import ModelConfig, MoEConfig, TrainConfig
 from dropless.data.batch import Batch
-from dropless.models import deepseek
+from dropless.models import decoder
 from dropless.train import step
 
 S = 12
@@ -99,8 +99,8 @@ def by_position(params, batch: Batch):
 def doc_logits(params, batch: Batch, m: ModelConfig):
     """(logits_BSV, MTP depth-1 logits_BSV) of the document path."""
     kw = dict(segment_ids_BS=batch.segment_ids_BS, positions_BS=batch.positions_BS)
-    logits, h, _ = deepseek.forward(params, batch.tokens_BS, m, **kw)
-    (mtp,), _ = deepseek.mtp_logits(params, h, batch.tokens_BS, m, **kw)
+    logits, h, _ = decoder.forward(params, batch.tokens_BS, m, **kw)
+    (mtp,), _ = decoder.mtp_logits(params, h, batch.tokens_BS, m, **kw)
     return logits, mtp
 
 
@@ -119,7 +119,7 @@ def case(request):
     embedding, `by_position`)."""
     attention, scan, grads, layers = request.param
     cfg = TrainConfig(model=model_cfg(attention, scan, num_layers=layers), packing="documents")
-    params = deepseek.init_params(jax.random.key(1), cfg.model)
+    params = decoder.init_params(jax.random.key(1), cfg.model)
     docs = documents()
 
     @jax.jit
@@ -193,10 +193,10 @@ def test_one_segment_per_row_is_the_plain_row():
     filler after it) gives under the document path the logits of the plain causal row, and
     those of the document run at exactly its own length."""
     cfg = model_cfg("mla", False, mtp_depth=0, moe=None, first_k_dense=0, num_layers=2)
-    params = deepseek.init_params(jax.random.key(1), cfg)
+    params = decoder.init_params(jax.random.key(1), cfg)
     _, _, x, _, _ = documents()[2]
     alone = alone_batch(documents())
-    forward = jax.jit(lambda p, t, **kw: deepseek.forward(p, t, cfg, **kw)[0])
+    forward = jax.jit(lambda p, t, **kw: decoder.forward(p, t, cfg, **kw)[0])
     docs = forward(params, alone.tokens_BS, segment_ids_BS=alone.segment_ids_BS,
                    positions_BS=alone.positions_BS)
     plain = forward(params, alone.tokens_BS)
@@ -207,9 +207,9 @@ def test_one_segment_per_row_is_the_plain_row():
 
 def test_segment_ids_shaped_unlike_the_tokens_are_refused():
     cfg = model_cfg("mla", False)
-    params = deepseek.init_params(jax.random.key(1), cfg)
+    params = decoder.init_params(jax.random.key(1), cfg)
     tokens = jnp.zeros((2, 4), jnp.int32)
     with pytest.raises(ValueError, match="segment_ids_BS"):
-        deepseek.forward(params, tokens, cfg, segment_ids_BS=jnp.zeros((2, 3), jnp.int32))
+        decoder.forward(params, tokens, cfg, segment_ids_BS=jnp.zeros((2, 3), jnp.int32))
     with pytest.raises(ValueError, match="positions_BS"):
-        deepseek.forward(params, tokens, cfg, positions_BS=jnp.zeros((2, 4), jnp.float32))
+        decoder.forward(params, tokens, cfg, positions_BS=jnp.zeros((2, 4), jnp.float32))

@@ -8,7 +8,7 @@ import pytest
 
 from dropless.config import ModelConfig, MoEConfig
 from dropless.models import attention as att
-from dropless.models import deepseek
+from dropless.models import decoder
 
 
 def yarn_cfg(**kw):
@@ -71,7 +71,7 @@ def test_layer_pattern_drives_init_and_counts():
     cfg = moe_cfg(layer_pattern="DMDM")
     assert [cfg.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
     assert cfg.num_moe_layers == 2
-    shapes = jax.eval_shape(lambda k: deepseek.init_params(k, cfg), jax.random.key(0))
+    shapes = jax.eval_shape(lambda k: decoder.init_params(k, cfg), jax.random.key(0))
     assert ["moe" in b for b in shapes["layers"]] == [False, True, False, True]
     # first_k_dense keeps working, and means the dense-prefix pattern
     assert [moe_cfg(first_k_dense=1).is_moe_layer(i) for i in range(4)] == \

@@ -1,6 +1,7 @@
-"""The model: DeepSeek-V3-style decoder (MLA, dense-first layers, MoE layers with shared experts,
-optional multi-token prediction) and, through the same blocks, the Mixtral / Qwen3-MoE shape
-(standard attention, softmax routing). Math only: the mesh (a `parallel.NodeMesh`, which
+"""The model, one decoder for every family dropless trains: DeepSeek-V3 (MLA, dense-first layers,
+MoE layers with shared experts, sigmoid routing, optional multi-token prediction), Mixtral and
+Qwen3-MoE (standard attention, softmax routing) are configurations of the same blocks (their
+presets in `presets`, their Hugging Face layouts in `hf`), so no family has code of its own. Math only: the mesh (a `parallel.NodeMesh`, which
 carries its node size, or a plain jax mesh) is passed through to the MoE layer.
 
 Legend: B batch, S sequence, D model dim, F dense hidden, V vocabulary, E experts, Lm MoE layers.
