@@ -71,3 +71,25 @@ def test_preset_is_the_released_config(preset):
     assert moe_diff <= TRAINING_ONLY
     assert ours.replace(moe=want.moe) == want
     assert param_counts(ours)["total"] == param_counts(want)["total"]
+
+
+def test_the_yarn_table_reads_back_what_it_writes():
+    """Every field of YARN_FIELDS survives ModelConfig -> rope_scaling -> ModelConfig, written
+    only where it differs from what its absence means (beyond the always-written keys)."""
+    import dataclasses
+
+    from dropless.hf import config_map as cm
+    from dropless.presets import get_preset
+    base = get_preset("deepseek3-test")
+    cfg = dataclasses.replace(base, rope_type="yarn", rope_factor=40.0,
+                              rope_original_max_position=4096, rope_beta_fast=16.0,
+                              rope_beta_slow=2.0, rope_mscale=1.0, rope_mscale_all_dim=0.0)
+    d = cm._yarn_dict(cfg)
+    assert d == {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                 "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 1.0}
+    assert set(d) <= cm.YARN_KEYS
+    f = cm.Fields({"rope_theta": 1e4, "rope_scaling": d, "max_position_embeddings": 163840},
+                  "config.json")
+    back = cm._rope(f)
+    for _, field, _, _ in cm.YARN_FIELDS:
+        assert back[field] == getattr(cfg, field), field

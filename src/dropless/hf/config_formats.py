@@ -110,7 +110,8 @@ def architecture(hf: dict, where: str = "config.json") -> str:
     return arch
 
 
-def _rope_dict(hf: dict, key: str, where: str) -> dict | None:
+def _rope_object(hf: dict, key: str, where: str) -> dict | None:
+    """hf[key] (rope_scaling or rope_parameters) checked as a rope object, or None."""
     value = hf.get(key)
     if value is None:
         return None
@@ -126,8 +127,8 @@ def _rope_dict(hf: dict, key: str, where: str) -> dict | None:
 
 def _canonical_rope(hf: dict, arch: str, where: str) -> dict:
     """rope_theta (top level) and rope_scaling (None for plain RoPE) from either format."""
-    scaling = _rope_dict(hf, "rope_scaling", where)
-    params = _rope_dict(hf, "rope_parameters", where)
+    scaling = _rope_object(hf, "rope_scaling", where)
+    params = _rope_object(hf, "rope_parameters", where)
     out: dict[str, Any] = {}
     for key in ROPE_GLOBAL_KEYS:   # top level, in rope_parameters, or (5.x) in rope_scaling
         found = {name: d[key] for name, d in (("rope_parameters", params),

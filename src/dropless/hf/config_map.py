@@ -19,8 +19,17 @@ from dropless.hf.config_formats import (ARCHITECTURES, DEEPSEEK, MIXTRAL, MODEL_
                                         architecture, canonical)
 from dropless.hf.layout import Layout
 
-YARN_KEYS = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast",
-             "beta_slow", "mscale", "mscale_all_dim", "truncate", "attention_factor"}
+# The yarn rope-scaling dict, once for both directions (read: `_rope`, written: `_yarn_dict`):
+# HF key, ModelConfig field, the value an absent (or zero) key means, and whether it is written
+# when it has that value. original_max_position_embeddings is read by `_rope` itself (absent, it
+# is max_position_embeddings, and it must be an integer).
+YARN_FIELDS = (("factor", "rope_factor", 1.0, True),
+               ("original_max_position_embeddings", "rope_original_max_position", None, True),
+               ("beta_fast", "rope_beta_fast", 32.0, True),
+               ("beta_slow", "rope_beta_slow", 1.0, True),
+               ("mscale", "rope_mscale", 0.0, False),
+               ("mscale_all_dim", "rope_mscale_all_dim", 0.0, False))
+YARN_KEYS = {"type", "rope_type", "truncate", "attention_factor"} | {k for k, *_ in YARN_FIELDS}
 FP8_BLOCK = (128, 128)
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -70,12 +79,10 @@ def _rope(f: Fields) -> dict[str, Any]:
     elif isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
         raise BadConfig(f"{f.where}: rope_scaling.original_max_position_embeddings={orig!r} "
                         "must be an integer >= 1")
-    out.update(rope_type="yarn", rope_factor=_yarn_number(f, rs, "factor", 1.0, positive=True),
-               rope_original_max_position=orig,
-               rope_beta_fast=_yarn_number(f, rs, "beta_fast", 32.0) or 32.0,
-               rope_beta_slow=_yarn_number(f, rs, "beta_slow", 1.0) or 1.0,
-               rope_mscale=_yarn_number(f, rs, "mscale", 0.0),
-               rope_mscale_all_dim=_yarn_number(f, rs, "mscale_all_dim", 0.0))
+    out.update(rope_type="yarn", rope_original_max_position=orig)
+    for key, field, default, _ in YARN_FIELDS:
+        if default is not None:
+            out[field] = _yarn_number(f, rs, key, default, positive=key == "factor") or default
     return out
 
 
@@ -203,16 +210,14 @@ def architecture_for(cfg: ModelConfig) -> str:
     return QWEN3 if cfg.qk_norm else MIXTRAL
 
 
-def _rope_dict(cfg: ModelConfig) -> dict | None:
+def _yarn_dict(cfg: ModelConfig) -> dict | None:
+    """The rope_scaling dict of `cfg` (None for plain RoPE), by `YARN_FIELDS`."""
     if cfg.rope_type != "yarn":
         return None
-    out = {"type": "yarn", "factor": cfg.rope_factor,
-           "original_max_position_embeddings": cfg.rope_original_max_position,
-           "beta_fast": cfg.rope_beta_fast, "beta_slow": cfg.rope_beta_slow}
-    if cfg.rope_mscale:
-        out["mscale"] = cfg.rope_mscale
-    if cfg.rope_mscale_all_dim:
-        out["mscale_all_dim"] = cfg.rope_mscale_all_dim
+    out: dict[str, Any] = {"type": "yarn"}
+    for key, field, default, always in YARN_FIELDS:
+        if always or getattr(cfg, field) != default:
+            out[key] = getattr(cfg, field)
     return out
 
 
@@ -239,7 +244,7 @@ def hf_config(cfg: ModelConfig, lay: Layout) -> dict[str, Any]:
         "architectures": [arch], "model_type": MODEL_TYPES[arch], "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_scaling": _rope_dict(cfg), "hidden_act": "silu",
+        "rope_theta": cfg.rope_theta, "rope_scaling": _yarn_dict(cfg), "hidden_act": "silu",
         "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": cfg.weight_dtype,
         "attention_bias": False, "num_experts_per_tok": moe.top_k,
         "max_position_embeddings": int(cfg.rope_original_max_position * cfg.rope_factor)
