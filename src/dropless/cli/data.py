@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from dropless.runtime.progress import on_terminal, terminal_bar
+
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -78,19 +80,14 @@ def _config(args):
 
 
 class _Display:
-    """A rich bar on a terminal (bytes read, documents/s, tokens/s, ETA), else a line / 10 s."""
+    """The bar of `runtime.progress` on a terminal (bytes read, documents/s, tokens/s, ETA),
+    else a line every 10 s."""
 
     def __init__(self):
         self.start, self.bar, self.task, self.first = time.monotonic(), None, None, None
         self.last_line = self.start
-        if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-            self.bar = Progress(TextColumn("prepare"), BarColumn(), DownloadColumn(),
-                                TextColumn("{task.fields[rates]}"), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(),
-                                console=Console(stderr=True, highlight=False))
+        if on_terminal(stderr=True):
+            self.bar = terminal_bar("prepare", count="bytes", stderr=True)
             self.bar.start()
 
     def __call__(self, p) -> None:
@@ -102,8 +99,8 @@ class _Display:
                  f"{(p.tokens - p.resumed_tokens) / dt:,.0f} tok/s | {p.shards} shards")
         if self.bar is not None:
             if self.task is None:
-                self.task = self.bar.add_task("prepare", total=p.bytes_total, rates="")
-            self.bar.update(self.task, completed=p.bytes_done, rates=rates)
+                self.task = self.bar.add_task("prepare", total=p.bytes_total, status="")
+            self.bar.update(self.task, completed=p.bytes_done, status=rates)
         elif time.monotonic() - self.last_line >= 10:
             self.last_line = time.monotonic()
             print(f"prepare: {100 * p.bytes_done / max(p.bytes_total, 1):.0f}% of "

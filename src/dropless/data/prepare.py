@@ -92,7 +92,7 @@ class PrepareConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Progress:
+class PrepareStatus:
     """Where a running `prepare` is: input bytes read of the total, documents and tokens
     written (a resumed run's earlier part included: `resumed_tokens` of them), shards finished."""
     bytes_done: int
@@ -255,7 +255,7 @@ class _Run:
     """One `prepare` from its resume point to the manifest."""
 
     def __init__(self, cfg: PrepareConfig, created_by: str,
-                 on_progress: Callable[[Progress], None] | None):
+                 on_progress: Callable[[PrepareStatus], None] | None):
         self.cfg, self.created_by, self.on_progress = cfg, created_by, on_progress
         self.out = Path(cfg.out)
         self.groups = [(spec, readers.input_files(spec)) for spec in cfg.sources]
@@ -430,7 +430,7 @@ class _Run:
         self.last_report = now
         done = self.total if bytes_done is None else bytes_done
         shards = [sh for s in mf.SPLITS for sh in self.shards[s]]
-        self.on_progress(Progress(
+        self.on_progress(PrepareStatus(
             bytes_done=done, bytes_total=self.total,
             documents=sum(sh.documents for sh in shards) + sum(
                 len(w.ends) for w in self.writers.values()),
@@ -527,7 +527,7 @@ def _submit(pool, fn, args):
 
 
 def prepare(cfg: PrepareConfig, *, created_by: str,
-            on_progress: Callable[[Progress], None] | None = None) -> mf.Manifest:
+            on_progress: Callable[[PrepareStatus], None] | None = None) -> mf.Manifest:
     """Read `cfg.sources`, tokenize and write the dataset folder `cfg.out` (module doc); returns
     its manifest. `on_progress` is called at most 5 times a second and once at the end. Raises
     ValueError naming the file and line / row of a bad record, a source that does not exist or

@@ -1,11 +1,10 @@
 """What the user sees while a run trains: a progress bar with ETA on a terminal, plain lines
 elsewhere.
 
-On a terminal (`stdout.isatty()`) a rich progress bar shows step n/N, elapsed time, ETA, the last
-loss and tokens/s; other lines (start-up summary, "compiling ...", evals, the resume command) are
+On a terminal (`stdout.isatty()`) the bar every command shows (`runtime.progress`) shows step
+n/N, elapsed time, ETA, the last loss and tokens/s; other lines (start-up summary, "compiling ...", evals, the resume command) are
 printed above it, and the per-step lines are left to RUN_DIR/metrics.jsonl. Anywhere else (a log
-file, a pipe, tests) there is no bar and the per-step lines are printed every `log_every` steps,
-as before.
+file, a pipe, tests) there is no bar and the per-step lines are printed every `log_every` steps.
 """
 from __future__ import annotations
 
@@ -13,22 +12,18 @@ import sys
 import time
 from typing import Any, Callable
 
+from dropless.runtime.progress import on_terminal, terminal_bar
+
 
 class Progress:
     """`line(text)` prints a line; `step(n, loss, tokens_per_s, text)` advances the display."""
 
     def __init__(self, echo: Callable[[str], Any] = print, *, bar: bool | None = None):
         if bar is None:
-            bar = echo is print and sys.stdout.isatty()
+            bar = echo is print and on_terminal()
         self.echo, self._bar, self._task = echo, None, None
         if bar:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar,
-                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
-            self._bar = Bar(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
-                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                            TextColumn("{task.fields[status]}"),
-                            console=Console(highlight=False), transient=False)
+            self._bar = terminal_bar("step", count="steps")
 
     @property
     def bar(self) -> bool:
