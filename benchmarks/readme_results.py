@@ -64,8 +64,9 @@ def gpu_section(recs: list[dict]) -> str:
     info = next(r for r in recs if r["section"] == "info" and "jax" in r)
     head = (f"GPU: {info['device_kind']}, commit {info['git_commit']}, jax {info['jax']}, "
             f"tokamax {info.get('tokamax')}, bf16, M=8192, K=N=1024 "
-            f"([{GPU_FILE}](benchmarks/results/{GPU_FILE}), all tables in "
-            "[docs/gpu.md](docs/gpu.md)). Grouped matmul forward+backward against the same run's "
+            f"([{GPU_FILE}](benchmarks/results/{GPU_FILE}); every table: `python "
+            "benchmarks/gpu/tables.py`; the device check: [docs/gpu.md](docs/gpu.md)). "
+            "Grouped matmul forward+backward against the same run's "
             "dense matmul and `torch._grouped_mm`:")
     return "\n".join([head, "", tables.targets_table(recs), "", "The MoE layer against a dense "
                       "SwiGLU over the same rows:", "", tables.moe_table(recs)])

@@ -1,7 +1,7 @@
 """Markdown tables from the committed bench JSON lines: python benchmarks/summarize.py [DIR].
 
-The tables in benchmarks/results/README.md and the README's summary are printed by this script
-from gmm.jsonl and moe.jsonl, never typed by hand.
+The gmm.jsonl and moe.jsonl tables in benchmarks/results/README.md are printed by this script,
+never typed by hand (tests/ci/test_readme_results.py checks they are current).
 """
 from __future__ import annotations
 
@@ -69,15 +69,22 @@ def moe_table(recs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    d = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "results"
+def tables(d: Path) -> str:
+    """The gmm.jsonl and moe.jsonl sections (heading with commits and load, then the table)."""
+    parts = []
     for name, table in (("gmm.jsonl", gmm_table), ("moe.jsonl", moe_table)):
         recs = _load(d / name)
         busy = sorted({r.get("busy_before") for r in recs} | {r.get("busy_after") for r in recs},
                       key=lambda v: -1 if v is None else v)
         commits = sorted({r["machine"]["git_commit"] for r in recs})
-        print(f"## {name} (commits {', '.join(commits)}; others' load {busy})\n")
-        print(table(recs) + "\n")
+        parts.append(f"## {name} (commits {', '.join(commits)}; others' load {busy})\n")
+        parts.append(table(recs) + "\n")
+    return "\n".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    d = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "results"
+    print(tables(d))
     return 0
 
 

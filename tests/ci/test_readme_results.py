@@ -31,3 +31,12 @@ def test_the_tables_come_from_the_records():
     assert row in script.cpu_section(recs)
     edited = [dict(x, median_ms=x["median_ms"] * 2) if x is r else x for x in recs]
     assert row not in script.cpu_section(edited)
+
+
+def test_the_results_readme_tables_are_summarize_output():
+    spec = importlib.util.spec_from_file_location("summarize", ROOT / "benchmarks/summarize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    results = ROOT / "benchmarks/results"
+    assert mod.tables(results).strip() in (results / "README.md").read_text(), (
+        "benchmarks/results/README.md's tables are stale: paste python benchmarks/summarize.py")
