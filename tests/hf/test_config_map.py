@@ -89,7 +89,7 @@ def test_the_yarn_table_reads_back_what_it_writes():
                  "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 1.0}
     assert set(d) <= cm.YARN_KEYS
     f = cm.Fields({"rope_theta": 1e4, "rope_scaling": d, "max_position_embeddings": 163840},
-                  "config.json")
+                  cm.DEEPSEEK)
     back = cm._rope(f)
     for _, field, _, _ in cm.YARN_FIELDS:
         assert back[field] == getattr(cfg, field), field
