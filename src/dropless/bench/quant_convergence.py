@@ -12,25 +12,29 @@ measured against; everything outside the experts (attention, dense layers, share
 router, embeddings, head) stays in its preset precision in all runs, as the NVFP4 recipe keeps
 them in high precision.
 
-The regression task: a student of two residual MoE layers (h = x + moe1(x), y = h + moe2(h)) learns to match a frozen
-random teacher x + gelu(x @ W1_DH) @ W2_HD on fresh N(0,1) tokens every step (a smooth target
-the student can keep approaching, so the loss falls by an order of magnitude and a precision
-floor would show). Both runs start from the same initialisation and see the same batches; the
-only difference is `MoEConfig.gmm_quantization` ("none" vs "mxfp8", bfloat16 activations).
+The regression task: a student of two residual MoE layers (h = x + moe1(x), y = h + moe2(h))
+learns to match a frozen random teacher x + gelu(x @ W1_DH) @ W2_HD on fresh N(0,1) tokens
+every step (a smooth target the student can keep approaching, so the loss falls by an order of
+magnitude and a precision floor would show). Both runs start from the same initialisation and
+see the same batches; the only difference is `MoEConfig.gmm_quantization` ("none" vs "mxfp8",
+bfloat16 activations). The student trains with the trainer's step (`train.step.train_step`,
+its objective the regression loss) under `student_config`: Adam at a constant learning rate,
+no weight decay, no clipping.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from dropless.config import MoEConfig
+from dropless.config import ModelConfig, MoEConfig, TrainConfig
 from dropless.moe import layer
+from dropless.train import step as step_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,31 +87,45 @@ def teacher(key: jax.Array, task: TaskConfig):
     return lambda x_TD: x_TD + jax.nn.gelu(x_TD @ w1_DH) @ w2_HD
 
 
+def student_config(task: TaskConfig, cfg: MoEConfig, steps: int) -> TrainConfig:
+    """The trainer's settings for the student: Adam (beta2 0.999) at the constant
+    `task.learning_rate` (no warmup, no decay), no weight decay, no clipping. Its model is two
+    MoE layers of `cfg`; the step reads only `model.moe` (the router-bias update), as the
+    student has no attention, embedding or head."""
+    model = ModelConfig(vocab_size=1, d_model=task.d_model, num_layers=2, num_heads=1,
+                        d_ff=task.d_ff, moe=cfg)
+    return TrainConfig(model=model, steps=steps, seed=task.seed,
+                       learning_rate=task.learning_rate, warmup_steps=0, min_lr_ratio=1.0,
+                       weight_decay=0.0, adam_b2=0.999, grad_clip=0.0)
+
+
+def regression_loss(params, data_key: jax.Array, cfg: TrainConfig, mesh=None, *,
+                    target_fn: Callable[[jax.Array], jax.Array], tokens: int
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The step's objective: MSE to `target_fn` on `tokens` fresh N(0,1) tokens drawn from
+    `data_key` (the step's batch), plus the layers' aux loss; metrics {"mse"}. `mesh` is
+    unused (the student runs on one device)."""
+    x_TD = jax.random.normal(data_key, (tokens, cfg.model.d_model))
+    y_TD, aux = forward(params, x_TD, cfg.model.moe)
+    mse = jnp.mean((y_TD.astype(jnp.float32) - target_fn(x_TD)) ** 2)
+    return mse + aux, {"mse": mse}
+
+
 def train(task: TaskConfig, cfg: MoEConfig, steps: int) -> np.ndarray:
-    """Train the student for `steps`; returns the per-step regression loss (MSE, float64)."""
+    """Train the student for `steps` with the trainer's step; returns the per-step regression
+    loss (MSE, float64)."""
     k_teacher, k_student, k_data = jax.random.split(jax.random.key(task.seed), 3)
-    target_fn = teacher(k_teacher, task)
+    tcfg = student_config(task, cfg, steps)
     params = init(k_student, cfg)
-    opt = optax.adam(task.learning_rate)
-    state = opt.init(params)
-
-    def loss_fn(p, x, target):
-        y, aux = forward(p, x, cfg)
-        mse = jnp.mean((y.astype(jnp.float32) - target) ** 2)
-        return mse + aux, mse
-
-    @jax.jit
-    def step(p, s, i):
-        x = jax.random.normal(jax.random.fold_in(k_data, i), (task.tokens, task.d_model))
-        target = target_fn(x)
-        (_, mse), g = jax.value_and_grad(loss_fn, has_aux=True)(p, x, target)
-        upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, mse
-
+    opt = step_lib.make_optimizer(tcfg, params)
+    state = step_lib.new_state(params, opt, k_data)
+    loss = functools.partial(regression_loss, target_fn=teacher(k_teacher, task),
+                             tokens=task.tokens)
+    step = jax.jit(functools.partial(step_lib.train_step, cfg=tcfg, opt=opt, loss=loss))
     losses = []
     for i in range(steps):
-        params, state, mse = step(params, state, jnp.int32(i))
-        losses.append(mse)
+        state, metrics = step(state, jax.random.fold_in(k_data, i))
+        losses.append(metrics["mse"])
     return np.asarray(jax.device_get(losses), np.float64)
 
 

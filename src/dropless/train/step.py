@@ -17,7 +17,7 @@ from the config and the batch's type, never from its values.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,9 +70,13 @@ def init_state(cfg: TrainConfig) -> tuple[State, optax.GradientTransformation]:
     k_init, k_run = jax.random.split(jax.random.PRNGKey(cfg.seed))
     params = decoder.init_params(k_init, cfg.model)
     opt = make_optimizer(cfg, params)
-    state = {"params": params, "opt_state": opt.init(params),
-             "step": jnp.zeros((), jnp.int32), "rng": k_run}
-    return state, opt
+    return new_state(params, opt, k_run), opt
+
+
+def new_state(params, opt: optax.GradientTransformation, rng: jax.Array) -> State:
+    """The state at step 0 of `params` under `opt` (fresh optimizer state), `rng` its key."""
+    return {"params": params, "opt_state": opt.init(params),
+            "step": jnp.zeros((), jnp.int32), "rng": rng}
 
 
 def cross_entropy(logits_BSV: jax.Array, targets_BS: jax.Array,
@@ -185,11 +189,13 @@ def _update_biases(params, metrics, cfg: TrainConfig):
 
 
 def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
-               opt: optax.GradientTransformation, mesh: AnyMesh | None = None
-               ) -> tuple[State, dict]:
+               opt: optax.GradientTransformation, mesh: AnyMesh | None = None,
+               loss: Callable[..., tuple[jax.Array, dict]] = loss_fn) -> tuple[State, dict]:
     """One optimizer step on a batch (a Batch or [B, S + 1] windows, see `step_inputs`);
-    returns (new state, metrics)."""
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+    returns (new state, metrics). `loss(params, batch, cfg, mesh) -> (objective, metrics)` is
+    the language model's `loss_fn` unless a benchmark trains another model with this step
+    (its metrics need `tokens_per_expert_LE` where the router biases learn)."""
+    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(
         state["params"], batch, cfg, mesh)
     updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
