@@ -30,31 +30,18 @@ import numpy as np
 from dropless import machine, text_table
 from dropless.bench import dense, harness
 from dropless.ops import grouped_matmul, native, padding_stats, resolve_backend
+from dropless.ops.gmm import shapes
 from dropless.ops.gmm.aliases import canonical_backend
 from dropless.ops.gpu import pallas_plan
 
-ROUTINGS = ("uniform", "zipf", "half", "quarter_empty")
+ROUTINGS = shapes.ROUTING_PATTERNS
 PADDED_MEMORY_LIMIT = 6 * 2**30  # bytes of padded operands we allow the padded baseline
 
 
 def group_sizes_for(routing: str, m: int, g: int, seed: int = 0) -> np.ndarray:
-    """Rows per group for a named routing pattern (host-side; the kernels never see this)."""
-    rng = np.random.default_rng(seed)
-    if routing == "uniform":
-        p = np.full(g, 1.0 / g)
-    elif routing == "zipf":  # Zipf(1.2) over a random expert order
-        p = 1.0 / np.arange(1, g + 1) ** 1.2
-        p = rng.permutation(p / p.sum())
-    elif routing == "half":  # one expert takes half of all rows
-        rest = np.full(g - 1, 0.5 / max(g - 1, 1))
-        p = np.concatenate([[0.5], rest]) if g > 1 else np.ones(1)
-    elif routing == "quarter_empty":  # a quarter of the experts receive nothing
-        p = np.ones(g)
-        p[rng.permutation(g)[: g // 4]] = 0
-        p /= p.sum()
-    else:
-        raise ValueError(f"routing={routing!r} is not one of {ROUTINGS}")
-    return rng.multinomial(m, p).astype(np.int32)
+    """Rows per group for a named routing pattern (host-side; the kernels never see this):
+    `ops.gmm.shapes.group_sizes`."""
+    return shapes.group_sizes(routing, m, g, seed)
 
 
 def split_backend(name: str) -> tuple[str, str | None]:
