@@ -1,6 +1,7 @@
 # `make run`: set everything up and run the main job. `make test`: set everything up and run the
-# tests: the main suite (`make test-main`, this machine's Python) and the second leg
-# (`make test-gpu-lowering`, the GPU-facing tests on the JAX that GPU machines have).
+# tests in three legs: the main suite (`make test-main`, this machine's Python), the native
+# library's tests on its AVX2 build (`make test-native-avx2`) and the GPU-facing tests on the JAX
+# that GPU machines have (`make test-gpu-lowering`).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,7 +20,7 @@ ifneq ($(VENV_VERSION),$(PY_VERSION))
 STALE := FORCE
 endif
 
-.PHONY: setup run test test-main test-gpu-lowering setup-gpu-lowering bench clean FORCE
+.PHONY: setup run test test-main test-native-avx2 test-gpu-lowering setup-gpu-lowering bench clean FORCE
 
 $(VENV)/.installed: pyproject.toml $(STALE)
 	@[ "$(word 2,$(PY_INFO))" = 1 ] || { echo "make: dropless needs Python >= $(MIN_PYTHON), but $(PYTHON) is $(or $(PY_VERSION),not runnable); run e.g. 'make PYTHON=python3.12 $(or $(MAKECMDGOALS),run)'"; exit 2; }
@@ -38,21 +39,34 @@ run: setup
 # (compiled steps, end-to-end runs shared by several tests) are built once
 TEST_WORKERS ?= auto
 export TEST_WORKERS
-test: test-main test-gpu-lowering
+# every leg runs whatever the others did; .ci/legs prints one line a leg (passed / FAILED, time)
+# and names the failed ones
+LEGS := test-main test-native-avx2 test-gpu-lowering
+test: setup
+	@MAKE="$(MAKE)" .ci/legs $(LEGS)
 
 test-main: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# the native CPU library's tests and the MoE layer's again, on the library built for AVX2
+# (-mno-avx512f): a kernel choice that differs by CPU is exercised on every machine
+NATIVE_AVX2_TESTS := tests/ops/native tests/moe/test_layer.py
+test-native-avx2: setup
+	$(NATIVE_AVX2_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(NATIVE_AVX2_TESTS)
 
 # The second leg: the CUDA-lowering, Triton-verify, sm_90-compile, interpret-mode and
 # `bench gpu --dry-run` tests in Python 3.12 venvs (.ci/find_python312 says which 3.12) with
 # jax 0.11.2 (what the H200 machines have) and the newest release, pinned exactly so a CI run is
 # reproducible (bump by hand after `pip index versions jax`). .ci/jax_leg reuses a venv until
 # pyproject.toml or its pin changes. Without Python 3.12 the leg is skipped with a message;
-# GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist.
+# GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist;
+# a test file named test_*_gpu_compile.py (compiled for a compile-only H100/H200) joins the leg.
 JAX_LEG_OLD := 0.11.2
 JAX_LEG_NEW := 0.12.0.1
 export GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py \
-                      tests/ops/gpu/test_pallas_gpu.py tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py)
+                      tests/ops/gpu/test_pallas_gpu.py tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py \
+                      tests/moe/dispatch/test_overlap_schedule.py \
+                      tests/*/test_*_gpu_compile.py tests/*/*/test_*_gpu_compile.py)
 setup-gpu-lowering:
 	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) setup
 	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) setup

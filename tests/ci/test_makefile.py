@@ -77,3 +77,48 @@ def test_an_unsupported_python_is_refused_before_creating_anything(project):
     assert not (project / ".venv").exists()
     r = make(project, "run", "PYTHON=no-such-python3")
     assert "no-such-python3 is not runnable" in r.stdout and r.returncode != 0
+
+
+def _legs_project(tmp_path: Path) -> Path:
+    """A project whose Makefile has legs that pass (ok, ok2) and one that fails (bad), with the
+    real .ci/legs."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci/legs", tmp_path / ".ci/legs")
+    (tmp_path / "Makefile").write_text(
+        "ok:\n\t@echo ran ok\nok2:\n\t@echo ran ok2 $(GPU_LEG)\nbad:\n\t@echo ran bad; exit 3\n")
+    return tmp_path
+
+
+def test_every_leg_runs_and_the_failed_one_is_named(tmp_path):
+    project = _legs_project(tmp_path)
+    r = subprocess.run([".ci/legs", "ok", "bad", "ok2"], cwd=project, capture_output=True,
+                       text=True, timeout=60, env={"PATH": "/usr/bin:/bin",
+                                                   "MAKEFLAGS": "GPU_LEG=required"})
+    assert r.returncode == 1
+    out = r.stdout.splitlines()
+    # the leg after the failed one still ran, with make's variables
+    assert "ran ok" in out and "ran bad" in out and "ran ok2 required" in out
+    summary = out[-4:]
+    assert summary[0].startswith("ci: ok passed in ")
+    assert summary[1].startswith("ci: bad FAILED (exit 2) in ")   # make's status for a failure
+    assert summary[2].startswith("ci: ok2 passed in ")
+    assert summary[3] == "ci: 1 of 3 legs failed: bad (rerun one with 'make bad')"
+
+
+def test_all_legs_passing_says_so(tmp_path):
+    project = _legs_project(tmp_path)
+    r = subprocess.run([".ci/legs", "ok", "ok2"], cwd=project, capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "ci: all 2 legs passed"
+
+
+def test_make_test_runs_the_three_legs_through_the_leg_runner(project):
+    real_python(project / ".venv/bin/python")
+    (project / ".venv/.installed").touch()
+    (project / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci/legs", project / ".ci/legs")
+    r = make(project, "-n", "test", f"PYTHON={sys.executable}")   # the legs' makes see -n too
+    assert r.returncode == 0, r.stderr
+    assert ".ci/legs test-main test-native-avx2 test-gpu-lowering" in r.stdout
+    assert "-m pytest -n auto --dist loadfile tests/ops/native tests/moe/test_layer.py" in r.stdout
+    assert r.stdout.splitlines()[-1] == "ci: all 3 legs passed"

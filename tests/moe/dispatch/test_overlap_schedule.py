@@ -5,11 +5,10 @@ Legend: D model dim, F expert hidden, k chunks, Tl tokens per device.
 
 XLA:CPU runs collectives synchronously (no start/done pairs: nothing to see there), so the
 layer is compiled for CUDA without a GPU: a compile-only topology of 8 H100s from the jax CUDA
-plugin (`jax-cuda12-plugin` + `jax-cuda12-pjrt`, the jax version's; skipped when absent) and a
-target description of the device (H100_TARGET, the fields of XLA's h100_sxm spec this XLA
-reads). The compiled module is scheduled (`is_scheduled=true`): its entry computation lists
-instructions in execution order, each async collective as a `*-start` / `*-done` pair, each op
-tagged with its chunk by the `ep_chunk{c}` name scope (moe/dispatch/overlap.py).
+plugin and a target description of the device (tests/_support/cuda_compile.py). The compiled
+module is scheduled (`is_scheduled=true`): its entry computation lists instructions in execution
+order, each async collective as a `*-start` / `*-done` pair, each op tagged with its chunk by
+the `ep_chunk{c}` name scope (moe/dispatch/overlap.py).
 
 What is checked (forward pass of the MoE layer, bf16, D=F=512, Tl=512, k = 2 and 4; a2a,
 node_a2a, allgather with XLA's all-gather / reduce-scatter combiners off, which otherwise
@@ -39,33 +38,16 @@ from dropless import MoEConfig
 from dropless.moe import layer
 from dropless.moe.dispatch.overlap import SCOPE
 from dropless.parallel import NodeMesh, param_shardings
+from tests._support import cuda_compile
 
-pytest.importorskip("jax_plugins.xla_cuda12", reason="needs the jax CUDA plugin (compile only)")
+cuda_compile.require_plugin()
 
 E, K, D, F, TL = 16, 2, 512, 512, 512
-H100_TARGET = """
-gpu_device_info {
-  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
-  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
-  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
-  clock_rate_ghz: 1.98 device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 1 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*)$")
 
 
-@functools.lru_cache(maxsize=1)
 def _gpu_devices():
-    from jax.experimental import topologies
-    topo = topologies.get_topology_desc(platform="cuda", target_config=H100_TARGET,
-                                        topology="1x1x8")
-    return tuple(topo.devices)
+    return cuda_compile.devices("h100", 8)
 
 
 # XLA's all-gather / reduce-scatter combiners join the chunks' collectives back into one (they
