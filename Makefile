@@ -51,6 +51,7 @@ test-main: setup
 # the native CPU library's tests and the MoE layer's again, on the library built for AVX2
 # (-mno-avx512f): a kernel choice that differs by CPU is exercised on every machine
 NATIVE_AVX2_TESTS := tests/ops/native tests/moe/test_layer.py
+NATIVE_AVX2_ENV := DROPLESS_NATIVE_ISA=avx2
 test-native-avx2: setup
 	$(NATIVE_AVX2_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(NATIVE_AVX2_TESTS)
 

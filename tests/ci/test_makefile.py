@@ -121,4 +121,5 @@ def test_make_test_runs_the_three_legs_through_the_leg_runner(project):
     assert r.returncode == 0, r.stderr
     assert ".ci/legs test-main test-native-avx2 test-gpu-lowering" in r.stdout
     assert "-m pytest -n auto --dist loadfile tests/ops/native tests/moe/test_layer.py" in r.stdout
+    assert "DROPLESS_NATIVE_ISA=avx2 " in r.stdout
     assert r.stdout.splitlines()[-1] == "ci: all 3 legs passed"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dropless.ops import grouped_matmul
-from dropless.ops.native import choice, gemm
+from dropless.ops.native import calibrate, choice, gemm, load
 from tests._support.gmm_reference import np_gmm, np_gmm_grads
 
 
@@ -91,24 +91,29 @@ def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, only_ran, kernel
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
 @pytest.mark.parametrize("case", ["nn", "nt", "tn_slices"])
 def test_contractions_past_one_chunk_match_float64_loop(fwd_bwd, only_ran, kernel, case):
-    chunk = choice.chunk_rows()
-    if case == "nn":
-        k, n, sizes = chunk["nn"] + 52, 40, [chunk["nn"] + 102, 0, 47, 0]
-    elif case == "tn_slices":   # drhs tasks of 800 of K's rows x 2000 rows: a^T in 2 slices
-        k, n, sizes = 2400, 8, [2000, 0, 0, 3]
-    else:
-        k, n, sizes = 24, chunk["nt"] + 54, [60, 0, 40, 3]
-    out, _, drhs = _kernel_matches_float64_loop(fwd_bwd, only_ran, kernel, 4, k, n, sizes, 2)[1]
+    # chunks of 64 KiB of B (a 2 MiB L2's half would ask for 32768-row operands in an SSE build)
+    with choice.use_chunk_bytes(1 << 16):
+        chunk = choice.chunk_rows()
+        if case == "nn":
+            k, n, sizes = chunk["nn"] + 52, 40, [chunk["nn"] + 102, 0, 47, 0]
+        elif case == "tn_slices":   # drhs tasks of 800 of K's rows x 2000 rows: a^T in 2 slices
+            k, n, sizes = 2400, 8, [2000, 0, 0, 3]
+        else:
+            k, n, sizes = 24, chunk["nt"] + 54, [60, 0, 40, 3]
+        out, _, drhs = _kernel_matches_float64_loop(fwd_bwd, only_ran, kernel, 4, k, n, sizes,
+                                                    2)[1]
     assert not out[sum(sizes):].any() and not drhs[1].any()
 
 
 def test_auto_runs_the_tiled_kernel_for_every_group_in_avx512_builds(fwd_bwd, only_ran):
-    # the library's rule (csrc/kernel.h, KernelChoice): its own kernel wherever the
-    # build has AVX-512, whatever the group's size; OpenBLAS elsewhere
+    # the build's rule before a calibration (csrc/kernel.h, KernelChoice): its own kernel
+    # wherever the build has AVX-512, whatever the group's size; OpenBLAS elsewhere
     sizes = [1000, 30, 0, 200]
     lhs, rhs, dy, _ = _problem(5, sum(sizes), 64, 64, sizes)
+    forms = ("kernel_nn", "kernel_nt", "kernel_tn")
     before = choice.gemm_calls()
-    jax.block_until_ready(fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
+    with calibrate.use_settings(load.library(), **dict.fromkeys(forms, "build")):
+        jax.block_until_ready(fwd_bwd(lhs, rhs, jnp.asarray(sizes, jnp.int32), dy))
     wide = choice.describe()["native_vector_floats"] == 16
     assert only_ran("own" if wide else "openblas", before)
 

@@ -1,7 +1,9 @@
 """Building and loading the native library (load.py): it builds here and is `auto`'s CPU choice;
 the build cache (every source and header in its key, atomic, concurrent, an unwritable folder)
-and a build that fails with a reason; the `ziglang` compiler where there is no system one."""
+and a build that fails with a reason; the `ziglang` compiler where there is no system one; the
+AVX2 and SSE builds by DROPLESS_NATIVE_ISA."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dropless.ops.gmm.registry import resolve_backend
-from dropless.ops.native import load
+from dropless.ops.native import calibrate, load
 
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,8 +55,12 @@ def test_concurrent_builds_into_one_empty_cache_both_load(tmp_path):
         assert p.returncode == 0, err[-2000:]
     paths = {out.strip().splitlines()[-1] for out, _ in outs}
     assert len(paths) == 1
-    files = [f for f in tmp_path.rglob("*") if f.is_file()]
-    assert [f.name for f in files] == ["libdropless_gmm.so"]
+    # and each calibrated this CPU on first use: the one calibration file is whole
+    files = sorted((f for f in tmp_path.rglob("*") if f.is_file()), key=lambda f: f.suffix)
+    assert [f.suffix for f in files] == [".json", ".so"] and files[1].name == "libdropless_gmm.so"
+    entry = json.loads(files[0].read_text())
+    assert files[0].parent.name == "calibration" and set(entry["chosen"]) == set(
+        calibrate.SETTINGS)
 
 
 def test_an_unwritable_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path):
@@ -110,3 +116,17 @@ def test_one_library_from_every_source_keyed_by_every_source_and_header(monkeypa
         f.write_text(text)
     assert base not in keys and len(keys) == len(load.SOURCES + load.HEADERS)
     assert load._build_inputs()[1] == base
+
+
+def test_the_isa_variable_picks_the_build_and_a_bad_value_is_named(monkeypatch):
+    # DROPLESS_NATIVE_ISA=avx2 / sse: this CPU's flags less AVX-512 / AVX, each its own cache key
+    keys = {}
+    for isa, flags in load.ISA_FLAGS.items():
+        monkeypatch.setenv(load.ISA_ENV, isa)
+        cmd, keys[isa] = load._build_inputs()
+        assert "-march=native" in cmd and all(f in cmd for f in flags)
+    assert len(set(keys.values())) == len(load.ISA_FLAGS)
+    monkeypatch.setenv(load.ISA_ENV, "avx1024")
+    with pytest.raises(RuntimeError, match="DROPLESS_NATIVE_ISA='avx1024': use one of native, "
+                                           "avx2, sse"):
+        load._build_inputs()

@@ -1,19 +1,20 @@
 """Which GEMM kernel the native library runs, and what it says it ran.
 
-Each group's GEMM is the library's own register-tiled kernel in AVX-512 builds
-(csrc/kernel.cc, `KernelChoice`), OpenBLAS's sgemm elsewhere: the library's rule, "auto".
+Each form's GEMM (forward, dlhs, drhs, the fused gate and up) is the library's own
+register-tiled kernel or OpenBLAS's sgemm, as this CPU's calibration chose (calibrate.py;
+before one, the build's rule: the tiled kernel in AVX-512 builds, OpenBLAS elsewhere): "auto".
 DROPLESS_NATIVE_KERNEL=own|openblas|auto, read when the library loads, forces one for the
 process, and `use_kernel` for a block; `kernel()` says which setting holds, `gemm_calls()` how
 many GEMMs each kernel has run, and `describe()` puts it in a benchmark record. `chunk_rows()`
 and `stream_min_bytes()` are the tiled kernel's sizes on this machine, for the tests that reach
-past them.
+past them (`use_chunk_bytes` makes the chunk small).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 
-from dropless.ops.native.load import KERNEL_CHOICES, kernel_code, library, loaded
+from dropless.ops.native.load import KERNEL_CHOICES, calibration, kernel_code, library, loaded
 
 
 def core() -> str | None:
@@ -32,13 +33,16 @@ def describe() -> dict[str, object]:
     ("openblas_core"), the tiled kernel's vector width in floats ("native_vector_floats"; 16
     in AVX-512 builds, where "auto" runs it for every group) and the kernel choice
     ("native_kernel": "own", "openblas", or "auto", the library's rule; DROPLESS_NATIVE_KERNEL or
-    `use_kernel`). Empty where the library cannot run."""
+    `use_kernel`), and this CPU's calibrated choices with the medians that made them
+    (calibrate.py: "native_choices", "native_choice_ms", "native_calibration"). Empty where the
+    library cannot run."""
     lib = loaded()
     if lib is None:
         return {}
+    cal = calibration()
     return {"openblas_core": core(),
             "native_vector_floats": int(lib.dropless_vector_floats()),
-            "native_kernel": kernel()}
+            "native_kernel": kernel(), **(cal.record() if cal is not None else {})}
 
 
 @contextlib.contextmanager
@@ -78,6 +82,26 @@ def chunk_rows() -> dict[str, int]:
     fn = library().dropless_chunk_rows
     fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int]
     return {name: int(fn(i)) for i, name in enumerate(("nn", "nt", "gate_up"))}
+
+
+# the library's setting id of the contraction chunk's bytes (csrc/kernel.h: kChunkBytes)
+_CHUNK_BYTES = 6
+
+
+@contextlib.contextmanager
+def use_chunk_bytes(nbytes: int):
+    """Cut the tiled kernel's contractions into chunks of B filling `nbytes` (instead of half the
+    L2) while the block runs, for every call in the process: the tests reach past a chunk with
+    small operands this way. Raises ValueError for fewer than 1024 bytes."""
+    if nbytes < 1024:
+        raise ValueError(f"use_chunk_bytes({nbytes}): at least 1024 bytes")
+    lib = library()
+    before = lib.dropless_setting(_CHUNK_BYTES)
+    lib.dropless_set_setting(_CHUNK_BYTES, int(nbytes))
+    try:
+        yield
+    finally:
+        lib.dropless_set_setting(_CHUNK_BYTES, before)
 
 
 def gemm_calls() -> dict[str, int]:

@@ -7,10 +7,16 @@ of jaxlib and scipy-openblas32 (`DROPLESS_CACHE`, default `~/.cache/dropless`). 
 is moved into place atomically, so concurrent processes never load a half-written file (an
 unwritable cache folder: the temp folder).
 
+DROPLESS_NATIVE_ISA=avx2 builds it without AVX-512 (-mno-avx512f), =sse without AVX (-mno-avx),
+so one machine runs the other builds' code paths (CI's AVX2 leg); unset or =native: all of
+this CPU's. Each build is its own cache entry.
+
 `problem()` builds, loads and registers the library's FFI handlers for the CPU once a process,
-and says why it cannot where it cannot (no compiler, no wheel, a failed build); the grouped
-matmul's `auto` then runs `tiled`. Loading also reads the GEMM kernel choice,
-DROPLESS_NATIVE_KERNEL (choice.py says what it means).
+and says why it cannot where it cannot (no compiler, no wheel, a failed build, a bad
+DROPLESS_NATIVE_ISA); the grouped matmul's `auto` then runs `tiled`. Loading then applies this
+CPU's calibrated choices (calibrate.py: measured on first use, cached per CPU and build;
+`calibration()` says what and why) and the GEMM kernel forced by DROPLESS_NATIVE_KERNEL, if any
+(choice.py says what it means).
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ import threading
 from pathlib import Path
 
 import jax
+
+from dropless.ops.native import calibrate
 
 NATIVE = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(NATIVE.glob("*.cc")))   # one library
@@ -46,6 +54,11 @@ ROW_HANDLERS = {"dropless_gather_rows_f32": "DroplessGatherRowsF32",
 HANDLERS = {**GEMM_HANDLERS, **ROW_HANDLERS}
 
 KERNEL_ENV = "DROPLESS_NATIVE_KERNEL"
+# the instruction set the library is built for: this CPU's whole (-march=native), or without its
+# AVX-512 (the AVX2 build, -mno-avx512f) or without AVX altogether (the SSE build, -mno-avx): a
+# machine with AVX-512 runs the other builds' code paths (CI's AVX2 leg)
+ISA_ENV = "DROPLESS_NATIVE_ISA"
+ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",)}
 KERNEL_CHOICES = ("auto", "own", "openblas")   # the library's choice codes 0, 1, 2
 
 _LOCK = threading.Lock()
@@ -88,11 +101,16 @@ def _build_inputs() -> tuple[list[str], str]:
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (set CXX, install g++, or pip install ziglang)")
+    isa = os.environ.get(ISA_ENV) or "native"
+    if isa not in ISA_FLAGS:
+        raise RuntimeError(f"{ISA_ENV}={isa!r}: use one of {', '.join(ISA_FLAGS)} "
+                           "(or leave it unset)")
     inc_ffi = jax.ffi.include_dir()
     lib_dir = scipy_openblas32.get_lib_dir()
     # -march=native and -fno-trapping-math let the fused handlers' elementwise loops vectorize;
     # -ffp-contract=fast lets the tiled kernel's multiply-adds be FMAs under -std=c++17
-    cmd = [*cxx, "-O3", "-march=native", "-fno-trapping-math", "-ffp-contract=fast",
+    cmd = [*cxx, "-O3", "-march=native", *ISA_FLAGS[isa], "-fno-trapping-math",
+           "-ffp-contract=fast",
            "-std=c++17", "-shared", "-fPIC",
            "-w", f"-I{inc_ffi}", *map(str, SOURCES),
            f"-L{lib_dir}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{lib_dir}"]
@@ -139,12 +157,18 @@ def problem() -> str | None:
     with _LOCK:
         if "problem" not in _STATE:
             try:
-                lib = ctypes.CDLL(str(build()))
+                path = build()
+                lib = ctypes.CDLL(str(path))
                 for target, symbol in HANDLERS.items():
                     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
                                                 platform="cpu")
                 _STATE["lib"] = lib
                 _STATE["problem"] = None
+                try:   # this CPU's choices (calibrate.py), then the forced kernel if any
+                    _STATE["calibration"] = calibrate.calibrate(
+                        lib, calibration_key(path), cache_dir() / "calibration")
+                except ValueError as e:
+                    _STATE["kernel_error"] = str(e)
                 try:   # the kernel choice, once: a bad value fails every call, naming it
                     lib.dropless_set_kernel(kernel_code(os.environ.get(KERNEL_ENV) or "auto",
                                                         KERNEL_ENV))
@@ -155,6 +179,20 @@ def problem() -> str | None:
             except (RuntimeError, OSError, AttributeError) as e:
                 _STATE["problem"] = f"the native kernel is unavailable: {e}"
         return _STATE["problem"]  # type: ignore[return-value]
+
+
+def calibration_key(library_path: Path) -> str:
+    """What the calibration is cached by: the CPU (model and flags), the build (its cache key,
+    the library's folder) and the workers a call runs on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = os.environ.get("DROPLESS_NATIVE_THREADS") or f"{cores} cores"
+    return f"{_cpu()}\nbuild {library_path.parent.name}\nworkers {threads}"
+
+
+def calibration() -> "calibrate.Calibration | None":
+    """This process's calibration (what was chosen and why), None where the library cannot
+    run."""
+    return None if problem() is not None else _STATE.get("calibration")  # type: ignore
 
 
 def kernel_code(name: str, where: str) -> int:

@@ -20,6 +20,15 @@ extern "C" void dropless_set_kernel(int choice) { g_kernel.store(choice); }
 extern "C" int dropless_kernel() { return g_kernel.load(); }
 extern "C" int64_t dropless_gemm_calls(int own) { return g_gemm_calls[own ? 1 : 0].load(); }
 
+// the calibrated settings (kernel.h: SettingId), 0 each the build's rule; a bad id is ignored
+extern "C" void dropless_set_setting(int id, int value) {
+  if (id >= 0 && id < dropless_native::kSettingCount) dropless_native::g_settings[id].store(value);
+}
+extern "C" int dropless_setting(int id) {
+  return id >= 0 && id < dropless_native::kSettingCount ? dropless_native::g_settings[id].load()
+                                                         : -1;
+}
+
 // floats a vector of the tiled kernel (16: an AVX-512 build, where `KernelChoice` may pick it)
 extern "C" int dropless_vector_floats() { return kVW; }
 // the size above which the grouped GEMM's forward and drhs outputs are streamed (-1: never)

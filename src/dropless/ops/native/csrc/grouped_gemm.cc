@@ -34,8 +34,13 @@ using dropless_native::KernelChoice;
 using dropless_native::RunParallel;
 using dropless_native::SetPrefetch;
 using dropless_native::StreamFence;
-using dropless_native::StreamsOutput;
+using dropless_native::Streams;
 using dropless_native::Task;
+
+// the calibrated kernel setting of each mode's form (kernel.h)
+constexpr dropless_native::SettingId kForms[3] = {dropless_native::kKernelNN,
+                                                  dropless_native::kKernelNT,
+                                                  dropless_native::kKernelTN};
 
 struct Problem {
   int32_t mode;
@@ -79,32 +84,24 @@ void SetPrefetch(const Problem& p, const Task& t, const Task& prev) {
   }
 }
 
-ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
-                       ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> out,
-                       int32_t mode) {
-  const auto ad = a.dimensions();
-  const auto bd = b.dimensions();
-  if (mode < 0 || mode > 2) {
-    return ffi::Error::InvalidArgument("dropless_grouped_gemm: mode must be 0, 1 or 2");
-  }
-  if (ad.size() != 2 || bd.size() != (mode == 2 ? 2u : 3u)) {
-    return ffi::Error::InvalidArgument("dropless_grouped_gemm: operand ranks do not match mode");
-  }
-  if (out->element_count() == 0) return ffi::Error::Success();
-  AdviseHugePages(out->typed_data(), sizeof(float) * out->element_count());
-  const Problem p{mode, ad[0], mode == 2 ? ad[1] : bd[1], mode == 2 ? bd[1] : bd[2],
-                  a.typed_data(), b.typed_data(), out->typed_data(), KernelChoice::Now(),
-                  mode != 1 && StreamsOutput(out->element_count())};
-  const int64_t g_count = sizes.element_count();
+// The product of `mode` on raw operands (the handler's work once its operands are checked):
+// a [m, K or N], b [G, K, N] (forward, dlhs) or [m, N] (drhs), out as the mode has it
+void RunGroupedGemm(int32_t mode, const float* a, const float* b, const int32_t* sizes,
+                    int64_t g_count, int64_t m, int64_t k, int64_t n, float* out) {
+  const int64_t count = mode == 2 ? g_count * k * n : m * (mode == 0 ? n : k);
+  if (count == 0) return;
+  AdviseHugePages(out, sizeof(float) * count);
+  const Problem p{mode, m, k, n, a, b, out, KernelChoice::Now(kForms[mode]),
+                  mode != 1 && Streams(count)};
   // out's row width (forward, dlhs) or one group's [K, N] block (drhs)
   const int64_t width = mode == 0 ? p.n : mode == 1 ? p.k : p.k * p.n;
   const int64_t inner = mode == 0 ? p.k : mode == 1 ? p.n : 1;   // 0: every product is zero
 
-  const auto bounds = GroupBounds(sizes, p.m);
+  const auto bounds = GroupBounds(sizes, g_count, p.m);
   if (mode != 2) {
     const int64_t done = inner == 0 ? 0 : bounds[g_count];
     std::memset(p.out + done * width, 0, sizeof(float) * (p.m - done) * width);
-    if (inner == 0) return ffi::Error::Success();
+    if (inner == 0) return;
   }
   auto rows = [&](int64_t g) { return bounds[g + 1] - bounds[g]; };
   std::vector<Task> tasks;
@@ -119,10 +116,34 @@ ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
   }
   RunParallel(tasks, [&](const Task& t, const Task& prev) { SetPrefetch(p, t, prev); },
               [&](const Task& t) { RunTask(p, t); });
+}
+
+ffi::Error GroupedGemm(ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                       ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> out,
+                       int32_t mode) {
+  const auto ad = a.dimensions();
+  const auto bd = b.dimensions();
+  if (mode < 0 || mode > 2) {
+    return ffi::Error::InvalidArgument("dropless_grouped_gemm: mode must be 0, 1 or 2");
+  }
+  if (ad.size() != 2 || bd.size() != (mode == 2 ? 2u : 3u)) {
+    return ffi::Error::InvalidArgument("dropless_grouped_gemm: operand ranks do not match mode");
+  }
+  RunGroupedGemm(mode, a.typed_data(), b.typed_data(), sizes.typed_data(),
+                 sizes.element_count(), ad[0], mode == 2 ? ad[1] : bd[1],
+                 mode == 2 ? bd[1] : bd[2], out->typed_data());
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+// the grouped GEMM on raw operands, for the calibration (native/calibrate.py times each choice
+// on the handler's own path without XLA)
+extern "C" void dropless_run_grouped_gemm(int32_t mode, const float* a, const float* b,
+                                          const int32_t* sizes, int64_t g_count, int64_t m,
+                                          int64_t k, int64_t n, float* out) {
+  if (mode >= 0 && mode <= 2) RunGroupedGemm(mode, a, b, sizes, g_count, m, k, n, out);
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DroplessGroupedGemmF32, GroupedGemm,
                               ffi::Ffi::Bind()

@@ -1,6 +1,7 @@
 // The register-tiled kernel and the choice between it and OpenBLAS's sgemm for one group's
-// product (kernel.h says what each entry point computes). The kernel reads A and B in place (no
-// packing, but the NT form's small copy of a^T and the TN form's transpose of a), keeps an
+// product (kernel.h says what each entry point computes). The kernel reads A in place (but the NT
+// form's small copy of a^T and the TN form's transpose of a) and B's panels copied side by side
+// (`PacksB`; the NT form's packed a^T is read as it is), keeps an
 // MR x NV-vector tile of C in registers, and prefetches the worker's next task's operands
 // while it runs the contraction.
 #include <algorithm>
@@ -136,6 +137,31 @@ void Tile(int64_t k, const float* a, int64_t sar, int64_t sac, const float* b, i
     }
 }
 
+// ---- B's panels copied side by side ----
+// Read in place, a row of a B panel is `ldb` floats from the next: at ldb = 1024 (4 KiB) every
+// row starts a new page and falls in the same L1 sets, so the L1's stride prefetcher (which stays
+// within a page) does not fetch them and the panel is read from L2 at its latency. Copied to
+// [rows, panel] side by side, the panel is one sequential stream. `PacksB` says where it is
+// copied (kernel.h: the setting kPackB, by default wherever the rows are apart and A has more
+// than one tile of rows to reuse it).
+bool PacksB(bool b_padded, int64_t ldb, int64_t width, int64_t m, int64_t mr) {
+  if (b_padded || ldb == width || m <= mr) return false;
+  return Setting(kPackB) != 2;
+}
+
+// panels [p0, p1) of b (each `width` floats of its `rows` rows) into this worker's buffer,
+// panel after panel, each [rows, width]
+const float* PackPanels(const float* b, int64_t ldb, int64_t rows, int64_t p0, int64_t p1,
+                        int64_t width) {
+  thread_local std::vector<float> buf;
+  buf.resize((p1 - p0) * rows * width);
+  float* out = buf.data();
+  for (int64_t pnl = p0; pnl < p1; ++pnl)
+    for (int64_t q = 0; q < rows; ++q, out += width)
+      std::memcpy(out, b + q * ldb + pnl * width, sizeof(float) * width);
+  return buf.data();
+}
+
 // Tile over m rows: MR at a time, then one smaller tile for the rest
 template <int MR, int NV>
 void TileRows(int64_t m, int64_t k, const float* a, int64_t sar, int64_t sac, const float* b,
@@ -192,7 +218,35 @@ void OwnGemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t sar, int64
     // (A's tile read from L1 again, b from L2); else each column block runs every row of A, so
     // that its panel stays in L2. The NT form's packed b is small: read the other way, its
     // [1024, 512] weights were fetched from L3 once a column block
-    if (int64_t{sizeof(float)} * kc * whole <= L2Bytes() / 2) {
+    const bool fits = int64_t{sizeof(float)} * kc * whole <= L2Bytes() / 2;
+    if (PacksB(b_padded, ldb, NV * kVW, m, MR)) {
+      // whole panels copied to [kc, panel] rows side by side (PackPanels), read from there
+      constexpr int64_t kW = NV * kVW;
+      const int64_t panels = n / kW;
+      auto run = [&](int64_t p0, int64_t p1, int64_t r0, int64_t rows, const float* packed,
+                     bool lone) {
+        for (int64_t pnl = p0; pnl < p1; ++pnl) {
+          TileRows<MR, NV>(rows, kc, ak + r0 * sar, sar, sac, packed + (pnl - p0) * kc * kW, kW,
+                           c + r0 * scr + pnl * kW * scc, scr, scc, static_cast<int>(kW), acc,
+                           stream);
+        }
+        for (int64_t j = panels * kW; lone && j < whole; j += kVW) {
+          TileRows<MR, 1>(rows, kc, ak + r0 * sar, sar, sac, bk + j, ldb, c + r0 * scr + j * scc,
+                          scr, scc, static_cast<int>(std::min<int64_t>(kVW, n - j)), acc, stream);
+        }
+      };
+      if (fits) {
+        const float* packed = PackPanels(bk, ldb, kc, 0, panels, kW);
+        for (int64_t r0 = 0; r0 < m; r0 += MR)
+          run(0, panels, r0, std::min<int64_t>(MR, m - r0), packed, true);
+      } else {
+        for (int64_t pnl = 0; pnl < panels; ++pnl) {
+          const float* packed = PackPanels(bk, ldb, kc, pnl, pnl + 1, kW);
+          run(pnl, pnl + 1, 0, m, packed, false);
+        }
+        run(panels, panels, 0, m, nullptr, true);   // the lone vectors
+      }
+    } else if (fits) {
       for (int64_t r0 = 0; r0 < m; r0 += MR) blocks(r0, std::min<int64_t>(MR, m - r0));
     } else {
       blocks(0, m);
@@ -399,9 +453,24 @@ void OwnGateUp(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
     const bool acc = k0 > 0, finish = k0 + kc >= k;
     const float* ak = a + k0;
     int64_t j = 0;
-    for (; j + kDualNV * kVW <= whole; j += kDualNV * kVW) {
-      DualTileRows<kMR, kDualNV>(m, kc, ak, lda, b1 + k0 * ldb + j, b2 + k0 * ldb + j, ldb,
-                                 g + j, u + j, h + j, ldc, acc, finish, stream && finish);
+    constexpr int64_t kW = kDualNV * kVW;
+    const bool pack = PacksB(false, ldb, kW, m, kMR);
+    for (; j + kW <= whole; j += kW) {
+      const float *p1 = b1 + k0 * ldb + j, *p2 = b2 + k0 * ldb + j;
+      int64_t step = ldb;
+      if (pack) {   // the two panels' rows side by side: [kc, 2 kW], b1's first
+        thread_local std::vector<float> both;
+        both.resize(kc * 2 * kW);
+        for (int64_t q = 0; q < kc; ++q) {
+          std::memcpy(&both[q * 2 * kW], p1 + q * ldb, sizeof(float) * kW);
+          std::memcpy(&both[q * 2 * kW + kW], p2 + q * ldb, sizeof(float) * kW);
+        }
+        p1 = both.data();
+        p2 = both.data() + kW;
+        step = 2 * kW;
+      }
+      DualTileRows<kMR, kDualNV>(m, kc, ak, lda, p1, p2, step, g + j, u + j, h + j, ldc, acc,
+                                 finish, stream && finish);
     }
     for (; j < whole; j += kVW) {
       DualTileRows<kMR, 1>(m, kc, ak, lda, b1 + k0 * ldb + j, b2 + k0 * ldb + j, ldb, g + j,

@@ -14,10 +14,30 @@
 
 namespace dropless_native {
 
+// ---- The machine-dependent choices, as calibrated (native/calibrate.py) ----
+// Each is 0 (the build's rule) or a value set through dropless_set_setting (choice.cc) when the
+// library loads, from the calibration cached for this CPU and build, and read at each call:
+//   kKernelNN, kKernelNT, kKernelTN, kKernelGateUp  which kernel runs the forward's (and the
+//       fused down's) products, the NT form's (dlhs, the fused backward's), the TN form's (drhs)
+//       and the fused gate and up tile: 1 the tiled kernel, 2 OpenBLAS (g_kernel overrides)
+//   kPackB     1 the tiled kernel copies B's panels side by side (kernel.cc: PacksB), 2 not
+//   kStream    1 outputs above StreamMinBytes are streamed, 2 never
+//   kChunkBytes  the bytes of B a contraction chunk may fill (`ChunkRows`; 0: half the L2); not
+//       calibrated (the layer's contractions fit one chunk either way): the tests set it small
+//       to reach past a chunk without gigabyte operands
+enum SettingId { kKernelNN = 0, kKernelNT, kKernelTN, kKernelGateUp, kPackB, kStream,
+                 kChunkBytes, kSettingCount };
+inline std::atomic<int> g_settings[kSettingCount] = {};
+inline int Setting(SettingId id) { return g_settings[id].load(std::memory_order_relaxed); }
+
+// whether an output of `floats` is streamed: above StreamMinBytes, unless calibrated off
+inline bool Streams(int64_t floats) { return StreamsOutput(floats) && Setting(kStream) != 2; }
+
 // ---- The register-tiled kernel's shapes ----
 // Each product is cut into tiles of MR rows x NV vectors of C held in registers; the loop over
-// the contraction broadcasts MR values of A and loads NV vectors of one row of B (read in place,
-// no packing), in chunks (`ChunkRows`) so a B panel stays in L2. The NT form (c = a @ b^T)
+// the contraction broadcasts MR values of A and loads NV vectors of one row of B (its panel
+// copied side by side first where kPackB has it, else read in place), in chunks (`ChunkRows`) so
+// a B panel stays in L2. The NT form (c = a @ b^T)
 // computes c^T = b @ a^T, with a^T packed kNtRows rows at a time (a small copy that stays in
 // cache; its rows padded to whole vectors, all computed in one pass of up to 3 vectors where
 // AVX-512 has the registers) and c written transposed (in registers, `StoreTransposed8`, where
@@ -35,23 +55,31 @@ constexpr int64_t kNtRows = 64;
 // can stream it; each further chunk reads C back and adds to it, so the chunk is as long as
 // half the L2 allows, not shorter.
 inline int64_t ChunkRows(int64_t panel_floats) {
-  const int64_t rows = L2Bytes() / 2 / (int64_t{sizeof(float)} * panel_floats);
+  const int64_t bytes = Setting(kChunkBytes) > 0 ? Setting(kChunkBytes) : L2Bytes() / 2;
+  const int64_t rows = bytes / (int64_t{sizeof(float)} * panel_floats);
   return std::max<int64_t>(rows / 16 * 16, 256);
 }
 
 // ---- Which kernel runs a group's products ----
-// `g_kernel` forces one; otherwise the tiled kernel in AVX-512 builds, for every group (there it
-// runs ahead of OpenBLAS's AVX-512 kernels from 32- to 1024-row groups), and OpenBLAS elsewhere
-// (an AVX2 build of the tiled kernel loses to OpenBLAS's Haswell kernels).
+// `g_kernel` forces one; otherwise the form's calibrated choice (the faster on this CPU at the
+// calibration's probe); before a calibration, the build's rule: the tiled kernel in AVX-512
+// builds, for every group, and OpenBLAS elsewhere (an AVX2 build of the tiled kernel loses to
+// OpenBLAS's Haswell kernels on the AMD EPYC and the Intel Xeon both).
 // 0 neither forced, 1 the tiled kernel, 2 OpenBLAS: set by dropless_set_kernel (choice.cc; from
 // DROPLESS_NATIVE_KERNEL when the library loads, and by `use_kernel`), read at each call
 inline std::atomic<int> g_kernel{0};
 
 struct KernelChoice {
   int forced;
+  int form;   // the calibrated choice for this product's form (kKernelNN ... kKernelGateUp)
 
-  static KernelChoice Now() { return {g_kernel.load(std::memory_order_relaxed)}; }
-  bool Own() const { return forced != 0 ? forced == 1 : kVW == 16; }
+  static KernelChoice Now(SettingId form) {
+    return {g_kernel.load(std::memory_order_relaxed), Setting(form)};
+  }
+  bool Own() const {
+    if (forced != 0) return forced == 1;
+    return form != 0 ? form == 1 : kVW == 16;
+  }
 };
 
 // GEMMs run by each kernel in this process (the tests check which one ran)

@@ -24,6 +24,7 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "threads.h"
+#include "vec.h"
 
 namespace ffi = xla::ffi;
 
@@ -31,22 +32,10 @@ namespace {
 
 using dropless_native::AdviseHugePages;
 using dropless_native::ForEachTask;
+using dropless_native::kVW;
+using dropless_native::LoadVec;
 using dropless_native::Threads;
-
-#if defined(__AVX512F__)
-constexpr int kW = 16;   // floats a vector
-#elif defined(__AVX__)
-constexpr int kW = 8;
-#else
-constexpr int kW = 4;
-#endif
-typedef float Vec __attribute__((vector_size(kW * sizeof(float))));
-
-inline Vec Load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+using dropless_native::Vec;
 
 // Run fn(lo, hi) over [0, rows) in chunks of at least kTaskBytes of traffic, at most four per
 // worker, on `Threads()` workers.
@@ -165,13 +154,13 @@ ffi::Error GatherSum(ffi::Buffer<ffi::F32> src, ffi::Buffer<ffi::S32> idx,
 inline float Dot(const float* a, const float* b, int64_t d) {
   Vec acc[4] = {};
   int64_t c = 0;
-  for (; c + 4 * kW <= d; c += 4 * kW) {
-    for (int v = 0; v < 4; ++v) acc[v] += Load(a + c + v * kW) * Load(b + c + v * kW);
+  for (; c + 4 * kVW <= d; c += 4 * kVW) {
+    for (int v = 0; v < 4; ++v) acc[v] += LoadVec(a + c + v * kVW) * LoadVec(b + c + v * kVW);
   }
-  for (; c + kW <= d; c += kW) acc[0] += Load(a + c) * Load(b + c);
+  for (; c + kVW <= d; c += kVW) acc[0] += LoadVec(a + c) * LoadVec(b + c);
   const Vec sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   float total = 0.0f;
-  for (int v = 0; v < kW; ++v) total += sum[v];
+  for (int v = 0; v < kVW; ++v) total += sum[v];
   for (; c < d; ++c) total += a[c] * b[c];
   return total;
 }

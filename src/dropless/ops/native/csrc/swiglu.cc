@@ -39,7 +39,7 @@ using dropless_native::SetPrefetch;
 using dropless_native::Sigmoid;
 using dropless_native::StoreVec;
 using dropless_native::StreamFence;
-using dropless_native::StreamsOutput;
+using dropless_native::Streams;
 using dropless_native::Vec;
 using dropless_native::VecExp;
 using dropless_native::VecSigmoid;
@@ -48,26 +48,22 @@ void ZeroRows(float* p, int64_t from, int64_t to, int64_t width) {
   if (to > from) std::memset(p + from * width, 0, sizeof(float) * (to - from) * width);
 }
 
-// x [M, D], wg and wu [G, D, F] -> g, u, h [M, F]
-ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
-                        ffi::Buffer<ffi::F32> wu, ffi::Buffer<ffi::S32> sizes,
-                        ffi::ResultBuffer<ffi::F32> g_out, ffi::ResultBuffer<ffi::F32> u_out,
-                        ffi::ResultBuffer<ffi::F32> h_out) {
-  const int64_t m = x.dimensions()[0], d = x.dimensions()[1], f = wg.dimensions()[2];
-  if (g_out->element_count() == 0) return ffi::Error::Success();
-  float *pg = g_out->typed_data(), *pu = u_out->typed_data(), *ph = h_out->typed_data();
+// x [m, d], wg and wu [G, d, f] -> g, u, h [m, f] (the handler's work on raw operands)
+void RunGateUp(const float* px, const float* pwg, const float* pwu, const int32_t* sizes,
+               int64_t g_count, int64_t m, int64_t d, int64_t f, float* pg, float* pu,
+               float* ph) {
+  if (m * f == 0) return;
   for (float* p : {pg, pu, ph}) AdviseHugePages(p, sizeof(float) * m * f);
-  const auto bounds = GroupBounds(sizes, m);
+  const auto bounds = GroupBounds(sizes, g_count, m);
   const int64_t done = d == 0 ? 0 : bounds.back();
   for (float* p : {pg, pu, ph}) ZeroRows(p, done, m, f);
-  if (d == 0) return ffi::Error::Success();
-  const float *px = x.typed_data(), *pwg = wg.typed_data(), *pwu = wu.typed_data();
-  const KernelChoice kernels = KernelChoice::Now();
+  if (d == 0) return;
+  const KernelChoice kernels = KernelChoice::Now(dropless_native::kKernelGateUp);
   auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
     const int64_t w = same ? 0 : d * f;
     SetPrefetch({{pwg + grp * d * f, w}, {pwu + grp * d * f, w}, {px + lo * d, (hi - lo) * d}});
   };
-  const bool stream = StreamsOutput(m * f);
+  const bool stream = Streams(m * f);
   ForRowTasks(bounds, 2 * d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
     const bool own = kernels.Own();
     if (own) {
@@ -83,6 +79,15 @@ ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
          pu + lo * f, f);
     for (int64_t i = lo * f; i < hi * f; ++i) ph[i] = pg[i] * Sigmoid(pg[i]) * pu[i];
   });
+}
+
+ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
+                        ffi::Buffer<ffi::F32> wu, ffi::Buffer<ffi::S32> sizes,
+                        ffi::ResultBuffer<ffi::F32> g_out, ffi::ResultBuffer<ffi::F32> u_out,
+                        ffi::ResultBuffer<ffi::F32> h_out) {
+  RunGateUp(x.typed_data(), wg.typed_data(), wu.typed_data(), sizes.typed_data(),
+            sizes.element_count(), x.dimensions()[0], x.dimensions()[1], wg.dimensions()[2],
+            g_out->typed_data(), u_out->typed_data(), h_out->typed_data());
   return ffi::Error::Success();
 }
 
@@ -101,7 +106,7 @@ ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
   if (d == 0) return ffi::Error::Success();
   const float *pdy = dy.typed_data(), *pwd = wd.typed_data();
   const float *pg = g.typed_data(), *pu = u.typed_data();
-  const KernelChoice kernels = KernelChoice::Now();
+  const KernelChoice kernels = KernelChoice::Now(dropless_native::kKernelNT);
   auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
     SetPrefetch({{pwd + grp * f * d, same ? 0 : f * d}, {pdy + lo * d, (hi - lo) * d},
                  {pg + lo * f, (hi - lo) * f}, {pu + lo * f, (hi - lo) * f}});
@@ -143,7 +148,7 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
   if (f == 0) return ffi::Error::Success();
   const float *p1 = a1.typed_data(), *pw1 = w1.typed_data();
   const float *p2 = a2.typed_data(), *pw2 = w2.typed_data();
-  const KernelChoice kernels = KernelChoice::Now();
+  const KernelChoice kernels = KernelChoice::Now(dropless_native::kKernelNT);
   auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
     const int64_t w = same ? 0 : d * f;
     SetPrefetch({{pw1 + grp * d * f, w}, {pw2 + grp * d * f, w}, {p1 + lo * f, (hi - lo) * f},
@@ -166,6 +171,13 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
 }
 
 }  // namespace
+
+// the fused forward on raw operands, for the calibration (native/calibrate.py)
+extern "C" void dropless_run_gate_up(const float* x, const float* wg, const float* wu,
+                                     const int32_t* sizes, int64_t g_count, int64_t m, int64_t d,
+                                     int64_t f, float* g, float* u, float* h) {
+  RunGateUp(x, wg, wu, sizes, g_count, m, d, f, g, u, h);
+}
 
 // the elementwise exp the fused handlers use, exported for the tests
 extern "C" void dropless_fast_exp(const float* x, float* out, int64_t n) {

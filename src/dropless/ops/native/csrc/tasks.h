@@ -61,14 +61,15 @@ std::vector<Task> CutTasks(const std::vector<int64_t>& bounds, bool from_group_s
 }
 
 // [0, end_0, end_1, ...]: each group's rows from the sizes, as above
-inline std::vector<int64_t> GroupBounds(const xla::ffi::Buffer<xla::ffi::S32>& sizes, int64_t m) {
-  const int64_t g_count = sizes.element_count();
-  const int32_t* ps = sizes.typed_data();
+inline std::vector<int64_t> GroupBounds(const int32_t* ps, int64_t g_count, int64_t m) {
   std::vector<int64_t> bounds(g_count + 1, 0);   // group g: rows [bounds[g], bounds[g + 1])
   for (int64_t g = 0; g < g_count; ++g) {
     bounds[g + 1] = std::min(bounds[g] + std::max<int64_t>(ps[g], 0), m);
   }
   return bounds;
+}
+inline std::vector<int64_t> GroupBounds(const xla::ffi::Buffer<xla::ffi::S32>& sizes, int64_t m) {
+  return GroupBounds(sizes.typed_data(), sizes.element_count(), m);
 }
 
 // Run fn(task) for every task on `Threads()` workers, each taking the next task in turn and
