@@ -166,7 +166,8 @@ ROWS += [
     prepared_row("prepared-id-beyond-vocab", _prepared(ids=[5, 300, 0]),
                  ("train-00000.tokens", "300", "position 1", "model.vocab_size=256")),
     prepared_row("prepared-vocab-above-model", _prepared(vocab_size=1000),
-                 ("manifest.json", "vocab_size=1000", "model.vocab_size=256")),
+                 ("manifest.json", "vocab_size=1000", "model.vocab_size=256"),
+                 "model.vocab_size=256"),   # given: one not given is the manifest's
     prepared_row("prepared-other-tokenizer", _both(_prepared(), _files({"tok/tokenizer.json": "{}"})),
                  ("manifest.json", "byte tokenizer", "tokenizer=byte"),
                  "tokenizer=tok/tokenizer.json"),

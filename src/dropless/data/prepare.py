@@ -18,6 +18,11 @@ What each document becomes:
   CRC32 of "weight:" + identity, over 2**32, is below w - floor(w) (so 0.5 keeps a stable half
   of the documents, 2.5 writes each twice and half of them a third time); eval documents once.
 
+Safety: one writer per output (`prepare_lock`, held for the whole run); each input is identified
+by the SHA-256 of its bytes, computed before any work; a file reached twice (named twice, a glob
+and a name, a link) is refused (`_refuse_repeated`); the resume state is written before the
+first token, so a run killed at any point resumes.
+
 Shards: both splits' open shards are closed together ("a cut") after the document that brings
 either to `shard_tokens`, so shard boundaries depend only on the input and the settings. At each
 cut the shard files are written beside and renamed, then `OUT/.prepare/state.json` records the
@@ -49,6 +54,7 @@ import numpy as np
 from dropless.data import manifest as mf
 from dropless.data import readers
 from dropless.data.corpus import is_eval_document
+from dropless.data.prepare_lock import PrepareLock
 from dropless.data.tokenizer import HFTokenizer, make_tokenizer
 
 STATE_DIR = ".prepare"
@@ -262,7 +268,9 @@ class _Run:
         self.files = [f for _, files in self.groups for f in files]
         self.tok = make_tokenizer(cfg.tokenizer)
         self.enc = _encoder(self.tok, cfg)
-        self.settings = self._settings()
+        _refuse_repeated(self.groups)
+        self.hashes: list[str] = []
+        self.settings: dict = {}
         self.stats = [_FileStats() for _ in self.files]
         self.shards: dict[str, list[mf.Shard]] = {s: [] for s in mf.SPLITS}
         self.position = (0, 0)
@@ -274,7 +282,7 @@ class _Run:
                 "text_field": c.text_field, "eval_fraction": c.eval_fraction,
                 "shard_tokens": c.shard_tokens, "bos": self.enc.bos, "eos": self.enc.eos,
                 "dtype": self.enc.dtype,
-                "files": [[str(f.path), f.size, f.path.stat().st_mtime_ns] for f in self.files]}
+                "files": [[str(f.path), f.size, h] for f, h in zip(self.files, self.hashes)]}
 
     # resume state
 
@@ -286,14 +294,25 @@ class _Run:
         state_path = self.out / STATE_DIR / "state.json"
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"output {self.out} is a file, not a folder")
-        if self.out.is_dir() and not state_path.is_file():
+        if self.out.is_dir() and not (self.out / STATE_DIR).is_dir():
             if any(self.out.iterdir()):
                 raise ValueError(f"output folder {self.out} is not empty and holds no "
                                  "unfinished prepare; choose an empty or new folder")
-        (self.out / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        self.lock = PrepareLock(self.out / STATE_DIR)
+        if (self.out / mf.MANIFEST).exists():
+            raise ValueError(f"{self.out} already holds a prepared dataset ({mf.MANIFEST}); "
+                             "remove it or choose another output folder")
+        # inputs are identified by their content: a rewritten file of the same size and time
+        # is another input
+        self.hashes = [mf.file_sha256(f.path) for f in self.files]
+        self.settings = self._settings()
+        for st, h in zip(self.stats, self.hashes):
+            st.sha256 = h
         if state_path.is_file():
             self._load(state_path)
         self._remove_unrecorded()
+        # the resume state exists before any work: a run killed at any point resumes
+        self._save_state()
 
     def _load(self, path: Path) -> None:
         try:
@@ -304,7 +323,7 @@ class _Run:
                              "again") from None
         for key, value in self.settings.items():
             if saved.get(key) != value:
-                what = ("an input file changed (size or time) or the files differ"
+                what = ("an input file changed (its content) or the files differ"
                         if key == "files" else f"{key} differs")
                 raise ValueError(f"{self.out} holds an unfinished prepare of other inputs or "
                                  f"settings ({what}: was {json.dumps(saved.get(key))[:120]}); "
@@ -333,13 +352,19 @@ class _Run:
 
     def run(self) -> mf.Manifest:
         created = not self.out.exists()
-        self.start()
+        self.lock, started = None, False
         try:
+            self.start()
+            started = True
             return self._run()
         except ValueError:
             # a bad input: the command must change, so nothing written here can be resumed
-            self._discard(remove_out=created)
+            if started:
+                self._discard(remove_out=created)
             raise
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def _discard(self, *, remove_out: bool) -> None:
         self.shards = {s: [] for s in mf.SPLITS}
@@ -357,11 +382,7 @@ class _Run:
         self.last_report = 0.0
         pool = _pool(self.cfg.workers, self.enc)
         try:
-            hash_jobs = {i: _submit(pool, mf.file_sha256, (f.path,))
-                         for i, f in enumerate(self.files) if self.stats[i].sha256 is None}
             self._read_all(pool)
-            for i, job in hash_jobs.items():
-                self.stats[i].sha256 = job.result()
             self.position = (len(self.files), 0)
             self._cut()
         finally:
@@ -458,6 +479,20 @@ class _Run:
                                     skipped=st.skipped)
                           for f, st in zip(self.files, self.stats)),
             created_by=self.created_by)
+
+
+def _refuse_repeated(groups) -> None:
+    """A file reached twice (named twice, by a glob and by name, or through a link) would
+    double its documents: refused, naming both ways it was named."""
+    seen: dict[Path, str] = {}
+    for spec, files in groups:
+        for f in files:
+            real = Path(os.path.realpath(f.path))
+            if real in seen:
+                raise ValueError(f"{f.path} (source {spec!r}) is also read by source "
+                                 f"{seen[real]!r}; name each file once (set a weight with "
+                                 "PATH@WEIGHT to read it more often)")
+            seen[real] = spec
 
 
 def _tokenizer_id(cfg: PrepareConfig) -> mf.TokenizerId:

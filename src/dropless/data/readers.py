@@ -24,6 +24,7 @@ import glob
 import gzip
 import io
 import json
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -156,6 +157,10 @@ def _directory(folder: Path, root: Path, weight: float, spec: str) -> list[Input
     saved = _saved_dataset(folder, spec)
     if saved is not None:
         return [_file(p, root, weight, spec) for p in saved]
+    for p in folder.rglob("*"):
+        if p.is_symlink() and not p.exists():
+            raise ValueError(f"source {spec!r}: {p} is a link to nothing (dangling or "
+                             "pointing at itself); remove it or fix its target")
     found = sorted((p for p in folder.rglob("*") if p.is_file() and kind_of(p) is not None),
                    key=lambda p: p.relative_to(folder).as_posix())
     if not found:
@@ -182,6 +187,10 @@ def input_files(spec: str) -> list[InputFile]:
         matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
         if not matches:
             raise ValueError(f"source {spec!r} matches no file")
+        for m in matches:
+            if m.is_symlink() and not m.exists():
+                raise ValueError(f"source {spec!r}: {m} is a link to nothing (dangling or "
+                                 "pointing at itself); remove it or fix its target")
         found = [f for m in matches for f in (_directory(m, root, weight, spec) if m.is_dir()
                                              else [_file(m, root, weight, spec)])]
         files = list({f.path: f for f in found}.values())   # `**` matches a folder and its files
@@ -189,8 +198,14 @@ def input_files(spec: str) -> list[InputFile]:
         files = _directory(path, path, weight, spec)
     elif path.is_file():
         files = [_file(path, path, weight, spec)]
+    elif path.is_symlink():
+        raise ValueError(f"source {spec!r} is a link to nothing (dangling or pointing at "
+                         "itself); fix its target")
     else:
         raise ValueError(f"source {spec!r} does not exist")
+    for f in files:
+        if not os.access(f.path, os.R_OK):
+            raise ValueError(f"source {spec!r}: {f.path} cannot be read (permission denied)")
     for f in files:
         if f.size == 0:
             raise ValueError(f"source {spec!r}: {f.path} is empty (0 bytes)")
@@ -308,6 +323,8 @@ def _read_lines(stream, file: InputFile) -> Iterator[bytes]:
 
 def _string_type(t) -> bool:
     import pyarrow as pa
+    if pa.types.is_dictionary(t):    # a categorical column: read as its strings
+        return _string_type(t.value_type)
     return pa.types.is_string(t) or pa.types.is_large_string(t) or (
         hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
 
@@ -394,8 +411,15 @@ def records(file: InputFile, *, start: int = 0) -> Iterator[tuple[int, dict]]:
 
 
 def _read_text(file: InputFile) -> str:
-    # as data.corpus reads text files: undecodable bytes replaced
-    return file.path.read_text(encoding="utf-8", errors="replace")
+    """The file's text, byte-exact (no newline translation: CRLF stays CRLF, as in JSONL);
+    ValueError naming the file and line of bytes that are not UTF-8."""
+    data = file.path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{file.path} line {line} is not valid UTF-8 ({e.reason}); fix or "
+                         "remove that text") from None
 
 
 def text_chunks(file: InputFile, text_field: str, *, start: int = 0,
@@ -432,6 +456,21 @@ def chunk_texts(file: InputFile, chunk: Chunk, text_field: str) -> list[str]:
             if t is None:
                 raise ValueError(f"{where(file, i)}: {text_field!r} is null; it must be a "
                                  "string")
-        return chunk.payload
-    return [record_text(parse_jsonl_line(raw, where(file, i), text_field), text_field, where(file, i))
-            for i, raw in zip(chunk.indices, chunk.payload)]
+        texts = chunk.payload
+    else:
+        texts = [record_text(parse_jsonl_line(raw, where(file, i), text_field), text_field,
+                             where(file, i)) for i, raw in zip(chunk.indices, chunk.payload)]
+    for i, t in zip(chunk.indices, texts):
+        _check_encodable(t, where(file, i))
+    return texts
+
+
+def _check_encodable(text: str, at: str) -> None:
+    """Every text a tokenizer is given is valid Unicode: a lone surrogate (JSON "\\ud800")
+    is refused naming `at`."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{at}: the text holds a lone surrogate {text[e.start]!r} at "
+                         f"character {e.start} (not Unicode text); fix or remove that record"
+                         ) from None
