@@ -28,8 +28,8 @@ import yaml
 from dropless.compat import maxtext
 from dropless.config import (MeshConfig, ModelConfig, MoEConfig, TrainConfig, scalar_fields,
                              scalar_type_error)
-from dropless.model_dir import (from_dict, init_from_defaults, read_run_config, saved_preset,
-                                to_dict, upgrade)
+from dropless.model_dir import (data_vocab_size, from_dict, init_from_defaults, read_run_config,
+                                resolve_tokenizer, saved_preset, to_dict, upgrade)
 from dropless.presets import get_preset
 
 DEFAULT_PRESET = "tiny"
@@ -287,7 +287,26 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
         _set(tree, key, value)
         if key == "model.d_model" and tree["model"]["moe"] is not None:
             _set(tree, "model.moe.d_model", value)
+    _data_implies(tree, {k for k, _ in resolved}, notes)
     return from_dict(tree)
+
+
+def _data_implies(tree: dict, keys: set[str], notes: list[str] | None) -> None:
+    """The tokenizer as every command reads its name (`model_dir.resolve_tokenizer`: byte,
+    hf:DIR, a folder, a tokenizer.json), and model.vocab_size raised to what the data needs (a
+    prepared dataset's manifest, else the tokenizer's vocabulary) when no key, YAML or
+    init_from set it; a vocab_size that was set and is too small is refused where the data is
+    read."""
+    if tree.get("tokenizer"):
+        tree["tokenizer"] = resolve_tokenizer(str(tree["tokenizer"]), name="tokenizer")
+    if "model.vocab_size" in keys or tree.get("init_from"):
+        return
+    need = data_vocab_size(str(tree.get("data") or ""), str(tree.get("tokenizer") or ""))
+    if need is not None and need[0] > tree["model"]["vocab_size"]:
+        if notes is not None:
+            notes.append(f"model.vocab_size={need[0]} (from {need[1]}; the preset's is "
+                         f"{tree['model']['vocab_size']})")
+        tree["model"]["vocab_size"] = need[0]
 
 
 def init_from_items(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -145,7 +145,9 @@ def draw(run_dir: str | Path) -> list[Path]:
     if m["eval"]:
         ax.plot([r["step"] for r in m["eval"]], [r["eval_loss"] for r in m["eval"]], "o-",
                 label="eval loss")
-    ax.axhline(np.log(256), ls=":", c="gray", label="ln 256")
+    vocab = _vocab_size(run_dir)
+    if vocab:                                   # the loss of a uniform guess
+        ax.axhline(np.log(vocab), ls=":", c="gray", label=f"ln {vocab:,} (uniform guess)")
     ax.set_xlabel("step"), ax.set_ylabel("nats/token"), ax.legend(), ax.grid(alpha=.3)
     paths.append(_save(fig, run_dir / "loss.png"))
 
@@ -157,14 +159,24 @@ def draw(run_dir: str | Path) -> list[Path]:
         rel = arr / np.maximum(arr.mean(-1, keepdims=True), 1e-9)
         fig, axes = plt.subplots(arr.shape[1], 1, figsize=(7, 1.8 * arr.shape[1] + .6),
                                  squeeze=False)
+        right = x[-1] if x[-1] > x[0] else x[0] + 1     # one step: a column of width 1
         for li, a in enumerate(axes[:, 0]):
             im = a.imshow(rel[:, li].T, aspect="auto", cmap="viridis",
-                          extent=(x[0], x[-1], arr.shape[2] - .5, -.5))
+                          extent=(x[0], right, arr.shape[2] - .5, -.5))
             a.set_ylabel(f"MoE layer {li}\nexpert")
             fig.colorbar(im, ax=a, label="load / mean")
         axes[-1, 0].set_xlabel("step")
         paths.append(_save(fig, run_dir / "expert_load.png"))
     return paths
+
+
+def _vocab_size(run_dir: Path) -> int | None:
+    """The run's model.vocab_size (its config.json), None when that cannot be read."""
+    try:
+        v = json.loads((run_dir / "config.json").read_text())["model"]["vocab_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 1 else None
 
 
 def _throughput_figure(plt, steps: list[dict]):
@@ -193,8 +205,12 @@ def _throughput_figure(plt, steps: list[dict]):
 def _save(fig, path: Path) -> Path:
     from dropless.runtime import files
     fig.tight_layout()
-    with files.replacing(path) as tmp:      # a full disk keeps the old plot
-        fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
     import matplotlib.pyplot as plt
-    plt.close(fig)
+    try:
+        with files.replacing(path) as tmp:      # a full disk keeps the old plot
+            fig.savefig(tmp, dpi=110, format=Path(path).suffix.lstrip(".") or "png")
+    except OSError as e:                        # named by the plot, not its temporary file
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+    finally:
+        plt.close(fig)
     return path

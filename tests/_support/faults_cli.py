@@ -57,6 +57,22 @@ def _run_folder(config_text: str | None = None):
     return setup
 
 
+def _run_folder_with(key: str):
+    """runs/x as `_run_folder` writes it, its config.json holding one more key (dotted)."""
+    def setup(case: Path, artifacts) -> None:
+        import json
+        _run_folder()(case, artifacts)
+        path = case / "runs" / "x" / "config.json"
+        tree = json.loads(path.read_text())
+        *parents, leaf = key.split(".")
+        node = tree
+        for p in parents:
+            node = node[p]
+        node[leaf] = 1
+        path.write_text(json.dumps(tree))
+    return setup
+
+
 def _folder_config(text: str):
     def setup(case: Path, _artifacts) -> None:
         (case / "m").mkdir()
@@ -220,6 +236,16 @@ ROWS = [
     arg("train-init-from-config-not-json", ["train", "init_from=runs/x", "steps=1"],
         ("init_from='runs/x'", "runs/x/config.json", "not valid JSON"),
         setup=_run_folder('{"model": '), unchanged=("runs",)),
+    *[arg(f"{name}-config-json-unknown-{where}", cmd, words=("runs/x/config.json", key,
+                                                            "does not know"),
+          setup=_run_folder_with(key), unchanged=("runs",))
+      for name, cmd in (("resume", ["train", "--resume", "runs/x"]),
+                        ("eval", ["eval", "runs/x", "--data", "runs/x/config.json"]),
+                        ("init-from", ["train", "init_from=runs/x", "steps=1"]),
+                        ("convert", ["convert", "runs/x", "out"]),
+                        ("generate", ["generate", "runs/x", "--prompt", "hi"]))
+      for where, key in (("top", "bogus"), ("model", "model.bogus"),
+                         ("moe", "model.moe.bogus"))],
     arg("convert-folder-neither-kind", ["convert", "m", "out"],
         ("dropless convert m", "config.json", "neither a dropless config", "hf:DIR"),
         setup=_folder_config('{"foo": 1}'), unchanged=("m", "out")),

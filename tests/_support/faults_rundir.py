@@ -194,3 +194,41 @@ ROWS = [
            "--tokenizer", "byte"], rc=2, setup=_flipped_model, unchanged=("dl",),
           words=("dl/params is damaged", "xxh3_64", "dropless convert")),
 ]
+
+
+# ---- a run file that is not a regular file: refused before the step is compiled --------------
+
+def _metrics_not_a_file(kind: str):
+    def setup(case: Path, artifacts) -> None:
+        import os
+        artifacts.copy("ckpt-run", case)
+        metrics = case / RUN / "metrics.jsonl"
+        metrics.unlink()
+        {"folder": metrics.mkdir, "fifo": lambda: os.mkfifo(metrics)}[kind]()
+    return setup
+
+
+def _not_compiled(case: Path, res: Result) -> None:
+    assert "compil" not in res.out + res.err, res.out + res.err
+
+
+ROWS += [Fault(f"rundir-metrics-a-{kind}", ["train", "--resume", RUN, "steps=6"], rc=2,
+               setup=_metrics_not_a_file(kind), words=("run/metrics.jsonl", word, "move it"),
+               unchanged=(f"{RUN}/checkpoints",), check=_not_compiled)
+         for kind, word in (("folder", "is a folder"), ("fifo", "special file"))]
+
+
+
+# ---- init_from=RUN says which step it starts from ----------------------------------------------
+
+def _run_and_text(case: Path, artifacts) -> None:
+    artifacts.copy("ckpt-run", case)
+    (case / "d.txt").write_text("def f(x):\n    return x + 1\n" * 400)
+
+
+ROWS += [Fault("rundir-init-from-run-names-its-step",
+               ["train", f"init_from={RUN}", "run_dir=runs", "run_name=ft", "steps=1",
+                "data=d.txt", "seq_len=32", "time_kernels=false", "eval_every=1"], rc=0,
+               setup=_run_and_text, unchanged=(RUN,),
+               words=(f"init_from='{RUN}': read the parameters of step 4",
+                      "newest intact checkpoint"))]

@@ -106,3 +106,15 @@ def test_report_refuses_a_run_without_steps_and_draws_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"metrics.jsonl has no step records .*no plots drawn"):
         report_cli.run(args_for(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_one_step_run_draws_without_a_warning(tmp_path):
+    pytest.importorskip("matplotlib")
+    import warnings
+    rec = {"event": "step", "step": 1, "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 4e3,
+           "tflops_per_device": 0.02, "dropped_tokens": 0, "tokens_per_expert": [[3, 5, 4, 4]]}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # matplotlib's singular-limits warning included
+        paths = report.draw(tmp_path)
+    assert [p.name for p in paths] == ["loss.png", "throughput.png", "expert_load.png"]

@@ -46,24 +46,10 @@ def add_arguments(parser) -> None:
 
 
 def resolve_tokenizer(spec: str) -> str:
-    """"byte" or the tokenizer.json path of `spec` (hf:DIR, a tokenizer.json path, or a model
-    folder). Raises ValueError naming --tokenizer."""
-    from dropless.model_dir import folder_tokenizer
-    if spec == "byte":
-        return spec
-    if spec.endswith(".json"):
-        if not os.path.isfile(spec):
-            raise ValueError(f"--tokenizer={spec!r} does not exist")
-        return spec
-    if spec.startswith("hf:") or os.path.isdir(spec):
-        try:
-            path = folder_tokenizer(spec, override="--tokenizer byte")
-        except ValueError as e:
-            raise ValueError(f"--tokenizer={spec!r}: {e}") from None
-        if path == "byte" or not path.endswith(".json"):
-            raise ValueError(f"--tokenizer={spec!r}: the folder holds no tokenizer.json")
-        return path
-    raise ValueError(f"--tokenizer={spec!r} must be byte, hf:DIR or a tokenizer.json path")
+    """"byte" or the tokenizer.json path of `spec` (`model_dir.resolve_tokenizer`, the one
+    reading every command shares). Raises ValueError naming --tokenizer."""
+    from dropless.model_dir import resolve_tokenizer as resolve
+    return resolve(spec, name="--tokenizer")
 
 
 def _config(args):

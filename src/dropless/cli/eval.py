@@ -1,5 +1,6 @@
 """`dropless eval MODEL --data FILE`: mean next-token loss and perplexity of a model on a text
-or JSONL file (one {"text": ...} per line). MODEL is hf:DIR or a dropless directory.
+or JSONL file (one {"text": ...} per line), or on a prepared dataset's eval split (`dropless data
+prepare`). MODEL is hf:DIR or a dropless directory.
 
 Documents are tokenized (with BOS when the tokenizer's folder says so), joined with its
 end-of-sequence id and cut into non-overlapping windows of seq_len + 1 tokens (a shorter tail is
@@ -16,7 +17,9 @@ from dropless.cli.model_args import add_model_options
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="hf:DIR (a Hugging Face folder) or a dropless directory")
-    parser.add_argument("--data", required=True, help="a text file, or JSONL with a 'text' field")
+    parser.add_argument("--data", required=True,
+                        help="a text file, JSONL with a 'text' field, or a prepared folder "
+                             "(`dropless data prepare`: its eval split)")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per window (>= 1)")
     parser.add_argument("--batch-size", type=int, default=8, help="windows per batch (>= 1)")
     parser.add_argument("--max-batches", type=int, default=0, help="0 = the whole file")
@@ -48,7 +51,8 @@ def run(args) -> int:
     with usage_errors():
         _check_args(args)
         tok = model_tokenizer("eval", args.model, args.tokenizer)
-        tokens = document_tokens(args.data, tok, what=f"dropless eval: --data={args.data!r}")
+        tokens = document_tokens(args.data, tok, what=f"dropless eval: --data={args.data!r}",
+                                 use="--data ")
         from dropless.model_dir.weights import load_model
         from dropless.models.evaluate import evaluate, windows
         windows(tokens, args.seq_len)

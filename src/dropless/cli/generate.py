@@ -18,11 +18,14 @@ from dropless.cli.model_args import add_model_options
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="hf:DIR (a Hugging Face folder) or a dropless directory")
-    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--prompt", required=True,
+                        help="the text to continue (encoded as the model's tokenizer says)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="at most this many "
                         "(>= 1); generation stops at the model's end-of-sequence token")
     parser.add_argument("--temperature", type=float, default=0.0, help="finite, >= 0; 0 = greedy")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the sampling seed (with --temperature > 0; the same seed, the "
+                             "same text)")
     add_model_options(parser)
 
 

@@ -13,7 +13,7 @@ argument) and its end (what to do) and says how much of the middle (a long value
 from __future__ import annotations
 
 import argparse
-import contextlib
+import errno
 import importlib
 import os
 import sys
@@ -34,6 +34,7 @@ COMMANDS = {
 # commands that write nothing before their output: SIGINT / SIGTERM end them at once, exit 130 /
 # 75, never by unwinding under XLA's running threads (`runtime.interrupt`)
 EXIT_ON_SIGNAL = ("eval", "generate")
+INTERRUPTED = "dropless: interrupted"   # the line a Ctrl-C ends the other commands with
 # commands that never start a JAX backend (the environment's JAX settings are not theirs)
 NO_BACKEND = ("config", "report")
 # commands that run steps in a loop: with DROPLESS_HOST_MALLOC=reuse, started from the shell, they
@@ -118,6 +119,10 @@ def describe(exc: BaseException) -> tuple[int, str]:
     first = lines[0] if len(lines) == 1 else lines[0] + " ..."
     if isinstance(exc, ValueError):
         return EXIT_USAGE, first
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+            and exc.filename is not None:   # one line: a trace says nothing more
+        return EXIT_FAILURE, (f"{exc.strerror}: {exc.filename} (nothing was left half-written; "
+                              "free space there, or write elsewhere)")
     if isinstance(exc, OSError) and exc.strerror:
         where = f": {exc.filename}" if exc.filename is not None else ""
         return EXIT_FAILURE, f"{exc.strerror}{where} (check the path, its permissions and free " \
@@ -139,11 +144,13 @@ def describe(exc: BaseException) -> tuple[int, str]:
 
 def exit_on_signal(command: str):
     """The signal handling of `command`: `runtime.interrupt.exit_on_signals` for those of
-    EXIT_ON_SIGNAL, nothing for the others (train stops after a step and saves; the rest stop
-    with KeyboardInterrupt, exit 130)."""
+    EXIT_ON_SIGNAL; the others stop with KeyboardInterrupt, exit 130 (train installs its own
+    handlers: it stops after a step and saves), and one that lands in a finalizer ends the
+    process with the same line rather than being printed and lost
+    (`runtime.interrupt.interrupt_quietly`)."""
+    from dropless.runtime.interrupt import exit_on_signals, interrupt_quietly
     if command not in EXIT_ON_SIGNAL:
-        return contextlib.nullcontext()
-    from dropless.runtime.interrupt import exit_on_signals
+        return interrupt_quietly(INTERRUPTED)   # an interrupt in a finalizer still stops it
     return exit_on_signals(f"dropless {command}")
 
 
@@ -207,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if trace:
             raise
-        print("dropless: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
+        if from_shell:   # the command is unwound; skip the teardown where JAX's and orbax's
+            sys.stdout.flush()           # threads would still print (or wait for a join)
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - the edge: every error becomes one message
         if trace:

@@ -9,7 +9,8 @@ from typing import Iterator
 
 def add_model_options(parser) -> None:
     """--tokenizer and --dtype, as eval and generate take them (after their own options)."""
-    parser.add_argument("--tokenizer", help="'byte' or a tokenizer.json (default: the model "
+    parser.add_argument("--tokenizer", help="byte, hf:DIR, a folder holding tokenizer.json, "
+                                            "or a tokenizer.json path (default: the model "
                                             "folder's tokenizer.json; an HF folder without one "
                                             "is refused)")
     parser.add_argument("--dtype", help="parameter/activation dtype (default: the model's)")
@@ -57,12 +58,14 @@ def check_model(cmd: str, spec: str) -> None:
 
 
 def model_tokenizer(cmd: str, spec: str, override: str | None):
-    """The tokenizer for MODEL: `override` ('byte' or a tokenizer.json), else the folder's
-    (an HF folder without tokenizer.json is refused, see `model_dir.hf_tokenizer`)."""
-    from dropless.model_dir import folder_tokenizer
+    """The tokenizer for MODEL: `override` (named as every command names one,
+    `model_dir.resolve_tokenizer`), else the folder's (an HF folder without tokenizer.json is
+    refused, see `model_dir.hf_tokenizer`)."""
+    from dropless.model_dir import folder_tokenizer, resolve_tokenizer
     from dropless.data.tokenizer import make_tokenizer
     try:
-        return make_tokenizer(override or folder_tokenizer(spec, override="--tokenizer byte"))
+        return make_tokenizer(resolve_tokenizer(override, name="--tokenizer") if override
+                              else folder_tokenizer(spec, override="--tokenizer byte"))
     except ValueError as e:
         raise ValueError(f"dropless {cmd} {spec}: {e}") from None
 

@@ -7,6 +7,12 @@ flag recipe is applied in `run` before the first JAX computation.
 from __future__ import annotations
 
 
+# presets.PRESETS' names, spelled here so that building the parser imports no JAX (a test holds
+# them equal)
+PRESET_NAMES = ("tiny", "small", "deepseek3-test", "deepseek3-1gpu", "deepseek3-671b",
+                "mixtral-8x7b", "qwen3-30b-a3b")
+
+
 def add_config_arguments(parser) -> None:
     """The arguments that describe a config (shared with `dropless config show`): KEY=VALUE
     overrides, --config FILE, --preset NAME."""
@@ -14,8 +20,9 @@ def add_config_arguments(parser) -> None:
                         help="config overrides: our keys (steps=100, model.moe.top_k=4) or "
                              "MaxText names (per_device_batch_size=8, ici_expert_parallelism=4)")
     parser.add_argument("--config", help="YAML config file (nested or flat keys)")
-    parser.add_argument("--preset", help="model preset (tiny, deepseek3-test, deepseek3-671b, "
-                                         "mixtral-8x7b, qwen3-30b-a3b); default tiny")
+    from dropless.presets import PRESETS   # names only: no JAX computation
+    parser.add_argument("--preset", help=f"model preset ({', '.join(PRESETS)}, or hf:DIR); "
+                                         "default tiny")
 
 
 def add_arguments(parser) -> None:

@@ -64,7 +64,8 @@ class TrainConfig:
         "stdlib", doc="training data: stdlib (the Python standard library's .py files), or a "
                       "path: .txt/.py/.md, .jsonl, .npy, .bin, a folder or a prepared dataset")
     tokenizer: str = described(
-        "byte", doc="byte (one token per byte), or a path to a Hugging Face tokenizer.json")
+        "byte", doc="byte (one token per byte), hf:DIR or a folder holding tokenizer.json, or a "
+        "tokenizer.json path (as `data prepare --tokenizer` reads it)")
     bin_dtype: str = described(
         "uint16", doc="element type of pre-tokenized .bin files: uint8, uint16, int32 or uint32")
     eval_fraction: float = described(

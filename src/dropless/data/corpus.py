@@ -144,6 +144,39 @@ def _directory_files(path: Path, source: str) -> list[Path]:
                      + "; token files (.npy, .bin) are given one at a time: data=FILE")
 
 
+def prepare_command(source: str, tokenizer: str) -> tuple[str, str]:
+    """(the `dropless data prepare` command that prepares `source` for `tokenizer` ("byte" or
+    a tokenizer.json path), the prepared folder it writes)."""
+    path = Path(source)
+    out = f"{path.with_suffix('') if path.is_file() else path}-prepared"
+    tok = "byte" if tokenizer == "byte" else f"hf:{Path(tokenizer).parent}"
+    return f"dropless data prepare {source} {out} --tokenizer {tok}", out
+
+
+def check_readable_here(source: str, tokenizer: str, *, what: str = "",
+                        use: str = "data=") -> None:
+    """Refuse a source that training and eval read only once prepared: a Parquet or Arrow file,
+    a `datasets.save_to_disk` folder, a folder holding Parquet / Arrow files (beside text too:
+    they would be left out). The one line names the
+    `data prepare` command that prepares it (`what` starts it, default `data=SOURCE`; `use`
+    is how the command names the prepared folder)."""
+    path = Path(source)
+    if path.is_dir():
+        saved = any((path / n).is_file() for n in ("state.json", "dataset_dict.json"))
+        kinds = {readers.kind_of(p) for p in path.rglob("*") if p.is_file()}
+        if not saved and not kinds & {"parquet", "arrow"}:
+            return                     # (text beside them would train without them)
+        form = ("a datasets.save_to_disk folder" if saved
+                else "a folder holding Parquet / Arrow files")
+    elif readers.kind_of(path) in ("parquet", "arrow"):
+        form = f"{'Parquet' if readers.kind_of(path) == 'parquet' else 'Arrow'}"
+    else:
+        return
+    cmd, out = prepare_command(source, tokenizer)
+    raise ValueError(f"{what or f'data={source!r}'} is {form}, which is read once prepared: "
+                     f"{cmd}, then {use}{out}")
+
+
 def text_documents(source: str) -> list[tuple[str, str]]:
     """(name, text) documents of a text/JSONL source or directory, in sorted order. Text files
     of a known suffix are read with undecodable bytes replaced (as the stdlib corpus is); a file
@@ -161,11 +194,18 @@ def text_documents(source: str) -> list[tuple[str, str]]:
     return [(path.name, _utf8(path.read_bytes(), _where(source, path)))]
 
 
-def document_tokens(source: str, tok, *, what: str = "") -> np.ndarray:
+def document_tokens(source: str, tok, *, what: str = "", use: str = "data=") -> np.ndarray:
     """One int32 token stream of the documents of `source` (a text/JSONL file or directory, see
     `text_documents`), each encoded by `tok` (BOS as the tokenizer says) and followed by its
-    EOS id; documents that encode to nothing are left out. Raises ValueError, starting with
-    `what` (default `data=SOURCE`), when no document holds a token."""
+    EOS id; documents that encode to nothing are left out. A prepared dataset's stream is its
+    eval split (its manifest must name `tok`, see `load_prepared`). Raises ValueError, starting
+    with `what` (default `data=SOURCE`), when no document holds a token, and for a source read
+    only once prepared (`check_readable_here`; `use` names the prepared folder's argument)."""
+    path = Path(source)
+    if path.is_dir() and (path / "manifest.json").exists():
+        held = load_prepared(path, source, tokenizer=tok.name, vocab_size=None).eval_TOK
+        return np.asarray(held[:held.size]).astype(np.int32)
+    check_readable_here(source, tok.name, what=what, use=use)
     docs = [tok.encode(text) for _, text in text_documents(source)]
     docs = [d for d in docs if d.size]
     if not docs:
@@ -275,6 +315,8 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
                         seq_len, eval_fraction)
     if source != "stdlib" and not path.is_dir():
         shards.check_regular(path, f"data={source!r}")
+    if source != "stdlib":
+        check_readable_here(source, tokenizer)
     if path.suffix in (".npy", ".bin") and not path.is_dir():
         toks = _open_tokens(path, source, bin_dtype)
         _check_ids(toks, source, vocab_size)
@@ -317,11 +359,10 @@ def _large_text_note(source: str, tokenizer: str) -> tuple[str, ...]:
     size = sum(p.stat().st_size for p in files)
     if size <= LARGE_TEXT_BYTES:
         return ()
-    tok = "byte" if tokenizer == "byte" else f"hf:{Path(tokenizer).parent}"
+    cmd, out = prepare_command(source, tokenizer)
     return (f"note: data={source!r} is {size / 2**20:.0f} MiB of text, tokenized in memory at "
             "every start (several times its size in RAM); prepare it once and train on the "
-            f"shards: dropless data prepare {source} {path.with_suffix('')}-prepared "
-            f"--tokenizer {tok}, then data={path.with_suffix('')}-prepared",)
+            f"shards: {cmd}, then data={out}",)
 
 
 def load_prepared(folder: Path, source: str, *, tokenizer: str,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import os
 import shutil
@@ -214,7 +215,18 @@ def staged(dst: str | Path) -> Iterator[Path]:
         tmp.mkdir()
         try:
             yield tmp
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if out_of_space(e):     # named by the destination, not a file of the staging folder
+                raise OSError(errno.ENOSPC, "No space left on device", str(dst)) from None
             raise
         commit(tmp, dst)
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """True for a write that failed for want of space: an OSError ENOSPC / EDQUOT, or the
+    error tensorstore raises for one under orbax (RESOURCE_EXHAUSTED ... os_error_code=28)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or f"os_error_code='{errno.ENOSPC}'" in text

@@ -8,9 +8,14 @@ A MODEL argument (`init_from=`, `dropless eval|generate|convert`) is one of:
 * `DIR`: a dropless directory: config.json (a TrainConfig as `model_dir.to_dict` writes it)
   + params/ (orbax, `dropless convert` output), or a run directory: config.json + checkpoints/.
 
+Also the one reading of a tokenizer's name (`resolve_tokenizer`: byte, hf:DIR, a folder, a
+tokenizer.json, for every command) and the vocabulary the training data needs
+(`data_vocab_size`: a prepared dataset's manifest, else the tokenizer's).
+
 Layer: above `hf` (an `hf:` preset reads the folder's config.json through `hf.read_config`,
-imported when asked), below `presets` and `config_file`, which read folders through here; it
-imports nothing else of dropless.
+imported when asked) and `data` (manifests and tokenizers, imported when asked), below
+`presets` and `config_file`, which read folders through here; it imports nothing else of
+dropless.
 """
 from __future__ import annotations
 
@@ -91,6 +96,8 @@ def read_dropless_config(folder: str | Path, *, what: str = "", as_hf: str = "")
         raise ValueError(f"{what}: {path} holds neither a dropless config (no 'model') nor a "
                          "Hugging Face one (no 'architectures'); want a `dropless convert` / "
                          "run directory, or a Hugging Face folder as hf:DIR")
+    from dropless.model_dir.run_config import check_keys
+    check_keys(saved, f"{what}: {path}")
     return saved
 
 
@@ -120,6 +127,8 @@ def read_run_config(run: str | Path) -> dict:
         raise ValueError(f"--resume {run}: a model directory (`dropless convert` output or a "
                          "Hugging Face folder), not a training run; to train from its weights "
                          f"use init_from={run} and drop --resume")
+    from dropless.model_dir.run_config import check_keys
+    check_keys(saved, f"--resume {run}: {run / 'config.json'}")
     return saved
 
 
@@ -170,6 +179,59 @@ def folder_tokenizer(spec: str, *, override: str = "tokenizer=byte") -> str:
         saved = read_json_object(parsed.folder / "config.json")
         return saved.get("tokenizer", "byte") if isinstance(saved, dict) else "byte"
     return "byte"
+
+
+def resolve_tokenizer(spec: str, *, name: str = "tokenizer") -> str:
+    """The one reading of a tokenizer name, the same for `data prepare --tokenizer`, `train
+    tokenizer=`, `eval` / `generate --tokenizer`: "byte", or the tokenizer.json path that `spec`
+    names (a tokenizer.json path, `hf:DIR`, or a folder: an HF folder's or a dropless
+    directory's tokenizer.json). `name` is how the user set it ("--tokenizer", "tokenizer");
+    raises ValueError starting with `name=spec` when it names no tokenizer.json."""
+    what = f"{name}={spec!r}"
+    override = f"{name}{' ' if name.startswith('-') else '='}byte"
+    if spec == "byte":
+        return spec
+    if not spec:
+        raise ValueError(f"{what}: name a tokenizer: byte, hf:DIR, a folder holding "
+                         "tokenizer.json, or a tokenizer.json path")
+    if spec.endswith(".json"):
+        path = Path(spec)
+        if path.is_dir():
+            raise ValueError(f"{what} is a folder, not a tokenizer.json file")
+        if not path.is_file():
+            raise ValueError(f"{what} does not exist")
+        return spec
+    if is_hf(spec) or Path(spec).is_dir():
+        try:
+            path = folder_tokenizer(spec, override=override)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        if path == "byte" and (parse_spec(spec).folder / "config.json").is_file():
+            return path                  # a dropless directory trained on bytes
+        if not path.endswith(".json") or not Path(path).is_file():
+            raise ValueError(f"{what}: the folder holds no tokenizer.json (pass {override} "
+                             "or a tokenizer.json path)")
+        return path
+    if not Path(spec).exists():
+        raise ValueError(f"{what} does not exist (want byte, hf:DIR, a folder holding "
+                         "tokenizer.json, or a tokenizer.json path)")
+    raise ValueError(f"{what} must be byte, hf:DIR, a folder holding tokenizer.json, or a "
+                     "tokenizer.json path")
+
+
+def data_vocab_size(data: str, tokenizer: str) -> tuple[int, str] | None:
+    """(the vocabulary size the training data needs, where that comes from): a prepared
+    dataset's manifest (`data prepare`), else the tokenizer's (a tokenizer.json or byte, named
+    as `resolve_tokenizer` reads it); None for token files (.npy, .bin), whose ids say it."""
+    from dropless.data.manifest import MANIFEST, read_manifest
+    folder = Path(data)
+    if data and folder.is_dir() and (folder / MANIFEST).is_file():
+        return read_manifest(folder).vocab_size, str(folder / MANIFEST)
+    if folder.suffix in (".npy", ".bin") or not tokenizer:
+        return None
+    from dropless.data.tokenizer import make_tokenizer
+    tok = make_tokenizer(resolve_tokenizer(tokenizer))
+    return tok.vocab_size, f"tokenizer {tok.name}"
 
 
 def init_from_defaults(spec: str, *, preset_given: bool, tokenizer_given: bool

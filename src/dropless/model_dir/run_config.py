@@ -52,9 +52,36 @@ def upgrade(tree: dict) -> dict:
     return out
 
 
+SECTIONS = {"": TrainConfig, "model.": ModelConfig, "model.moe.": MoEConfig, "mesh.": MeshConfig}
+
+
+def unknown_keys(tree: dict) -> list[str]:
+    """The dotted keys of a saved config (current form, see `upgrade`) that no config field
+    names (written by another version of dropless, or by hand)."""
+    bad = []
+    for prefix, cls in SECTIONS.items():
+        node = tree
+        for part in prefix.strip(".").split(".") if prefix else ():
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            names = {f.name for f in dataclasses.fields(cls)}
+            bad += [prefix + k for k in node if k not in names]
+    return bad
+
+
+def check_keys(tree: dict, where: str) -> None:
+    """Refuse a saved config holding a key no field names, naming `where` (the file) and it."""
+    bad = unknown_keys(upgrade(tree))
+    if bad:
+        raise ValueError(f"{where} holds {', '.join(map(repr, bad))}, which this version of "
+                         "dropless does not know (written by another version, or edited?); "
+                         "remove it, or use the version that wrote it")
+
+
 def from_dict(tree: dict) -> TrainConfig:
     """Nested plain data (as `to_dict` writes, or the flat mesh form, see `upgrade`) -> a
-    validated TrainConfig."""
+    validated TrainConfig. Raises ValueError naming a key no field names."""
+    check_keys(tree, "the config")
     tree = upgrade(tree)
     m = dict(tree["model"])
     moe = m.pop("moe", None)

@@ -49,20 +49,25 @@ def load_model(spec: str, *, dtype: str | None = None, what: str = "",
 
 
 def load_dropless(folder: str | Path, *, what: str = "",
-                  announce: Callable[[str], Any] | None = None):
+                  announce: Callable[[str], Any] | None = None,
+                  read: Callable[[str], Any] | None = None):
     """(TrainConfig, params) of a `dropless convert` output (params/, verified against
     hashes.json) or a run (its newest intact checkpoint's parameters, read alone through
     `checkpoint.read_newest`: damaged newer steps are moved to checkpoints/damaged/ and the
     fall-back is given to `announce` in one line; steps not yet committed are skipped). Raises
     ValueError starting with `what` (see `model_dir.read_dropless_config`) when the folder is
-    not a model, its params/ are damaged, or no step of the run reads."""
+    not a model, its params/ are damaged, or no step of the run reads. `read`, when given,
+    gets words saying what was read ("params/ of DIR", "step 7 of DIR/checkpoints")."""
     import jax
     from dropless.models.decoder import init_params
     folder = Path(folder).absolute()
     cfg = from_dict(read_dropless_config(folder, what=what))
     like = jax.eval_shape(lambda k: init_params(k, cfg.model), jax.random.key(0))
     if (folder / "params").is_dir():
-        return cfg, _read_params_dir(folder, like, what=what or str(folder))
+        params = _read_params_dir(folder, like, what=what or str(folder))
+        if read is not None:
+            read(f"read params/ of {folder}")
+        return cfg, params
     from dropless import checkpoint as ckpt
     directory = folder / "checkpoints"
     try:
@@ -75,6 +80,9 @@ def load_dropless(folder: str | Path, *, what: str = "",
         moved = ckpt.set_aside(directory, found.damaged)
         if announce is not None:
             announce(ckpt.fallback_words(found, moved))
+    if read is not None:
+        read(f"read the parameters of step {found.step} (the newest intact checkpoint in "
+             f"{directory})")
     return cfg, found.value
 
 
@@ -129,16 +137,25 @@ def write_dropless(dst: str | Path, model, params: Any, *, tokenizer: str = "",
     config.json is written last, so a folder left by a killed write holds none and nothing
     loads it. Returns DST (absolute)."""
     import orbax.checkpoint as ocp
-    from dropless.checkpoint import integrity
+    from dropless.checkpoint import CheckpointError, integrity, noise
     from dropless.config import TrainConfig
-    from dropless.hf.destination import check_destination, claimed, staged
+    from dropless.hf.destination import check_destination, claimed, out_of_space, staged
     from dropless.runtime import files
     with claimed(dst):
         out = check_destination(dst, sources=sources, overwrite=overwrite)
         with staged(out) as tmp:
-            ckptr = ocp.StandardCheckpointer()
-            ckptr.save(tmp / "params", params, force=True)
-            ckptr.wait_until_finished()
+            with noise.held() as hook:   # a failed write: raised once, orbax's logs dropped
+                try:
+                    ckptr = ocp.StandardCheckpointer()
+                    ckptr.save(tmp / "params", params, force=True)
+                    ckptr.wait_until_finished()
+                except Exception as e:
+                    hook.drop()
+                    if out_of_space(e):   # CheckpointError: the command ends without waiting
+                        raise CheckpointError(   # for orbax's threads (cli.main)
+                            f"no space left on the device writing {out} (nothing was left "
+                            "half-written; free space there, or write elsewhere)") from None
+                    raise
             files.write_text(tmp / HASHES, json.dumps(
                 {"hash": integrity.ALGORITHM, "hashes": integrity.tree_hashes(params)}))
             for f in tokenizer_files(tokenizer):

@@ -10,13 +10,22 @@ C++ call (a compile) for a minute, where no Python handler runs. So the signal i
 through `signal.set_wakeup_fd` to a watcher thread, which writes the line and leaves with
 `os._exit`: no interpreter teardown, nothing left half-done on disk (these commands write
 nothing but their output at the end).
+
+The other commands stop on Ctrl-C by unwinding (KeyboardInterrupt: their `finally` blocks
+remove what they staged). Within `interrupt_quietly()`, an interrupt that lands in a finalizer
+or a callback instead (a JAX, orbax or tensorstore object's, where Python can only print
+"Exception ignored in ... KeyboardInterrupt" and go on) ends the process at once with the same
+one line and exit 130: what the command staged is left as a kill leaves it (every writer's next
+run clears or resumes it).
 """
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
 from typing import Callable, Iterator
 
@@ -85,3 +94,31 @@ def exit_on_signals(what: str) -> Iterator[None]:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def interrupt_quietly(line: str) -> Iterator[None]:
+    """Within the block, a KeyboardInterrupt reported as unraisable (raised inside a finalizer or
+    a callback) writes `line` and ends the process at once with exit 130, instead of being
+    printed and lost (see the module); every other unraisable exception goes to the previous
+    hook. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = sys.unraisablehook
+
+    def hook(u) -> None:
+        if not isinstance(u.exc_value, KeyboardInterrupt):
+            previous(u)
+            return
+        try:
+            sys.stdout.flush()
+            os.write(2, (line + "\n").encode())
+        finally:
+            os._exit(EXIT_SIGINT)
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = previous

@@ -205,7 +205,7 @@ def startup_env(cfg, environ: dict[str, str] | None = None) -> tuple[dict[str, s
 
 def apply_startup(cfg) -> list[str]:
     """Set what `startup_env` computes in os.environ; return the lines to print at start-up
-    (XLA_FLAGS, each variable set, each value the environment overrode).
+    (XLA_FLAGS when any is set, each variable set, each value the environment overrode).
 
     Raises ValueError naming the flag when the installed XLA does not know a flag the config or
     its recipe adds (`unknown_flags`), or naming JAX_PLATFORMS when the config sets one that is
@@ -227,7 +227,8 @@ def apply_startup(cfg) -> list[str]:
         raise RuntimeError("XLA flags and environment must be applied before JAX starts; "
                            "a backend already exists")
     os.environ.update(changes)
-    out = [f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"]
+    flags = os.environ.get("XLA_FLAGS", "")
+    out = [f"XLA_FLAGS={flags!r}"] if flags else []   # none set: nothing to say
     out += [f"{k}={v}" for k, v in sorted(changes.items()) if k != "XLA_FLAGS"]
     return out + lines
 

@@ -51,8 +51,10 @@ def initial_params(cfg, *, announce: Callable[[str], Any] | None = None) -> Any:
         src_cfg, params = hf.load(spec.folder, mtp_depth=cfg.model.mtp_depth,
                                   dtype=cfg.model.weight_dtype)
     else:
+        said = None if announce is None else (
+            lambda words: announce(f"  init_from={cfg.init_from!r}: {words}"))
         tcfg, params = load_dropless(spec.folder, what=f"init_from={cfg.init_from!r}",
-                                     announce=announce)
+                                     announce=announce, read=said)
         src_cfg = tcfg.model
     diff = model_differences(cfg.model, src_cfg)
     if diff:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +25,15 @@ class MetricsWriter:
     """metrics.jsonl: one JSON object a line, and the line for the terminal when given."""
 
     def __init__(self, path: Path, echo: Callable[[str], Any]):
+        """Refuses (ValueError naming it) a `path` that is there and is not a regular file (a
+        folder, a FIFO that would block, a device): checked when the run starts, before the
+        step is compiled."""
         self.path, self.echo = path, echo
+        if os.path.lexists(path) and not path.is_file():
+            kind = "folder" if path.is_dir() else ("broken link" if not path.exists() else
+                                                   "special file (not a regular file)")
+            raise ValueError(f"{path} is a {kind}; the run appends its records to this file: "
+                             "move it aside and run again")
 
     def record(self, rec: dict, line: str | None = None) -> None:
         with open(self.path, "a") as fh:

@@ -15,15 +15,17 @@ start-up; from then on the first signal finishes the step in flight, as above.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from dropless.runtime.interrupt import signal_watcher
 
 EXIT_PREEMPTED = 75          # sysexits EX_TEMPFAIL: stopped cleanly, run the resume command later
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+T = TypeVar("T")
 
 
 class StopRequest:
@@ -35,6 +37,16 @@ class StopRequest:
         # called (from the watcher thread) on a signal during start-up; returns words to add
         self.on_startup: Callable[[str], str] | None = None
         self._lock = threading.Lock()
+
+    def open_undoable(self, make: Callable[[], T], undo: Callable[[T, str], str]) -> T:
+        """`make()` (something a start-up signal must undo: a new run directory) with its
+        `undo(made, signal name)` (returning words for the one line) installed as `on_startup`
+        before any start-up signal is acted on: a signal arriving while `make` runs waits
+        until the undo is in place, so nothing made is left behind."""
+        with self._lock:
+            made = make()
+            self.on_startup = functools.partial(undo, made)
+        return made
 
     def begin_steps(self) -> None:
         """Start-up is over: from now on a signal stops after the step in flight. Waits for a

@@ -1,0 +1,100 @@
+"""What a new user reads: `--help` names every preset and describes every generate option; the
+loss plot's reference line is ln of the run's own vocabulary (the loss of a uniform guess); the
+start-up prints no empty XLA_FLAGS and no cache path; with MTP the step line says what its loss
+adds up."""
+import json
+import math
+
+import pytest
+
+from dropless.cli import build_parser
+from dropless.presets import PRESETS
+
+
+def _help(*argv) -> str:
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices[argv[0]]
+    for name in argv[1:]:
+        sub = sub._subparsers._group_actions[0].choices[name]
+    return " ".join(sub.format_help().split())
+
+
+def test_help_names_every_preset():
+    for cmd in (("train",), ("config", "show")):
+        text = _help(*cmd)
+        for name in PRESETS:
+            assert name in text, (cmd, name)
+
+
+def test_generate_help_describes_every_option():
+    parser = build_parser()
+    gen = parser._subparsers._group_actions[0].choices["generate"]
+    bare = [a.option_strings for a in gen._actions if a.option_strings and not a.help]
+    assert bare == [], bare
+    assert "the text to continue" in _help("generate") and "sampling seed" in _help("generate")
+
+
+@pytest.mark.parametrize("vocab", [256, 151_936, None])
+def test_the_loss_plot_draws_ln_of_the_runs_vocabulary(tmp_path, monkeypatch, vocab):
+    pytest.importorskip("matplotlib")
+    from dropless import report
+    run = tmp_path / "r"
+    run.mkdir()
+    steps = [{"event": "step", "step": s, "loss": 5.0 - s / 10, "step_time_s": 0.5,
+              "tokens_per_s": 4000.0, "tflops_per_device": 0.02, "dropped_tokens": 0}
+             for s in range(1, 4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    if vocab:
+        (run / "config.json").write_text(json.dumps({"model": {"vocab_size": vocab}}))
+    drawn = {}
+
+    def keep(fig, path):
+        drawn[path.name] = [(ln.get_label(), list(ln.get_ydata())) for ax in fig.axes
+                            for ln in ax.get_lines()]
+        return path
+    monkeypatch.setattr(report, "_save", keep)
+    report.draw(run)
+    refs = [(label, y) for label, y in drawn["loss.png"] if label.startswith("ln ")]
+    if vocab is None:                 # no config.json: no reference line rather than a wrong one
+        assert refs == []
+    else:
+        (label, y), = refs
+        assert y[0] == pytest.approx(math.log(vocab)) and f"{vocab:,}" in label
+
+
+def test_start_up_prints_no_empty_xla_flags(monkeypatch):
+    from dropless.config_file import build_config
+    from dropless.runtime.distributed import start
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    lines: list[str] = []
+    start(build_config([]), echo=lines.append)
+    assert not [ln for ln in lines if ln.startswith("XLA_FLAGS=")], lines
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    lines.clear()
+    start(build_config([]), echo=lines.append)
+    assert lines[0] == "XLA_FLAGS='--xla_cpu_enable_fast_math=false'"
+
+
+def test_the_peak_line_leaves_out_the_cache_path(tmp_path, monkeypatch):
+    from dropless import machine
+    from dropless.train.loop import _peak_words
+    monkeypatch.delenv(machine.CPU_PEAK_ENV, raising=False)
+    peak, source = machine.cpu_peak_flops("float32", cache_dir=tmp_path,
+                                          measure=lambda d: 2.5e11)
+    (cached,) = tmp_path.glob("*.json")
+    assert str(cached) in source                      # metrics.jsonl keeps where
+    words = _peak_words(peak, source)
+    assert str(tmp_path) not in words and "cached" not in words
+    assert words == "  peak 0.250 TFLOPS/device (CPU matmul peak measured " + \
+        json.loads(cached.read_text())["measured"] + ")"
+
+
+def test_the_step_line_says_what_an_mtp_loss_adds_up():
+    from dropless.train.loop import _fmt_step
+    rec = {"step": 3, "loss": 5.0 + 0.3 * 4.0 + 0.01, "ce_loss": 5.0, "mtp_loss": 4.0,
+           "moe_loss": 0.01, "step_time_s": 0.5, "tokens_per_s": 1.0,
+           "tflops_per_device": 0.0, "mfu": None, "dropped_tokens": 0}
+    assert "| loss 6.2100 (ce 5.0000 + 0.3 x mtp 4.0000 + MoE aux) |" in _fmt_step(rec, 0.3)
+    plain = {k: v for k, v in rec.items() if k not in ("mtp_loss",)}
+    assert "| loss 6.2100 |" in _fmt_step(plain, 0.3)
