@@ -275,3 +275,44 @@ def test_a_rate_is_the_best_of_its_repeats_and_of_min_s_of_them():
     calls.clear()
     best = moe_profile._best_s(fn, repeats=1, min_s=0.1)
     assert len(calls) >= 10 and best < 0.01          # went on until 0.1 s of calls had run
+
+
+def _tiles_by_brute_force(sizes, bm):
+    """Row by row: the (tile, group) pairs the rows of one grid cover, unaligned and with each
+    group's rows moved to start at the next multiple of bm."""
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    unaligned = {(r // bm, g) for r, g in enumerate(owner)}
+    aligned, row = set(), 0
+    for g, s in enumerate(sizes):
+        aligned |= {((row + i) // bm, g) for i in range(s)}
+        row += -(-s // bm) * bm
+    return len(unaligned), len(aligned), row - int(np.sum(sizes))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_tiles_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    for bm in (1, 4, 16, 128):
+        sizes = rng.integers(0, 300, int(rng.integers(1, 40)))
+        sizes[rng.random(len(sizes)) < 0.2] = 0                # empty groups
+        t = bench_gmm.row_tiles(sizes, bm)
+        assert (t["tiles_unaligned"], t["tiles_aligned"], t["padded_rows"]) == \
+            _tiles_by_brute_force(sizes, bm)
+        assert t["tiles_unaligned"] <= t["tiles_bound"]
+        assert t["tiles_aligned"] <= t["tiles_unaligned"]
+
+
+def test_model_only_writes_the_alignment_model_at_the_shapes_table(tmp_path, capsys):
+    from dropless.ops.gmm import shapes
+    out = tmp_path / "m.jsonl"
+    bench_gmm.run(bench_gmm.GmmOptions(groups=(8,), routings=("uniform",), dtypes=("float32",),
+                                       model_only=True, out=str(out)))
+    recs = [r for r in map(json.loads, out.read_text().splitlines())
+            if r["mode"] == "align_model"]
+    models = {s.model for s in shapes.SHAPES if s.model != "small"}
+    assert {r["shape"] for r in recs} >= models and len(recs) == 2 * (len(models) + 3)
+    for r in recs:
+        sizes = shapes.group_sizes(r["routing"], r["m"], r["groups"], 0)
+        assert _tiles_by_brute_force(sizes, r["block_m"])[:2] == (r["tiles_unaligned"],
+                                                                 r["tiles_aligned"])
+    assert "rows_per_row_aligned" in capsys.readouterr().out

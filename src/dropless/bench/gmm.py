@@ -17,6 +17,13 @@ row, modeled HBM bytes per useful FLOP and lhs reads of the forward, drhs bytes 
 its makespan against a perfect split, before (bm-aligned tiles, bm=128, work items fastest,
 drhs groups fastest) and after (this kernel). A model, not a measurement; `--model-only`
 prints it (and writes it to `--out`) without timing anything; timed runs print it only.
+
+`--model-only` also counts the row tiles of aligned expert segments at the shapes table
+(`ops.gmm.shapes`, each shape x routing): a kernel whose tiles lie on one grid over the rows
+(tokamax's and jax's ragged_dot_mgpu, pallas_gpu) computes every tile each group touches, at
+most cdiv(M, bm) + G - 1; with each segment starting at a multiple of bm
+(`MoEConfig.align_expert_rows`) it computes sum_g cdiv(s_g, bm), at the cost of the zero rows
+that pad each segment (`mode: "align_model"` records).
 """
 from __future__ import annotations
 
@@ -172,6 +179,48 @@ def model_record(m: int, k: int, n: int, g: int, routing: str, dtype: str, seed:
     return rec
 
 
+ALIGN_BLOCK_M = 128   # the row block of the Hopper tile kernels (bm of tokamax's sm90 configs)
+ALIGN_COLUMNS = ["shape", "routing", "m", "groups", "block_m", "tiles_unaligned",
+                 "tiles_bound", "tiles_aligned", "rows_per_row_unaligned",
+                 "rows_per_row_aligned", "padded_rows", "padded_row_fraction"]
+
+
+def row_tiles(sizes_G, bm: int) -> dict:
+    """Row tiles of one grouped product: unaligned (one grid over the sorted rows; a tile is
+    computed once for each group it touches), its bound cdiv(M, bm) + G - 1, and aligned
+    (segments start at multiples of bm: sum_g cdiv(s_g, bm)), with the zero rows aligning adds."""
+    s = np.asarray(sizes_G, np.int64)
+    ends = np.cumsum(s)
+    starts = ends - s
+    touched = np.where(s > 0, (ends - 1) // bm - starts // bm + 1, 0)
+    aligned = -(-s // bm)
+    m = int(s.sum())
+    return {"tiles_unaligned": int(touched.sum()), "tiles_bound": -(-m // bm) + len(s) - 1,
+            "tiles_aligned": int(aligned.sum()), "padded_rows": int((aligned * bm - s).sum())}
+
+
+def align_records(block_m: int = ALIGN_BLOCK_M, seed: int = 0) -> list[dict]:
+    """`row_tiles` at every shape of the table (one record per distinct (model, M, G) and
+    routing: the products of one model share their rows), with the rows the tiles compute per
+    useful row (tiles x bm / M) and the zero rows aligning adds per useful row."""
+    out, seen = [], set()
+    for sh in shapes.SHAPES:
+        for routing in shapes.ROUTINGS:
+            if (sh.model, sh.m, sh.g, routing) in seen:
+                continue
+            seen.add((sh.model, sh.m, sh.g, routing))
+            sizes = shapes.group_sizes(routing, sh.m, sh.g, seed)
+            t = row_tiles(sizes, block_m)
+            rec = {"bench": "gmm", "mode": "align_model", "shape": sh.model if sh.model != "small"
+                   else sh.label, "routing": routing, "m": sh.m, "groups": sh.g,
+                   "block_m": block_m, **t,
+                   "rows_per_row_unaligned": t["tiles_unaligned"] * block_m / sh.m,
+                   "rows_per_row_aligned": t["tiles_aligned"] * block_m / sh.m,
+                   "padded_row_fraction": t["padded_rows"] / sh.m}
+            out.append(rec)
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GmmOptions:
     """What `dropless bench gmm` runs: the problem (M, K, N), the cases (every G x routing x
@@ -231,4 +280,7 @@ def run(args: GmmOptions) -> int:
                      "median_ms", "ratio_to_dense", "skipped"]), flush=True)
     if args.model_only:
         print(text_table.format_table(rows, MODEL_COLUMNS))
+        aligned = [dict(r, machine=info) for r in align_records()]
+        harness.write_jsonl(args.out, aligned)
+        print(text_table.format_table(aligned, ALIGN_COLUMNS))
     return 0

@@ -44,6 +44,9 @@ class MoEConfig:
     gmm_backend: str = described(
         "auto", doc="grouped-matmul backend: auto (chosen per platform when lowered) or a name "
                     "in the ops.gmm registry (an unknown name's error lists them)")
+    align_expert_rows: int = described(
+        0, doc="each expert's rows start at a multiple of this many (zero rows between), so no "
+               "grouped-matmul tile straddles two experts; 0 = off (docs/moe_layer.md)")
     gmm_quantization: str = described(
         "none", doc="expert matmuls in low precision: none, mxfp8 (docs/mxfp8.md) or nvfp4 "
                     "(docs/nvfp4.md)")
@@ -108,7 +111,7 @@ class MoEConfig:
         _check_types(self)
         _positive_ints(c, self, ("num_experts", "top_k", "d_model", "d_ff", "n_groups",
                                  "overflow_check_every_n_steps", "ep_comm_overlap_chunks"))
-        _positive_ints(c, self, ("num_shared_experts",), allow_zero=True)
+        _positive_ints(c, self, ("num_shared_experts", "align_expert_rows"), allow_zero=True)
         if self.top_k > self.num_experts:
             _fail(c, "top_k", self.top_k, f"must be <= num_experts={self.num_experts}")
         _one_of(c, self, "score_func", SCORE_FUNCS)
@@ -138,6 +141,9 @@ class MoEConfig:
             _fail(c, "dispatch_quantization", self.dispatch_quantization,
                   f"needs gmm_quantization='mxfp8' (got {self.gmm_quantization!r}): the MXFP8 "
                   f"grouped matmul is what consumes the dispatched rows")
+        if self.align_expert_rows > 1 and self.dispatch_quantization != "none":
+            _fail(c, "align_expert_rows", self.align_expert_rows,
+                  "needs dispatch_quantization='none' (quantized rows are not re-laid out)")
         if not isinstance(self.prefuse_moe_weights, bool):
             _fail(c, "prefuse_moe_weights", self.prefuse_moe_weights, "must be a bool")
         _check_dtype(c, "dtype", self.dtype)

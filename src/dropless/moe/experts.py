@@ -34,10 +34,14 @@ from dropless.quant.mx_rows import MXRows, travel
 
 
 def gmm_for(cfg: MoEConfig):
-    """The grouped matmul the layer uses: the configured backend, wrapped by its quantization."""
+    """The grouped matmul the layer uses: the configured backend, wrapped by its quantization.
+    With `align_expert_rows` the unquantized one is told the aligned layout
+    (`group_alignment=`); the quantized ones are exact on it as it is (padding rows are zero)."""
     if cfg.gmm_quantization == "none":
+        align = max(1, cfg.align_expert_rows)
         return lambda x, w, gs: grouped_matmul(x, w, gs, backend=cfg.gmm_backend,
-                                               preferred_element_type=x.dtype)
+                                               preferred_element_type=x.dtype,
+                                               group_alignment=align)
     if cfg.gmm_quantization == "nvfp4":
         from dropless.quant import nvfp4_quantized_gmm
         return nvfp4_quantized_gmm(cfg)
@@ -80,8 +84,20 @@ def expert_ffn(x_ND: jax.Array | MXRows, group_sizes_E: jax.Array,
     x_ND may be MXRows (quantized before they moved, `dispatch_quantization="mxfp8"`): the
     gate/up grouped matmuls take them as their quantized lhs. Either parameter layout (see the
     module docstring); raises ValueError when it disagrees with `cfg.prefuse_moe_weights`.
+    With `cfg.align_expert_rows` = A > 1 the rows run in the aligned layout
+    (`permute.align_segments`: each expert's segment starts at a multiple of A, zero rows
+    between) and come back to their sorted positions; the result is the same.
     """
     check_layout(experts, cfg)
+    if cfg.align_expert_rows > 1 and not isinstance(x_ND, MXRows):
+        lay = perm.align_segments(group_sizes_E, x_ND.shape[0], cfg.align_expert_rows)
+        x_PD = perm.to_aligned(x_ND.astype(cfg.dtype), lay)
+        y_PD = _expert_ffn(x_PD, lay.group_sizes_E, experts, cfg)
+        return perm.from_aligned(y_PD, lay)
+    return _expert_ffn(x_ND, group_sizes_E, experts, cfg)
+
+
+def _expert_ffn(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
     dt = jnp.dtype(cfg.dtype)
     if not isinstance(x_ND, MXRows):
         x_ND = x_ND.astype(dt)
