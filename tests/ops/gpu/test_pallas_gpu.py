@@ -183,6 +183,8 @@ def test_bench_gmm_model_only_prints_the_figures(capsys, tmp_path):
                      "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "rows_before" in text and "drhs_makespan_after" in text
-    recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["groups"] for r in recs] == [8, 64] and all(r["mode"] == "model" for r in recs)
+    # the asked cases' pallas_gpu model, then the alignment model at the shapes table
+    recs = [json.loads(line) for line in out.read_text().splitlines()
+            if json.loads(line)["mode"] == "model"]
+    assert [r["groups"] for r in recs] == [8, 64]
     assert recs[1]["rows_after"] < recs[1]["rows_before"]

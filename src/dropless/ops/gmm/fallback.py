@@ -8,7 +8,8 @@ GPU generation it was not tried on). `compile_auto(fn, *args)` makes that surviv
 order:
 
   1. trace and lower `fn` in an `auto_scope` that records each grouped matmul's choice;
-  2. for each shape whose chosen backend has a next one in `auto`'s chain (tokamax on CUDA),
+  2. for each shape whose chosen backend (or one of its directions' backends, where the
+     winner table splits them) has a next one in `auto`'s chain (tokamax on CUDA),
      compile and run that backend's forward and backward once on its own, on operands of that
      shape (`kernel_problem`, cached per process); a failure refuses the backend at that shape
      and `fn` is traced again: that shape uses the next backend;
@@ -158,18 +159,18 @@ def compile_auto(fn: Callable, *args: Any, what: str, jit_kwargs: dict | None = 
         with registry.auto_scope(refused=frozenset(refused), events=events):
             lowered = jax.jit(_fresh(fn), **jit_kwargs).lower(*args)
             ran = registry.what_ran(events, platform)
-            fallible = [r for r in ran if r["asked"] == "auto" and registry.fallback_after(
-                r["backend"], platform, r["shape"]) is not None]
+            fallible = [(b, r["shape"]) for r in ran if r["asked"] == "auto"
+                        for b in _backends(r)
+                        if registry.fallback_after(b, platform, r["shape"]) is not None]
             bad = []
-            for r in fallible if probe else ():
-                problem = kernel_problem(r["backend"], r["shape"])
+            for b, shape in fallible if probe else ():
+                problem = kernel_problem(b, shape)
                 if problem is not None:
-                    bad.append((r, *problem))
+                    bad.append((b, shape, *problem))
             if bad:
-                for r, stage, why in bad:
-                    refused.add((r["backend"], r["shape"]))
-                    fallbacks.append(_fell_back(what, platform, r["backend"], r["shape"], stage,
-                                                why))
+                for b, shape, stage, why in bad:
+                    refused.add((b, shape))
+                    fallbacks.append(_fell_back(what, platform, b, shape, stage, why))
                 jax.clear_caches()
                 continue
             stage = "compile"
@@ -183,12 +184,17 @@ def compile_auto(fn: Callable, *args: Any, what: str, jit_kwargs: dict | None = 
             except Exception as e:  # noqa: BLE001 (re-raised when nothing is left)
                 if not fallible:
                     raise
-                for b in sorted({r["backend"] for r in fallible}):
+                for b in sorted({b for b, _ in fallible}):
                     refused.add((b, None))
                     fallbacks.append(_fell_back(what, platform, b, None, stage, _error(e)))
                 jax.clear_caches()
     raise RuntimeError(f"compile_auto({what!r}): no backend left after {MAX_ATTEMPTS} traces; "
                        f"fallbacks: {fallbacks}")
+
+
+def _backends(r: dict) -> list[str]:
+    """The backends one grouped matmul runs: one, or one per direction (the winner table)."""
+    return sorted(set(r.get("directions", {}).values()) | {r["backend"]})
 
 
 def _fell_back(what: str, platform: str, backend: str, shape: tuple | None, stage: str,

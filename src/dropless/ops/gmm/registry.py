@@ -11,10 +11,19 @@ jitted function is right on CPU and on CUDA, and lowers for CUDA on a machine wi
   platform   auto picks                                   why
   cpu        native (float32) where it builds, else       ragged_dot is a masked dense dot there;
              tiled                                        XLA:CPU copies each tile of `tiled`
-  cuda       tokamax if usable, else pallas_gpu           XLA runs ragged_dot zero-padded there
+  cuda       the measured winner of the shape's bucket    XLA runs ragged_dot zero-padded there
+             and direction (winners.json), else tokamax
+             if usable, else pallas_gpu
   rocm/tpu   ragged_dot                                   a grouped kernel in XLA (TPU)
 
 `ragged_dot` runs on CUDA only when asked for by name.
+
+On CUDA `auto` first reads the committed table of measured winners (`winners.py`): per
+(device kind, shape bucket, direction) the backend a device run found fastest. A row's backend
+is used if it is usable here and not refused; directions with different winners run under one
+custom VJP (`per_direction_gmm`: the forward of one backend, dlhs and drhs of others). A shape
+the table lacks, or a row naming a backend that cannot run, gets the chain's default; a winner
+refused by the fallback is replaced by the chain's default too (`fallback_after`).
 
 `auto` is a chain per platform (`AUTO_CHAINS`): the first usable backend that is not refused
 runs, and the last is the floor (never refused). A backend is refused for one shape or for a
@@ -37,7 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dropless.ops.gmm import choices
+from dropless.ops.gmm import choices, winners
+from dropless.ops.gmm.shapes import DIRECTIONS
 from dropless.ops.gmm.aliases import ALIASES, canonical_backend
 from dropless.ops.gmm.choices import auto_scope, note, shape_key  # noqa: F401 (re-exported)
 
@@ -52,6 +62,10 @@ class BackendSpec:
     options: tuple[str, ...] = ()
     jittable: bool = True
     problem: Callable[[], str | None] | None = None   # why it cannot run here (None: it can)
+    # takes `group_alignment=`: may skip the group-boundary tiles when every group starts at a
+    # multiple of it (`row_block`, the rows it wants them aligned to); others ignore the layout
+    aligned: bool = False
+    row_block: int = 1
 
 
 _REGISTRY: dict[str, BackendSpec] = {}
@@ -59,12 +73,15 @@ _REGISTRY: dict[str, BackendSpec] = {}
 
 def register_backend(name: str, fn: Callable[..., jax.Array], *, description: str,
                      options: tuple[str, ...] = (), jittable: bool = True,
-                     problem: Callable[[], str | None] | None = None) -> None:
+                     problem: Callable[[], str | None] | None = None, aligned: bool = False,
+                     row_block: int = 1) -> None:
     """Add a backend under `name` (raises ValueError if the name is taken). `problem()` says
-    why an optional backend cannot run here (None when it can); `auto` skips it then."""
+    why an optional backend cannot run here (None when it can); `auto` skips it then. An
+    `aligned` backend is passed `group_alignment=` and wants segments aligned to `row_block`."""
     if name in _REGISTRY or name == "auto":
         raise ValueError(f"grouped-matmul backend name {name!r} is already registered")
-    _REGISTRY[name] = BackendSpec(name, fn, description, tuple(options), jittable, problem)
+    _REGISTRY[name] = BackendSpec(name, fn, description, tuple(options), jittable, problem,
+                                  aligned, row_block)
 
 
 def grouped_matmul_backends() -> tuple[str, ...]:
@@ -83,7 +100,8 @@ def backend_spec(name: str) -> BackendSpec:
     if name == "auto":
         return BackendSpec("auto", auto_gmm, "the fastest exact backend of the platform, "
                            "chosen when lowering: " + ", ".join(
-                               f"{p} -> {resolve_backend('auto', p)}" for p in AUTO_PLATFORMS))
+                               f"{p} -> {resolve_backend('auto', p)}" for p in AUTO_PLATFORMS),
+                           aligned=True)
     return _REGISTRY[name]
 
 
@@ -146,10 +164,15 @@ def _refused(backend: str, shape: tuple | None) -> bool:
 
 
 def fallback_after(backend: str, platform: str, shape: tuple | None = None) -> str | None:
-    """The backend `auto` would use on `platform` at `shape` if `backend` were refused there
-    (None: `backend` is the floor, or not on that platform's chain)."""
+    """The backend `auto` would use on `platform` at `shape` if `backend` were refused there:
+    the next of the chain; for a backend off the chain that the winner table can name (CUDA,
+    usable), the chain's default. None: `backend` is the floor, or neither."""
     chain = auto_chain(platform)
-    if backend not in chain or backend == chain[-1]:
+    if backend not in chain:   # a winner from the table: the chain's default replaces it
+        if not _winner_platform(platform) or unusable(backend) is not None:
+            return None
+        return next((b for b in chain[:-1] if not _refused(b, shape)), chain[-1])
+    if backend == chain[-1]:
         return None
     rest = chain[chain.index(backend) + 1:]
     return next((b for b in rest[:-1] if not _refused(b, shape)), rest[-1])
@@ -210,9 +233,31 @@ def what_ran(events: list[dict], platform: str) -> list[dict]:
     return list(out.values())
 
 
-def resolve_backend(name: str, platform: str | None = None, shape: tuple | None = None) -> str:
+def _winner_platform(platform: str) -> bool:
+    """Whether `auto` reads the winner table on `platform` (CUDA, without stand-ins)."""
+    platform = platform_name(platform)
+    return platform == "cuda" and not any(p == platform for p, _ in choices.STATE.get().first)
+
+
+def table_winner(platform: str, shape: tuple | None, direction: str = "fwd") -> str | None:
+    """The winner table's backend for `shape` (a `shape_key`) and `direction` on `platform`
+    when it can be used here (registered, usable, jittable, not refused); else None."""
+    if shape is None or not _winner_platform(platform):
+        return None
+    (m, k), _, (g, _, n), *_ = shape
+    name = winners.winner(winners.device_kind(), m, k, n, g, direction)
+    if name is None or name not in _REGISTRY or not _REGISTRY[name].jittable:
+        return None
+    if unusable(name) is not None or _refused(name, shape):
+        return None
+    return name
+
+
+def resolve_backend(name: str, platform: str | None = None, shape: tuple | None = None,
+                    direction: str = "fwd") -> str:
     """The backend `name` runs as on `platform` (default: jax's default backend), at `shape`
-    (a `shape_key`; None: any shape) under the active `auto_scope`'s refusals.
+    (a `shape_key`; None: any shape) for `direction` under the active `auto_scope`'s refusals.
+    On CUDA `auto` takes the winner table's backend where it can (`table_winner`).
 
     `auto` -> `native` on CPU where its kernel builds, else `tiled` (ragged_dot does G times
     the work there); on CUDA (`gpu`/`cuda`)
@@ -223,7 +268,11 @@ def resolve_backend(name: str, platform: str | None = None, shape: tuple | None 
     """
     if name != "auto":
         return canonical_backend(name)
-    chain = auto_chain(platform or jax.default_backend())
+    platform = platform or jax.default_backend()
+    won = table_winner(platform, shape, direction)
+    if won is not None:
+        return won
+    chain = auto_chain(platform)
     return next((b for b in chain[:-1] if not _refused(b, shape)), chain[-1])
 
 
@@ -234,7 +283,15 @@ def _gpu_is_rocm() -> bool:
         return False
 
 
-def auto_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
+def row_alignment(backend: str = "auto", platform: str | None = None) -> int:
+    """The rows an expert segment should start at a multiple of for `backend` on `platform`
+    (default: jax's default backend): the resolved backend's `row_block` if it is `aligned`,
+    else 1 (aligning would only add rows)."""
+    spec = _REGISTRY.get(resolve_backend(backend, platform))
+    return spec.row_block if spec is not None and spec.aligned else 1
+
+
+def auto_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, group_alignment: int = 1):
     """`auto`: each platform's backend, picked when the caller is lowered (not traced).
 
     Every branch is traced (cheap), only the lowering platform's branch is lowered, so a CUDA
@@ -244,11 +301,50 @@ def auto_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype):
     key = shape_key(lhs_MK, rhs_GKN, group_sizes_G, out_dtype)
 
     def branch(platform):
-        name = resolve_backend("auto", platform, key)
-        note({"asked": "auto", "platform": platform, "backend": name, "shape": key})
-        return functools.partial(_REGISTRY[name].fn, out_dtype=out_dtype)
+        names = {d: resolve_backend("auto", platform, key, d) for d in DIRECTIONS}
+        event = {"asked": "auto", "platform": platform, "backend": names["fwd"], "shape": key}
+        if any(table_winner(platform, key, d) for d in DIRECTIONS):
+            (m, k), _, (g, _, n), *_ = key
+            event["by"] = (f"winner table: {winners.device_kind()} "
+                           f"{winners.bucket(m, k, n, g)}")
+        if len(set(names.values())) > 1:
+            event["directions"] = dict(names)
+        note(event)
+        if len(set(names.values())) == 1:
+            spec = _REGISTRY[names["fwd"]]
+            aligned = {"group_alignment": group_alignment} if spec.aligned else {}
+            return functools.partial(spec.fn, out_dtype=out_dtype, **aligned)
+        return functools.partial(per_direction_gmm, out_dtype=out_dtype,
+                                 fns=tuple(_REGISTRY[names[d]].fn for d in DIRECTIONS))
     return jax.lax.platform_dependent(
         lhs_MK, rhs_GKN, group_sizes_G, **{p: branch(p) for p in AUTO_PLATFORMS})
+
+
+def per_direction_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, fns):
+    """One grouped matmul whose forward, dlhs and drhs run different backends (`fns`: their
+    functions in `DIRECTIONS` order): the forward is fns[0]'s, the backward takes dlhs from
+    fns[1]'s VJP and drhs from fns[2]'s (XLA drops each VJP's unused half)."""
+    return _per_direction(lhs_MK, rhs_GKN, group_sizes_G, jnp.dtype(out_dtype), fns)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _per_direction(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, fns):
+    return fns[0](lhs_MK, rhs_GKN, group_sizes_G, out_dtype=out_dtype)
+
+
+def _per_direction_fwd(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, fns):
+    return (_per_direction(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, fns),
+            (lhs_MK, rhs_GKN, group_sizes_G))
+
+
+def _per_direction_bwd(out_dtype, fns, res, dy_MN):
+    lhs_MK, rhs_GKN, group_sizes_G = res
+    _, dlhs = jax.vjp(lambda a: fns[1](a, rhs_GKN, group_sizes_G, out_dtype=out_dtype), lhs_MK)
+    _, drhs = jax.vjp(lambda b: fns[2](lhs_MK, b, group_sizes_G, out_dtype=out_dtype), rhs_GKN)
+    return dlhs(dy_MN)[0], drhs(dy_MN)[0], None
+
+
+_per_direction.defvjp(_per_direction_fwd, _per_direction_bwd)
 
 
 def _is_concrete(x: Any) -> bool:
@@ -278,9 +374,21 @@ def check_operands(lhs_MK, rhs_GKN, group_sizes_G) -> None:
                              f"{lhs_MK.shape[0]}")
 
 
+def check_alignment(group_alignment: Any, group_sizes_G) -> None:
+    """ValueError unless `group_alignment` is a positive int dividing every (concrete) size."""
+    a = group_alignment
+    if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a < 1:
+        raise ValueError(f"group_alignment must be a positive int; got {a!r}")
+    if a > 1 and _is_concrete(group_sizes_G):
+        gs = np.asarray(group_sizes_G)
+        if (gs % a).any():
+            raise ValueError(f"group_alignment={a} but group_sizes {gs.tolist()} are not all "
+                             f"multiples of it; pad each group to a multiple or pass 1")
+
+
 def grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Array, *,
                    backend: str = "auto", preferred_element_type: Any = None,
-                   **options: Any) -> jax.Array:
+                   group_alignment: int = 1, **options: Any) -> jax.Array:
     """out[r] = lhs[r] @ rhs[g(r)] for rows sorted by group; `jax.lax.ragged_dot` semantics.
 
     Args:
@@ -291,11 +399,15 @@ def grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Arr
       backend: a name from `grouped_matmul_backends()`.
       preferred_element_type: output dtype (accumulation is float32 for float inputs);
         default: the promoted input dtype.
+      group_alignment: every group starts at a multiple of this many rows (the layout of
+        aligned expert segments; the rows between groups are zero). Passed to backends
+        registered `aligned`, which may then skip the tiles that straddle two groups.
       **options: backend options (`tile_sizes` for tiled, `capacity` for padded, block sizes
         for pallas_gpu, `implementation` for tokamax); `auto` takes none.
     Returns: [M, N].
     Raises: ValueError for an unknown backend or option, bad shapes, negative sizes (when
-      concrete), or the `loop` backend under jit.
+      concrete), a `group_alignment` that is not a positive int or (sizes concrete) does not
+      divide every group size, or the `loop` backend under jit.
     """
     lhs_MK, rhs_GKN = jnp.asarray(lhs_MK), jnp.asarray(rhs_GKN)
     group_sizes_G = jnp.asarray(group_sizes_G)
@@ -305,6 +417,9 @@ def grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Arr
         raise ValueError(f"grouped_matmul backend {spec.name!r} takes options "
                          f"{list(spec.options)}; got unknown {unknown}")
     check_operands(lhs_MK, rhs_GKN, group_sizes_G)
+    check_alignment(group_alignment, group_sizes_G)
+    if spec.aligned:
+        options = dict(options, group_alignment=group_alignment)
     out_dtype = jnp.dtype(preferred_element_type if preferred_element_type is not None
                           else jnp.result_type(lhs_MK, rhs_GKN))
     return spec.fn(lhs_MK, rhs_GKN, group_sizes_G.astype(jnp.int32), out_dtype=out_dtype,

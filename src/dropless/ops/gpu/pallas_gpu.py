@@ -137,7 +137,11 @@ def work_items(offsets: jax.Array, m: int, bm: int):
     n_tiles = (ends - starts + bm - 1) // bm
     cum = jnp.cumsum(n_tiles)
     item_W = jnp.arange(num_work_items(m, num - 1, bm), dtype=jnp.int32)
-    group_W = jnp.searchsorted(cum, item_W, side="right").astype(jnp.int32)
+    # compare_all: one [W, G+1] comparison and row count, fused by XLA (the default "scan"
+    # method is a binary search XLA:GPU runs as a while loop of log2(G+2) steps, its body's
+    # kernels once a step, on every call; tests/ops/gpu/test_pallas_gpu_launches_gpu_compile.py)
+    group_W = jnp.searchsorted(cum, item_W, side="right", method="compare_all").astype(
+        jnp.int32)
     valid_W = item_W < cum[-1]
     safe_W = jnp.minimum(group_W, num - 1)
     row0_W = starts[safe_W] + (item_W - (cum - n_tiles)[safe_W]) * bm

@@ -10,6 +10,9 @@ tokamax is optional (`pip install 'dropless[gpu]'`), and a choice that cannot cr
     is wrong with the installed pair, and `auto` then picks `pallas_gpu` instead.
   - the default implementation list is what the installed tokamax offers of ("mosaic",
     "triton"), never its "xla" fallback (`jax.lax.ragged_dot`, zero-padded on CUDA).
+  - tuned configs shipped for the device kind (`tokamax_tuned`: ops/gpu/tuned/
+    tokamax_<kind>.json) are applied around the forward and the backward of each call; without
+    a file for the kind tokamax uses its heuristic; the choice records which (`configs`).
   - each implementation is tried in order; a failure to trace or to lower it for CUDA (any
     exception: tokamax declining a shape, no NVIDIA device at trace time when cross-lowering,
     an API that moved) falls back to our `pallas_gpu` kernels with one log line saying which
@@ -22,7 +25,8 @@ import logging
 
 import jax
 
-from dropless.ops.gmm import choices
+from dropless.ops.gmm import choices, winners
+from dropless.ops.gpu import tokamax_tuned
 from dropless.ops.gpu.pallas_gpu import pallas_gpu_gmm
 
 IMPLEMENTATIONS = ("mosaic", "triton", "xla")
@@ -161,20 +165,49 @@ def tokamax_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, implementation=Non
         dy = jax.ShapeDtypeStruct((lhs_MK.shape[0], rhs_GKN.shape[2]), out_dtype)
         shapes = (lhs_MK.shape, rhs_GKN.shape, group_sizes_G.shape, dy.shape)
         dtypes = (lhs_MK.dtype, rhs_GKN.dtype, group_sizes_G.dtype, dy.dtype)
+        tuned = tokamax_tuned.tuned(winners.device_kind(), tokamax)
         for impl in impls:
-            why = _works(impl, shapes, dtypes, out_dtype)
+            with tokamax_tuned.applied(tuned):
+                why = _works(impl, shapes, dtypes, out_dtype)
             if why is None:
                 choices.note({"asked": "tokamax", "backend": "tokamax", "shape": key,
-                               "implementation": impl})
-                return tokamax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G,
-                                          preferred_element_type=out_dtype,
-                                          implementation=(impl,))
+                               "implementation": impl, "configs": tuned.status})
+                return _tuned_ragged_dot(tokamax, tuned, impl, out_dtype)(
+                    lhs_MK, rhs_GKN, group_sizes_G)
             reasons.append(f"{impl}: {why}")
     _warn_once(f"grouped_matmul: tokamax did not run lhs {tuple(lhs_MK.shape)} rhs "
                f"{tuple(rhs_GKN.shape)} {lhs_MK.dtype} ({'; '.join(reasons)}); using pallas_gpu")
     choices.note({"asked": "tokamax", "backend": "pallas_gpu", "shape": key,
                    "reason": f"tokamax did not trace or lower: {'; '.join(reasons)}"[:400]})
     return pallas_gpu_gmm(lhs_MK, rhs_GKN, group_sizes_G, out_dtype=out_dtype)
+
+
+def _tuned_ragged_dot(tokamax, tuned, impl, out_dtype):
+    """`tokamax.ragged_dot` with `tuned` applied while its forward and its backward are traced
+    (tokamax picks a config when traced; a backward is traced after the forward's context has
+    closed, so it re-enters it). Without tuned configs: tokamax's own call and VJP."""
+    def call(lhs_MK, rhs_GKN, group_sizes_G):
+        return tokamax.ragged_dot(lhs_MK, rhs_GKN, group_sizes_G,
+                                  preferred_element_type=out_dtype, implementation=(impl,))
+    if tuned.result is None:
+        return call
+
+    @jax.custom_vjp
+    def f(lhs_MK, rhs_GKN, group_sizes_G):
+        with tokamax_tuned.applied(tuned):
+            return call(lhs_MK, rhs_GKN, group_sizes_G)
+
+    def fwd(lhs_MK, rhs_GKN, group_sizes_G):
+        return f(lhs_MK, rhs_GKN, group_sizes_G), (lhs_MK, rhs_GKN, group_sizes_G)
+
+    def bwd(res, dy_MN):
+        lhs_MK, rhs_GKN, group_sizes_G = res
+        with tokamax_tuned.applied(tuned):   # XLA drops the forward this recomputes
+            _, vjp = jax.vjp(lambda a, b: call(a, b, group_sizes_G), lhs_MK, rhs_GKN)
+            return (*vjp(dy_MN), None)
+
+    f.defvjp(fwd, bwd)
+    return f
 
 
 @functools.cache
