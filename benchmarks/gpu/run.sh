@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The prepared device check for one NVIDIA GPU: at most 6 minutes on one H200 after start-up.
+# The prepared device check for one NVIDIA GPU: at most 8 minutes on one H200 after start-up.
 # On the device machine, from the repository root, carrying .whl (fetch_wheels.sh):
 #   bash benchmarks/gpu/run.sh
-# Writes in $OUT (default ./gpu_bench_out), 7 files: gpu_bench.jsonl (every measurement, one
-# JSON line each, appended as it is taken), run.log (this script's output) and info.log,
-# gmm.log, moe.log, train.log, tests.log (each section's output). Extra arguments go to
-# `dropless bench gpu`, e.g. --sections gmm --shapes G8,G64. Each section runs in its own
+# Writes in $OUT (default ./gpu_bench_out): gpu_bench.jsonl (every measurement, one JSON line
+# each, appended as it is taken), run.log (this script's output), info.log, gmm.log, moe.log,
+# autotune.log, train.log, tests.log (each section's output), moe_kernels.jsonl (the per-kernel
+# table of one MoE layer fwd+bwd; its trace in moe_trace/), tokamax_<device kind>.json (the
+# restricted autotune, for src/dropless/ops/gpu/tuned/) and what the train section writes.
+# Extra arguments go to `dropless bench gpu`, e.g. --sections gmm --shapes small/G8,small/G64. Each section runs in its own
 # process with a time cap; the whole check gets what is left of HARD_S after the wheels install;
 # at the hard stop `timeout` sends SIGTERM and the runner kills the running section's group.
 # Check it on a CPU first: `dropless bench gpu --dry-run` (tests/bench/test_gpu.py runs that).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-gpu_bench_out}"
-HARD_S=355            # the 6 minutes, less a few seconds for the machine to send $OUT back
+HARD_S=475            # the 8 minutes, less a few seconds for the machine to send $OUT back
 mkdir -p "$OUT"
 main() {
   if compgen -G ".whl/*.whl" > /dev/null; then

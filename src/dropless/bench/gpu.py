@@ -2,27 +2,30 @@
 
 Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
 
-Sections (bench/gpu_plan.py: the plan, the caps, the cost model; bench/gpu_sections.py: the
-bodies), each in its own process, appending JSON lines (key "section") to OUT_DIR/gpu_bench.jsonl
-as each measurement is taken, output in OUT_DIR/<section>.log:
-  info    versions (jax, jaxlib, torch, triton, tokamax), the device, what `auto` resolves to
-  gmm     bf16 grouped matmul fwd and fwd+bwd for pallas_gpu, tokamax (when installed) and
-          ragged_dot (where its padded product is cheap) against XLA's dense matmul of equal
-          FLOPs in the same run, and torch._grouped_mm / torch.mm as the peer; G=8/64/256 at
-          M=8192, K=N=1024 and the DeepSeek-V3 expert-parallel shape (M=24576, K=7168, N=2048,
-          G=32); uniform and Zipf routing; the units that fit the cap with margin, most
-          informative first
-  moe     the MoE layer fwd+bwd (then fwd) against a dense SwiGLU over the same rows
-  train   `dropless train --preset deepseek3-test` for a few steps: step time, TFLOPS, MFU, peak
-          device memory
-  tests   the GPU tests under JAX_PLATFORMS=cuda (Triton kernels for real), time-boxed: passed,
-          failed and not reached are counted; cut at its cap it is still "ok"
+Sections (bench/gpu_plan.py: the plan, the caps, the cost model; bench/gpu_sections.py,
+gpu_autotune.py, gpu_train.py: the bodies), each in its own process, appending JSON lines (key
+"section") to OUT_DIR/gpu_bench.jsonl as each measurement is taken, output in
+OUT_DIR/<section>.log:
+  info      versions (jax, jaxlib, torch, triton, tokamax), the device kind, cuDNN (jax's and
+            torch's), the grouped-matmul backends usable, what `auto` resolves to
+  gmm       bf16 grouped matmul fwd and fwd+bwd at the shapes table (ops/gmm/shapes.py), every
+            backend usable in the section's process, against XLA's dense matmul of equal useful
+            FLOPs in the same run, and torch._grouped_mm / torch.mm as the peer; uniform and
+            Zipf routing; the units that fit the cap with margin, most informative first (the
+            DeepSeek-V3 and Qwen3 per-device products), then the rest while time is left
+  moe       the MoE layer fwd+bwd at the Qwen3 and DeepSeek-V3 per-device shapes against a
+            dense SwiGLU over the same rows, the per-kernel table of one layer fwd+bwd
+            (OUT_DIR/moe_kernels.jsonl, from a profiler trace), then fwd
+  autotune  a restricted tokamax autotune, written as OUT_DIR/tokamax_<device kind>.json
+  train     the one-GPU model's training (bench/gpu_train.py)
+  tests     the GPU tests under JAX_PLATFORMS=cuda (Triton kernels for real), time-boxed:
+            passed, failed and not reached are counted; cut at its cap it is still "ok"
 Every grouped-matmul function is compiled through ops/gmm/fallback.py: a kernel `auto` chose
 that fails to compile or run falls back (one log line) and every record names the backend that
 ran; the summary table at the end counts the fallbacks.
 Isolation: a section that raises, crashes or hangs is recorded (a "section_end" record with its
 status, exit code and last lines) and the next one runs; each section's process group is
-killed at its cap, at the budget's end (330 s) and when the runner is signalled (SIGTERM from
+killed at its cap, at the budget's end (450 s) and when the runner is signalled (SIGTERM from
 run.sh's hard stop, SIGINT, SIGHUP). The runner never starts a device client itself and gives
 the sections the allocator settings they need (ALLOCATOR_ENV: no preallocation), so run.sh is
 not needed for correctness. Exit status: 0 when every section produced its measurements, 1
@@ -108,7 +111,7 @@ def _faults(args: GpuOptions) -> dict[str, str]:
     return dict(args.faults)
 
 
-def _shapes(args: GpuOptions) -> tuple[plan.Shape, ...]:
+def _shapes(args: GpuOptions) -> tuple[plan.GmmShape, ...]:
     table = plan.DRY_SHAPES if args.dry_run else plan.SHAPES
     if not args.shapes:
         return table
@@ -249,21 +252,21 @@ def _spec(args: GpuOptions, section: str, t0: float, results: Path, train_dir: s
           timeout_s: float, est: dict) -> dict:
     dry = args.dry_run
     sec = est.get(section, {})
+    units = {f"{section}_units": sec.get("kept", []), f"{section}_dropped": sec.get("dropped", [])}
     return {"section": section, "results": str(results), "t0": t0, "dry_run": dry,
             "fault": _faults(args),
             # units start only while their H200 estimate fits before the cap (the dry run's
             # tiny shapes are not the H200's: there only the cap itself counts)
             "deadline_t": time.time() + timeout_s - plan.SECTION_RESERVE_S,
             "est": 0.0 if dry else 1.0,
-            "gmm_units": sec.get("kept", []) if section == "gmm" else [],
-            "gmm_dropped": sec.get("dropped", []) if section == "gmm" else [],
-            "moe_units": sec.get("kept", []) if section == "moe" else [],
-            "moe_dropped": sec.get("dropped", []) if section == "moe" else [],
+            **{k: [] for s in ("gmm", "moe", "autotune") for k in (f"{s}_units", f"{s}_dropped")},
+            **units, "bench_dir": str(Path(results).parent),
             "timing": plan.DRY_TIMING if dry else plan.TIMING,
-            "shapes": [[s.label, s.m, s.k, s.n, s.g, list(s.backends)] for s in _shapes(args)],
+            "shapes": [dataclasses.asdict(s) for s in _shapes(args)],
             "routings": list(args.routings),
-            "moe_cases": plan.DRY_MOE_CASES if dry else plan.MOE_CASES,
-            "moe_shape": plan.DRY_MOE_SHAPE if dry else plan.MOE_SHAPE,
+            "moe_cases": list(plan.DRY_MOE_CASES if dry else plan.MOE_CASES),
+            "align_option": plan.align_option(), "profile_calls": 1 if dry else plan.PROFILE_CALLS,
+            "autotune_configs": 2 if dry else plan.AUTOTUNE_CONFIGS,
             "train_steps": 2 if dry else args.train_steps, "out_dir": train_dir}
 
 
@@ -329,12 +332,22 @@ def _append(path: Path, rec: dict) -> None:
         fh.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
 
 
-def _gpu_backend(env: dict) -> str:
-    """jax's default backend as a child process sees it: the runner itself never starts a
-    device client (it would hold GPU memory the sections need)."""
-    out = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
-                         env=env, capture_output=True, text=True, timeout=120)
-    return (out.stdout.strip().splitlines() or [f"none ({out.stderr.strip()[-200:]})"])[-1]
+_PROBE = ("import json, jax; from dropless.ops.gmm import registry as r; "
+          "print(json.dumps([jax.default_backend(), [b for b in r.grouped_matmul_backends() "
+          "if b != 'auto' and r.unusable(b) is None]]))")
+
+
+def _probe(env: dict) -> tuple[str, list[str]]:
+    """(jax's default backend, the grouped-matmul backends usable there) as a child process
+    sees them: the runner itself never starts a device client (it would hold GPU memory the
+    sections need)."""
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                         text=True, timeout=120)
+    try:
+        backend, usable = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return f"none ({out.stderr.strip()[-200:]})", []
+    return backend, usable
 
 
 def summarize(recs: list[dict]) -> list[dict]:
@@ -381,8 +394,10 @@ def run(args: GpuOptions) -> int:
         raise ValueError(f"--train-steps={args.train_steps} must be >= 1")
     for key, val in ALLOCATOR_ENV.items():            # before anything here starts a device
         os.environ.setdefault(key, val)
+    backends = plan.DRY_BACKENDS
     if not args.dry_run:
-        backend = _gpu_backend(_child_env())
+        backend, usable = _probe(_child_env())
+        backends = tuple(plan.measured_backends(usable))
         if backend != "gpu":
             raise ValueError(f"bench gpu needs a GPU (jax's default backend is {backend!r}); "
                              f"use --dry-run to check it on CPU")
@@ -393,14 +408,21 @@ def run(args: GpuOptions) -> int:
     # the dry run estimates the device run: torch there, tokamax too (when its wheels travel)
     # planned against the H200 caps, or the ones given (--cap, in seconds as given)
     plan_caps = {**plan.CAPS_S, **{k: float(v) for k, v in args.caps.items()}}
-    est = plan.estimate(tokamax=args.dry_run or _tokamax_installed(),
-                        torch=args.dry_run or _torch_installed(), train_steps=args.train_steps,
+    tokamax, aligned = args.dry_run or _tokamax_installed(), plan.align_option() is not None
+    est = plan.estimate(tokamax=tokamax, torch=args.dry_run or _torch_installed(),
+                        backends=backends, aligned=aligned, train_steps=args.train_steps,
                         caps=plan_caps)
-    if args.dry_run:   # the dry run's own shapes, planned as the H200's would be
-        est["gmm"] = plan.section_plan("gmm", tokamax=True, shapes=_shapes(args),
-                                       routings=args.routings, cap_s=plan_caps["gmm"])
+    # the shapes asked for (the dry run's own), planned as the H200's would be
+    est["gmm"] = plan.section_plan("gmm", tokamax=tokamax, backends=backends,
+                                   shapes=_shapes(args), routings=args.routings,
+                                   cap_s=plan_caps["gmm"])
+    if args.dry_run:
         est["moe"] = plan.section_plan("moe", tokamax=True, moe_cases=plan.DRY_MOE_CASES,
-                                       cap_s=plan_caps["moe"])
+                                       aligned=aligned, cap_s=plan_caps["moe"])
+        est["autotune"] = plan.section_plan("autotune", tokamax=True,
+                                            autotune_shapes=plan.DRY_AUTOTUNE_SHAPES,
+                                            cap_s=plan_caps["autotune"])
+    est["total"]["seconds"] = sum(est[name]["seconds"] for name in plan.SECTIONS)
     print(plan.format_estimate(est), flush=True)
     _append(results, {"section": "plan", "estimate_h200": est, "caps_s": caps,
                       "budget_s": budget_s, "sections": sections,

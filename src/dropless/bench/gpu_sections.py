@@ -2,7 +2,9 @@
 
 Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
 
-`python -m dropless.bench.gpu_sections SPEC_JSON` runs one section. Every measurement is
+`python -m dropless.bench.gpu_sections SPEC_JSON` runs one section: info, gmm and moe (with
+its per-kernel profile) are here, autotune in bench/gpu_autotune.py, train in bench/gpu_train.py,
+what they share in bench/gpu_common.py. Every measurement is
 appended to the results file as one JSON line the moment it is taken, with a progress line on
 stdout beside it, so a section cut off at its cap keeps what it measured. Inside a section each
 measurement is isolated too: a backend that fails to compile or run is recorded as an error and
@@ -17,12 +19,23 @@ fallback from a stand-in tokamax, on CPU.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 from dropless.bench import gpu_plan as plan
+from dropless.bench.gpu_autotune import autotune_section
+from dropless.bench.gpu_common import compiled as _compiled
+from dropless.bench.gpu_common import error as _error
+from dropless.bench.gpu_common import fault
+from dropless.bench.gpu_common import gmm_fn as _gmm_fn
+from dropless.bench.gpu_common import late as _late
+from dropless.bench.gpu_common import no_compile as _no_compile
+from dropless.bench.gpu_common import operands as _operands
+from dropless.bench.gpu_common import ran as _ran
+from dropless.bench.gpu_train import train_section
+from dropless.ops.gmm import shapes as gmm_shapes
+from dropless.ops.gmm.shapes import GmmShape
 
 
 class Emitter:
@@ -41,10 +54,10 @@ class Emitter:
 
 
 def _line(rec: dict) -> str:
-    keys = ("shape", "routing", "mode", "backend", "ran", "median_ms", "tflops",
-            "fraction_of_dense", "variant", "ratio_to_dense", "step", "loss", "median_step_time_s",
-            "median_tflops_per_device", "median_mfu", "peak_bytes_in_use", "skipped", "error",
-            "ran_because")
+    keys = ("shape", "model", "aligned", "routing", "mode", "backend", "ran", "median_ms",
+            "tflops", "fraction_of_dense", "variant", "ratio_to_dense", "step", "loss",
+            "median_step_time_s", "median_tflops_per_device", "median_mfu", "peak_bytes_in_use",
+            "skipped", "error", "ran_because")
     return "  ".join(f"{k}={_fmt(rec[k])}" for k in keys if k in rec)
 
 
@@ -52,37 +65,29 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else v
 
 
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e)[:300]}"
-
-
-def fault(spec: dict, key: str) -> None:
-    """Do the fault the spec injects at `key` (none: nothing)."""
-    kind = spec.get("fault", {}).get(key)
-    if kind in ("compile", "run"):     # a stand-in kernel's failure (`_stand_in`), not here
-        return
-    if kind == "raise":
-        raise RuntimeError(f"injected fault at {key}")
-    if kind == "hang":
-        time.sleep(10**6)
-    if kind == "exit":
-        import os
-        os._exit(3)
-
-
 def info_section(emit: Emitter, spec: dict) -> None:
-    """Versions (jax, jaxlib, torch, triton, tokamax), the device, and what `auto` resolves to."""
+    """Versions (jax, jaxlib, torch, triton, tokamax), the device and its kind, cuDNN and
+    cuBLAS as jax loaded them and cuDNN as torch did, the grouped-matmul backends usable here
+    (and why each other is not), and what `auto` resolves to."""
     import subprocess
+
+    import jax
 
     from dropless import machine
     from dropless.bench import gpu_timing
     from dropless.ops import resolve_backend
-    rec = {**machine.machine_info(), **gpu_timing.torch_info()}
+    from dropless.ops.gmm import registry
+    rec = {**machine.machine_info(), **gpu_timing.torch_info(), **cuda_versions()}
+    rec["device_kind"] = jax.devices()[0].device_kind
     for mod in ("triton", "tokamax"):
         try:
             rec[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001 (absent or broken: recorded as None)
             rec[mod] = None
+    names = [b for b in registry.grouped_matmul_backends() if b != "auto"]
+    rec["gmm_unusable"] = {b: why for b in names if (why := registry.unusable(b))}
+    rec["gmm_usable"] = [b for b in names if b not in rec["gmm_unusable"]]
+    rec["gmm_measured"] = plan.measured_backends(rec["gmm_usable"])
     rec["auto_on_this_platform"] = resolve_backend("auto")
     try:
         rec["nvidia_smi"] = subprocess.run(
@@ -90,121 +95,101 @@ def info_section(emit: Emitter, spec: dict) -> None:
              "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         rec["nvidia_smi"] = None
-    emit(rec, f"jax {rec.get('jax')}, torch {rec['torch']}, triton {rec['triton']}, "
-              f"tokamax {rec['tokamax']}, auto -> {rec['auto_on_this_platform']}")
+    emit(rec, f"{rec['device_kind']}: jax {rec.get('jax')}, cuDNN {rec['cudnn_jax']} (torch's "
+              f"{rec['cudnn_torch']}), torch {rec['torch']}, tokamax {rec['tokamax']}, "
+              f"measured {rec['gmm_measured']}, auto -> {rec['auto_on_this_platform']}")
 
 
-def _gmm_fn(backend: str, mode: str):
-    """The function timed for (backend, mode), signature (x_MK, w, sizes_G, dy_MN); w is w_GKN,
-    or for dense_xla one group's w_KN (one bf16 cuBLAS matmul of the same FLOPs; sizes_G
-    unused). Group sizes are an argument, so one compile serves every routing."""
-    import jax
-
-    from dropless.ops import grouped_matmul
-    if backend == "dense_xla":
-        def f(a, b, s):
-            return a @ b
-    else:
-        def f(a, b, s):
-            return grouped_matmul(a, b, s, backend=backend)
-    if mode == "fwd":
-        return lambda a, b, s, d: f(a, b, s)
-    return lambda a, b, s, d: jax.vjp(lambda p, q: f(p, q, s), a, b)[1](d)
-
-
-def _operands(s: plan.Shape):
-    """bf16 x_MK, w_GKN (scaled by 1/sqrt(K)) and dy_MN, drawn on the device: host-side
-    random numbers at the DeepSeek-V3 shape would be ~650 M draws."""
-    import jax
-    import jax.numpy as jnp
-    kx, kw, kd = jax.random.split(jax.random.key(s.g), 3)
-    x = jax.random.normal(kx, (s.m, s.k), jnp.bfloat16)
-    w = jax.random.normal(kw, (s.g, s.k, s.n), jnp.bfloat16) * jnp.bfloat16(1 / math.sqrt(s.k))
-    dy = jax.random.normal(kd, (s.m, s.n), jnp.bfloat16)
-    return jax.block_until_ready((x, w, dy))
-
-
-def _compiled(fn, args, what: str, **kw) -> tuple:
-    """(compiled fn, the fallback Outcome's record, compile ms) via ops/gmm/fallback.py."""
-    from dropless.ops.gmm.fallback import compile_auto
-    t = time.perf_counter()
-    compiled, outcome = compile_auto(fn, *args, what=what, **kw)
-    return compiled, outcome.record(), (time.perf_counter() - t) * 1e3
-
-
-def _ran(rec: dict, asked: str, gmm: dict) -> dict:
-    """`rec` with the backend that ran ("ran") and, when it is not the one asked for, why."""
-    ran = gmm["gmm_backend_ran"] or asked
-    out = dict(rec, ran=ran, gmm_fallbacks=gmm["gmm_fallbacks"])
-    why = [r["reason"] for r in gmm["gmm_ran"] if r.get("reason")]
-    why += [f"{f['from']} failed to {f['stage']}: {f['reason']}" for f in gmm["gmm_fallbacks"]]
-    why = list(dict.fromkeys(why))
-    if ran != asked and asked != "auto" or why:
-        out["ran_because"] = "; ".join(why)[:600] or f"auto on this platform is {ran}"
+def cuda_versions() -> dict:
+    """cuDNN and cuBLAS as jax's CUDA plugin loaded them (runtime and build versions, the int
+    CUDA libraries report: 92200 is 9.22.0) and cuDNN as torch loaded it; None where absent (a
+    CPU-only jax, no torch)."""
+    out: dict = {"cudnn_jax": None, "cudnn_jax_build": None, "cublas_jax": None,
+                 "cudnn_torch": None}
+    try:
+        from jax._src.lib import cuda_versions as cv   # the plugin's _versions, or None
+        if cv is not None:
+            out.update(cudnn_jax=cv.cudnn_get_version(), cudnn_jax_build=cv.cudnn_build_version(),
+                       cublas_jax=cv.cublas_get_version())
+    except Exception as e:  # noqa: BLE001 (recorded: a version that cannot be read)
+        out["cuda_versions_error"] = _error(e)
+    try:
+        import torch
+        out["cudnn_torch"] = torch.backends.cudnn.version()
+    except Exception:  # noqa: BLE001 (no torch, or no cuDNN in it: None)
+        pass
     return out
 
 
-def _late(spec: dict, est_s: float) -> str | None:
-    """Why a unit estimated at est_s seconds is not started (None: it fits the deadline)."""
-    left = spec["deadline_t"] - time.time()
-    if left < est_s:
-        return (f"{max(left, 0):.0f} s left before the section's cap, the unit is estimated at "
-                f"{est_s:.0f} s")
-    return None
+def _unit_late(spec: dict, u: dict) -> str | None:
+    """Why gmm unit `u` is not started now (None: it is): its estimate, times the plan's margin
+    for a unit the plan dropped to fit the cap, no longer fits before the section's deadline."""
+    why = _late(spec, u["seconds"] * spec["est"] * (plan.MARGIN if u.get("extra") else 1))
+    return f"{u['skipped']}; at run time {why}" if why and u.get("extra") else why
 
 
 def gmm_section(emit: Emitter, spec: dict) -> None:
-    """The plan's gmm units in table order (shapes, then backends), each against XLA's dense
-    matmul of equal FLOPs at its shape (same run), and the torch peer; fwd and fwd+bwd, every
-    routing. A unit the plan dropped, or one the deadline no longer allows, is a "skipped"
-    record with the reason; one measurement's failure is an "error" record, not raised."""
+    """The plan's gmm units, shape by shape in the plan's order: each backend usable here
+    against XLA's dense matmul of equal useful FLOPs at the shape (same run), and the torch
+    peer; fwd and fwd+bwd, every routing. The units the plan dropped to fit the cap follow in
+    their order, each run only if its estimate, with the plan's margin, still fits before the
+    cap (the estimates are the slowest seen, so time is often left). A unit dropped for its own
+    reason, one whose backend cannot run here, or one the deadline does not allow is a
+    "skipped" record with the reason; one measurement's failure is an "error" record."""
     from dropless.ops.gmm import registry
     units = {(u["shape"], u["backend"]): u for u in spec["gmm_units"]}
     for u in spec["gmm_dropped"]:
-        emit({"shape": u["shape"], "backend": u["backend"], "skipped": u["skipped"]})
-    for s in (plan.Shape(*row[:5], tuple(row[5])) for row in spec["shapes"]):
-        tokamax = registry.unusable("tokamax") is None   # installed, or a stand-in
-        mine = [b for b in plan.backends_at(s, tokamax) + ["torch"] if (s.label, b) in units]
+        if u["skipped"].startswith("dropped to fit"):
+            units[(u["shape"], u["backend"])] = dict(u, extra=True)
+        else:
+            emit({"shape": u["shape"], "backend": u["backend"], "skipped": u["skipped"]})
+    for s in plan.shape_order(GmmShape(**d) for d in spec["shapes"]):
+        mine = [b for (label, b) in units if label == s.label]
         if not mine:
             continue
-        why = _late(spec, sum(units[(s.label, b)]["seconds"] for b in mine[:1]) * spec["est"])
+        why = _unit_late(spec, units[(s.label, mine[0])])
         if why:
             emit({"shape": s.label, "skipped": why})
             continue
+        kernels = []
+        for b in mine:
+            why = None if b == "torch" else registry.unusable(b)
+            if why:
+                emit({"shape": s.label, "backend": b, "skipped": f"not usable here: {why}"})
+            elif b != "torch":
+                kernels.append(b)
         try:
             x, w, dy = _operands(s)
         except Exception as e:  # noqa: BLE001 (e.g. out of memory: the next shape runs)
             emit({"shape": s.label, "error": f"operands: {_error(e)}"})
             continue
-        backends = ["dense_xla"] + [b for b in mine if b != "torch"]
-        _gmm_shape(emit, spec, s, backends, "torch" in mine, (x, w, dy), units)
+        _gmm_shape(emit, spec, s, ["dense_xla"] + kernels, "torch" in mine, (x, w, dy), units)
         del x, w, dy
 
 
-def _gmm_shape(emit: Emitter, spec: dict, s: plan.Shape, backends: list[str], torch: bool,
+def _gmm_shape(emit: Emitter, spec: dict, s: GmmShape, backends: list[str], torch: bool,
                ops: tuple, units: dict) -> None:
     """One shape's measurements: each backend compiled once per mode (through the fallback, so
     the record says what ran), timed per routing, then the torch peer."""
     import jax.numpy as jnp
 
     from dropless.bench import gpu_timing
-    from dropless.bench.gmm import group_sizes_for
     timing = spec["timing"]
     x, w, dy = ops
     fns: dict = {}
-    sizes_of = {r: group_sizes_for(r, s.m, s.g, seed=s.g) for r in spec["routings"]}
+    sizes_of = {r: gmm_shapes.group_sizes(r, s.m, s.g) for r in spec["routings"]}
+    dims = {"shape": s.label, "model": s.model, "m": s.m, "k": s.k, "n": s.n, "groups": s.g,
+            "dtype": "bfloat16"}
     for b in backends:
         if b != "dense_xla":
-            why = _late(spec, units[(s.label, b)]["seconds"] * spec["est"])
+            why = _unit_late(spec, units[(s.label, b)])
             if why:
                 emit({"shape": s.label, "backend": b, "skipped": why})
                 continue
         for mode in plan.MODES:
             wb = w[0] if b == "dense_xla" else w
             gs0 = jnp.asarray(sizes_of[spec["routings"][0]], jnp.int32)
-            base = {"shape": s.label, "m": s.m, "k": s.k, "n": s.n, "groups": s.g,
-                    "dtype": "bfloat16", "mode": mode, "backend": b,
-                    "useful_flops": plan.flops(s, mode)}
+            base = dict(dims, mode=mode, backend=b, useful_flops=plan.flops(s, mode))
             try:
                 fault(spec, f"gmm:{b}")
                 fns[(b, mode)] = _compiled(_gmm_fn(b, mode), (x, wb, gs0, dy),
@@ -216,9 +201,8 @@ def _gmm_shape(emit: Emitter, spec: dict, s: plan.Shape, backends: list[str], to
     for routing in spec["routings"]:
         sizes = sizes_of[routing]
         gs = jnp.asarray(sizes, jnp.int32)
-        base = {"shape": s.label, "m": s.m, "k": s.k, "n": s.n, "groups": s.g,
-                "routing": routing, "dtype": "bfloat16", "max_group": int(sizes.max()),
-                "empty_groups": int((sizes == 0).sum())}
+        base = dict(dims, routing=routing, max_group=int(sizes.max()),
+                    empty_groups=int((sizes == 0).sum()))
         for mode in plan.MODES:
             dense_ms = None
             for b in backends:
@@ -233,14 +217,17 @@ def _gmm_shape(emit: Emitter, spec: dict, s: plan.Shape, backends: list[str], to
                 except Exception as e:  # noqa: BLE001 (one backend's failure is a result)
                     emit(dict(rec, error=_error(e)))
                     continue
-                rec.update({k: v for k, v in stats.items() if k != "compile_ms"})
+                rec.update(_no_compile(stats))
                 dense_ms = rec["median_ms"] if b == "dense_xla" else dense_ms
                 rec["tflops"] = rec["useful_flops"] / (rec["median_ms"] * 1e-3) / 1e12
                 if dense_ms is not None:
                     rec["dense_xla_ms"] = dense_ms
                     rec["fraction_of_dense"] = dense_ms / rec["median_ms"]
                 emit(rec)
-        if torch:
+        why = _unit_late(spec, units[(s.label, "torch")]) if torch else None
+        if why:
+            emit(dict(base, backend="torch", skipped=why))
+        elif torch:
             try:
                 peer = gpu_timing.torch_peer(sizes, s.m, s.k, s.n, **timing)
             except Exception as e:  # noqa: BLE001 (the peer's setup failed: recorded)
@@ -251,19 +238,20 @@ def _gmm_shape(emit: Emitter, spec: dict, s: plan.Shape, backends: list[str], to
                           **({"ran": backend} if "median_ms" in r else {}), **r))
 
 
-def _moe_case(e: int, k: int, routing: str, shape: dict):
-    """(MoEConfig, params, x_TD, dy_TD, x_ND, dy_ND, dense weights) of one `bench moe` case."""
+def _moe_case(case: dict, option: dict):
+    """(MoEConfig, params, x_TD, dy_TD, x_ND, dy_ND, dense weights) of one moe case (a
+    plan.moe_case dict), with `option` ({field: value}, the aligned-segments option or none)."""
     import jax
     import jax.numpy as jnp
 
     from dropless import moe
     from dropless.bench.moe import _router_bias
     from dropless.config import MoEConfig
-    t, d, f = math.ceil(shape["rows"] / k), shape["d_model"], shape["d_ff"]
-    cfg = MoEConfig(num_experts=e, top_k=k, d_model=d, d_ff=f, dtype="bfloat16",
-                    weight_dtype="bfloat16", score_func="softmax")
+    e, k, t, d = case["experts"], case["top_k"], case["tokens"], case["d_model"]
+    cfg = MoEConfig(num_experts=e, top_k=k, d_model=d, d_ff=case["d_ff"], dtype="bfloat16",
+                    weight_dtype="bfloat16", score_func="softmax", **option)
     params = moe.init_params(jax.random.key(e), cfg)
-    params["router"]["bias_E"] = jnp.asarray(_router_bias(routing, e, e)) * 0.1
+    params["router"]["bias_E"] = jnp.asarray(_router_bias(case["routing"], e, e)) * 0.1
     keys = jax.random.split(jax.random.key(1), 4)
     x, dy = (jax.random.normal(kk, (t, d), jnp.bfloat16) for kk in keys[:2])
     xd, dyd = (jax.random.normal(kk, (t * k, d), jnp.bfloat16) for kk in keys[2:])
@@ -272,44 +260,63 @@ def _moe_case(e: int, k: int, routing: str, shape: dict):
     return cfg, params, x, dy, xd, dyd, wd
 
 
+def _case_rec(case: dict, mode: str, aligned: bool, spec: dict) -> dict:
+    out = {"model": case["model"], "experts": case["experts"], "top_k": case["top_k"],
+           "routing": case["routing"], "mode": mode, "dtype": "bfloat16"}
+    if spec["align_option"]:
+        out["aligned"] = aligned
+    return out
+
+
 def moe_section(emit: Emitter, spec: dict) -> None:
-    """The plan's moe units (case, mode): the MoE layer (gmm_backend auto, bf16) against a
-    dense SwiGLU over the same rows, each compiled through the fallback and timed back to back;
-    one record per measurement (dense, then the layer with the backend that ran; the layer is
-    dropless, so no rows are dropped); a unit dropped by the plan or the deadline is a
-    "skipped" record."""
+    """The plan's moe units (case, mode, aligned): the MoE layer (gmm_backend auto, bf16)
+    against a dense SwiGLU over the same rows, each compiled through the fallback and timed
+    back to back; one record per measurement (dense, then the layer with the backend that ran;
+    the layer is dropless, so no rows are dropped); "aligned" units set MoEConfig's
+    aligned-segments option. A "profile" unit traces calls of its case's fwd+bwd layer
+    (compiled by an earlier unit) and writes the per-kernel table (`_profile`). A unit dropped
+    by the plan or the deadline is a "skipped" record."""
     from dropless import moe
     from dropless.bench import dense, gpu_timing
     cases = spec["moe_cases"]
     for u in spec["moe_dropped"]:
-        e, k, routing = cases[u["case"]]
-        emit({"experts": e, "top_k": k, "routing": routing, "mode": u["mode"],
-              "skipped": u["skipped"]})
+        emit(dict(_case_rec(cases[u["case"]], u["mode"], u["aligned"], spec),
+                  skipped=u["skipped"]))
     made: dict = {}
+    layers: dict = {}
     for u in spec["moe_units"]:
-        e, k, routing = cases[u["case"]]
-        base = {"experts": e, "top_k": k, "routing": routing, "mode": u["mode"],
-                "dtype": "bfloat16"}
+        case = cases[u["case"]]
+        base = _case_rec(case, u["mode"], u["aligned"], spec)
         why = _late(spec, u["seconds"] * spec["est"])
         if why:
             emit(dict(base, skipped=why))
             continue
+        if u["mode"] == "profile":
+            _profile(emit, spec, base, layers.get(u["case"]))
+            continue
+        option = {}
+        if u["aligned"]:
+            field, value = spec["align_option"]
+            option = {field: value}
+        key = (u["case"], u["aligned"])
         try:
-            fault(spec, f"moe:{e}:{k}")
-            if u["case"] not in made:
-                made[u["case"]] = _moe_case(e, k, routing, spec["moe_shape"])
-            cfg, params, x, dy, xd, dyd, wd = made[u["case"]]
+            fault(spec, f"moe:{case['experts']}:{case['top_k']}")
+            if key not in made:
+                made[key] = _moe_case(case, option)
+            cfg, params, x, dy, xd, dyd, wd = made[key]
             dense_fns = dense.fwd_and_fwd_bwd(dense.swiglu)
             layer_fns = dense.fwd_and_fwd_bwd(lambda p, x: moe.apply(p, x, cfg)[0])
             i = 0 if u["mode"] == "fwd" else 1
             d_args = (xd, *wd) + ((dyd,) if i else ())
             l_args = (params, x) + ((dy,) if i else ())
             dense_c, _, dense_ms = _compiled(dense_fns[i], d_args, "dense swiglu", probe=False)
-            layer_c, gmm, layer_ms = _compiled(layer_fns[i], l_args, f"moe layer E{e} K{k}",
-                                               run_once=True)
+            layer_c, gmm, layer_ms = _compiled(layer_fns[i], l_args,
+                                               f"moe layer {case['model']}", run_once=True)
         except Exception as ex:  # noqa: BLE001 (recorded; the next unit runs)
             emit(dict(base, error=_error(ex)))
             continue
+        if i and not u["aligned"]:
+            layers[u["case"]] = (lambda c=layer_c, a=l_args: c(*a), gmm)
         rows = {"tokens": x.shape[0], "routed_rows": xd.shape[0], "d_model": cfg.d_model,
                 "d_ff": cfg.d_ff}
         try:
@@ -324,61 +331,45 @@ def moe_section(emit: Emitter, spec: dict) -> None:
             emit(dict(base, error=_error(ex)))
 
 
-def _no_compile(stats: dict) -> dict:
-    return {k: v for k, v in stats.items() if k != "compile_ms"}
-
-
-def train_section(emit: Emitter, spec: dict) -> None:
-    """`dropless train --preset deepseek3-test` for a few steps: a JSON line per step as it
-    completes, then the run's medians (step time, TFLOPS, MFU) and peak device memory."""
+def _profile(emit: Emitter, spec: dict, base: dict, layer) -> None:
+    """Trace `profile_calls` calls of a compiled MoE layer fwd+bwd (`layer`: (call, its
+    fallback record)) with jax.profiler and write the per-kernel table, runtime.kernel_table's
+    reading of the trace in train/profile.py's records (per call: "us_per_step"), to
+    BENCH_DIR/moe_kernels.jsonl; one record with the groups' shares and the file's name."""
     import jax
-    import numpy as np
 
-    from dropless.config_file import build_config
-    from dropless.train.loop import train
-    from dropless.train.progress import Progress
-    from dropless.runtime.xla_flags import apply_recipe
-    out_dir = Path(spec["out_dir"]) / "train_run"
-    items = [("preset", "deepseek3-test"), ("steps", spec["train_steps"]),
-             ("run_dir", str(out_dir)), ("run_name", "train"), ("checkpoint_every", 0),
-             ("eval_every", 10**6), ("time_kernels", False)]   # the moe section times kernels
-    if spec["dry_run"]:  # a small corpus, one dense + one MoE layer: the loop, not the model
-        corpus = out_dir / "corpus.txt"
-        corpus.parent.mkdir(parents=True, exist_ok=True)
-        corpus.write_text("def add(a, b):\n    return a + b\n\n" * 200)
-        items += [("per_device_batch_size", 1), ("seq_len", 16), ("model.num_layers", 2),
-                  ("model.mtp_depth", 0), ("data", str(corpus)), ("eval_fraction", 0.1)]
-    cfg = build_config(items)
-    apply_recipe(cfg.xla_recipe)
-
-    class Steps(Progress):
-        def step(self, n, *, loss, tokens_per_s, text):
-            emit({"event": "step", "step": n, "loss": loss, "tokens_per_s": tokens_per_s})
-
-    result = train(cfg, progress=Steps(print, bar=False))
-    metrics = [json.loads(ln) for ln in (Path(result.run_dir) / "metrics.jsonl").open()]
-    steps = [r for r in metrics if r.get("event") == "step"]
-    start = next((r for r in metrics if r.get("event") == "start"), {})
-    later = steps[1:] or steps   # the first step's time includes its dispatch after compile
-
-    def med(key):
-        vals = [r[key] for r in later if r.get(key) is not None]
-        return float(np.median(vals)) if vals else None
-
-    stats = jax.devices()[0].memory_stats() or {}
-    gmm = {"gmm_backend_ran": start.get("gmm_backend_ran"), "gmm_ran": start.get("gmm_ran") or [],
-           "gmm_fallbacks": start.get("gmm_fallbacks") or []}
-    rec = {"event": "summary", "preset": "deepseek3-test", "steps": len(steps),
-           "gmm_backend": cfg.model.moe.gmm_backend, "median_step_time_s": med("step_time_s"),
-           "median_tflops_per_device": med("tflops_per_device"), "median_mfu": med("mfu"),
-           "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
-           "device": jax.devices()[0].device_kind,
-           "final_loss": later[-1].get("loss") if later else None}
-    emit(_ran(rec, cfg.model.moe.gmm_backend, gmm))
+    from dropless.runtime import kernel_table
+    from dropless.train import profile as train_profile
+    if layer is None:
+        emit(dict(base, skipped="no compiled fwd+bwd layer of this case to trace (its unit "
+                                "failed or was not run)"))
+        return
+    call, gmm = layer
+    trace_dir = Path(spec["bench_dir"]) / "moe_trace"
+    try:
+        jax.block_until_ready(call())           # warm: the trace holds only steady calls
+        with jax.profiler.trace(str(trace_dir)):
+            for _ in range(spec["profile_calls"]):
+                jax.block_until_ready(call())
+        rows = kernel_table.kernel_table(trace_dir)
+        recs = train_profile.table_records(rows, steps=spec["profile_calls"])
+    except Exception as ex:  # noqa: BLE001 (recorded; the section goes on)
+        emit(dict(base, error=_error(ex)))
+        return
+    path = Path(spec["bench_dir"]) / "moe_kernels.jsonl"
+    head = dict(base, event="profile_header", device=jax.devices()[0].device_kind,
+                calls=spec["profile_calls"], **{k: gmm[k] for k in ("gmm_backend_ran",)})
+    from dropless.runtime import files
+    files.write_text(path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n"
+                                   for r in [head, *recs]))
+    groups = {r["group"]: round(r["share"], 4) for r in recs if r["event"] == "group"}
+    emit(dict(base, kernels=len(rows), table=path.name, group_share=groups),
+         f"{len(rows)} kernels -> {path.name}: " + ", ".join(
+             f"{g} {100 * v:.1f}%" for g, v in groups.items() if v))
 
 
 SECTION_FNS = {"info": info_section, "gmm": gmm_section, "moe": moe_section,
-               "train": train_section}
+               "autotune": autotune_section, "train": train_section}
 
 
 def _stand_in(spec: dict):
