@@ -92,4 +92,51 @@ def test_big_presets_init_abstractly():
     for name in PRESETS:
         shapes = jax.eval_shape(lambda k, n=name: decoder.init_params(k, get_preset(n)),
                                 jax.random.key(0))
-        assert len(shapes["layers"]) == get_preset(name).num_layers
+        runs = shapes.get("layer_runs")   # the scan layout: one stacked run per layer kind
+        depth = (len(shapes["layers"]) if runs is None
+                 else sum(jax.tree.leaves(r)[0].shape[0] for r in runs))
+        assert depth == get_preset(name).num_layers
+
+
+def test_deepseek3_1gpu_hand_count_and_its_weights():
+    # d=1024, 16 heads, MLA (q rank 384, kv rank 256, nope 64, rope 32, v 64), layer 0 dense
+    # (d_ff 4096), layers 1-15 MoE (64 experts of d_ff 512, top-8, 2 shared = 1024 wide),
+    # vocab 32768, embedding and head untied, no MTP.
+    d, h = 1024, 16
+    attn = (d * 384 + 384 + 384 * h * 96          # wq_a, q_norm, wq_b
+            + d * (256 + 32) + 256 + 256 * h * 128   # wkv_a, kv_norm, wkv_b
+            + h * 64 * d)                        # wo
+    experts = 64 * 3 * d * 512
+    moe = d * 64 + 64 + experts + 3 * d * 1024   # router w + bias, routed, shared
+    total = 2 * 32768 * d + 16 * attn + 3 * d * 4096 + 15 * moe + 16 * 2 * d + d
+    m = get_preset("deepseek3-1gpu")
+    c = param_counts(m)
+    assert c["total"] == total == 1_683_468_224
+    assert c["active"] == total - 15 * experts * (64 - 8) // 64 == 362_262_464
+    # an independent count: the weights the model initialises (their shapes, nothing allocated)
+    shapes = jax.eval_shape(lambda: decoder.init_params(jax.random.PRNGKey(0), m))
+    assert sum(x.size for x in jax.tree.leaves(shapes)) == total
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(shapes))   # master weights
+    assert (m.dtype, m.moe.dtype, m.moe.score_func) == ("bfloat16", "bfloat16", "sigmoid")
+    assert 1e9 <= c["total"] <= 3e9 and 0.3e9 <= c["active"] <= 0.8e9
+
+
+def test_deepseek3_1gpu_trains_on_cpu_at_a_reduced_size(tmp_path):
+    """The preset's full width (1024, 64 experts top-8, vocab 32768, bf16 on f32) with one dense
+    and one MoE layer at sequence 64: its 190M parameters and Adam moments fit a CPU's memory
+    (the whole preset's 27 GB of state do not, docs/training.md "One GPU")."""
+    from dropless.config_file import build_config
+    from dropless.presets import RUN_SETTINGS
+    from dropless.train.loop import train
+    (tmp_path / "c.txt").write_text("def add(a, b):\n    return a + b\n\n" * 300)
+    cfg = build_config([("preset", "deepseek3-1gpu"), *RUN_SETTINGS["deepseek3-1gpu"].items(),
+                        ("model.num_layers", 2), ("seq_len", 64), ("per_device_batch_size", 1),
+                        ("steps", 3), ("data", str(tmp_path / "c.txt")),
+                        ("eval_fraction", 0.1), ("eval_batches", 1), ("checkpoint_every", 0),
+                        ("time_kernels", False), ("learning_rate", 3e-4),
+                        ("run_dir", str(tmp_path / "runs")), ("mesh.data", 1)])
+    assert cfg.remat == "minimal" and cfg.model.weight_dtype == "float32"
+    result = train(cfg, echo=lambda s: None)
+    losses = [result.losses[n] for n in (1, 2, 3)]
+    assert all(jnp.isfinite(x) for x in losses)
+    assert abs(losses[0] - float(jnp.log(32768.0))) < 1.0   # uniform over the vocabulary at init

@@ -67,6 +67,26 @@ def deepseek3_671b() -> ModelConfig:
                       weight_dtype="bfloat16"))
 
 
+def deepseek3_1gpu() -> ModelConfig:
+    """DeepSeek-V3's shape sized for one 80 GB GPU: 16 layers (1 dense), MLA (q rank 384, kv
+    rank 256), 64 routed experts top-8 in 4 of 8 groups + 2 shared, sigmoid routing with the
+    aux-loss-free bias, vocabulary 32,768; bfloat16 compute on float32 weights (and so float32
+    Adam moments). 1.68B parameters, 0.36B active per token. MTP is off (model.mtp_depth=1 adds
+    one module); the 15 MoE layers run under one scan (the compile takes seconds, not minutes).
+    It is trained as `RUN_SETTINGS["deepseek3-1gpu"]` says (sequence 4096), which fits an H100
+    by the compiled step's memory analysis (docs/training.md "One GPU")."""
+    d = 1024
+    return ModelConfig(
+        vocab_size=32768, d_model=d, num_layers=16, num_heads=16, d_ff=4096, attention="mla",
+        first_k_dense=1, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64,
+        qk_rope_head_dim=32, v_head_dim=64, mtp_depth=0, scan_layers=True,
+        dtype="bfloat16", weight_dtype="float32",
+        moe=MoEConfig(num_experts=64, top_k=8, d_model=d, d_ff=512, num_shared_experts=2,
+                      score_func="sigmoid", routed_scaling_factor=2.5, n_groups=8,
+                      topk_groups=4, seq_aux_coef=1e-4, dtype="bfloat16",
+                      weight_dtype="float32"))
+
+
 def mixtral_8x7b() -> ModelConfig:
     """Mixtral 8x7B: 32 layers, GQA (32 q / 8 kv heads), 8 experts top-2, softmax routing."""
     d = 4096
@@ -97,6 +117,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": tiny,
     "small": small,
     "deepseek3-test": deepseek3_test,
+    "deepseek3-1gpu": deepseek3_1gpu,
     "deepseek3-671b": deepseek3_671b,
     "mixtral-8x7b": mixtral_8x7b,
     "qwen3-30b-a3b": qwen3_30b_a3b,
@@ -111,6 +132,14 @@ PUBLISHED_COUNTS = {
     "deepseek3-671b": (671e9, 37e9),
     "mixtral-8x7b": (46.7e9, 12.9e9),
     "qwen3-30b-a3b": (30.5e9, 3.3e9),
+}
+
+# How a preset made for one device is trained: the sequence, batch and remat policy it was sized
+# with (`dropless train --preset NAME` + these keys). deepseek3-1gpu's step compiled for an H100
+# needs 60.8 GiB (XLA's memory analysis, jax 0.11.2: 18.8 GiB of float32 weights and Adam moments,
+# 42.0 GiB temporaries) of the 72.8 GiB usable; remat=none would need 75 GiB.
+RUN_SETTINGS = {
+    "deepseek3-1gpu": {"seq_len": 4096, "per_device_batch_size": 2, "remat": "minimal"},
 }
 
 

@@ -43,6 +43,7 @@ from dropless.data.shards import DataChanged
 from dropless.train import guards as guards_lib
 from dropless.train import metrics as met
 from dropless.train import preflight
+from dropless.train import profile as profile_lib
 from dropless.train.nonfinite import NonFiniteGuard
 from dropless.train.outputs import Evaluator, MetricsWriter, Scalars
 from dropless.train.overflow import OverflowGuard
@@ -61,12 +62,24 @@ class RunResult:
     start_step: int
     stopped_by: str = ""              # "SIGTERM"/"SIGINT" when a signal ended the run early
     nothing_to_do: bool = False       # the checkpoint was already at or past the last step
+    preflight: dict = dataclasses.field(default_factory=dict)   # train/preflight.check's
 
 
-def _fmt_step(r: dict) -> str:
+def _loss_words(r: dict, mtp_coef: float) -> str:
+    """`loss X`; with MTP, what the objective adds up (train/step.loss_fn), so the number is
+    not read as the next-token loss alone."""
+    if "mtp_loss" not in r:
+        return f"loss {r['loss']:.4f}"
+    moe = " + MoE aux" if r.get("moe_loss") else ""
+    return (f"loss {r['loss']:.4f} (ce {r['ce_loss']:.4f} + {mtp_coef:g} x mtp "
+            f"{r['mtp_loss']:.4f}{moe})")
+
+
+def _fmt_step(r: dict, mtp_coef: float = 0.0) -> str:
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
     load = r.get("expert_load_max_over_mean")
-    return (f"step {r['step']:>5} | loss {r['loss']:.4f} | {r['step_time_s'] * 1e3:7.0f} ms | "
+    return (f"step {r['step']:>5} | {_loss_words(r, mtp_coef)} | "
+            f"{r['step_time_s'] * 1e3:7.0f} ms | "
             f"{r['tokens_per_s']:8.0f} tok/s | {r['tflops_per_device']:.4f} TFLOPS/dev | "
             f"MFU {mfu} | load max/mean {load if load is None else f'{load:.2f}'} | "
             f"dropped {r['dropped_tokens']}")
@@ -112,14 +125,17 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     checkpoint.CheckpointError when a save fails, and rundir.RunDirInUse when another process
     holds the run directory.
     """
-    preflight.check(cfg)
+    fit = preflight.check(cfg)
     with stop_on_signals(stop) as stop:
-        run = open_run_dir(cfg)
-        stop.on_startup = functools.partial(_startup_exit_words, run)
+        run = stop.open_undoable(functools.partial(open_run_dir, cfg), _startup_exit_words)
         prog = progress or Progress(echo)
+        prog.line(preflight.summary(fit))
         try:
             with ckpt.quiet_orbax_errors():
-                return _run(cfg, run, prog, stop, stop_at, resume=resume, strict=strict_resume)
+                result = _run(cfg, run, prog, stop, stop_at, resume=resume,
+                              strict=strict_resume)
+            result.preflight = fit
+            return result
         except BaseException:
             if run.steps_done == 0:
                 run.discard()            # removes only a directory this call created
@@ -278,6 +294,12 @@ def _compile(ctx: _Ctx, state, start: int):
     return step_fn, batch0, t.seconds, gmm
 
 
+def _peak_words(peak: float | None, source: str) -> str:
+    """The start-up line of the peak MFU is measured against; where a measured CPU peak is
+    cached (machine.cpu_peak_flops) is left to metrics.jsonl's "peak_source"."""
+    return f"  peak {(peak or 0) / 1e12:.3f} TFLOPS/device ({source.split(', cached in ')[0]})"
+
+
 def _start_record(ctx: _Ctx, compile_s: float, start: int, gmm=None) -> tuple[dict, str]:
     """The "start" record of metrics.jsonl and its line for the terminal."""
     cfg, peak, peak_src = ctx.cfg, ctx.peak, ctx.peak_source
@@ -291,7 +313,7 @@ def _start_record(ctx: _Ctx, compile_s: float, start: int, gmm=None) -> tuple[di
            "corpus": ctx.corpus.fingerprint(), "busy_fraction": machine.busy_fraction(0.2),
            "moe_kernels": kernels, **(gmm.record() if gmm else {}), "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "machine": machine.machine_info()}
-    line = (f"  peak {(peak or 0) / 1e12:.3f} TFLOPS/device ({peak_src})"
+    line = (_peak_words(peak, peak_src)
             + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "
                f"{kernels['gmm_ms']:.2f} ms, dispatch {kernels['dispatch_ms']:.2f} ms, "
                f"combine {kernels['combine_ms']:.2f} ms" if kernels else ""))
@@ -340,7 +362,7 @@ def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) ->
     cfg, prog = ctx.cfg, ctx.prog
     result = RunResult(ctx.out_dir, {}, {}, start)
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
-    profile = range(start + 2, start + 2 + cfg.profile_steps)
+    profile = profile_lib.window(start, end, cfg.profile_steps)
     prog.start(first=start, total=end)
     clock = _Clock(time.perf_counter(), start)
     inflight = None                       # (n, batch, metrics) of a dispatched, unread step
@@ -348,7 +370,7 @@ def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) ->
     for i in range(start, end):
         if ctx.stop.requested:            # arrived during compilation or the previous save
             break
-        if cfg.profile_steps and i == profile.start:
+        if profile and i == profile.start:
             jax.profiler.start_trace(str(ctx.out_dir / "profile"))
         state, m = step_fn(state, batch)  # step i+1 is dispatched (its input state donated)
         if inflight is not None:          # step i: its metrics only, its state is step i+1's
@@ -425,7 +447,7 @@ def _needs_state(ctx: _Ctx, n: int, end: int, profile: range) -> bool:
     dispatches step n+1."""
     cfg = ctx.cfg
     return (any(_due(cfg, n, end)) or any(g.due(n) for g in ctx.guards) or ctx.stop.requested
-            or bool(cfg.profile_steps and n in (profile.start, min(profile.stop, end))))
+            or bool(profile and n in (profile.start, profile.stop)))
 
 
 def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict, *, state,
@@ -444,9 +466,12 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
     ctx.run.steps_done += 1
     if ctx.run.steps_done == 1 and not ctx.run.created:
         ctx.run.write_json("config.json", ctx.config_json)   # the resume is under way
-    if cfg.profile_steps and n == min(profile.stop, end):
+    if profile and n == profile.stop:
         jax.profiler.stop_trace()
         prog.line(f"  profiler trace of steps {profile.start + 1}-{n} in {ctx.out_dir}/profile")
+        _, groups = profile_lib.write_table(ctx.out_dir, steps=len(profile))
+        prog.line(f"  kernel time by group ({profile_lib.TABLE}): "
+                  f"{profile_lib.group_line(groups)}")
         clock.last = time.perf_counter()
     due = _due(cfg, n, end)
     check = functools.partial(guards_lib.check_all, ctx.guards, state=state, step=n, metrics=m,
@@ -458,7 +483,7 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
     show = n % cfg.log_every == 0 or n == end
     ctx.writer.record(rec)
     prog.step(n, loss=rec["loss"], tokens_per_s=rec["tokens_per_s"],
-              text=_fmt_step(rec) if show else None)
+              text=_fmt_step(rec, cfg.model.mtp_loss_coef) if show else None)
     ctx.tb(n, {k: v for k, v in rec.items() if isinstance(v, (int, float))
                and k not in ("step", "event")})
     if state is None:

@@ -1,17 +1,28 @@
-"""Pre-flight: refuse a training config that cannot fit in device memory, before compiling.
+"""Pre-flight: refuse a training config that cannot fit in device memory, before any allocation.
 
-The estimate is the planner's memory model (`dropless.plan.memory.memory_per_device`, the same
-one `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
-in the model's weight dtype (float32 moments), activations in the compute dtype, the trainer's
-plain-XLA attention (the S x S scores are materialised, `attention_impl="naive"`). The device's
-memory is what JAX reports (`bytes_limit`) on an accelerator and, on a CPU, the host's RAM (or
-its cgroup limit) shared by the local host devices. The check refuses only an estimate above
-the whole device: the model is an estimate, and a near miss is better left to the allocator.
-DROPLESS_NO_PREFLIGHT=1 skips it.
+Two ways to know the bytes a step needs, and every report names the one used:
+  * `compiled`: the train step compiled for the device with abstract inputs (nothing is
+    allocated) and XLA's `memory_analysis()` of the executable: arguments + outputs - aliased
+    (the donated state) + temporaries + code. Used on a GPU with a one-device mesh, and for an
+    H100/H200 compile-only device (train/compile_only.py) by `dropless plan --compile` and the
+    tests. On a compile-only device the grouped matmul is compiled as `ragged_dot` (Pallas
+    kernels lower only with a GPU present); the trainer's guards (check_nan, overflow) are left
+    out (their state is a few scalars a parameter).
+  * `model`: the planner's memory model (`dropless.plan.memory.memory_per_device`, the same one
+    `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
+    in the model's weight dtype (float32 moments), activations in the compute dtype, the
+    trainer's plain-XLA attention (the S x S scores are materialised, `attention_impl="naive"`).
+    Used on a CPU, on a mesh of several devices, and where the compile fails.
+The device's memory is what JAX reports (`bytes_limit`) on an accelerator, the kind's memory x
+the profile's usable fraction (`machine.PROFILES[kind].usable_memory_fraction`) for a
+compile-only device and, on a CPU, the host's RAM (or its cgroup limit) shared by the host
+devices the mesh uses. DROPLESS_NO_PREFLIGHT=1 skips the check.
 """
 from __future__ import annotations
 
+import functools
 import os
+import time
 
 from dropless.config import TrainConfig
 
@@ -37,10 +48,17 @@ def _fmt(b: float) -> str:
     return f"{b / 2 ** 40:.1f} TiB" if b >= 2 ** 40 else f"{b / GiB:.2f} GiB"
 
 
-def device_memory() -> tuple[float, str]:
-    """(bytes one device may use, where the number came from): `runtime.environment`'s."""
+def device_memory(cfg: TrainConfig) -> tuple[float, str]:
+    """(bytes one device may use, where the number came from): `runtime.environment`'s on an
+    accelerator; on a CPU the host's RAM shared by the host devices the run's mesh uses (one
+    for the default mesh, however many host devices there are)."""
+    import jax
     from dropless.runtime.environment import device_memory as measured
-    return measured()
+    from dropless.runtime.environment import format_bytes, host_memory
+    if jax.local_devices()[0].platform != "cpu":
+        return measured()
+    ram, n = host_memory(), max(1, min(cfg.mesh.num_devices, jax.local_device_count()))
+    return ram / n, f"host RAM {format_bytes(ram)}" + (f" / {n} host devices" if n > 1 else "")
 
 
 def estimate(cfg: TrainConfig) -> dict[str, float]:
@@ -56,19 +74,111 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
     return {k: float(mem[k]) for k in PARTS + ("total",)}
 
 
-def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "") -> dict:
-    """The estimate, or DoesNotFit naming the biggest term and what to change."""
+def compiled(cfg: TrainConfig, device, *, compile_only: bool = False) -> dict[str, float]:
+    """Bytes the train step compiled for `device` (one device; a real one or a compile-only one
+    with `compile_only`) holds at once, by XLA's memory analysis: {"arguments", "outputs",
+    "aliased", "temp", "code", "total", "compile_s"}. Nothing is allocated: the state and the
+    batch are abstract. Raises what the compile raises."""
+    import jax
+    import jax.numpy as jnp
+    from dropless.train import step as step_lib
+    if compile_only and cfg.model.moe is not None:
+        m = cfg.model
+        cfg = cfg.replace(model=m.replace(moe=m.moe.replace(gmm_backend="ragged_dot")))
+    t0 = time.perf_counter()
+    state = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
+    opt = step_lib.make_optimizer(cfg, state["params"])
+    sh = jax.sharding.SingleDeviceSharding(device)
+    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), state)
+    batch = jax.ShapeDtypeStruct((cfg.per_device_batch_size, cfg.seq_len + 1), jnp.int32,
+                                 sharding=sh)
+    fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt), donate_argnums=0)
+    ma = fn.lower(state, batch).compile().memory_analysis()
+    out = {"arguments": float(ma.argument_size_in_bytes),
+           "outputs": float(ma.output_size_in_bytes), "aliased": float(ma.alias_size_in_bytes),
+           "temp": float(ma.temp_size_in_bytes),
+           "code": float(ma.generated_code_size_in_bytes)}
+    out["total"] = (out["arguments"] + out["outputs"] - out["aliased"] + out["temp"]
+                    + out["code"])
+    out["compile_s"] = time.perf_counter() - t0
+    return out
+
+
+def target_limit(kind: str) -> tuple[float, str]:
+    """(usable bytes, where the number came from) of a compile-only device of `kind`."""
+    from dropless.machine import PROFILES
+    from dropless.train.compile_only import MEMORY_BYTES, NAMES
+    frac = PROFILES[kind].usable_memory_fraction
+    return (MEMORY_BYTES[kind] * frac,
+            f"{NAMES[kind]} {_fmt(MEMORY_BYTES[kind])} x {frac} usable, compile-only")
+
+
+def _gpu_device(cfg: TrainConfig):
+    """The device the trainer's step runs on when it can be compiled for alone (a GPU, a
+    one-device mesh), else None."""
+    import jax
+    dev = jax.local_devices()[0]
+    if dev.platform == "gpu" and cfg.mesh.num_devices == 1:
+        return dev
+    return None
+
+
+def measure(cfg: TrainConfig, *, target: str | None = None) -> dict:
+    """The bytes `cfg`'s step needs per device and how they were found: the estimate's parts
+    plus "method" ("compiled" or "model"), "total", and with a compile its memory analysis
+    ("compiled") or why none was made ("note"). `target`: compile for a compile-only H100/H200
+    ("h100"/"h200"; ValueError when the jax CUDA plugin is missing) instead of this machine's
+    device."""
     est = estimate(cfg)
+    est.update(method="model", model_total=est["total"])
+    if target is not None:
+        from dropless.train.compile_only import devices
+        dev, only = devices(target, 1)[0], True
+    else:
+        dev, only = _gpu_device(cfg), False
+    if dev is None:
+        return est
+    try:
+        c = compiled(cfg, dev, compile_only=only)
+    except Exception as e:  # noqa: BLE001 - the compile is a better estimate, not a must
+        if target is not None:
+            raise
+        return {**est, "note": f"compile for the check failed ({type(e).__name__}); "
+                               "the planner's memory model was used"}
+    return {**est, "method": "compiled", "total": c["total"], "compiled": c}
+
+
+def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "",
+          target: str | None = None) -> dict:
+    """`measure(cfg)` with "limit" and "source" (the device's usable bytes and where that
+    number came from), or DoesNotFit naming the method, the biggest term and what to change.
+    Compiles nothing and checks nothing with DROPLESS_NO_PREFLIGHT=1."""
     if os.environ.get("DROPLESS_NO_PREFLIGHT") == "1":
-        return est
+        return {**estimate(cfg), "method": "skipped"}
+    fit = measure(cfg, target=target)
     if limit is None:
-        limit, source = device_memory()
-    if est["total"] <= limit:
-        return est
-    big = max(PARTS, key=lambda k: est[k])
+        limit, source = target_limit(target) if target else device_memory(cfg)
+    fit.update(limit=limit, source=source)
+    if fit["total"] <= limit:
+        return fit
+    big = max(PARTS, key=lambda k: fit[k])
+    how = ("by the step compiled for the device" if fit["method"] == "compiled"
+           else "by the planner's memory model")
     raise DoesNotFit(
         f"per_device_batch_size={cfg.per_device_batch_size} x seq_len={cfg.seq_len} "
-        f"(remat={cfg.remat}) does not fit: about {_fmt(est['total'])} per device, "
+        f"(remat={cfg.remat}) does not fit: {_fmt(fit['total'])} per device {how}, "
         f"{_fmt(limit)} available ({source}); the biggest term is {big} "
-        f"({_fmt(est[big])}). {_HINTS[big][0].upper() + _HINTS[big][1:]} "
+        f"({_fmt(fit[big])}). {_HINTS[big][0].upper() + _HINTS[big][1:]} "
         "(DROPLESS_NO_PREFLIGHT=1 skips this check)")
+
+
+def summary(fit: dict) -> str:
+    """One line for the trainer's start-up: the bytes, the limit, how they were found."""
+    if fit.get("method") == "skipped":
+        return "  memory pre-flight skipped (DROPLESS_NO_PREFLIGHT=1)"
+    how = ("the compiled step's memory analysis" if fit["method"] == "compiled"
+           else "the planner's memory model")
+    spare = fit["limit"] - fit["total"]
+    return (f"  memory: {_fmt(fit['total'])} per device of {_fmt(fit['limit'])} "
+            f"({fit['source']}), {_fmt(spare)} to spare, by {how}"
+            + (f"; {fit['note']}" if fit.get("note") else ""))
