@@ -140,3 +140,14 @@ def test_deepseek3_1gpu_trains_on_cpu_at_a_reduced_size(tmp_path):
     losses = [result.losses[n] for n in (1, 2, 3)]
     assert all(jnp.isfinite(x) for x in losses)
     assert abs(losses[0] - float(jnp.log(32768.0))) < 1.0   # uniform over the vocabulary at init
+
+
+def test_a_one_gpu_preset_brings_its_run_settings_and_a_given_key_wins():
+    from dropless.config_file import build_config
+    from dropless.presets import RUN_SETTINGS
+    cfg = build_config([("preset", "deepseek3-1gpu")])
+    assert {k: getattr(cfg, k) for k in RUN_SETTINGS["deepseek3-1gpu"]} == \
+        {"seq_len": 4096, "per_device_batch_size": 2, "remat": "minimal"}
+    cfg = build_config([("preset", "deepseek3-1gpu"), ("seq_len", 128), ("remat", "none")])
+    assert (cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (128, 2, "none")
+    assert build_config([("preset", "deepseek3-test")]).seq_len != 4096   # others: unchanged

@@ -30,7 +30,7 @@ from dropless.config import (MeshConfig, ModelConfig, MoEConfig, TrainConfig, sc
                              scalar_type_error)
 from dropless.model_dir import (data_vocab_size, from_dict, init_from_defaults, read_run_config,
                                 resolve_tokenizer, saved_preset, to_dict, upgrade)
-from dropless.presets import get_preset
+from dropless.presets import RUN_SETTINGS, get_preset
 
 DEFAULT_PRESET = "tiny"
 
@@ -276,6 +276,8 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
     preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
     base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
     tree = to_dict(base)
+    for key, value in RUN_SETTINGS.get(str(preset), {}).items():   # how the preset is trained
+        _set(tree, key, value)
     for key, value in resolved:
         if key == "preset":
             continue

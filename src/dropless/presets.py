@@ -135,7 +135,7 @@ PUBLISHED_COUNTS = {
 }
 
 # How a preset made for one device is trained: the sequence, batch and remat policy it was sized
-# with (`dropless train --preset NAME` + these keys). deepseek3-1gpu's step compiled for an H100
+# with, the defaults `--preset NAME` sets (config_file.build_config; a key the user gives wins). deepseek3-1gpu's step compiled for an H100
 # needs 60.8 GiB (XLA's memory analysis, jax 0.11.2: 18.8 GiB of float32 weights and Adam moments,
 # 42.0 GiB temporaries) of the 72.8 GiB usable; remat=none would need 75 GiB.
 RUN_SETTINGS = {

@@ -4,10 +4,11 @@ Two ways to know the bytes a step needs, and every report names the one used:
   * `compiled`: the train step compiled for the device with abstract inputs (nothing is
     allocated) and XLA's `memory_analysis()` of the executable: arguments + outputs - aliased
     (the donated state) + temporaries + code. Used on a GPU with a one-device mesh, and for an
-    H100/H200 compile-only device (train/compile_only.py) by `dropless plan --compile` and the
-    tests. On a compile-only device the grouped matmul is compiled as `ragged_dot` (Pallas
-    kernels lower only with a GPU present); the trainer's guards (check_nan, overflow) are left
-    out (their state is a few scalars a parameter).
+    H100/H200 compile-only device (train/compile_only.py: `check(cfg, target="h100")`, which
+    the GPU leg's tests call). On a compile-only device the grouped matmul is compiled as
+    `ragged_dot` (Pallas kernels lower only with a GPU present), which XLA:GPU runs as a
+    zero-padded dense product, so its temporaries over-state the step's: a fit there is a fit;
+    the trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
   * `model`: the planner's memory model (`dropless.plan.memory.memory_per_device`, the same one
     `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
     in the model's weight dtype (float32 moments), activations in the compute dtype, the
