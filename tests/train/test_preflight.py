@@ -34,7 +34,8 @@ def test_an_oversized_config_is_refused_before_allocation(tmp_path, monkeypatch)
     # 1.7B parameters at 64 x 4096 tokens a step, no remat: terabytes by the planner's model
     from dropless.config_file import build_config
     cfg = build_config([("preset", "deepseek3-1gpu"), ("seq_len", 4096),
-                        ("per_device_batch_size", 64), ("run_dir", str(tmp_path / "runs"))])
+                        ("per_device_batch_size", 64), ("remat", "none"),
+                        ("run_dir", str(tmp_path / "runs"))])
     allocated = []
     monkeypatch.setattr("dropless.train.step.init_state",
                         lambda *a, **k: allocated.append(1))   # never reached

@@ -129,10 +129,9 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     with stop_on_signals(stop) as stop:
         run = stop.open_undoable(functools.partial(open_run_dir, cfg), _startup_exit_words)
         prog = progress or Progress(echo)
-        prog.line(preflight.summary(fit))
         try:
             with ckpt.quiet_orbax_errors():
-                result = _run(cfg, run, prog, stop, stop_at, resume=resume,
+                result = _run(cfg, run, prog, stop, stop_at, fit, resume=resume,
                               strict=strict_resume)
             result.preflight = fit
             return result
@@ -170,7 +169,8 @@ def _data_words(corpus) -> str:
 
 
 def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
-         stop_at: int | None, *, resume: bool = False, strict: bool = False) -> RunResult:
+         stop_at: int | None, fit: dict, *, resume: bool = False,
+         strict: bool = False) -> RunResult:
     from dropless.model_dir import to_dict
     out_dir = run.path
     load = functools.partial(data_lib.load_corpus, tokenizer=cfg.tokenizer,
@@ -198,6 +198,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     plan = replan()
     if plan.nothing_to_do:
         return RunResult(out_dir, {}, {}, plan.start, nothing_to_do=True)
+    prog.line(preflight.summary(fit))   # (a run with nothing to do says that alone)
     cfg, start = plan.cfg, plan.start
     if run.created:
         run.write_json("config.json", to_dict(cfg))
