@@ -110,6 +110,7 @@ def test_all_legs_passing_says_so(tmp_path):
     r = subprocess.run([".ci/legs", "ok", "ok2"], cwd=project, capture_output=True, text=True,
                        timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "ci: all 2 legs passed"
+    assert r.stderr == ""   # (an empty list of failed legs is no error under set -u)
 
 
 def test_make_test_runs_the_three_legs_through_the_leg_runner(project):
