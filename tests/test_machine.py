@@ -64,3 +64,16 @@ def test_time_interleaved_counts_the_fresh_memory_a_call_touches():
     assert stats["fresh"]["page_faults"] >= 32, stats
     assert stats["kept"]["page_faults"] < 16, stats
     assert stats["fresh"]["min_ms"] <= stats["fresh"]["median_ms"] <= stats["fresh"]["max_ms"]
+
+
+def test_time_interleaved_rotates_which_candidate_runs_first_each_round():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    machine.time_interleaved(fns, repeats=4, warmup=1)
+    warm, timed = calls[:3], calls[3:]
+    assert warm == ["a", "b", "c"]
+    assert timed == list("abc" "bca" "cab" "abc")
+    # every candidate timed `repeats` times, and none always after the same other one
+    assert all(timed.count(n) == 4 for n in "abc")
+    before = {n: {timed[i - 1] for i in range(1, len(timed)) if timed[i] == n} for n in "abc"}
+    assert all(len(prev) > 1 for prev in before.values()), before

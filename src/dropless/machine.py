@@ -233,8 +233,10 @@ def _block(out: Any) -> None:
 
 def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 5,
                      warmup: int = 1) -> dict[str, dict[str, float]]:
-    """Time each zero-argument callable `repeats` times, round-robin (A, B, A, B, ...: on a
-    machine whose speed swings, every candidate sees the same swings), after `warmup` calls each.
+    """Time each zero-argument callable `repeats` times, round-robin (on a machine whose speed
+    swings, every candidate sees the same swings), after `warmup` calls each. Each round starts
+    one candidate further on (A B C, B C A, C A B, ...), so no candidate always runs right after
+    the same other one (whose threads, caches and freed memory it would otherwise always meet).
 
     Returns {name: {"median_ms", "min_ms", "max_ms", "compile_ms", "page_faults"}}; compile_ms
     is the first call (compilation plus one run); page_faults is the median count of the
@@ -250,8 +252,11 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, repeats: int = 5,
             _block(fn())
     samples: dict[str, list[float]] = {name: [] for name in fns}
     faults: dict[str, list[int]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    order = list(fns)
+    for round_ in range(repeats):
+        start = round_ % len(order)
+        for name in order[start:] + order[:start]:
+            fn = fns[name]
             f = _minor_faults()
             t = time.perf_counter()
             _block(fn())

@@ -181,22 +181,24 @@ def run(args: MoEOptions) -> int:
     return 0
 
 
-PEER_COLUMNS = ["tokens", "experts", "top_k", "mode", "variant", "median_ms", "ratio_to_dense",
+PEER_COLUMNS = ["tokens", "experts", "top_k", "dtype", "mode", "variant", "median_ms", "ratio_to_dense",
                 "torch_over_dropless", "bound_ms", "x_bound"]
 PROFILE_COLUMNS = ["phase", "part", "in_layer", "median_ms", "limit_ms", "x_limit", "limited_by",
                    "layer_ms"]
 
 
-def _peer_case(torch, t, e, k, d, f, routing, repeats, rates):
-    """One side-by-side case: the six functions in one round-robin, per mode."""
+def _peer_case(torch, t, e, k, d, f, routing, dtype, repeats, rates):
+    """One side-by-side case: the six functions in one round-robin, per mode, every operand
+    (weights, activations, cotangents) in `dtype` on both sides. The layer's modeled bound
+    (`bound_ms`) is given in float32 only: the measured rates are float32's."""
     from dropless.bench import moe_torch
-    cfg = MoEConfig(num_experts=e, top_k=k, d_model=d, d_ff=f, dtype="float32",
-                    weight_dtype="float32", score_func="softmax", norm_topk_prob=True)
+    cfg = MoEConfig(num_experts=e, top_k=k, d_model=d, d_ff=f, dtype=dtype,
+                    weight_dtype=dtype, score_func="softmax", norm_topk_prob=True)
     params = moe.init_params(jax.random.key(e), cfg)
     params["router"]["bias_E"] = jnp.asarray(_router_bias(routing, e, e)) * 0.1
     n = t * k
-    x, dy = (jax.random.normal(jax.random.key(i), (t, d)) for i in (1, 2))
-    xd, dyd = (jax.random.normal(jax.random.key(i), (n, d)) for i in (3, 4))
+    x, dy = (jax.random.normal(jax.random.key(i), (t, d), dtype) for i in (1, 2))
+    xd, dyd = (jax.random.normal(jax.random.key(i), (n, d), dtype) for i in (3, 4))
     layer = lambda p, x: moe.apply(p, x, cfg)[0]
     layer_f, layer_b = (jax.jit(fn) for fn in dense.fwd_and_fwd_bwd(layer))
     sizes_E = np.asarray(jax.jit(lambda p, x: moe.apply(p, x, cfg)[1])(params, x)
@@ -207,17 +209,17 @@ def _peer_case(torch, t, e, k, d, f, routing, repeats, rates):
     ffn_f, ffn_b = (jax.jit(fn) for fn in dense.fwd_and_fwd_bwd(ffn))
     wd = (ex["w_gate_EDF"][0], ex["w_up_EDF"][0], ex["w_down_EFD"][0])
     dense_f, dense_b = (jax.jit(fn) for fn in dense.fwd_and_fwd_bwd(dense.swiglu))
-    host = jax.tree_util.tree_map(np.asarray, params)
-    t_f, t_b = moe_torch.timed_fns(torch, host, *(np.asarray(a) for a in (x, dy, xd, dyd)),
-                                   sizes_E, k)
+    host = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params)
+    t_f, t_b = moe_torch.timed_fns(torch, host, *(np.asarray(a, np.float32)
+                                                  for a in (x, dy, xd, dyd)), sizes_E, k, dtype)
     fns = {"fwd": {"jax/dense": lambda: dense_f(xd, *wd),
                    "dropless/auto": lambda: layer_f(params, x),
                    "jax/experts": lambda: ffn_f(ex, xd), **t_f},
            "fwd+bwd": {"jax/dense": lambda: dense_b(xd, *wd, dyd),
                        "dropless/auto": lambda: layer_b(params, x, dy),
                        "jax/experts": lambda: ffn_b(ex, xd, dyd), **t_b}}
-    y_jax = np.asarray(layer_f(params, x))
-    y_torch = t_f["torch/hf_mixtral"]().numpy()
+    y_jax = np.asarray(layer_f(params, x), np.float32)
+    y_torch = t_f["torch/hf_mixtral"]().float().numpy()
     out_diff = float(np.abs(y_jax - y_torch).max() / np.abs(y_jax).max())
     bound = moe_profile.layer_limit_ms(t, d, f, e, k, rates)
     records = []
@@ -228,15 +230,16 @@ def _peer_case(torch, t, e, k, d, f, routing, repeats, rates):
             own_dense = med["torch/dense" if nm.startswith("torch/") else "jax/dense"]
             rec = {"bench": "moe", "mode": mode, "variant": nm, "tokens": t, "d_model": d,
                    "d_ff": f, "experts": e, "top_k": k, "routed_rows": n, "routing": routing,
-                   "dtype": "float32", "max_over_mean_load": float(sizes_E.max() / sizes_E.mean()),
+                   "dtype": dtype, "max_over_mean_load": float(sizes_E.max() / sizes_E.mean()),
                    **s, "ratio_to_dense": s["median_ms"] / own_dense}
             peer = {"dropless/auto": "torch/hf_mixtral", "jax/experts": "torch/grouped_mm",
                     "jax/dense": "torch/dense"}.get(nm)
             if peer:
                 rec["torch_over_dropless"] = med[peer] / s["median_ms"]
             if nm == "dropless/auto":
-                rec.update(bound_ms=bound[mode], x_bound=s["median_ms"] / bound[mode],
-                           out_rel_diff_vs_torch=out_diff)
+                rec["out_rel_diff_vs_torch"] = out_diff
+                if dtype == "float32":
+                    rec.update(bound_ms=bound[mode], x_bound=s["median_ms"] / bound[mode])
             records.append(rec)
     return records
 
@@ -261,8 +264,10 @@ def run_peer(args: MoEOptions) -> int:
         rate_rec["bandwidth_gbs"] = rates["bandwidth"] / 1e9
         recs = []
         if torch is not None:
-            for routing in args.routings:
-                recs += _peer_case(torch, t, e, k, d, f, routing, args.repeats, rates)
+            for dtype in args.dtypes:
+                for routing in args.routings:
+                    recs += _peer_case(torch, t, e, k, d, f, routing, dtype, args.repeats,
+                                       rates)
         if args.profile:
             recs += moe_profile.profile_case(t, d, f, e, k, repeats=args.repeats, rates=rates)
         after = machine.busy_fraction(0.2)

@@ -111,19 +111,23 @@ def dense_swiglu(torch, w_gate_DF, w_up_DF, w_down_FD, x_ND):
 
 
 def timed_fns(torch, params: dict[str, Any], x_TD: np.ndarray, dy_TD: np.ndarray,
-              x_ND: np.ndarray, dy_ND: np.ndarray, group_sizes_E: np.ndarray, top_k: int
+              x_ND: np.ndarray, dy_ND: np.ndarray, group_sizes_E: np.ndarray, top_k: int,
+              dtype: str = "float32"
               ) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
     """({name: forward}, {name: forward+backward}) zero-argument callables for the torch side:
-    `torch/dense`, `torch/hf_mixtral` and `torch/grouped_mm`. Forward runs under no_grad;
-    forward+backward returns the output and the gradients of the input and of every weight."""
-    w = mixtral_weights(torch, params)
+    `torch/dense`, `torch/hf_mixtral` and `torch/grouped_mm`, every tensor in `dtype` (as a
+    model loaded with `torch_dtype=dtype` holds them; the router's softmax stays float32, as
+    HF's does). Forward runs under no_grad; forward+backward returns the output and the
+    gradients of the input and of every weight."""
+    as_dtype = getattr(torch, dtype)
+    w = {name: v.to(as_dtype) for name, v in mixtral_weights(torch, params).items()}
     ex = params["experts"]
-    f32 = lambda a: torch.from_numpy(np.array(a, np.float32, order="C", copy=True))
+    tensor = lambda a: torch.from_numpy(np.array(a, np.float32, order="C", copy=True)).to(as_dtype)
     gu_ED2F = w["gate_up_E2FD"].transpose(-2, -1).contiguous()
-    down_EFD = f32(ex["w_down_EFD"])
+    down_EFD = tensor(ex["w_down_EFD"])
     offs_E = torch.from_numpy(np.cumsum(group_sizes_E).astype(np.int32))
-    dense_w = (f32(ex["w_gate_EDF"][0]), f32(ex["w_up_EDF"][0]), f32(ex["w_down_EFD"][0]))
-    x, dy, xn, dyn = (f32(a) for a in (x_TD, dy_TD, x_ND, dy_ND))
+    dense_w = tuple(tensor(ex[name][0]) for name in ("w_gate_EDF", "w_up_EDF", "w_down_EFD"))
+    x, dy, xn, dyn = (tensor(a) for a in (x_TD, dy_TD, x_ND, dy_ND))
     block_w = {k: v for k, v in w.items() if k != "bias_E"}
     calls = {"torch/dense": (lambda *a: dense_swiglu(torch, *a), [*dense_w, xn], dyn),
              "torch/hf_mixtral": (lambda *a: mixtral_block(
