@@ -60,21 +60,23 @@ test-native-avx2: setup
 # jax 0.11.2 (what the H200 machines have) and the newest release, pinned exactly so a CI run is
 # reproducible (bump by hand after `pip index versions jax`). .ci/jax_leg reuses a venv until
 # pyproject.toml or its pin changes. Without Python 3.12 the leg is skipped with a message;
-# GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist;
-# a test file named test_*_gpu_compile.py (compiled for a compile-only H100/H200) joins the leg.
+# GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist.
+# GPU_TESTS run in both venvs. A test file named test_*_gpu_compile.py (GPU_COMPILE_TESTS: whole
+# programs and kernels compiled for a compile-only H100/H200, minutes each) runs in the jax 0.11.2
+# venv only, the JAX those machines run; the newest release gets the lowering tests.
 JAX_LEG_OLD := 0.11.2
 JAX_LEG_NEW := 0.12.0.1
-export GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py \
-                      tests/ops/gpu/test_pallas_gpu.py tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py \
-                      tests/moe/dispatch/test_overlap_schedule.py \
-                      tests/*/test_*_gpu_compile.py tests/*/*/test_*_gpu_compile.py)
+GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py tests/ops/gpu/test_pallas_gpu.py \
+               tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py \
+               tests/moe/dispatch/test_overlap_schedule.py)
+GPU_COMPILE_TESTS := $(wildcard tests/*/test_*_gpu_compile.py tests/*/*/test_*_gpu_compile.py)
 setup-gpu-lowering:
 	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) setup
 	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) setup
 
 test-gpu-lowering:
-	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD)
-	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW)
+	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) test $(GPU_TESTS) $(GPU_COMPILE_TESTS)
+	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) test $(GPU_TESTS)
 
 clean:
 	rm -rf $(VENV) .venv-jax011 .venv-jaxnew .pytest_cache .hypothesis

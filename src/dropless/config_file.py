@@ -28,8 +28,9 @@ import yaml
 from dropless.compat import maxtext
 from dropless.config import (MeshConfig, ModelConfig, MoEConfig, TrainConfig, scalar_fields,
                              scalar_type_error)
-from dropless.model_dir import (data_vocab_size, from_dict, init_from_defaults, read_run_config,
-                                resolve_tokenizer, saved_preset, to_dict, upgrade)
+from dropless.model_dir import (data_vocab_size, from_dict, init_from_defaults,
+                                prepared_vocab_size, read_run_config, resolve_tokenizer,
+                                saved_preset, to_dict, upgrade)
 from dropless.presets import RUN_SETTINGS, get_preset
 
 DEFAULT_PRESET = "tiny"
@@ -295,16 +296,33 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
 
 def _data_implies(tree: dict, keys: set[str], notes: list[str] | None) -> None:
     """The tokenizer as every command reads its name (`model_dir.resolve_tokenizer`: byte,
-    hf:DIR, a folder, a tokenizer.json), and model.vocab_size raised to what the data needs (a
-    prepared dataset's manifest, else the tokenizer's vocabulary) when no key, YAML or
-    init_from set it; a vocab_size that was set and is too small is refused where the data is
-    read."""
+    hf:DIR, a folder, a tokenizer.json), and model.vocab_size raised to what the data needs
+    (the larger of data's and eval_data's: a prepared dataset's manifest, else the tokenizer's
+    vocabulary) when no key, YAML or init_from set it. A vocab_size that was set and is smaller
+    than a prepared dataset's (data or eval_data) is refused here, in one line naming both; one
+    smaller than the tokenizer's, where the data is read."""
     if tree.get("tokenizer"):
         tree["tokenizer"] = resolve_tokenizer(str(tree["tokenizer"]), name="tokenizer")
+    sources = [("data", str(tree.get("data") or ""))]
+    if tree.get("eval_data"):
+        sources.append(("eval_data", str(tree["eval_data"])))
+    have = tree["model"]["vocab_size"]
     if "model.vocab_size" in keys or tree.get("init_from"):
+        for key, source in sources:
+            prepared = prepared_vocab_size(source)
+            if prepared is not None and prepared[0] > have:
+                given = "model.vocab_size" in keys
+                raise ValueError(
+                    f"model.vocab_size={have}{'' if given else ' (init_from)'} is smaller than "
+                    f"the vocabulary of {key}={source!r} (vocab_size={prepared[0]} in "
+                    f"{prepared[1]}); " + (f"raise model.vocab_size to at least {prepared[0]}, "
+                                           "or leave it unset" if given else
+                                           "prepare the data with that model's tokenizer"))
         return
-    need = data_vocab_size(str(tree.get("data") or ""), str(tree.get("tokenizer") or ""))
-    if need is not None and need[0] > tree["model"]["vocab_size"]:
+    needs = [n for _, source in sources
+             if (n := data_vocab_size(source, str(tree.get("tokenizer") or ""))) is not None]
+    need = max(needs, key=lambda n: n[0], default=None)
+    if need is not None and need[0] > have:
         if notes is not None:
             notes.append(f"model.vocab_size={need[0]} (from {need[1]}; the preset's is "
                          f"{tree['model']['vocab_size']})")

@@ -76,6 +76,18 @@ ROWS = [
     row("data-jsonl-invalid-utf8",
         {"d.jsonl": b'{"text": "ok"}\n{"text": "\xff"}\n' + OK_LINE.encode() + b"\n"},
         ("d.jsonl", "utf-8", "byte 10", "line 2"), "d.jsonl"),
+    # text files are read as strictly as `data prepare` reads them: the file and the line
+    row("data-text-invalid-utf8", {"a.txt": ENOUGH.encode() + b"bad \xff here\n"},
+        ("a.txt", "line 401", "not valid utf-8", "invalid start byte"), "a.txt"),
+    # an encoded surrogate (CESU-8 / WTF-8) is not UTF-8 either; in a folder, the file is named
+    row("data-dir-text-encoded-surrogate",
+        {"d/a.md": ENOUGH, "d/b.txt": b"ok\n\xed\xa0\x80 here\n" + ENOUGH.encode()},
+        ("d/b.txt", "line 2", "not valid utf-8"), "d"),
+    row("data-jsonl-lone-surrogate", {"d.jsonl": _jsonl(OK_LINE, '{"text": "bad \\ud800 here"}')},
+        ("d.jsonl", "line 2", "lone surrogate"), "d.jsonl"),
+    row("eval-data-text-invalid-utf8", {"one.txt": ENOUGH, "ev.txt": b"ok\n\xff\n" * 20},
+        ("ev.txt", "line 2", "not valid utf-8"), "one.txt", "eval_data=ev.txt",
+        "eval_fraction=0.1"),
     row("data-bin-odd-size", {"t.bin": bytes(range(7))},
         ("t.bin", "7 bytes", "uint16", "multiple of 2"), "t.bin"),
     row("data-bin-empty", {"t.bin": b""}, ("t.bin", "empty"), "t.bin"),
@@ -140,6 +152,14 @@ def _both(*setups):
     return setup
 
 
+def _moved(setup, name: str):
+    """`setup`'s prepared dataset `ds`, renamed `name` (so another `ds` can stand beside it)."""
+    def moved(case: Path, artifacts) -> None:
+        setup(case, artifacts)
+        (case / "ds").rename(case / name)
+    return moved
+
+
 def prepared_row(id_, setup, words, *extra):
     return Fault(id_, TRAIN + ["data=ds", *extra], rc=2, words=words, setup=setup,
                  unchanged=("ds",), check=_no_run_left, in_process=True, timeout=300)
@@ -168,6 +188,11 @@ ROWS += [
     prepared_row("prepared-vocab-above-model", _prepared(vocab_size=1000),
                  ("manifest.json", "vocab_size=1000", "model.vocab_size=256"),
                  "model.vocab_size=256"),   # given: one not given is the manifest's
+    # eval_data's vocabulary counts too: a given vocab_size below its manifest's, one line
+    prepared_row("eval-data-prepared-vocab-above-model",
+                 _both(_moved(_prepared(vocab_size=1000), "ev"), _prepared()),
+                 ("model.vocab_size=256", "eval_data='ev'", "vocab_size=1000",
+                  "ev/manifest.json"), "model.vocab_size=256", "eval_data=ev"),
     prepared_row("prepared-other-tokenizer", _both(_prepared(), _files({"tok/tokenizer.json": "{}"})),
                  ("manifest.json", "byte tokenizer", "tokenizer=byte"),
                  "tokenizer=tok/tokenizer.json"),

@@ -1,5 +1,7 @@
 """The plain-NumPy grouped matmul (a loop over groups, float64) and its gradients, and random
-operands: the reference every grouped-matmul backend is checked against."""
+operands: the reference every grouped-matmul backend is checked against; a grouped matmul's
+output and both gradients, and their comparison."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -32,3 +34,17 @@ def operands(m, k, n, sizes, dtype=jnp.float32, seed=0):
     rhs = jnp.asarray(rng.standard_normal((len(sizes), k, n)), dtype)
     dy = jnp.asarray(rng.standard_normal((m, n)), dtype)
     return lhs, rhs, jnp.asarray(sizes, jnp.int32), dy
+
+
+def with_grads(gmm, lhs, rhs, dy):
+    """`gmm(lhs, rhs)` (a grouped matmul of two operands, sizes bound) and its gradients at dy:
+    (out, dlhs, drhs)."""
+    out, vjp = jax.vjp(gmm, lhs, rhs)
+    return (out, *vjp(dy))
+
+
+def assert_same_with_grads(got, want, tol: float = 1e-5) -> None:
+    """Two (out, dlhs, drhs) triples agree within rtol = atol = `tol`; a mismatch names which."""
+    for g, w, what in zip(got, want, ("out", "dlhs", "drhs"), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=tol, atol=tol,
+                                   err_msg=what)

@@ -51,3 +51,37 @@ def test_the_leg_skips_locally_and_fails_in_ci_without_312(tmp_path):
                 dict(env, GPU_LEG="required"))
     assert fail.returncode == 2 and fail.stderr.startswith("ci: error: the jax 0.11.2 leg needs")
     assert not Path(venv).exists()
+
+
+def _fake_312(path: Path, log: Path) -> Path:
+    """A 'Python 3.12' for .ci/jax_leg: says yes to the version probe, prints a fixed pyproject
+    hash and the pinned versions, and logs a pytest run (its arguments and DROPLESS_GPU_LEG)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"""#!/bin/sh
+case "$*" in
+  *version_info*) exit 0 ;;
+  *hashlib*) echo HASH ;;
+  *importlib.metadata*) echo 0.11.2 0.11.2 0.11.2 0.11.2 ;;
+  "-m pytest "*) shift 2; echo "$DROPLESS_GPU_LEG $*" >> {log} ;;
+  *) exit 9 ;;
+esac
+""")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_leg_runs_the_files_it_is_given_and_no_others(tmp_path):
+    log = tmp_path / "pytest.log"
+    py = _fake_312(tmp_path / "py312/bin/python3.12", log)
+    venv = tmp_path / "venv"
+    _fake_312(venv / "bin/python", log)
+    (venv / ".installed").write_text(f"HASH jax==0.11.2+cuda12-plugin {py}\n")  # up to date
+    env = _env(tmp_path, PYTHON312=str(py), TEST_WORKERS="2")
+    r = _run([str(ROOT / ".ci/jax_leg"), str(venv), "0.11.2", "test", "tests/a.py", "tests/b c.py"],
+             env)
+    assert r.returncode == 0, r.stderr
+    assert log.read_text().splitlines() == ["required -n 2 --dist loadfile tests/a.py tests/b c.py"]
+    # no files is a mistake in the Makefile, not "run everything"
+    r = _run([str(ROOT / ".ci/jax_leg"), str(venv), "0.11.2", "test"], env)
+    assert r.returncode == 2 and r.stderr.startswith("ci: error: ") and "no test files" in r.stderr
+    assert len(log.read_text().splitlines()) == 1

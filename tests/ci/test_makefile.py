@@ -124,3 +124,33 @@ def test_make_test_runs_the_three_legs_through_the_leg_runner(project):
     assert "-m pytest -n auto --dist loadfile tests/ops/native tests/moe/test_layer.py" in r.stdout
     assert "DROPLESS_NATIVE_ISA=avx2 " in r.stdout
     assert r.stdout.splitlines()[-1] == "ci: all 3 legs passed"
+
+
+def _gpu_leg_commands() -> dict[str, list[str]]:
+    """What `make test-gpu-lowering` runs in this checkout: {venv: the test files it gets}."""
+    r = subprocess.run(["make", "-n", "--no-print-directory", "test-gpu-lowering"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    legs = {}
+    for line in r.stdout.splitlines():
+        words = line.split()
+        assert words[0] == ".ci/jax_leg" and words[3] == "test", line
+        legs[words[1]] = words[4:]
+    return legs
+
+
+def test_the_gpu_compile_tests_run_on_the_gpu_machines_jax_only():
+    legs = _gpu_leg_commands()
+    assert set(legs) == {".venv-jax011", ".venv-jaxnew"}
+    old, new = legs[".venv-jax011"], legs[".venv-jaxnew"]
+    compiles = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/**/test_*_gpu_compile.py"))
+    assert "tests/train/test_preflight_gpu_compile.py" in compiles
+    assert "tests/ops/gpu/test_mosaic_gpu_compile.py" in compiles
+    # jax 0.11.2 (the GPU machines' JAX) runs everything; the newest release all but the compiles
+    assert sorted(set(old) - set(new)) == compiles
+    assert set(new) < set(old) and len(old) == len(set(old))
+    # every file that needs the CUDA plugin is in the leg, and every file named exists
+    needs_plugin = {str(p.relative_to(ROOT)) for p in ROOT.glob("tests/**/test_*.py")
+                    if p != Path(__file__) and "require_plugin(" in p.read_text()}
+    assert needs_plugin and needs_plugin <= set(old)
+    assert all((ROOT / f).is_file() for f in old)

@@ -4,7 +4,6 @@ half-written, the old plot kept. The writers are made to fail as they do on a fu
 error orbax's tensorstore write raises, an OSError ENOSPC); as root, a real 256 KiB tmpfs
 checks the same in a subprocess (skipped, with the reason, without mount rights)."""
 import errno
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from dropless import cli
 
 from tests._support.paths import HF_FIXTURES, SRC
+from tests._support.run_metrics import write_run
 
 QWEN = HF_FIXTURES / "qwen3_moe"
 # what orbax raises when one of its tensorstore writes finds the disk full
@@ -68,12 +68,7 @@ def test_convert_to_hf_onto_a_full_disk(tmp_path, capsys, monkeypatch):
 def test_report_onto_a_full_disk_names_the_plot_and_keeps_the_old_one(tmp_path, capsys,
                                                                       monkeypatch):
     pytest.importorskip("matplotlib")
-    run = tmp_path / "r"
-    run.mkdir()
-    steps = [{"event": "step", "step": s, "loss": 5.0 - s / 10, "step_time_s": 0.5,
-              "tokens_per_s": 4000.0, "tflops_per_device": 0.02, "dropped_tokens": 0}
-             for s in range(1, 5)]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    run = write_run(tmp_path / "r", steps=4)
     (run / "loss.png").write_bytes(b"the old plot")
     from matplotlib.figure import Figure
 

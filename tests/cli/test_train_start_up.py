@@ -9,6 +9,7 @@ import pytest
 
 from dropless.cli import build_parser
 from dropless.presets import PRESETS
+from tests._support.run_metrics import write_run
 
 
 def _help(*argv) -> str:
@@ -38,14 +39,7 @@ def test_generate_help_describes_every_option():
 def test_the_loss_plot_draws_ln_of_the_runs_vocabulary(tmp_path, monkeypatch, vocab):
     pytest.importorskip("matplotlib")
     from dropless import report
-    run = tmp_path / "r"
-    run.mkdir()
-    steps = [{"event": "step", "step": s, "loss": 5.0 - s / 10, "step_time_s": 0.5,
-              "tokens_per_s": 4000.0, "tflops_per_device": 0.02, "dropped_tokens": 0}
-             for s in range(1, 4)]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
-    if vocab:
-        (run / "config.json").write_text(json.dumps({"model": {"vocab_size": vocab}}))
+    run = write_run(tmp_path / "r", steps=3, vocab_size=vocab)
     drawn = {}
 
     def keep(fig, path):

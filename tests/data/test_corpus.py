@@ -119,11 +119,64 @@ def test_other_suffixes_must_be_utf8_text(tmp_path):
     (tmp_path / "notes").write_text("some text " * 100)
     assert data.load_corpus(str(tmp_path / "notes")).num_documents == 1
     (tmp_path / "x.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4)
-    with pytest.raises(ValueError, match=r"x.gz' is not valid UTF-8 at byte 1 \(line 1\)"):
+    with pytest.raises(ValueError, match=r"^data='.*x.gz' line 1 is not valid UTF-8 "
+                                         r"\(invalid start byte\); fix or remove that text$"):
         data.load_corpus(str(tmp_path / "x.gz"))
-    # known text suffixes keep the stdlib's tolerance: a stray byte becomes U+FFFD
-    (tmp_path / "a.txt").write_bytes(b"caf\xe9 " * 200)
-    assert data.load_corpus(str(tmp_path / "a.txt")).train_TOK.size > 0
+
+
+@pytest.mark.parametrize("bad, line, reason", [
+    (b"caf\xe9 au lait\n", 3, "invalid continuation byte"),     # Latin-1, not UTF-8
+    (b"bad \xff here\n", 3, "invalid start byte"),
+    (b"\xed\xa0\x80 an encoded surrogate\n", 3, "invalid continuation byte"),
+    (b"cut short \xe2\x82", 3, "unexpected end of data"),
+])
+def test_text_files_are_read_as_strictly_as_prepare_reads_them(tmp_path, bad, line, reason):
+    """Text training reads (training's in-memory corpus, eval_data, a folder's files) refuse
+    what `data prepare` refuses, in its words: the file, the line and Python's reason."""
+    from dropless.data import readers
+    good = b"one\r\ntwo\n" + "caf\u00e9 \u2028 ok\n".encode() * 50
+    (tmp_path / "good.txt").write_bytes(good)
+    # byte-exact, as prepare reads it: CRLF kept, U+2028 kept (the reference: bytes.decode)
+    (name, text), = data.text_documents(str(tmp_path / "good.txt"))
+    assert text == good.decode("utf-8")
+    f = readers.InputFile(path=tmp_path / "good.txt", name="good.txt", kind="text", weight=1.0,
+                          size=len(good))
+    assert [t for c in readers.text_chunks(f, "text") for t in readers.chunk_texts(f, c, "text")
+            ] == [text]
+    t = tmp_path / "a.txt"
+    t.write_bytes(b"fine\nfine\n" + bad)
+    want = rf"a\.txt' line {line} is not valid UTF-8 \({reason}\); fix or remove that text$"
+    with pytest.raises(ValueError, match=r"^data='[^']*" + want):
+        data.load_corpus(str(t))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b.md").write_bytes(good)
+    t.rename(tmp_path / "d" / "a.txt")
+    with pytest.raises(ValueError, match=r"^data='[^']*d': [^ ]*d/a\.txt line 3 is not valid"):
+        data.load_corpus(str(tmp_path / "d"))
+    tok = data.make_tokenizer("byte")
+    with pytest.raises(ValueError, match="d/a.txt line 3 is not valid UTF-8"):
+        data.document_tokens(str(tmp_path / "d"), tok)
+    # the same words as `data prepare`'s reader (which names the path alone)
+    f = readers.InputFile(path=tmp_path / "d" / "a.txt", name="a.txt", kind="text", weight=1.0,
+                          size=0)
+    with pytest.raises(ValueError, match=rf"d/a\.txt line {line} is not valid UTF-8 \({reason}"):
+        list(readers.text_chunks(f, "text"))
+
+
+def test_a_lone_surrogate_in_jsonl_is_named_by_line(tmp_path):
+    """JSON can escape a lone surrogate ("\\ud800"), which is no Unicode text: refused naming the
+    line, as `data prepare` refuses it, rather than failing inside the tokenizer."""
+    ok = json.dumps({"text": "fine " * 20})
+    (tmp_path / "d.jsonl").write_text(f'{ok}\n{ok}\n{{"text": "bad \\udc80 here"}}\n{ok}\n')
+    with pytest.raises(ValueError, match=r"^data='[^']*d\.jsonl' line 3: the text holds a lone "
+                                         r"surrogate '\\udc80' at character 4"):
+        data.load_corpus(str(tmp_path / "d.jsonl"))
+    with pytest.raises(ValueError, match=r"d\.jsonl' line 3: .*lone surrogate"):
+        data.document_tokens(str(tmp_path / "d.jsonl"), data.make_tokenizer("byte"))
+    # a surrogate pair escaped in JSON is one character, and fine
+    (tmp_path / "p.jsonl").write_text('{"text": "pair \\ud83d\\ude00 ' + "ok " * 40 + '"}\n')
+    (_, text), = data.text_documents(str(tmp_path / "p.jsonl"))
+    assert text.startswith("pair \U0001f600 ")
 
 
 def test_splits_are_checked_against_seq_len(tmp_path):

@@ -95,26 +95,19 @@ def _where(source: str, path: Path) -> str:
     return f"data={source!r}" if Path(source) == path else f"data={source!r}: {path}"
 
 
-def _utf8(raw: bytes, where: str) -> str:
-    """`raw` decoded as UTF-8; ValueError naming the byte offset and line of the first bad byte."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{where} is not valid UTF-8 at byte {e.start} (line {line}): "
-                         f"{e.reason}") from None
-
-
 def _jsonl_documents(path: Path, source: str) -> list[tuple[str, str]]:
     """(name, text) per non-blank line of a JSONL file (compressed too, see `readers`): each
-    line one JSON object whose "text" is a string, read and checked by `readers`, the one
-    reader of JSONL. Raises ValueError naming the file and the line that is wrong."""
+    line one JSON object whose "text" is a string of Unicode text (a lone surrogate escaped in
+    the JSON is refused), read and checked by `readers`, the one reader of JSONL. Raises
+    ValueError naming the file and the line that is wrong."""
     file = readers.InputFile(path=path, name=path.name, kind="jsonl", weight=1.0, size=0)
     where, docs = _where(source, path), []
     for i, raw, _ in readers.jsonl_lines(file):
         at = f"{where} line {i + 1}"
         rec = readers.parse_jsonl_line(raw, at, "text")
-        docs.append((f"{path.name}:{i}", readers.record_text(rec, "text", at, TEXT_HINT)))
+        text = readers.record_text(rec, "text", at, TEXT_HINT)
+        readers.check_encodable(text, at)
+        docs.append((f"{path.name}:{i}", text))
     return docs
 
 
@@ -178,20 +171,23 @@ def check_readable_here(source: str, tokenizer: str, *, what: str = "",
 
 
 def text_documents(source: str) -> list[tuple[str, str]]:
-    """(name, text) documents of a text/JSONL source or directory, in sorted order. Text files
-    of a known suffix are read with undecodable bytes replaced (as the stdlib corpus is); a file
-    of another suffix must be UTF-8 text. Raises ValueError for a .json file, a directory with
-    nothing to read, and a bad JSONL line."""
+    """(name, text) documents of a text/JSONL source or directory, in sorted order. A text file
+    (of any suffix but .json and the token files') is read byte-exact and must be UTF-8, as
+    `data prepare` reads it (`readers.decode_utf8`). Raises ValueError for a .json file, a
+    directory with nothing to read, bytes that are not UTF-8 (naming the file and line) and a
+    bad JSONL line."""
     path = Path(source)
-    if path.is_dir():
-        return [doc for f in _directory_files(path, source) for doc in text_documents(str(f))]
+    files = _directory_files(path, source) if path.is_dir() else [path]
+    return [doc for f in files for doc in _file_documents(f, source)]
+
+
+def _file_documents(path: Path, source: str) -> list[tuple[str, str]]:
+    """(name, text) documents of one file of `source` (see `text_documents`)."""
     if readers.kind_of(path) == "jsonl":
         return _jsonl_documents(path, source)
     if path.suffix == ".json":
         raise _not_jsonl(source, path)
-    if path.suffix in TEXT_SUFFIXES:
-        return [(path.name, path.read_text(encoding="utf-8", errors="replace"))]
-    return [(path.name, _utf8(path.read_bytes(), _where(source, path)))]
+    return [(path.name, readers.decode_utf8(path.read_bytes(), _where(source, path)))]
 
 
 def document_tokens(source: str, tok, *, what: str = "", use: str = "data=") -> np.ndarray:
@@ -327,6 +323,7 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
     if source == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
         docs = [(p.relative_to(root).as_posix(), p) for p in stdlib_files()]
+        # (replaced, not refused: CPython's own tests hold deliberately mis-encoded sources)
         read = lambda p: p.read_text(encoding="utf-8", errors="replace")  # noqa: E731
     else:
         docs = text_documents(source)

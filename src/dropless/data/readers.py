@@ -410,16 +410,21 @@ def records(file: InputFile, *, start: int = 0) -> Iterator[tuple[int, dict]]:
                 yield first + j, rec
 
 
-def _read_text(file: InputFile) -> str:
-    """The file's text, byte-exact (no newline translation: CRLF stays CRLF, as in JSONL);
-    ValueError naming the file and line of bytes that are not UTF-8."""
-    data = file.path.read_bytes()
+def decode_utf8(data: bytes, at: str) -> str:
+    """`data` (a text file's bytes) decoded as UTF-8, byte-exact (no newline translation: CRLF
+    stays CRLF, as in JSONL); ValueError naming `at` (the file) and the line of the first bytes
+    that are not UTF-8 (an encoded surrogate included)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{file.path} line {line} is not valid UTF-8 ({e.reason}); fix or "
+        raise ValueError(f"{at} line {line} is not valid UTF-8 ({e.reason}); fix or "
                          "remove that text") from None
+
+
+def _read_text(file: InputFile) -> str:
+    """The file's text (`decode_utf8`)."""
+    return decode_utf8(file.path.read_bytes(), str(file.path))
 
 
 def text_chunks(file: InputFile, text_field: str, *, start: int = 0,
@@ -461,11 +466,11 @@ def chunk_texts(file: InputFile, chunk: Chunk, text_field: str) -> list[str]:
         texts = [record_text(parse_jsonl_line(raw, where(file, i), text_field), text_field,
                              where(file, i)) for i, raw in zip(chunk.indices, chunk.payload)]
     for i, t in zip(chunk.indices, texts):
-        _check_encodable(t, where(file, i))
+        check_encodable(t, where(file, i))
     return texts
 
 
-def _check_encodable(text: str, at: str) -> None:
+def check_encodable(text: str, at: str) -> None:
     """Every text a tokenizer is given is valid Unicode: a lone surrogate (JSON "\\ud800")
     is refused naming `at`."""
     try:

@@ -18,9 +18,10 @@ functions import JAX and orbax when called.
 """
 from dropless.model_dir.folder import (HF_PREFIX, ModelSpec, data_vocab_size, folder_tokenizer,
                                        hf_model_config, hf_tokenizer, init_from_defaults, is_hf,
-                                       names_architectures, parse_spec, read_dropless_config,
-                                       read_json_object, read_run_config, resolve_tokenizer,
-                                       saved_preset, saved_run_config, sentencepiece_howto)
+                                       names_architectures, parse_spec, prepared_vocab_size,
+                                       read_dropless_config, read_json_object, read_run_config,
+                                       resolve_tokenizer, saved_preset, saved_run_config,
+                                       sentencepiece_howto)
 from dropless.model_dir.run_config import from_dict, to_dict, upgrade
 from dropless.model_dir.weights import (cast_like, dropless_to_hf, hf_to_dropless, load_dropless,
                                         load_model, tokenizer_files, write_dropless)
@@ -28,6 +29,6 @@ from dropless.model_dir.weights import (cast_like, dropless_to_hf, hf_to_droples
 __all__ = ["HF_PREFIX", "ModelSpec", "cast_like", "data_vocab_size", "dropless_to_hf",
            "folder_tokenizer", "from_dict", "hf_model_config", "hf_to_dropless", "hf_tokenizer",
            "init_from_defaults", "is_hf", "load_dropless", "load_model", "names_architectures",
-           "parse_spec", "read_dropless_config", "read_json_object", "read_run_config",
-           "resolve_tokenizer", "saved_preset", "saved_run_config", "sentencepiece_howto",
-           "to_dict", "tokenizer_files", "upgrade", "write_dropless"]
+           "parse_spec", "prepared_vocab_size", "read_dropless_config", "read_json_object",
+           "read_run_config", "resolve_tokenizer", "saved_preset", "saved_run_config",
+           "sentencepiece_howto", "to_dict", "tokenizer_files", "upgrade", "write_dropless"]

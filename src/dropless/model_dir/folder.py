@@ -10,7 +10,8 @@ A MODEL argument (`init_from=`, `dropless eval|generate|convert`) is one of:
 
 Also the one reading of a tokenizer's name (`resolve_tokenizer`: byte, hf:DIR, a folder, a
 tokenizer.json, for every command) and the vocabulary the training data needs
-(`data_vocab_size`: a prepared dataset's manifest, else the tokenizer's).
+(`data_vocab_size`: a prepared dataset's manifest, `prepared_vocab_size`, else the
+tokenizer's).
 
 Layer: above `hf` (an `hf:` preset reads the folder's config.json through `hf.read_config`,
 imported when asked) and `data` (manifests and tokenizers, imported when asked), below
@@ -219,14 +220,24 @@ def resolve_tokenizer(spec: str, *, name: str = "tokenizer") -> str:
                      "tokenizer.json path")
 
 
-def data_vocab_size(data: str, tokenizer: str) -> tuple[int, str] | None:
-    """(the vocabulary size the training data needs, where that comes from): a prepared
-    dataset's manifest (`data prepare`), else the tokenizer's (a tokenizer.json or byte, named
-    as `resolve_tokenizer` reads it); None for token files (.npy, .bin), whose ids say it."""
+def prepared_vocab_size(data: str) -> tuple[int, str] | None:
+    """(the vocab_size of a prepared dataset's manifest (`data prepare`), the manifest's path),
+    or None when `data` is not a prepared dataset."""
     from dropless.data.manifest import MANIFEST, read_manifest
     folder = Path(data)
     if data and folder.is_dir() and (folder / MANIFEST).is_file():
         return read_manifest(folder).vocab_size, str(folder / MANIFEST)
+    return None
+
+
+def data_vocab_size(data: str, tokenizer: str) -> tuple[int, str] | None:
+    """(the vocabulary size the training data needs, where that comes from): a prepared
+    dataset's manifest (`prepared_vocab_size`), else the tokenizer's (a tokenizer.json or byte,
+    named as `resolve_tokenizer` reads it); None for token files (.npy, .bin), whose ids say it."""
+    prepared = prepared_vocab_size(data)
+    if prepared is not None:
+        return prepared
+    folder = Path(data)
     if folder.suffix in (".npy", ".bin") or not tokenizer:
         return None
     from dropless.data.tokenizer import make_tokenizer

@@ -12,13 +12,13 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from dropless.ops import grouped_matmul
 from dropless.ops.gmm import registry, shapes, winners
 from dropless.ops.gmm.baselines import reference_gmm
 from dropless.ops.gmm.tiled import tiled_gmm
+from tests._support.gmm_reference import assert_same_with_grads, operands, with_grads
 
 H200 = "NVIDIA H200"
 PROV = {f: f"x-{f}" for f in winners.PROVENANCE_FIELDS}
@@ -170,18 +170,9 @@ def test_stand_ins_override_the_table():
         assert traced_choice(tab)["backend"] == "standin_w"
 
 
-def reference_grads(lhs, rhs, gs, dy):
-    out, vjp = jax.vjp(lambda a, b: reference_gmm(a, b, gs, out_dtype=jnp.float32), lhs, rhs)
-    return (out, *vjp(dy))
-
-
 @pytest.mark.parametrize("sizes", [[5, 0, 3, 4], [0, 0, 16, 0], [2, 3, 1, 4]])   # last: tail
 def test_per_direction_gmm_matches_the_reference(sizes):
-    kl, kr, kd = jax.random.split(jax.random.key(3), 3)
-    lhs = jax.random.normal(kl, (16, 8))
-    rhs = jax.random.normal(kr, (4, 8, 6))
-    dy = jax.random.normal(kd, (16, 6))
-    gs = jnp.asarray(sizes, jnp.int32)
+    lhs, rhs, gs, dy = operands(16, 8, 6, sizes, seed=3)
     calls = []
 
     def spy(name, fn):
@@ -190,13 +181,10 @@ def test_per_direction_gmm_matches_the_reference(sizes):
             return fn(*a, **kw)
         return f
     fns = (spy("fwd", tiled_gmm), spy("dlhs", reference_gmm), spy("drhs", tiled_gmm))
-    out, vjp = jax.vjp(lambda a, b: registry.per_direction_gmm(
-        a, b, gs, out_dtype=jnp.float32, fns=fns), lhs, rhs)
-    got = (out, *vjp(dy))
-    want = reference_grads(lhs, rhs, gs, dy)
-    for g, w, what in zip(got, want, ("out", "dlhs", "drhs")):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5,
-                                   err_msg=what)
+    got = with_grads(lambda a, b: registry.per_direction_gmm(
+        a, b, gs, out_dtype=jnp.float32, fns=fns), lhs, rhs, dy)
+    want = with_grads(lambda a, b: reference_gmm(a, b, gs, out_dtype=jnp.float32), lhs, rhs, dy)
+    assert_same_with_grads(got, want)
     assert calls[0] == "fwd" and set(calls[1:]) == {"dlhs", "drhs"}
 
 

@@ -8,7 +8,6 @@ checked against the reference backend.
 """
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from dropless.ops import grouped_matmul
 from dropless.ops.gmm import registry
 from dropless.ops.gpu import mosaic_gpu
+from tests._support.gmm_reference import assert_same_with_grads, operands, with_grads
 
 
 @pytest.mark.parametrize("options, match", [
@@ -58,21 +58,14 @@ def test_lowered_for_cpu_it_refuses_in_one_line():
 
 @pytest.mark.parametrize("sizes", [[5, 0, 7], [0, 12, 0], [3, 4, 2]])   # last: rows past the sum
 def test_operands_it_cannot_take_run_pallas_gpu_exactly(sizes):
-    kl, kr, kd = jax.random.split(jax.random.key(0), 3)
-    lhs = jax.random.normal(kl, (12, 8))
-    rhs = jax.random.normal(kr, (3, 8, 4))
-    dy = jax.random.normal(kd, (12, 4))
-    gs = jnp.asarray(sizes, jnp.int32)
+    lhs, rhs, gs, dy = operands(12, 8, 4, sizes)
 
     def run(backend):
-        out, vjp = jax.vjp(lambda a, b: grouped_matmul(a, b, gs, backend=backend), lhs, rhs)
-        return (out, *vjp(dy))
+        return with_grads(lambda a, b: grouped_matmul(a, b, gs, backend=backend), lhs, rhs, dy)
     events = []
     with registry.auto_scope(events=events):
         got = run("mosaic_gpu")
-    for g, w, what in zip(got, run("reference"), ("out", "dlhs", "drhs")):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5,
-                                   err_msg=what)
+    assert_same_with_grads(got, run("reference"))
     assert events[0]["backend"] == "pallas_gpu" and "float32" in events[0]["reason"]
 
 

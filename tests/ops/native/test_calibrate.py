@@ -18,7 +18,7 @@ import pytest
 
 from dropless.ops.native import calibrate, choice, ffn, load
 from tests._support.gmm_reference import np_gmm, np_gmm_grads
-from tests.ops.native.test_ffn import _np_swiglu_ffn
+from tests._support.ffn_reference import assert_matches_np_swiglu_ffn, ffn_operands
 
 # the probe times of a fake machine, ms: (setting, candidate) -> time of each probe it runs
 FAKE_MS = {("pack_b", "on"): 10.0, ("pack_b", "off"): 30.0,
@@ -219,18 +219,10 @@ def test_every_choice_matches_float64_loop(fwd_bwd, lib, gemm_problem, pack_b, s
 @pytest.mark.parametrize("pack_b, stream, kernel", _CHOICES)
 def test_every_choice_of_the_fused_ffn_matches_float64_loop(lib, pack_b, stream, kernel):
     sizes = [700, 0, 450, 37]
-    rng = np.random.default_rng(3)
-    m, d, f = 1240, 64, 1040
-    x = rng.standard_normal((m, d)).astype(np.float32)
-    wg, wu = (rng.standard_normal((4, d, f)).astype(np.float32) * 0.1 for _ in range(2))
-    wd = rng.standard_normal((4, f, d)).astype(np.float32) * 0.1
-    dy = rng.standard_normal((m, d)).astype(np.float32)
+    x, wg, wu, wd, dy = ffn_operands(m=1240, d=64, f=1040)
     gs = jnp.asarray(sizes, jnp.int32)
     forms = dict.fromkeys(("kernel_nn", "kernel_nt", "kernel_tn", "kernel_gate_up"), kernel)
     with calibrate.use_settings(lib, pack_b=pack_b, stream=stream, **forms):
         y, pullback = jax.vjp(lambda *a: ffn.swiglu_ffn(*a, gs), x, wg, wu, wd)
         got = jax.block_until_ready(pullback(dy))
-    want_y, want = _np_swiglu_ffn(x, wg, wu, wd, sizes, dy)
-    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4 * np.abs(want_y).max() + 1e-6)
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max() + 1e-6)
+    assert_matches_np_swiglu_ffn(y, got, x, wg, wu, wd, sizes, dy)

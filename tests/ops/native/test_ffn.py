@@ -11,27 +11,8 @@ import numpy as np
 import pytest
 
 from dropless.ops.native import choice, ffn, load
+from tests._support.ffn_reference import assert_matches_np_swiglu_ffn, ffn_operands
 from tests._support.gmm_reference import np_gmm
-
-
-def _np_swiglu_ffn(x, wg, wu, wd, sizes, dy):
-    """float64 loop: y = down(silu(x @ gate) * (x @ up)) per group, and every gradient."""
-    x, wg, wu, wd, dy = (a.astype(np.float64) for a in (x, wg, wu, wd, dy))
-    y, dx = np.zeros_like(dy), np.zeros_like(x)
-    dwg, dwu, dwd = np.zeros_like(wg), np.zeros_like(wu), np.zeros_like(wd)
-    start = 0
-    for e, n in enumerate(sizes):
-        r = slice(start, start + n)
-        start += n
-        g, u = x[r] @ wg[e], x[r] @ wu[e]
-        s = 1 / (1 + np.exp(-g))
-        h = g * s * u
-        y[r] = h @ wd[e]
-        dh = dy[r] @ wd[e].T
-        dg, du = dh * u * (s + g * s * (1 - s)), dh * g * s
-        dx[r] = dg @ wg[e].T + du @ wu[e].T
-        dwg[e], dwu[e], dwd[e] = x[r].T @ dg, x[r].T @ du, h.T @ dy[r]
-    return y, (dx, dwg, dwu, dwd)
 
 
 @pytest.mark.parametrize("kernel", ["own", "openblas"])
@@ -39,22 +20,14 @@ def _np_swiglu_ffn(x, wg, wu, wd, sizes, dy):
                                    [17, 31, 47, 49]])
 def test_fused_swiglu_ffn_matches_float64_loop(only_ran, kernel, sizes):
     # D*F*2 = 2^17 multiply-adds a row: a 700-row group is cut into several row tasks
-    rng = np.random.default_rng(3)
-    m, d, f = 1240, 256, 256
-    x = rng.standard_normal((m, d)).astype(np.float32)
-    wg, wu = (rng.standard_normal((4, d, f)).astype(np.float32) * 0.1 for _ in range(2))
-    wd = rng.standard_normal((4, f, d)).astype(np.float32) * 0.1
-    dy = rng.standard_normal((m, d)).astype(np.float32)
+    x, wg, wu, wd, dy = ffn_operands(m=1240, d=256, f=256)
     gs = jnp.asarray(sizes, jnp.int32)
     before = choice.gemm_calls()
     with choice.use_kernel(kernel):
         y, pullback = jax.vjp(lambda *a: ffn.swiglu_ffn(*a, gs), x, wg, wu, wd)
         got = jax.block_until_ready(pullback(dy))
     assert only_ran(kernel, before) or not sum(sizes)
-    want_y, want = _np_swiglu_ffn(x, wg, wu, wd, sizes, dy)
-    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4 * np.abs(want_y).max() + 1e-6)
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max() + 1e-6)
+    assert_matches_np_swiglu_ffn(y, got, x, wg, wu, wd, sizes, dy)
     assert not np.asarray(y)[sum(sizes):].any() and not np.asarray(got[0])[sum(sizes):].any()
 
 
@@ -89,10 +62,7 @@ def test_fused_ffn_edges_match_float64_loop(only_ran, kernel, shape):
     np.testing.assert_allclose(g, want_g, **tol)
     np.testing.assert_allclose(u, want_u, **tol)
     np.testing.assert_allclose(h, want_g / (1 + np.exp(-want_g)) * want_u, **tol)
-    want_y, want = _np_swiglu_ffn(x, wg, wu, wd, sizes, dy)
-    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4 * np.abs(want_y).max())
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+    assert_matches_np_swiglu_ffn(y, got, x, wg, wu, wd, sizes, dy, floor=0.0)
 
 
 def test_the_layer_runs_the_fused_ffn_on_cpu_unless_native_is_refused():
