@@ -147,6 +147,10 @@ ONE_KEY_CASES = [
     ("n_routing_groups", "8", {}, [("model.moe.n_groups", 8)], None),
     ("topk_routing_group", -1, {}, [("model.moe.topk_groups", 1)], None),
     ("topk_routing_group", 4, {}, [("model.moe.topk_groups", 4)], None),
+    ("base_num_kv_heads", 8, {}, [("model.num_kv_heads", 8)], None),   # GQA
+    ("base_num_kv_heads", 16, {"attention_type": "mla", "base_num_query_heads": 16}, [], None),
+    ("routed_bias", True, {}, [], None),
+    ("routed_bias", "false", {}, [("model.moe.bias_update_speed", 0.0)], None),
     ("warmup_steps_fraction", 0.1, {"steps": 1000}, [("warmup_steps", 100)], None),
     ("warmup_steps_fraction", 0.1, {}, [("warmup_steps", 30)], None),   # MaxText's 300 steps
     ("attention_type", "mla", {}, [("model.attention", "mla")], None),

@@ -11,9 +11,19 @@ memory pre-flight's verdict and method, and the per-kernel table's groups (the r
 profile_kernels.jsonl, train/profile.py). The dry run trains the same preset shrunk to
 `DRY_MODEL` on the CPU for 2 steps: the loop, the trace and the table, not the model.
 
+The planner is calibrated from it: a "plan_calibration" record holds, under "record",
+`dropless plan`'s prediction of the same step on the detected GPU's profile (`plan.model.predict`
+of the trained config, the trainer's materialised attention: `attention_impl="naive"`) beside
+the measured median, in the schema of benchmarks/results/plan_calibration.jsonl (`error` =
+predicted / measured - 1; `plan_calibration`); `append_calibration` copies the device's records
+from a gpu_bench.jsonl into that file and refuses a dry run's. The dry run's device is the CPU,
+which has no planner profile: its record predicts the step on the H200 the check is sized for,
+says so (`platform` "cpu", `hardware_stand_in` true) and compares nothing real.
+
 MaxText is not run beside it: the device has no network, and its wheel's imports (jax-free
 pins of tensorflow, tensorflow-text, grain, orbax, ...) are far above what may travel with a
-device run (docs/training.md "One GPU" gives the sizes and the MaxText YAML of this model).
+device run; the model's MaxText YAML is ready (examples/deepseek3_1gpu_maxtext.yml, docs/training.md
+"One GPU").
 """
 from __future__ import annotations
 
@@ -22,6 +32,10 @@ from pathlib import Path
 
 PRESET = "deepseek3-1gpu"
 PROFILE_STEPS = 3
+# the planner's profile a device without one (the dry run's CPU) is predicted on: the device
+# check is sized for one H200
+STAND_IN_PROFILE = "h200"
+CALIBRATION_FILE = "benchmarks/results/plan_calibration.jsonl"
 # the dry run's model: the preset's features (MLA with q low-rank, a dense first layer, routed +
 # shared experts, grouped sigmoid routing with the bias, the scan layout, bf16 on f32) at a size
 # a CPU compiles in seconds
@@ -66,8 +80,11 @@ def _summary(run_dir: Path, traced: range) -> dict:
 
     table = run_dir / "profile_kernels.jsonl"
     groups = ([json.loads(ln) for ln in table.open()] if table.exists() else [])
+    times = [r["step_time_s"] for r in clean if r.get("step_time_s") is not None]
     return {"steps": len(steps), "timed_steps": len(clean),
-            "median_step_time_s": med("step_time_s"), "median_tokens_per_s": med("tokens_per_s"),
+            "median_step_time_s": med("step_time_s"),
+            "min_step_time_s": min(times, default=None),
+            "max_step_time_s": max(times, default=None), "median_tokens_per_s": med("tokens_per_s"),
             "median_tflops_per_device": med("tflops_per_device"), "median_mfu": med("mfu"),
             "compile_s": start.get("compile_s"), "peak_source": start.get("peak_source"),
             "params": start.get("params"),
@@ -77,6 +94,76 @@ def _summary(run_dir: Path, traced: range) -> dict:
             "gmm": {"gmm_backend_ran": start.get("gmm_backend_ran"),
                     "gmm_ran": start.get("gmm_ran") or [],
                     "gmm_fallbacks": start.get("gmm_fallbacks") or []}}
+
+
+def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool) -> dict:
+    """The planner's prediction of one step of `cfg` (`dropless plan`'s `plan.model.predict`, on
+    the profile of `device_kind`, the trainer's materialised attention) beside `summary`'s
+    measured median step: a record of plan_calibration.jsonl's schema (workload, devices,
+    predicted_s, measured_s, error = predicted / measured - 1, the predicted parts, the
+    machine), plus the preset, the profile and the settings as `dropless plan` flags. A device
+    with no profile is predicted on `STAND_IN_PROFILE` in a dry run (`hardware_stand_in`), and
+    otherwise gets {"skipped": why}. Raises ValueError without a measured step."""
+    from dropless.machine import PROFILES, machine_info, profile_for_device
+    from dropless.plan.layout import PlanConfig
+    from dropless.plan.model import predict
+    measured = summary.get("median_step_time_s")
+    if not measured or measured <= 0:
+        raise ValueError(f"no measured step to calibrate against (median_step_time_s="
+                         f"{measured!r})")
+    hw = profile_for_device(device_kind)
+    stand_in = hw is None
+    if stand_in and not dry_run:
+        return {"skipped": f"the planner has no profile for {device_kind!r} (known: "
+                           f"{sorted(PROFILES)})"}
+    hw = PROFILES[STAND_IN_PROFILE] if stand_in else hw
+    plan = predict(PlanConfig(run=cfg, attention_impl="naive"), hw, name=cfg.preset)
+    predicted = plan["time"]["step_s"]
+    flags = (f"--preset {cfg.preset} --hardware {hw.name} --seq {cfg.seq_len} "
+             f"--per-device-batch {cfg.per_device_batch_size} --remat {cfg.remat} "
+             "--attention-impl naive")
+    return {"workload": "train_step", "devices": 1,
+            "preset": cfg.preset, "hardware": hw.name, "hardware_stand_in": stand_in,
+            "plan_flags": flags, "predicted_s": predicted, "measured_s": measured,
+            "error": predicted / measured - 1.0,
+            "parts_s": {k: v for k, v in plan["time"]["exposed_s"].items() if v},
+            "predicted_tflops_per_device": plan["tflops_per_device"],
+            "predicted_memory_bytes": plan["memory"]["total"],
+            "measured_min_s": summary.get("min_step_time_s"),
+            "measured_max_s": summary.get("max_step_time_s"),
+            "compile_s": summary.get("compile_s"), **machine_info(),
+            "device_kind": device_kind, "dry_run": dry_run}
+
+
+def committable(rec: dict) -> str:
+    """Why the calibration record `rec` may not go into plan_calibration.jsonl ('' when it may):
+    it must be measured on a GPU, not a dry run's or a stand-in's."""
+    if rec.get("dry_run") or rec.get("hardware_stand_in") or rec.get("platform") != "gpu":
+        return (f"it is a dry run's (platform {rec.get('platform')!r}, "
+                f"dry_run {rec.get('dry_run')!r}): its device is not the one predicted")
+    return ""
+
+
+def append_calibration(bench_jsonl: str | Path, out: str | Path = CALIBRATION_FILE) -> int:
+    """Append the calibration records of a device check's gpu_bench.jsonl (its
+    "plan_calibration" records' "record") to `out`, written whole or not at all, returning how
+    many. Raises ValueError naming the file when it holds none, or when one of them may not be
+    committed (`committable`): a dry run's never mixes with the device's."""
+    from dropless.runtime import files
+    recs = [json.loads(ln) for ln in Path(bench_jsonl).read_text().splitlines() if ln.strip()]
+    cal = [r["record"] for r in recs if r.get("event") == "plan_calibration" and "record" in r]
+    if not cal:
+        raise ValueError(f"{bench_jsonl}: no plan_calibration record (the train section's)")
+    for r in cal:
+        why = committable(r)
+        if why:
+            raise ValueError(f"{bench_jsonl}: a plan_calibration record cannot go into {out}: "
+                             f"{why}")
+    old = Path(out).read_text() if Path(out).exists() else ""
+    new = [json.dumps(r, sort_keys=True) for r in cal]
+    files.write_text(out, old + ("" if not old or old.endswith("\n") else "\n")
+                     + "\n".join(new) + "\n")
+    return len(new)
 
 
 def train_section(emit, spec: dict) -> None:
@@ -114,3 +201,11 @@ def train_section(emit, spec: dict) -> None:
            "preflight_bytes": fit["total"], "preflight_method": fit["method"],
            "device": jax.devices()[0].device_kind}
     emit(_ran(rec, cfg.model.moe.gmm_backend, gmm))
+    cal = plan_calibration(cfg, s, rec["device"], dry_run=bool(spec["dry_run"]))
+    if "skipped" in cal:   # a record of its own: the runner's table counts its keys
+        emit({"event": "plan_calibration", **cal}, cal["skipped"])
+        return
+    emit({"event": "plan_calibration", "record": cal},
+         f"planner on {cal['hardware']}{' (stand-in)' * cal['hardware_stand_in']}: "
+         f"{cal['predicted_s']:.4g} s a step predicted, {cal['measured_s']:.4g} s measured, "
+         f"error {100 * cal['error']:+.0f}%")

@@ -15,6 +15,9 @@ from dropless.plan.model import predict
 from dropless.plan.sweep import SWEEP_AXES, suggest, sweep_gpus
 from dropless.presets import PRESETS
 from dropless.runtime import files
+from dropless.train.compile_only import TARGETS as _TARGETS
+
+COMPILE_TARGETS = tuple(sorted(_TARGETS))
 
 # flag dest -> the setting it gives: the trainer's key, or a planner knob (flags default to None
 # so a config file can set them; they come after the file and before key=value).
@@ -77,6 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="train_step", help="what --calibrate times and predicts")
     p.add_argument("--reference", action="store_true",
                    help="the planner beside the reference's DeepSeek-V3 671B / GB300 figures")
+    p.add_argument("--compile-for", choices=COMPILE_TARGETS, default=None,
+                   help="also compile the one-device train step for a compile-only H100 or "
+                        "H200 (the jax CUDA plugin; no GPU needed) and print the bytes XLA's "
+                        "memory analysis says it holds beside the planner's estimate; a "
+                        "config that does not fit is refused (exit 2)")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -106,6 +114,11 @@ def check_arguments(args) -> None:
         raise ValueError(f"--calibrate-devices {args.calibrate_devices} must be >= 1")
     if args.sweep_gpus is not None:
         _sweep_sizes(args.sweep_gpus)
+    if args.compile_for is not None:
+        if args.reference or args.calibrate:
+            raise ValueError(f"--compile-for {args.compile_for} compiles a planned train step; "
+                             "it does not go with --reference or --calibrate")
+        _check_plugin(args.compile_for)
 
 
 def settings(args) -> list[tuple[str, object]]:
@@ -142,12 +155,63 @@ def _compute(args) -> tuple[dict, str]:
                                          axis=args.sweep_axis)
             text += "\n\nScaling sweep (growing " + args.sweep_axis + "):\n" + \
                 report.format_sweep(result["sweep"])
+        if args.compile_for:
+            result["compiled_memory"] = compiled_memory(cfg, name, args.compile_for)
+            text = _with_compiled_line(text, result["compiled_memory"])
         if args.suggest:
             result["suggest"] = suggest(cfg, hw, top=args.top,
                                         min_factor=args.min_buffer_factor)
             text += (f"\n\nLayouts that fit on {cfg.mesh.num_devices} x {hw.name}, fastest "
                      "first:\n" + report.format_suggest(result["suggest"]))
     return result, text
+
+
+def _check_plugin(kind: str) -> None:
+    """ValueError saying what to install when no compile-only device of `kind` can be made."""
+    from dropless.train.compile_only import unavailable
+    why = unavailable()
+    if why:
+        import jaxlib
+        v = jaxlib.__version__
+        raise ValueError(f"--compile-for {kind}: {why}: pip install --no-deps "
+                         f"jax-cuda12-plugin=={v} jax-cuda12-pjrt=={v} (the GPU test leg's "
+                         ".venv-jax011 and .venv-jaxnew have it), or leave --compile-for out")
+
+
+def compiled_memory(cfg, name: str, kind: str) -> dict:
+    """The planned run's train step compiled for a compile-only `kind` device by the trainer's
+    pre-flight (`train.preflight.check(run, target=kind)`): its dict plus "target" and "jax".
+    Raises ValueError for a plan of more than one device (the pre-flight compiles a one-device
+    step) and, naming the model, when the step does not fit (`preflight.DoesNotFit`)."""
+    import jax
+    from dropless.train import preflight
+    n = cfg.run.mesh.num_devices
+    if n != 1:
+        raise ValueError(f"--compile-for {kind} compiles the step for one device; this plan "
+                         f"spans {n} (mesh.data x mesh.fsdp x mesh.expert): plan one GPU "
+                         "(--gpus 1) or leave --compile-for out")
+    # the compile-only devices come from the CUDA plugin's topology factory, which is not
+    # registered once the CUDA platform has been started (train/compile_only.py); nothing of
+    # the plan runs on a device, so the process keeps to the CPU platform
+    jax.config.update("jax_platforms", "cpu")
+    try:
+        fit = preflight.check(cfg.run, target=kind)
+    except preflight.DoesNotFit as e:
+        raise ValueError(f"--compile-for {kind}: {name}: {e}") from None
+    return {**fit, "target": kind, "jax": jax.__version__}
+
+
+def _with_compiled_line(text: str, fit: dict) -> str:
+    """The plan's text with the compiled step's memory under the planner's verdict."""
+    from dropless.train import preflight
+    if fit.get("method") == "skipped":
+        line = f"  not compiled for {fit['target']}: DROPLESS_NO_PREFLIGHT=1 skips the check"
+    else:
+        line = (f"  compiled for {fit['target']} (jax {fit['jax']}):"
+                + preflight.summary(fit)[len("  memory:"):])
+    lines = text.split("\n")
+    at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("  verdict:")), len(lines))
+    return "\n".join(lines[:at] + [line] + lines[at:])
 
 
 def run(args) -> int:

@@ -16,6 +16,11 @@ Semantics worth knowing:
   is ragged_dot on TPU (MaxText's behaviour there) and a grouped kernel on CUDA (docs/gpu.md).
   `use_tokamax_gmm: true` -> "tokamax" and wins over `megablox`, as in MaxText.
 - `n_routing_groups` / `topk_routing_group` of -1 mean "no groups".
+- `routed_bias: true` is the aux-loss-free routing bias, updated at `routed_bias_update_rate`
+  (model.moe.bias_update_speed); `false` keeps it at zero (speed 0).
+- `base_num_kv_heads` is GQA's key/value heads under `attention_type: global`; under `mla` it
+  must equal `base_num_query_heads` (MaxText's DeepSeek configs) and sets nothing.
+- `compat.maxtext_out` is the other direction: a config said in these flags.
 - `te_gmm_quantization: te_mxfp8` -> gmm_quantization "mxfp8" (emulated exactly off Blackwell).
 - `te_moe_block: true` -> our MoE layer with the fused dispatcher chosen per platform
   (model.moe.dispatcher "auto": deduplicated all-to-all; dropless); false changes nothing (we
@@ -68,7 +73,6 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "base_moe_mlp_dim": ("model.moe.d_ff",),
     "base_mlp_dim": ("model.d_ff",),
     "base_num_query_heads": ("model.num_heads",),
-    "base_num_kv_heads": ("model.num_kv_heads",),
     "head_dim": ("model.head_dim",),
     "vocab_size": ("model.vocab_size",),
     "first_num_dense_layers": ("model.first_k_dense",),
@@ -270,6 +274,31 @@ def _attention_type(name: str, v: Any, given: Given) -> Pairs:
     return [("model.attention", "mla" if v == "mla" else "mha")]
 
 
+def _base_num_kv_heads(name: str, v: Any, given: Given) -> Pairs:
+    """MHA's key/value heads (GQA); under MLA (MaxText's DeepSeek configs) one a query head,
+    which dropless's MLA has by construction."""
+    if given.seen.get("attention_type") != "mla":
+        return [("model.num_kv_heads", v)]
+    heads = given.seen.get("base_num_query_heads", v)
+    if _int(name, v) != _int("base_num_query_heads", heads):
+        raise ValueError(f"MaxText base_num_kv_heads={v!r} with attention_type=mla: MLA has one "
+                         f"key/value head a query head (base_num_query_heads={heads!r})")
+    return []
+
+
+def _routed_bias(name: str, v: Any, given: Given) -> Pairs:
+    """The aux-loss-free routing bias: on, it is updated at routed_bias_update_rate (our
+    model.moe.bias_update_speed); off, it stays zero (speed 0), and a rate given with it is
+    refused."""
+    if _bool(name, v):
+        return []
+    rate = given.seen.get("routed_bias_update_rate", 0.0)
+    if float(rate) != 0.0:
+        raise ValueError(f"MaxText routed_bias=false with routed_bias_update_rate={rate!r}: "
+                         "a bias that is updated is on; set routed_bias=true or the rate to 0")
+    return [("model.moe.bias_update_speed", 0.0)]
+
+
 def _decoder_block(name: str, v: Any, given: Given) -> Pairs:
     given.notes.append(f"decoder_block={v} changes nothing: the architecture follows from the "
                        "preset and the model keys")
@@ -382,6 +411,7 @@ SPECIAL_TRANSLATORS: dict[str, Translator] = {
     "remat_policy": _remat_policy, "n_routing_groups": _n_routing_groups,
     "topk_routing_group": _topk_routing_group, "warmup_steps_fraction": _warmup_steps_fraction,
     "attention_type": _attention_type, "decoder_block": _decoder_block,
+    "base_num_kv_heads": _base_num_kv_heads, "routed_bias": _routed_bias,
     "enable_checkpointing": _enable_checkpointing, "te_moe_block": _te_moe_block,
     "hardware": _hardware, "prefuse_moe_weights": _prefuse_moe_weights,
     "dataset_type": _dataset_type, "hf_path": _hf_path, "hf_data_dir": _hf_data_dir,

@@ -1,0 +1,157 @@
+"""A TrainConfig's model, its dtypes, sequence, batch and remat policy said in MaxText's flags:
+the other direction of the MaxText edge (`compat.maxtext`), read from the same tables
+(`RENAMES`, `REMAT`) and undoing the same rules (attention_type, routing groups, capacity,
+the grouped-matmul backend), so that what it writes translates back, through
+`config_file.build_config`, to the config it came from (tests/compat/test_maxtext_out.py).
+
+`items(cfg)` gives the (MaxText name, value) pairs in the order of `NAMES`; `to_yaml(cfg,
+title, command)` the YAML file (examples/deepseek3_1gpu_maxtext.yml is one). Every name written
+is one MaxText's `configs/base.yml` declares. A setting MaxText has no flag for raises
+ValueError naming our key and value; the settings that have no MaxText flag and that the
+translation leaves at dropless's defaults (the sequence-wise aux loss coefficient, the init
+scheme, the MLA norms' epsilon) are left out.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dropless.compat.maxtext import REMAT, RENAMES
+from dropless.config import TrainConfig
+
+# the RENAMES names written, in the order of MaxText's model configs (configs/models/*.yml)
+MODEL_NAMES = (
+    "base_emb_dim", "base_num_query_heads", "base_mlp_dim", "base_moe_mlp_dim",
+    "base_num_decoder_layers", "first_num_dense_layers", "vocab_size", "logits_via_embedding",
+    "normalization_layer_epsilon", "num_experts", "num_experts_per_tok", "shared_experts",
+    "routed_scaling_factor", "routed_score_func", "routed_bias_update_rate", "norm_topk_prob",
+    "load_balance_loss_weight", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "rope_max_timescale", "mtp_num_layers",
+    "mtp_loss_scaling_factor", "scan_layers", "dtype", "weight_dtype")
+RUN_NAMES = ("per_device_batch_size", "max_target_length")
+# names MaxText's base.yml declares as integers where our field is a float (rope_max_timescale:
+# 10_000); MaxText parses a value by its base.yml default's type
+INT_NAMES = ("rope_max_timescale",)
+MOE_NAMES = ("base_moe_mlp_dim", "num_experts", "num_experts_per_tok", "shared_experts",
+             "routed_scaling_factor", "routed_score_func", "routed_bias_update_rate",
+             "norm_topk_prob", "load_balance_loss_weight")
+
+
+def _get(cfg: TrainConfig, key: str) -> Any:
+    """The value at dotted `key` ("model.moe.top_k")."""
+    out: Any = cfg
+    for part in key.split("."):
+        out = getattr(out, part)
+    return out
+
+
+def _renamed(cfg: TrainConfig, name: str) -> Any:
+    """The value MaxText's `name` copies into our keys; ValueError when those keys differ
+    (e.g. dtype: model.dtype and model.moe.dtype), which one MaxText flag cannot say."""
+    keys = RENAMES[name]
+    values = [_get(cfg, k) for k in keys]
+    if any(v != values[0] for v in values):
+        said = ", ".join(f"{k}={v!r}" for k, v in zip(keys, values))
+        raise ValueError(f"MaxText {name} sets {', '.join(keys)} alike; this config has {said}")
+    return values[0]
+
+
+def _int_valued(name: str, v: Any) -> Any:
+    """`v` as MaxText's `name` takes it: an int where its base.yml declares an int
+    (`INT_NAMES`), whose values it parses as int; ValueError for a fraction there."""
+    if name not in INT_NAMES or isinstance(v, int):
+        return v
+    if not float(v).is_integer():
+        raise ValueError(f"MaxText {name} is an integer; this config has {RENAMES[name][0]}={v!r}")
+    return int(v)
+
+
+def _remat(policy: str) -> str:
+    """MaxText's remat_policy for ours: the same name where MaxText has it, else the first that
+    translates to it."""
+    names = [n for n, ours in REMAT.items() if ours == policy]
+    if not names:
+        raise ValueError(f"remat={policy!r} has no MaxText remat_policy")
+    return policy if policy in names else names[0]
+
+
+def _attention(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """attention_type, decoder_block and the head counts MaxText needs: MLA is MaxText's
+    `attention_type: mla` in its DeepSeek decoder, with as many key/value heads as query heads
+    (its configs/models/deepseek3-*.yml); MHA is `global` with GQA's kv heads and head_dim."""
+    m = cfg.model
+    if m.attention == "mla":
+        return [("attention_type", "mla"), ("decoder_block", "deepseek"),
+                ("base_num_kv_heads", m.num_heads)]
+    return [("attention_type", "global"), ("base_num_kv_heads", m.num_kv_heads or m.num_heads),
+            ("head_dim", m.head_dim or m.d_model // m.num_heads)]
+
+
+def _moe(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """The routing and grouped-matmul flags whose translation has a rule: the bias (on when it
+    is updated), the groups (-1: none), the dropless path (sparse_matmul, capacity -1) and the
+    kernel (megablox false: MaxText's ragged_dot path, which `auto` is on its platforms;
+    tokamax: use_tokamax_gmm)."""
+    moe = cfg.model.moe
+    if moe.capacity_factor is not None:
+        raise ValueError(f"model.moe.capacity_factor={moe.capacity_factor} (the token-dropping "
+                         "baseline) is not written: this writes dropless configs")
+    if moe.gmm_backend not in ("auto", "tokamax"):
+        raise ValueError(f"model.moe.gmm_backend={moe.gmm_backend!r} has no MaxText flag "
+                         "(auto: megablox false; tokamax: use_tokamax_gmm true)")
+    grouped = moe.n_groups > 1
+    return [("routed_bias", moe.bias_update_speed > 0),
+            ("n_routing_groups", moe.n_groups if grouped else -1),
+            ("topk_routing_group", moe.topk_groups if grouped else -1),
+            ("sparse_matmul", True), ("capacity_factor", -1.0),
+            ("megablox", False), ("use_tokamax_gmm", moe.gmm_backend == "tokamax")]
+
+
+def items(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """`cfg`'s model, dtypes, sequence, batch and remat policy as (MaxText name, value) pairs.
+    Raises ValueError naming a setting that has no MaxText flag."""
+    dense = cfg.model.moe is None
+    out = [(n, _int_valued(n, _get(cfg, RENAMES[n][0]) if dense else _renamed(cfg, n)))
+           for n in MODEL_NAMES if not (dense and n in MOE_NAMES)]   # dense: no model.moe
+    out += _attention(cfg) + ([] if dense else _moe(cfg))
+    out += [(n, _renamed(cfg, n)) for n in RUN_NAMES]
+    out.append(("remat_policy", _remat(cfg.remat)))
+    return out
+
+
+def _yaml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        text = repr(v)   # YAML 1.1 reads 1e-06 as a string: the mantissa needs a point
+        mantissa, e, exp = text.partition("e")
+        return (mantissa if "." in mantissa else mantissa + ".0") + e + exp
+    if isinstance(v, str):
+        return json.dumps(v)
+    return str(v)
+
+
+def to_yaml(cfg: TrainConfig, header: str) -> str:
+    """The MaxText YAML of `items(cfg)`, under `header` (each line a comment)."""
+    head = [f"# {line}".rstrip() for line in header.splitlines()]
+    return "\n".join(head + [f"{n}: {_yaml_value(v)}" for n, v in items(cfg)]) + "\n"
+
+
+# examples/deepseek3_1gpu_maxtext.yml: the header, and the command that writes the file
+ONE_GPU_FILE = "examples/deepseek3_1gpu_maxtext.yml"
+ONE_GPU_COMMAND = (
+    "python -c \"from dropless.config_file import build_config as b; from dropless.compat "
+    "import maxtext_out as m; print(m.to_yaml(b([('preset', 'deepseek3-1gpu')]), m.ONE_GPU_HEADER)"
+    f", end='')\" > {ONE_GPU_FILE}")
+ONE_GPU_HEADER = f"""\
+deepseek3-1gpu (`dropless train --preset deepseek3-1gpu`) in MaxText's flags: the model, bfloat16
+compute on float32 weights, sequence 4096, batch 2, remat minimal (docs/training.md "One GPU").
+Every key is one of MaxText's configs/base.yml; MaxText reads them over its base.yml (as
+key=value overrides, or in a YAML whose base_config is base.yml), with run_name, hardware: gpu,
+steps and the data of the run. dropless reads the same file as the preset:
+  dropless config show --config {ONE_GPU_FILE}
+Not said in MaxText's flags: the init scheme (dropless's fan_in; model.init=maxtext draws as
+MaxText does) and the sequence-wise aux loss (1e-4, DeepSeek-V3's; base.yml has no such flag).
+Written by (never edit by hand; tests/compat/test_maxtext_out.py checks it):
+  {ONE_GPU_COMMAND}
+"""

@@ -1,0 +1,126 @@
+"""The device check's planner calibration (bench/gpu_train.py): beside a measured step the
+record holds what `dropless plan` predicts for the same config on the detected GPU (checked
+against the command itself, run with the record's own flags), the error, and the schema of
+benchmarks/results/plan_calibration.jsonl; a dry run's record says its device is a stand-in and
+never goes into that file. The measured step here is synthetic: the test trains nothing (the
+section's dry run is tests/bench/test_gpu.py's).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dropless.bench import gpu_train
+from dropless.cli import main
+from dropless.config_file import build_config
+from dropless.presets import RUN_SETTINGS
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = ROOT / gpu_train.CALIBRATION_FILE
+MEASURED = {"median_step_time_s": 0.5, "min_step_time_s": 0.45, "max_step_time_s": 0.61,
+            "compile_s": 31.0}
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    """The section's training config on the device (its items, not the dry run's)."""
+    return build_config(gpu_train._items({"train_steps": 20, "dry_run": False}, Path("unused")))
+
+
+def _plan_json(flags: str, capsys) -> dict:
+    assert main(["plan", *flags.split(), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("kind,profile", [(H100, "h100"), ("NVIDIA H200", "h200")])
+def test_the_prediction_is_dropless_plans_for_the_trained_config(cfg, capsys, kind, profile):
+    assert (cfg.preset, cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (
+        "deepseek3-1gpu", *RUN_SETTINGS["deepseek3-1gpu"].values())
+    rec = gpu_train.plan_calibration(cfg, MEASURED, kind, dry_run=False)
+    assert rec["hardware"] == profile and rec["hardware_stand_in"] is False
+    assert rec["plan_flags"] == (f"--preset deepseek3-1gpu --hardware {profile} --seq 4096 "
+                                 "--per-device-batch 2 --remat minimal --attention-impl naive")
+    ref = _plan_json(rec["plan_flags"], capsys)          # the command, run with those flags
+    assert rec["predicted_s"] == pytest.approx(ref["time"]["step_s"], rel=1e-12)
+    assert rec["parts_s"] == pytest.approx(
+        {k: v for k, v in ref["time"]["exposed_s"].items() if v}, rel=1e-12)
+    assert rec["predicted_memory_bytes"] == pytest.approx(ref["memory"]["total"], rel=1e-12)
+    assert rec["measured_s"] == 0.5 and rec["error"] == pytest.approx(
+        ref["time"]["step_s"] / 0.5 - 1.0, rel=1e-12)
+    assert (rec["measured_min_s"], rec["measured_max_s"], rec["compile_s"]) == (0.45, 0.61, 31.0)
+    assert rec["device_kind"] == kind and rec["devices"] == 1
+
+
+def test_the_record_has_the_committed_files_schema(cfg):
+    rec = gpu_train.plan_calibration(cfg, MEASURED, H100, dry_run=False)
+    committed = [json.loads(ln) for ln in COMMITTED.read_text().splitlines() if ln.strip()]
+    train = [r for r in committed if r.get("workload") == "train_step"]
+    # every key of the CPU calibration's records, less the micro-benchmarks' rates and their
+    # contention-robust `_min` variants, which a GPU run does not measure
+    shared = set.intersection(*(set(r) for r in train)) - {
+        "rates", "rates_min", "error_min", "parts_min_s", "predicted_min_s", "kernel_shapes",
+        "busy_fraction_before", "busy_fraction_after"}
+    assert shared <= set(rec), shared - set(rec)
+    assert rec["workload"] == "train_step"
+
+
+def test_a_dry_run_predicts_on_a_stand_in_and_says_so(tmp_path):
+    dry = build_config(gpu_train._items({"train_steps": 2, "dry_run": True}, tmp_path))
+    rec = gpu_train.plan_calibration(dry, MEASURED, "cpu", dry_run=True)
+    assert rec["hardware"] == gpu_train.STAND_IN_PROFILE and rec["hardware_stand_in"] is True
+    assert rec["platform"] == "cpu" and rec["predicted_s"] > 0
+    assert "dry run" in gpu_train.committable(rec)
+
+
+def test_a_gpu_without_a_profile_is_skipped_not_guessed(cfg):
+    rec = gpu_train.plan_calibration(cfg, MEASURED, "NVIDIA A10G", dry_run=False)
+    assert list(rec) == ["skipped"]
+    assert rec["skipped"].startswith("the planner has no profile for 'NVIDIA A10G'")
+
+
+@pytest.mark.parametrize("measured", [None, 0.0])
+def test_without_a_measured_step_nothing_is_predicted(cfg, measured):
+    with pytest.raises(ValueError, match="no measured step to calibrate against"):
+        gpu_train.plan_calibration(cfg, {"median_step_time_s": measured}, H100, dry_run=False)
+
+
+def _bench_file(tmp_path: Path, *recs: dict) -> Path:
+    """A gpu_bench.jsonl as the runner writes it (its keys on every record)."""
+    path = tmp_path / "gpu_bench.jsonl"
+    path.write_text("".join(json.dumps({"section": "train", **r, "dry_run": False, "t_s": 1.0})
+                            + "\n" for r in recs))
+    return path
+
+
+def test_the_devices_record_is_appended_and_the_file_kept(cfg, tmp_path):
+    # as the device check on an H100 writes it: the platform is the GPU's, no dry run
+    rec = {**gpu_train.plan_calibration(cfg, MEASURED, H100, dry_run=False), "platform": "gpu"}
+    bench = _bench_file(tmp_path, {"event": "summary", "median_step_time_s": 0.5},
+                        {"event": "plan_calibration", "skipped": "a record with nothing"},
+                        {"event": "plan_calibration", "record": rec})
+    out = tmp_path / "plan_calibration.jsonl"
+    shutil.copy(COMMITTED, out)
+    before = out.read_text()
+    assert gpu_train.append_calibration(bench, out) == 1
+    after = out.read_text()
+    assert after.startswith(before)
+    assert json.loads(after[len(before):]) == json.loads(json.dumps(rec))   # as it was made
+
+
+def test_a_dry_runs_record_never_goes_into_the_file(tmp_path):
+    dry = build_config(gpu_train._items({"train_steps": 2, "dry_run": True},
+                                        tmp_path / "run"))
+    rec = gpu_train.plan_calibration(dry, MEASURED, "cpu", dry_run=True)
+    bench = _bench_file(tmp_path, {"event": "plan_calibration", "record": rec})
+    out = tmp_path / "plan_calibration.jsonl"
+    out.write_text('{"workload": "train_step"}\n')
+    with pytest.raises(ValueError, match=r"gpu_bench.jsonl: a plan_calibration record cannot go "
+                                         r"into .*: it is a dry run's \(platform 'cpu'"):
+        gpu_train.append_calibration(bench, out)
+    assert out.read_text() == '{"workload": "train_step"}\n'       # untouched
+    with pytest.raises(ValueError, match="no plan_calibration record"):
+        gpu_train.append_calibration(_bench_file(tmp_path, {"event": "summary"}), out)

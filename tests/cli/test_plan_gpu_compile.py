@@ -1,0 +1,97 @@
+"""`dropless plan --compile-for h100`: the planned step compiled for a compile-only H100 (the jax
+CUDA plugin; train/compile_only.py) prints the bytes the trainer's pre-flight finds
+(`train.preflight.check(run, target="h100")`, compiled here a second time as the reference),
+under the planner's own estimate; a config that cannot fit is refused in one line naming the
+model, the sizes and what to change (exit 2); a plan of several devices is refused before any
+compile. deepseek3-test at sequence 256 keeps the three compiles to seconds each (the
+deepseek3-1gpu preset's fit on both devices is tests/train/test_preflight_gpu_compile.py).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+
+import pytest
+
+from dropless.cli import main
+from dropless.cli.plan import add_arguments, settings
+from dropless.plan.from_train import build_plan
+from dropless.train import preflight
+from tests._support import cuda_compile
+
+cuda_compile.require_plugin()
+
+ARGV = ["--preset", "deepseek3-test", "--hardware", "h100", "--seq", "256"]
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2 ** 30:.2f} GiB"
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> tuple[int, str, dict]:
+    """One `dropless plan ... --compile-for h100`: its status, its text and its --out JSON."""
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["plan", *ARGV, "--compile-for", "h100", "--out", str(out)])
+    return rc, buf.getvalue(), json.loads(out.read_text())
+
+
+def test_plan_prints_the_preflight_compiled_bytes(planned):
+    rc, text, result = planned
+    assert rc == 0
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    run = build_plan(settings(p.parse_args(ARGV))).plan.run
+    assert run.seq_len == 256 and run.mesh.num_devices == 1
+    ref = preflight.check(run, target="h100")          # the reference: its own compile
+    got = result["compiled_memory"]
+    assert got["method"] == ref["method"] == "compiled" and got["target"] == "h100"
+    for key in ("arguments", "outputs", "aliased", "temp", "code", "total"):
+        assert got["compiled"][key] == ref["compiled"][key], key
+    assert got["total"] == ref["total"] and got["limit"] == ref["limit"]
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("  verdict:"))
+    planner = result["memory"]["total"]                 # the planner's own figure, above it
+    assert f"{planner / 2 ** 30:.1f} GiB" in lines[at]
+    line = lines[at + 1]
+    assert line.startswith(f"  compiled for h100 (jax {got['jax']}): {_gib(ref['total'])} per "
+                           f"device of {_gib(ref['limit'])} ({ref['source']})")
+    assert line.endswith("by the compiled step's memory analysis")
+
+
+def test_a_config_that_cannot_fit_is_refused_in_one_line(capsys):
+    # sequence 32768, batch 8, no remat: the trainer's attention holds B x H x S x S float32
+    # scores, 8 x 4 x 32768^2 x 4 bytes = 128 GiB, past the H100's 72.8 usable
+    argv = ["--preset", "deepseek3-test", "--hardware", "h100", "--seq", "32768",
+            "--per-device-batch", "8", "--remat", "none", "--compile-for", "h100"]
+    assert main(["plan", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("dropless: error: --compile-for h100: deepseek3-test: "
+                          "per_device_batch_size=8 x seq_len=32768 (remat=none) does not fit: ")
+    assert "by the step compiled for the device" in err and "GiB available" in err
+    assert "Lower seq_len or per_device_batch_size" in err
+
+
+def test_a_plan_of_several_devices_is_refused_before_compiling(capsys):
+    assert main(["plan", "--preset", "deepseek3-test", "--gpus", "8", "--compile-for",
+                 "h200"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "dropless: error: --compile-for h200 compiles the step for one device; this plan spans "
+        "8 (mesh.data x mesh.fsdp x mesh.expert): plan one GPU (--gpus 1) or leave "
+        "--compile-for out\n")
+
+
+def test_with_the_preflight_switched_off_the_line_says_nothing_was_compiled(capsys,
+                                                                           monkeypatch):
+    monkeypatch.setenv("DROPLESS_NO_PREFLIGHT", "1")
+    assert main(["plan", *ARGV, "--compile-for", "h200"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("  verdict:"))
+    assert lines[at + 1] == ("  not compiled for h200: DROPLESS_NO_PREFLIGHT=1 skips the "
+                             "check")

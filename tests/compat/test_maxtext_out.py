@@ -1,0 +1,144 @@
+"""A config said in MaxText's flags (compat/maxtext_out.py) and read back through the MaxText edge
+(compat/maxtext.py, by `config_file.build_config`) is the config it came from; every flag written
+is one MaxText declares, with a value of the type MaxText parses it as; the committed
+examples/deepseek3_1gpu_maxtext.yml is what the generator writes; what has no MaxText flag is
+refused naming it.
+
+The reference for MaxText's flags: AI-Hypercomputer/maxtext at e591f30,
+src/maxtext/configs/base.yml, each name below with its default there and its line (MaxText
+parses a value given for a name by the type of its default: pyconfig.py's
+_yaml_types_to_parser).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dropless.compat import maxtext, maxtext_out
+from dropless.config_file import build_config
+from dropless.presets import RUN_SETTINGS, get_preset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# name: (default in base.yml at e591f30, its line)
+MAXTEXT_BASE = {
+    "normalization_layer_epsilon": (1.0e-05, 27), "dtype": ("bfloat16", 114),
+    "decoder_block": ("llama2", 170), "weight_dtype": ("float32", 174),
+    "base_emb_dim": (2048, 176), "base_num_query_heads": (16, 177),
+    "base_num_kv_heads": (16, 178), "base_mlp_dim": (7168, 179),
+    "base_num_decoder_layers": (16, 181), "head_dim": (128, 182),
+    "logits_via_embedding": (False, 190), "mtp_num_layers": (0, 203),
+    "mtp_loss_scaling_factor": (0.1, 206), "num_experts": (1, 213),
+    "num_experts_per_tok": (1, 214), "megablox": (True, 215), "sparse_matmul": (True, 216),
+    "capacity_factor": (-1.0, 217), "base_moe_mlp_dim": (7168, 226),
+    "load_balance_loss_weight": (0.0, 227), "use_tokamax_gmm": (False, 274),
+    "norm_topk_prob": (False, 278), "first_num_dense_layers": (0, 289),
+    "shared_experts": (0, 290), "routed_scaling_factor": (1.0, 291),
+    "routed_score_func": ("", 292), "routed_bias": (False, 293),
+    "routed_bias_update_rate": (0.0, 294), "n_routing_groups": (-1, 296),
+    "topk_routing_group": (-1, 298), "remat_policy": ("full", 358), "scan_layers": (True, 387),
+    "attention_type": ("global", 393), "q_lora_rank": (0, 448), "kv_lora_rank": (512, 449),
+    "qk_nope_head_dim": (128, 450), "qk_rope_head_dim": (64, 451), "v_head_dim": (128, 452),
+    "vocab_size": (32000, 712), "per_device_batch_size": (12.0, 731),
+    "max_target_length": (2048, 880), "rope_max_timescale": (10000, 1016),
+}
+ONE_GPU = ROOT / maxtext_out.ONE_GPU_FILE
+
+
+def _preset_config(name: str):
+    return build_config([("preset", name)])
+
+
+def _check_types(pairs) -> None:
+    for name, value in pairs:
+        assert name in MAXTEXT_BASE, f"{name} is not a key of MaxText's base.yml"
+        assert maxtext.is_known(name), f"{name} is not a name compat/maxtext.py translates"
+        default = MAXTEXT_BASE[name][0]
+        if isinstance(default, float):        # MaxText: float(value)
+            assert isinstance(value, (int, float)) and not isinstance(value, bool), name
+        else:                                 # an int, bool or str default takes its own type
+            assert type(value) is type(default), (name, value)
+
+
+def test_the_committed_yaml_is_what_the_generator_writes():
+    cfg = _preset_config("deepseek3-1gpu")
+    assert ONE_GPU.read_text() == maxtext_out.to_yaml(cfg, maxtext_out.ONE_GPU_HEADER), (
+        f"{maxtext_out.ONE_GPU_FILE} is stale: regenerate it with {maxtext_out.ONE_GPU_COMMAND}")
+
+
+def test_the_yaml_reads_back_as_the_preset_at_its_run_settings():
+    notes: list[str] = []
+    cfg = build_config(yaml_path=str(ONE_GPU), notes=notes)
+    assert cfg.model == get_preset("deepseek3-1gpu")   # every field, the MoE config's too
+    run = RUN_SETTINGS["deepseek3-1gpu"]
+    assert (cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (
+        run["seq_len"], run["per_device_batch_size"], run["remat"])
+    assert notes == ["decoder_block=deepseek changes nothing: the architecture follows from the "
+                     "preset and the model keys"]
+
+
+def test_every_key_of_the_yaml_is_maxtexts_with_its_type():
+    data = yaml.safe_load(ONE_GPU.read_text())
+    _check_types(data.items())
+    # the DeepSeek-V3 specifics as MaxText's deepseek3-671b.yml spells them
+    assert (data["attention_type"], data["decoder_block"], data["routed_score_func"],
+            data["routed_bias"]) == ("mla", "deepseek", "sigmoid", True)
+    assert data["base_num_kv_heads"] == data["base_num_query_heads"]
+    assert (data["dtype"], data["weight_dtype"]) == ("bfloat16", "float32")
+
+
+@pytest.mark.parametrize("name", ["deepseek3-test", "deepseek3-671b", "mixtral-8x7b",
+                                  "qwen3-30b-a3b", "small"])
+def test_other_presets_round_trip(name):
+    cfg = _preset_config(name)
+    pairs = maxtext_out.items(cfg)
+    _check_types(pairs)
+    back = build_config([("preset", "tiny"), *pairs])
+    # what has no MaxText flag is the base preset's: compare the rest
+    no_flag = {"init", "init_std", "mla_norm_eps", "rope_type", "rope_factor",
+               "rope_original_max_position", "rope_beta_fast", "rope_beta_slow", "rope_mscale",
+               "rope_mscale_all_dim", "qk_norm", "layer_pattern", "num_kv_heads", "head_dim"}
+    for f in dataclasses.fields(cfg.model):
+        if f.name == "moe":
+            assert dataclasses.replace(back.model.moe, seq_aux_coef=0, z_loss_coef=0) == \
+                dataclasses.replace(cfg.model.moe, seq_aux_coef=0, z_loss_coef=0), name
+        elif f.name not in no_flag:
+            assert getattr(back.model, f.name) == getattr(cfg.model, f.name), (name, f.name)
+    if cfg.model.attention == "mha":   # GQA's heads are said, as MaxText needs them
+        assert back.model.num_kv_heads == (cfg.model.num_kv_heads or cfg.model.num_heads)
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"model.moe.gmm_backend": "native"},
+     r"model.moe.gmm_backend='native' has no MaxText flag"),
+    ({"model.moe.dtype": "float32"},
+     r"MaxText dtype sets model.dtype, model.moe.dtype alike; this config has "
+     r"model.dtype='bfloat16', model.moe.dtype='float32'"),
+    ({"model.rope_theta": 10000.5}, r"MaxText rope_max_timescale is an integer"),
+])
+def test_what_maxtext_cannot_say_is_refused_naming_it(over, match):
+    cfg = build_config([("preset", "deepseek3-1gpu"), *over.items()])
+    with pytest.raises(ValueError, match=match):
+        maxtext_out.items(cfg)
+
+
+@pytest.mark.parametrize("pairs,match", [
+    ([("attention_type", "mla"), ("base_num_query_heads", 16), ("base_num_kv_heads", 8)],
+     r"MaxText base_num_kv_heads=8 with attention_type=mla: MLA has one key/value head a "
+     r"query head \(base_num_query_heads=16\)"),
+    ([("routed_bias", False), ("routed_bias_update_rate", 0.001)],
+     r"MaxText routed_bias=false with routed_bias_update_rate=0.001"),
+])
+def test_the_new_maxtext_rules_refuse_contradictions(pairs, match):
+    with pytest.raises(ValueError, match=match):
+        build_config(pairs)
+
+
+def test_routed_bias_false_turns_the_bias_update_off():
+    cfg = build_config([("preset", "deepseek3-1gpu"), ("routed_bias", False)])
+    assert cfg.model.moe.bias_update_speed == 0.0
+    assert build_config([("preset", "deepseek3-1gpu"), ("routed_bias", True)]).model == \
+        get_preset("deepseek3-1gpu")
