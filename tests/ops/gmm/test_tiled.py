@@ -3,9 +3,10 @@ gradients of tiled_gmm, which test_registry.py checks against a NumPy loop."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dropless.ops.gmm.tiled import tiled_dlhs, tiled_drhs, tiled_gmm
-from tests._support.gmm_reference import np_gmm_grads
+from tests._support.gmm_reference import np_gmm, np_gmm_grads, operands
 
 
 def test_dlhs_and_drhs_are_the_custom_vjp_parts():
@@ -51,3 +52,27 @@ def test_default_plan_covers_each_group_once_and_wastes_under_32_rows():
                 assert tc.size - own < 32 or tc.size <= 64, (g, tc.size, own)
     np.testing.assert_array_equal(covered[:ends[-1]], 1)
     np.testing.assert_array_equal(covered[ends[-1]:], 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("m,sizes", [(64, [64]), (60, [60]), (64, [40, 24]), (64, [0, 64, 0])])
+def test_16_bit_gradients_where_one_tile_is_the_whole_array(dtype, m, sizes):
+    # one group's tile spanning every row let XLA fold the weight gradient's transpose and slice
+    # into a bf16 x bf16 -> f32 dot contracting both leading dims, which XLA:CPU cannot run
+    # inside a loop (UNIMPLEMENTED at run time); jax 0.10-0.12 alike
+    lhs, rhs, gs, dy = operands(m, 16, 8, sizes, dtype)
+    tiles = (64, 32, 16, 8)
+
+    @jax.jit    # compiled: run op by op, nothing is folded and it always worked
+    def with_grads(a, b, dy):
+        out, pullback = jax.vjp(lambda a, b: tiled_gmm(a, b, gs, out_dtype=dtype,
+                                                       tile_sizes=tiles), a, b)
+        return out, *pullback(dy)
+    out, dlhs, drhs = with_grads(lhs, rhs, dy)
+    assert out.dtype == dlhs.dtype == drhs.dtype == dtype
+    f32 = lambda a: np.asarray(a, np.float32)
+    ref_dlhs, ref_drhs = np_gmm_grads(f32(lhs), f32(rhs), sizes, f32(dy))
+    tol = dict(rtol=2e-2, atol=2e-2 * 16 ** 0.5)
+    np.testing.assert_allclose(f32(out), np_gmm(f32(lhs), f32(rhs), sizes), **tol)
+    np.testing.assert_allclose(f32(dlhs), ref_dlhs, **tol)
+    np.testing.assert_allclose(f32(drhs), ref_drhs, rtol=2e-2, atol=2e-2 * m ** 0.5)

@@ -176,7 +176,10 @@ def _drhs(lhs_MK, dy_MN, group_sizes_G, sizes, out_dtype):
     branch_G = jnp.where(rem_G == 0, len(sizes), branch_G)
     lhs_bits, dy_bits = as_bits(lhs_MK), as_bits(dy_MN)
     transposed = lhs_MK.dtype.itemsize == 2
-    lhsT_bits = lhs_bits.T if transposed else None
+    # materialised behind a barrier: where a group's tile is the whole array XLA would otherwise
+    # fold the transpose and the slice into the dot, and XLA:CPU's DotThunk has no bf16 x bf16 =
+    # f32 dot contracting both leading dims inside a loop or branch (UNIMPLEMENTED at run time)
+    lhsT_bits = lax.optimization_barrier(lhs_bits.T) if transposed else None
 
     def tile_dw(start, size, mask_B):
         # A masked tile's window holds rows of other groups (or past the sum). Both operands are
