@@ -116,7 +116,8 @@ def split_floor(groups: int):
         c = a_MK.shape[0] // groups
         a_bits, dy_bits = as_bits(a_MK), as_bits(dy_MN)
 
-        aT_bits = a_bits.T  # 16-bit: plain [K, c] @ [c, N] tiles, as the kernel's drhs does
+        # 16-bit: plain [K, c] @ [c, N] tiles behind a barrier, as the kernel's drhs does
+        aT_bits = lax.optimization_barrier(a_bits.T)
 
         def drhs(_, t):
             dy_cN = slice_bits(dy_bits, t * c, c, dy_MN.dtype)
