@@ -23,7 +23,9 @@ prints it (and writes it to `--out`) without timing anything; timed runs print i
 (tokamax's and jax's ragged_dot_mgpu, pallas_gpu) computes every tile each group touches, at
 most cdiv(M, bm) + G - 1; with each segment starting at a multiple of bm
 (`MoEConfig.align_expert_rows`) it computes sum_g cdiv(s_g, bm), at the cost of the zero rows
-that pad each segment (`mode: "align_model"` records).
+that pad each segment (`mode: "align_model"` records). Beside them, `pallas_gpu`'s grid as it
+runs (`pallas_plan.row_tiles_as_run`): rows launched per useful row by its work list over the M
+rows, and by its aligned grid over the aligned layout's P rows (`permute.aligned_rows`).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import numpy as np
 
 from dropless import machine, text_table
 from dropless.bench import dense, harness
+from dropless.moe.permute import aligned_rows
 from dropless.ops import grouped_matmul, native, padding_stats, resolve_backend
 from dropless.ops.gmm import shapes
 from dropless.ops.gmm.aliases import canonical_backend
@@ -182,7 +185,8 @@ def model_record(m: int, k: int, n: int, g: int, routing: str, dtype: str, seed:
 ALIGN_BLOCK_M = 128   # the row block of the Hopper tile kernels (bm of tokamax's sm90 configs)
 ALIGN_COLUMNS = ["shape", "routing", "m", "groups", "block_m", "tiles_unaligned",
                  "tiles_bound", "tiles_aligned", "rows_per_row_unaligned",
-                 "rows_per_row_aligned", "padded_rows", "padded_row_fraction"]
+                 "rows_per_row_aligned", "padded_rows", "padded_row_fraction",
+                 "pallas_launched_per_row_unaligned", "pallas_launched_per_row_aligned"]
 
 
 def row_tiles(sizes_G, bm: int) -> dict:
@@ -217,6 +221,13 @@ def align_records(block_m: int = ALIGN_BLOCK_M, seed: int = 0) -> list[dict]:
                    "rows_per_row_unaligned": t["tiles_unaligned"] * block_m / sh.m,
                    "rows_per_row_aligned": t["tiles_aligned"] * block_m / sh.m,
                    "padded_row_fraction": t["padded_rows"] / sh.m}
+            plain = pallas_plan.row_tiles_as_run(sizes, sh.m, "bfloat16")
+            lay = pallas_plan.row_tiles_as_run(
+                -(-sizes // block_m) * block_m, aligned_rows(sh.m, sh.g, block_m), "bfloat16",
+                align=block_m)
+            for name, fig in (("unaligned", plain), ("aligned", lay)):
+                rec[f"pallas_launched_per_row_{name}"] = \
+                    fig["tiles_launched"] * fig["block_m"] / sh.m
             out.append(rec)
     return out
 

@@ -21,11 +21,13 @@ from dropless.ops.gpu.pallas_gpu import PallasGpuConfig, kernel_blocks
 pytestmark = pytest.mark.skipif(triton_check.triton_available() is not None,
                                 reason=str(triton_check.triton_available()))
 
-KERNEL_OF = {"dropless_gmm": "fwd", "dropless_gmm_dlhs": "dlhs", "dropless_gmm_drhs": "drhs"}
+KERNEL_OF = {"dropless_gmm": "fwd", "dropless_gmm_dlhs": "dlhs", "dropless_gmm_drhs": "drhs",
+             "dropless_gmm_aligned": "fwd", "dropless_gmm_dlhs_aligned": "dlhs"}
 
 # (dtype, (M, K, N, G), options): defaults at 8192 rows in 8 groups (block_m 128 for 16-bit)
 # and in 64 (block_m 64), configured blocks, and the DeepSeek-V3 routed expert (K=7168,
-# N=2048, G=256, 24576 rows)
+# N=2048, G=256, 24576 rows), and the aligned grid (segments aligned to 128 rows: block_m 128
+# at G=64 where the work list takes 64)
 CASES = [
     ("bfloat16", (8192, 1024, 1024, 8), {}),
     ("bfloat16", (8192, 1024, 1024, 64), {}),
@@ -35,6 +37,7 @@ CASES = [
     ("float32", (4096, 1024, 1024, 8), dict(block_m=32, block_k=32, block_n=32)),
     ("bfloat16", (24576, 7168, 2048, 256), {}),
     ("float32", (24576, 7168, 2048, 256), {}),
+    ("bfloat16", (8192, 1024, 1024, 64), dict(group_alignment=128)),
 ]
 
 
@@ -58,11 +61,15 @@ def test_kernels_compile_for_sm90_within_h200_resources(dtype, shape, options, t
     m, k, n, g = shape
     kernels = _kernels(dtype, shape, options)
     assert sorted(KERNEL_OF[kk.name] for kk in kernels) == ["dlhs", "drhs", "fwd"]
+    options = dict(options)
+    align = options.pop("group_alignment", 1)
+    assert all(kk.name.endswith("_aligned") for kk in kernels
+               if KERNEL_OF[kk.name] != "drhs") == (align > 1)
     cfg = PallasGpuConfig(**options)
     dims = {"fwd": (k, n), "dlhs": (n, k), "drhs": (k, n)}
     for kernel in kernels:
         which = KERNEL_OF[kernel.name]
-        blocks = kernel_blocks(cfg, which, dtype, m, *dims[which], g)
+        blocks = kernel_blocks(cfg, which, dtype, m, *dims[which], g, align)
         assert (kernel.num_warps, kernel.num_stages) == (blocks.num_warps, blocks.num_stages)
         build = triton_check.compile_sm90(kernel, str(tmp_path))
         assert build.spill_bytes == 0, build

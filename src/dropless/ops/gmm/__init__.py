@@ -5,6 +5,7 @@ from dropless.ops.gmm.registry import (backend_spec, grouped_matmul, grouped_mat
                                        register_backend, resolve_backend, tokamax_unusable)
 from dropless.ops.native import native_gmm, problem as native_problem
 from dropless.ops.gpu.pallas_gpu import OPTIONS as PALLAS_GPU_OPTIONS, pallas_gpu_gmm
+from dropless.ops.gpu.pallas_plan import ALIGNED_ROW_BLOCK
 from dropless.ops.gmm.tiled import DEFAULT_TILE_SIZES, tiled_gmm
 from dropless.ops.gpu.tokamax_backend import tokamax_gmm
 from dropless.ops.gpu.mosaic_gpu import (OPTIONS as MOSAIC_GPU_OPTIONS, mosaic_gpu_gmm,
@@ -25,7 +26,8 @@ register_backend("native", native_gmm, problem=native_problem,
                              "default when it builds (old name: openblas)")
 register_backend("pallas_gpu", pallas_gpu_gmm, options=PALLAS_GPU_OPTIONS,
                  description="our Pallas kernels via Triton (fwd, dlhs, drhs), sizes on device; "
-                             "CUDA; interpret mode on CPU (slow, for tests)")
+                             "CUDA; interpret mode on CPU (slow, for tests)",
+                 aligned=True, row_block=ALIGNED_ROW_BLOCK)
 register_backend("tokamax", tokamax_gmm, options=("implementation",), problem=tokamax_unusable,
                  description="tokamax.ragged_dot (Mosaic GPU SM90/SM100, Triton); optional "
                              "dependency, the `gpu` extra")

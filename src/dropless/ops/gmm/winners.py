@@ -17,6 +17,12 @@ device kind the table lacks gives None, and `auto` then takes its chain's defaul
 The device kind is jax's `device_kind` string of the GPU in this process ("NVIDIA H200");
 without one (compiling on a CPU host for a compile-only GPU) `device_scope(kind)` names it, and
 otherwise no row applies.
+
+`from_records` builds the table from one device check's records (`dropless bench gpu`'s
+gpu_bench.jsonl; `python benchmarks/gpu/tables.py winners` is its command): per bucket of the
+shapes measured and direction, the backend fastest at every routing measured there. A
+direction the records did not time alone (the gmm section times `fwd` and `fwd+bwd`) takes
+its mode's stand-in: `dlhs` and `drhs` the forward+backward time.
 """
 from __future__ import annotations
 
@@ -33,6 +39,11 @@ from dropless.ops.gmm.shapes import DIRECTIONS
 TABLE_FILE = "winners.json"
 PROVENANCE_FIELDS = ("commit", "date", "device", "source", "jax", "dtype", "note")
 ROW_FIELDS = ("device_kind", "bucket", "direction", "backend", "shape", "times_ms")
+# the device check's baselines timed beside the grouped matmuls (never a winner): XLA's dense
+# matmul of the same useful FLOPs and the torch peer
+NOT_CANDIDATES = ("dense_xla", "torch_grouped_mm", "torch_dense")
+# the mode whose time stands for a direction the records did not time alone
+MODE_OF = {"fwd": "fwd", "dlhs": "fwd+bwd", "drhs": "fwd+bwd"}
 _DEVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("dropless_gmm_device",
                                                                     default=None)
 _TABLE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("dropless_gmm_winners",
@@ -148,5 +159,101 @@ def device_kind() -> str | None:
     return gpus[0].device_kind if gpus else None
 
 
+def _candidates(recs: list[dict]) -> list[dict]:
+    """The gmm section's timed grouped matmuls that can name a winner: not a baseline, not
+    aligned segments (another layout than `auto`'s callers pass), and run by the backend asked
+    for (a record where another ran, after a fallback, times that other one)."""
+    return [r for r in recs if r.get("section") == "gmm" and "median_ms" in r
+            and r.get("backend") not in NOT_CANDIDATES and not r.get("aligned")
+            and r.get("ran", r.get("backend")) == r.get("backend")]
+
+
+def _fastest_everywhere(times: dict) -> tuple[str | None, dict]:
+    """(the backend fastest at every key, the times compared): only backends measured at every
+    key are compared; None when no one of them is fastest at all of them."""
+    keys = set().union(*times.values()) if times else set()
+    full = {b: t for b, t in sorted(times.items()) if set(t) == keys}
+    best = [b for b, t in full.items() if all(t[k] == min(u[k] for u in full.values())
+                                              for k in keys)]
+    return (best[0] if best else None), full
+
+
+def from_records(recs: list[dict], *, source: str, date: str) -> dict:
+    """The winner table (checked by `check_table`) of one device check's records.
+
+    Per bucket of the shapes the gmm section timed and per direction: the backend with the
+    lowest median (ms, to 4 decimals) at every (shape, routing) of the bucket, among the
+    backends measured at all of them; a bucket and direction where none is fastest everywhere
+    gets no row (`auto` takes its chain's default there; the note names them); a tie goes to
+    the first name in alphabetical order. `dlhs` and `drhs` use their own mode's times
+    where the records have them, else the forward+backward time (`MODE_OF`). Provenance: the
+    info record's commit, device and versions, `source` (the records' file) and `date`.
+    Raises ValueError (one line naming `source`) for a dry run's records, no info record, no
+    commit, or no grouped-matmul timing to choose from.
+    """
+    info = next((r for r in recs if r.get("section") == "info" and "device_kind" in r), None)
+    if info is None:
+        raise ValueError(f"{source}: no info record (device kind, versions): not the records "
+                         f"of `dropless bench gpu`")
+    if any(r.get("dry_run") for r in recs):
+        raise ValueError(f"{source}: the records of a dry run (CPU, numbers meaningless); build "
+                         f"the table from a device run's gpu_bench.jsonl")
+    if not info.get("git_commit"):
+        raise ValueError(f"{source}: the info record names no git_commit (the table must say "
+                         f"which commit it measured)")
+    timed = _candidates(recs)
+    if not timed:
+        raise ValueError(f"{source}: no grouped-matmul timing (section gmm, a backend that ran "
+                         f"as asked) to choose winners from")
+    kind = info["device_kind"]
+    # (bucket, mode) -> backend -> "routing" (or "shape routing" where shapes share a bucket)
+    shapes_of: dict[str, list[str]] = {}
+    for r in timed:
+        b = bucket(r["m"], r["k"], r["n"], r["groups"])
+        shapes_of.setdefault(b, [])
+        if r["shape"] not in shapes_of[b]:
+            shapes_of[b].append(r["shape"])
+    times: dict[tuple, dict] = {}
+    for r in timed:
+        b = bucket(r["m"], r["k"], r["n"], r["groups"])
+        key = r["routing"] if len(shapes_of[b]) == 1 else f"{r['shape']} {r['routing']}"
+        times.setdefault((b, r["mode"]), {}).setdefault(r["backend"], {})[key] = round(
+            r["median_ms"], 4)
+    rows, none = [], []
+    for b in sorted(shapes_of):
+        for direction in DIRECTIONS:
+            mode = direction if (b, direction) in times else MODE_OF[direction]
+            if (b, mode) not in times:
+                continue
+            won, compared = _fastest_everywhere(times[(b, mode)])
+            if won is None:
+                none.append(f"{b} {direction}")
+                continue
+            rows.append({"device_kind": kind, "bucket": b, "direction": direction,
+                         "backend": won, "shape": ", ".join(shapes_of[b]), "mode": mode,
+                         "times_ms": compared})
+    alone = sorted({r["mode"] for r in timed} & {"dlhs", "drhs"})
+    stand_in = [d for d in ("dlhs", "drhs") if d not in alone]
+    smi = info.get("nvidia_smi")
+    note = (f"Built by from_records (python benchmarks/gpu/tables.py winners) from "
+            f"{len(timed)} grouped-matmul medians of section gmm: "
+            f"{', '.join(sorted({r['backend'] for r in timed}))} at "
+            f"{', '.join(sorted({r['shape'] for r in timed}))}, routings "
+            f"{', '.join(sorted({r['routing'] for r in timed}))}. A row's backend is the fastest "
+            f"at every routing measured; records where another backend ran (a fallback) are "
+            f"left out. "
+            + (f"Timed alone: {', '.join(alone)}. " if alone else "")
+            + (f"{' and '.join(stand_in)} not timed alone: their rows take the "
+               f"forward+backward median. " if stand_in else "")
+            + (f"No backend fastest everywhere, so no row: {'; '.join(none)}." if none else ""))
+    table_ = {"provenance": {
+        "commit": info["git_commit"], "date": date,
+        "device": f"one {kind}" + (f" (nvidia-smi: {smi})" if smi else ""), "source": source,
+        "jax": f"{info.get('jax')} (tokamax {info.get('tokamax')}, triton {info.get('triton')})",
+        "dtype": ", ".join(sorted({str(r.get("dtype")) for r in timed})), "note": note.strip()},
+        "rows": rows}
+    return check_table(table_, source)
+
+
 __all__ = ["bucket", "size_class", "winner", "lookup", "table", "check_table", "device_scope",
-           "device_kind"]
+           "device_kind", "from_records"]

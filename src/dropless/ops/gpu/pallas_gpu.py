@@ -20,6 +20,14 @@ listed on device; W = (M + (G+1)(bm-1)) // bm bounds their number, so the grid i
 surplus items do nothing. Rows past sum(group_sizes) form one more pseudo-group whose tiles
 store zeros, so every output row is written exactly once (`ragged_dot`'s "zeros past the sum").
 
+Aligned segments (`group_alignment=A`, the layout of `MoEConfig.align_expert_rows`): when A is a
+multiple of bm every group starts and ends on a bm-row tile boundary, so the forward and dlhs
+grid is plain: T = cdiv(M, bm) row tiles, tile t's group found from its first row t*bm (one
+[T, G] comparison on device, no work list), every tile inside one group or the zero tail, no
+row masks (only the tail's store at M when bm does not divide M), no surplus programs; drhs
+loops over whole bm-row slices that start at its group's first row (no row masks). With
+block_m given and not dividing A, or A = 1, the work list runs as above.
+
 Program order (see pallas_plan.py for the model and the figures the bench prints): the forward
 grid runs an item's O-blocks back to back, so its lhs tile is read from HBM once and then hit
 in L2 (a work-items-fastest grid would run them W programs apart and re-read lhs O/bo times). drhs runs all
@@ -92,12 +100,14 @@ def _fit(block: int, dim: int) -> int:
 
 
 def kernel_blocks(cfg: PallasGpuConfig, kernel: str, dtype, m: int, c: int, o: int,
-                  g: int) -> pallas_plan.Blocks:
+                  g: int, align: int = 1) -> pallas_plan.Blocks:
     """The concrete blocks of one kernel call: cfg's values or the dtype's defaults, shrunk to
     the operands. (c, o) are the kernel's contraction and output dims: fwd (K, N), dlhs (N, K),
-    drhs (K, N) as its [bk, bn] output tile. Raises ValueError if shared memory cannot fit."""
+    drhs (K, N) as its [bk, bn] output tile; `align` the call's `group_alignment` (the default
+    bm divides it where a candidate does). Raises ValueError if shared memory cannot fit."""
     d = pallas_plan.DEFAULTS[pallas_plan.dtype_class(dtype)]
-    bm = cfg.block_m if cfg.block_m is not None else pallas_plan.choose_block_m(m, g, dtype)
+    bm = cfg.block_m if cfg.block_m is not None else pallas_plan.choose_block_m(m, g, dtype,
+                                                                                align)
     blocks = pallas_plan.Blocks(
         bm=_fit(bm, m), bk=_fit(cfg.block_k or d["block_k"], c),
         bn=_fit(cfg.block_n or d["block_n"], o), num_warps=cfg.num_warps or d["num_warps"],
@@ -119,7 +129,22 @@ def group_offsets(group_sizes_G: jax.Array, m: int) -> jax.Array:
 
 def num_work_items(m: int, num_groups: int, bm: int) -> int:
     """W: an upper bound on sum_g cdiv(s_g, bm) over the G groups and the zero tail."""
-    return max(1, (m + (num_groups + 1) * (bm - 1)) // bm)
+    return pallas_plan.row_tiles_launched(m, num_groups, bm, aligned=False)
+
+
+def tile_groups(group_sizes_G: jax.Array, m: int, bm: int) -> jax.Array:
+    """[cdiv(M, bm)] the group of each bm-row tile, from its first row t*bm: the g with
+    start_g <= t*bm < end_g, G for tiles past the sum (the zero tail). Exact when every group
+    size is a multiple of bm (aligned segments: no tile holds two groups).
+
+    Hand-worked: sizes [4, 0, 8], m=16, bm=4 -> tiles at rows 0, 4, 8, 12 -> [0, 2, 2, 3].
+    """
+    ends_G = jnp.cumsum(jnp.maximum(group_sizes_G, 0)).astype(jnp.int32)
+    row0_T = jnp.arange(pallas_plan.row_tiles_launched(m, 0, bm, aligned=True),
+                        dtype=jnp.int32) * bm
+    # compare_all: one fused [T, G] comparison (the default is a while loop on XLA:GPU)
+    return jnp.searchsorted(ends_G, row0_T, side="right", method="compare_all").astype(
+        jnp.int32)
 
 
 def work_items(offsets: jax.Array, m: int, bm: int):
@@ -147,6 +172,16 @@ def work_items(offsets: jax.Array, m: int, bm: int):
     row0_W = starts[safe_W] + (item_W - (cum - n_tiles)[safe_W]) * bm
     return (jnp.where(valid_W, group_W, num).astype(jnp.int32),
             jnp.where(valid_W, row0_W, 0).astype(jnp.int32))
+
+
+def _in_bounds(ok_R, ok_C, shape, load=True) -> dict:
+    """The mask keywords of a load (other=0) or store of a `shape` block whose rows ok_R and
+    columns ok_C are in bounds (None: all of them); none at all when nothing can overhang."""
+    if ok_R is None and ok_C is None:
+        return {}
+    ok_R = jnp.ones(shape[:1], bool) if ok_R is None else ok_R
+    ok_C = jnp.ones(shape[1:], bool) if ok_C is None else ok_C
+    return {"mask": ok_R[:, None] & ok_C[None, :], **({"other": 0} if load else {})}
 
 
 def _dot(a, b, *, trans_a=False, trans_b=False):
@@ -190,13 +225,61 @@ def _gmm_kernel(group_ref, row0_ref, offsets_ref, lhs_ref, rhs_ref, out_ref, *, 
                 mask=mine_B[:, None] & (cols_O < o)[None, :])
 
 
-def _gmm_call(lhs_MC, rhs, group_sizes_G, out_dtype, cfg, transpose_rhs, interpret):
+def _aligned_kernel(group_ref, lhs_ref, rhs_ref, out_ref, *, bm, bc, bo, m, c, o,
+                    num_groups, transpose_rhs, compute_dtype):
+    """One (row tile, output block) of the aligned grid: the tile's bm rows all belong to
+    group_ref[tile] (G: the zero tail), so only the K/N edges and, past M, the store mask."""
+    pid = pl.program_id(0)
+    n_o = pl.cdiv(o, bo)
+    t, j = pid // n_o, pid % n_o      # a tile's output blocks run back to back (L2 reuse)
+    g = group_ref[t]
+    row0 = pl.multiple_of(t * bm, bm)
+    cols_O = j * bo + jnp.arange(bo)
+    real = g < num_groups             # the zero tail does no arithmetic
+    g_safe = jnp.minimum(g, num_groups - 1)
+
+    ok_O = None if o % bo == 0 else cols_O < o
+
+    def body(kk, acc):
+        ks_C = kk * bc + jnp.arange(bc)
+        ok_C = None if c % bc == 0 else ks_C < c
+        x = plgpu.load(lhs_ref.at[pl.ds(row0, bm), pl.ds(kk * bc, bc)],
+                       **_in_bounds(None, ok_C, (bm, bc)))
+        if transpose_rhs:   # rhs is [G, O, C]
+            w = plgpu.load(rhs_ref.at[g_safe, pl.ds(j * bo, bo), pl.ds(kk * bc, bc)],
+                           **_in_bounds(ok_O, ok_C, (bo, bc)))
+        else:               # rhs is [G, C, O]
+            w = plgpu.load(rhs_ref.at[g_safe, pl.ds(kk * bc, bc), pl.ds(j * bo, bo)],
+                           **_in_bounds(ok_C, ok_O, (bc, bo)))
+        return acc + _dot(x.astype(compute_dtype), w.astype(compute_dtype),
+                          trans_b=transpose_rhs)
+
+    trips = jnp.where(real, jnp.int32(pl.cdiv(c, bc)), jnp.int32(0))
+    acc = lax.fori_loop(jnp.int32(0), trips, body, jnp.zeros((bm, bo), jnp.float32))
+    ok_B = None if m % bm == 0 else row0 + jnp.arange(bm) < m   # only the tail's last tile
+    plgpu.store(out_ref.at[pl.ds(row0, bm), pl.ds(j * bo, bo)], acc.astype(out_ref.dtype),
+                **_in_bounds(ok_B, ok_O, (bm, bo), load=False))
+
+
+def _gmm_call(lhs_MC, rhs, group_sizes_G, out_dtype, cfg, transpose_rhs, interpret, align=1):
     m, c = lhs_MC.shape
     num_groups = rhs.shape[0]
     o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     compute_dtype = jnp.promote_types(lhs_MC.dtype, rhs.dtype)
     b = kernel_blocks(cfg, "dlhs" if transpose_rhs else "fwd", compute_dtype, m, c, o,
-                      num_groups)
+                      num_groups, align)
+    name = "dropless_gmm_dlhs" if transpose_rhs else "dropless_gmm"
+    params = plgpu.CompilerParams(num_warps=b.num_warps, num_stages=b.num_stages)
+    if pallas_plan.is_aligned(align, b.bm):
+        group_T = tile_groups(group_sizes_G, m, b.bm)
+        kernel = functools.partial(
+            _aligned_kernel, bm=b.bm, bc=b.bk, bo=b.bn, m=m, c=c, o=o, num_groups=num_groups,
+            transpose_rhs=transpose_rhs, compute_dtype=compute_dtype)
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((m, o), out_dtype),
+            grid=(group_T.shape[0] * pl.cdiv(o, b.bn),), interpret=interpret,
+            compiler_params=params, name=name + "_aligned",
+        )(group_T, lhs_MC, rhs)
     offsets = group_offsets(group_sizes_G, m)
     group_W, row0_W = work_items(offsets, m, b.bm)
     kernel = functools.partial(
@@ -205,14 +288,14 @@ def _gmm_call(lhs_MC, rhs, group_sizes_G, out_dtype, cfg, transpose_rhs, interpr
     return pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((m, o), out_dtype),
         grid=(group_W.shape[0] * pl.cdiv(o, b.bn),), interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=b.num_warps, num_stages=b.num_stages),
-        name="dropless_gmm_dlhs" if transpose_rhs else "dropless_gmm",
+        compiler_params=params, name=name,
     )(group_W, row0_W, offsets, lhs_MC, rhs)
 
 
 def _drhs_kernel(order_ref, offsets_ref, lhs_ref, dy_ref, out_ref, *, bm, bk, bn, k, n,
-                 compute_dtype):
-    """One (group, K block, N block) of drhs: loop over the group's rows in bm steps."""
+                 compute_dtype, aligned):
+    """One (group, K block, N block) of drhs: loop over the group's rows in bm steps. Aligned:
+    the group starts on a bm boundary and holds whole slices, so rows need no mask."""
     pid = pl.program_id(0)
     n_k, n_n = pl.cdiv(k, bk), pl.cdiv(n, bn)
     rank, rest = pid // (n_k * n_n), pid % (n_k * n_n)
@@ -222,12 +305,14 @@ def _drhs_kernel(order_ref, offsets_ref, lhs_ref, dy_ref, out_ref, *, bm, bk, bn
     cols_N = j * bn + jnp.arange(bn)
 
     def body(t, acc):
-        rows_B = start + t * bm + jnp.arange(bm)
-        mine_B = rows_B < end
-        x = plgpu.load(lhs_ref.at[pl.ds(start + t * bm, bm), pl.ds(i * bk, bk)],
-                       mask=mine_B[:, None] & (ks_K < k)[None, :], other=0)
-        dy = plgpu.load(dy_ref.at[pl.ds(start + t * bm, bm), pl.ds(j * bn, bn)],
-                        mask=mine_B[:, None] & (cols_N < n)[None, :], other=0)
+        row0 = start + t * bm
+        if aligned:
+            row0 = pl.multiple_of(row0, bm)
+        mine_B = None if aligned else row0 + jnp.arange(bm) < end
+        x = plgpu.load(lhs_ref.at[pl.ds(row0, bm), pl.ds(i * bk, bk)],
+                       **_in_bounds(mine_B, None if k % bk == 0 else ks_K < k, (bm, bk)))
+        dy = plgpu.load(dy_ref.at[pl.ds(row0, bm), pl.ds(j * bn, bn)],
+                        **_in_bounds(mine_B, None if n % bn == 0 else cols_N < n, (bm, bn)))
         return acc + _dot(x.astype(compute_dtype), dy.astype(compute_dtype), trans_a=True)
 
     acc = lax.fori_loop(jnp.int32(0), pl.cdiv(end - start, bm), body,
@@ -241,14 +326,15 @@ def group_order(group_sizes_G: jax.Array) -> jax.Array:
     return jnp.argsort(-jnp.maximum(group_sizes_G, 0), stable=True).astype(jnp.int32)
 
 
-def _drhs_call(lhs_MK, dy_MN, group_sizes_G, out_dtype, cfg, interpret):
+def _drhs_call(lhs_MK, dy_MN, group_sizes_G, out_dtype, cfg, interpret, align=1):
     m, k = lhs_MK.shape
     n, g = dy_MN.shape[1], group_sizes_G.shape[0]
     compute_dtype = jnp.promote_types(lhs_MK.dtype, dy_MN.dtype)
-    b = kernel_blocks(cfg, "drhs", compute_dtype, m, k, n, g)
+    b = kernel_blocks(cfg, "drhs", compute_dtype, m, k, n, g, align)
     offsets = group_offsets(group_sizes_G, m)
     kernel = functools.partial(_drhs_kernel, bm=b.bm, bk=b.bk, bn=b.bn, k=k, n=n,
-                               compute_dtype=compute_dtype)
+                               compute_dtype=compute_dtype,
+                               aligned=pallas_plan.is_aligned(align, b.bm))
     return pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((g, k, n), out_dtype),
         grid=(g * pl.cdiv(k, b.bk) * pl.cdiv(n, b.bn),), interpret=interpret,
@@ -265,22 +351,24 @@ def _per_platform(call, cfg, *args):
                                   default=functools.partial(call, interpret=False))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _pallas_gmm(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, cfg):
-    call = functools.partial(_gmm_call, out_dtype=out_dtype, cfg=cfg, transpose_rhs=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _pallas_gmm(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, cfg, align):
+    call = functools.partial(_gmm_call, out_dtype=out_dtype, cfg=cfg, transpose_rhs=False,
+                             align=align)
     return _per_platform(call, cfg, lhs_MK, rhs_GKN, group_sizes_G)
 
 
-def _pallas_fwd(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, cfg):
-    return (_pallas_gmm(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, cfg),
+def _pallas_fwd(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, cfg, align):
+    return (_pallas_gmm(lhs_MK, rhs_GKN, group_sizes_G, out_dtype, cfg, align),
             (lhs_MK, rhs_GKN, group_sizes_G))
 
 
-def _pallas_bwd(out_dtype, cfg, res, dy_MN):
+def _pallas_bwd(out_dtype, cfg, align, res, dy_MN):
     lhs_MK, rhs_GKN, group_sizes_G = res
-    dlhs = functools.partial(_gmm_call, out_dtype=lhs_MK.dtype, cfg=cfg, transpose_rhs=True)
+    dlhs = functools.partial(_gmm_call, out_dtype=lhs_MK.dtype, cfg=cfg, transpose_rhs=True,
+                             align=align)
     dlhs_MK = _per_platform(dlhs, cfg, dy_MN, rhs_GKN, group_sizes_G)
-    drhs = functools.partial(_drhs_call, out_dtype=rhs_GKN.dtype, cfg=cfg)
+    drhs = functools.partial(_drhs_call, out_dtype=rhs_GKN.dtype, cfg=cfg, align=align)
     drhs_GKN = _per_platform(drhs, cfg, lhs_MK, dy_MN, group_sizes_G)
     return dlhs_MK, drhs_GKN, None
 
@@ -288,13 +376,18 @@ def _pallas_bwd(out_dtype, cfg, res, dy_MN):
 _pallas_gmm.defvjp(_pallas_fwd, _pallas_bwd)
 
 
-def pallas_gpu_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, **options):
+def pallas_gpu_gmm(lhs_MK, rhs_GKN, group_sizes_G, *, out_dtype, group_alignment: int = 1,
+                   **options):
     """Grouped matmul by Pallas/Triton kernels; options are `PallasGpuConfig` fields.
 
+    `group_alignment`: every group size is a multiple of it (checked by `grouped_matmul` where
+    the sizes are concrete; under jit it is the caller's promise, as the aligned layout keeps
+    it); where it is a multiple of the row block the aligned grid runs (module docstring).
     Shapes are checked by the caller (`grouped_matmul`). Raises ValueError naming a bad option.
     """
     cfg = PallasGpuConfig(**options)
     m, n = lhs_MK.shape[0], rhs_GKN.shape[2]
     if m == 0 or rhs_GKN.shape[0] == 0 or lhs_MK.shape[1] == 0:
         return jnp.zeros((m, n), out_dtype)
-    return _pallas_gmm(lhs_MK, rhs_GKN, group_sizes_G, jnp.dtype(out_dtype), cfg)
+    return _pallas_gmm(lhs_MK, rhs_GKN, group_sizes_G, jnp.dtype(out_dtype), cfg,
+                       int(group_alignment))

@@ -13,6 +13,10 @@ cdiv(s_g, bm) tiles; bm-aligned tiles (the baseline the bench compares with) cos
 visit at each group boundary inside a tile. Rows computed per useful row:
   group_start = sum_g cdiv(s_g, bm) * bm / sum_g s_g
   aligned     = sum_g (tiles s_g's rows touch) * bm / sum_g s_g
+With aligned segments (`group_alignment` a multiple of bm: every group starts and ends on a
+tile boundary) the kernel's grid is cdiv(M, bm) plain row tiles instead of the work list's
+bound W (`row_tiles_launched`); the tiles doing arithmetic are sum_g cdiv(s_g, bm) either way
+(`row_tiles_as_run`), the aligned layout's zero padding rows included.
 """
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ H200_SMEM_PER_BLOCK = 227 * 1024   # bytes of shared memory one block may use (s
 H200_SMEM_PER_SM = 228 * 1024
 H200_SMS = 132
 WASTE_TARGET = 1.10                 # largest bm whose modeled rows ratio stays under this
+# the rows pallas_gpu wants expert segments aligned to (its registry `row_block`): the largest
+# block_m candidate; every candidate of every dtype divides it, so each runs the aligned grid
+ALIGNED_ROW_BLOCK = 128
 
 # Per dtype class: block_m candidates (largest first) and the other defaults. 16-bit: 128x128
 # output tiles, 64-deep steps, 4 stages (wgmma; 64 is wgmma's native rows per warpgroup, so
@@ -63,14 +70,48 @@ def modeled_rows_ratio(m: int, g: int, bm: int) -> float:
     return max(1.0 + g * (bm - 1) / (2.0 * m), min(g, m) * bm / m)
 
 
-def choose_block_m(m: int, g: int, dtype) -> int:
-    """The largest candidate block_m whose modeled rows ratio is <= WASTE_TARGET, else the
-    smallest candidate (small groups: the smallest tile wastes least)."""
+def choose_block_m(m: int, g: int, dtype, align: int = 1) -> int:
+    """With segments aligned to `align` rows (`group_alignment`), the largest candidate that
+    divides it (no tile straddles two groups, so no rows are wasted); else the largest
+    candidate whose modeled rows ratio is <= WASTE_TARGET, else the smallest candidate (small
+    groups: the smallest tile wastes least)."""
     cands = DEFAULTS[dtype_class(dtype)]["block_m"]
+    fits = [bm for bm in cands if is_aligned(align, bm)]
+    if fits:
+        return fits[0]
     for bm in cands:
         if modeled_rows_ratio(m, g, bm) <= WASTE_TARGET:
             return bm
     return cands[-1]
+
+
+def is_aligned(align: int, bm: int) -> bool:
+    """Whether a call with `group_alignment=align` runs the aligned grid at row block bm:
+    every group then starts and ends at a multiple of bm (align > 1 and a multiple of bm)."""
+    return align > 1 and align % bm == 0
+
+
+def row_tiles_launched(m: int, g: int, bm: int, aligned: bool) -> int:
+    """Row tiles in the fwd/dlhs grid (each runs cdiv(O, bo) programs): aligned, one per bm
+    rows, cdiv(M, bm); else the work list's static bound W = (M + (G+1)(bm-1)) // bm (group-start
+    tiles of the G groups and the zero tail; surplus items do nothing)."""
+    if aligned:
+        return max(1, -(-m // bm))
+    return max(1, (m + (g + 1) * (bm - 1)) // bm)
+
+
+def row_tiles_as_run(sizes_G, m: int, dtype, align: int = 1, block_m: int | None = None) -> dict:
+    """pallas_gpu's fwd/dlhs row tiles for these (host-side) group sizes over m rows, as the
+    kernel runs them: `block_m` (default: the one it chooses), whether the aligned grid runs,
+    `tiles_launched` (the grid's row tiles) and `tiles_computed` (those doing arithmetic:
+    sum_g cdiv(s_g, bm) on either path; the rest store zeros or nothing). With align > 1 the
+    sizes are the aligned layout's (each a multiple of align) and m its rows."""
+    s = np.asarray(sizes_G, np.int64)
+    bm = block_m or choose_block_m(m, len(s), dtype, align)
+    aligned = is_aligned(align, bm)
+    return {"block_m": bm, "aligned": aligned,
+            "tiles_launched": row_tiles_launched(m, len(s), bm, aligned),
+            "tiles_computed": int((-(-s // bm)).sum())}
 
 
 def uses_wgmma(kernel: str, blocks: Blocks, dtype) -> bool:

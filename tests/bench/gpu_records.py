@@ -1,0 +1,82 @@
+"""Records shaped as `dropless bench gpu` writes them, with numbers a test chooses: the readers
+of gpu_bench.jsonl (benchmarks/gpu/tables.py, ops/gmm/winners.from_records) are tested on them.
+
+Legend: M routed rows, K contraction dim, N output dim, G groups.
+
+The keys are those of a dry run's records (`dropless bench gpu --dry-run --sections info,gmm`);
+tests/bench/test_gpu_tables.py runs one and checks that they still are. A device run writes
+the same records with `dry_run` false and the GPU's device kind.
+"""
+from __future__ import annotations
+
+from dropless.bench import gpu_plan
+from dropless.ops.gmm import shapes
+
+SHAPES = {s.label: s for s in (*shapes.SHAPES, *gpu_plan.DRY_SHAPES)}
+
+
+def info(device_kind: str = "NVIDIA H200", *, dry_run: bool = False,
+         commit: str = "abc1234") -> dict:
+    return {"auto_on_this_platform": "tokamax", "cores": 16, "cpu": "Intel(R) Xeon(R) Processor",
+            "cublas_jax": 120900, "cudnn_jax": 91900, "cudnn_jax_build": 91900,
+            "cudnn_torch": 91900, "device_count": 1, "device_kind": device_kind,
+            "dry_run": dry_run, "git_commit": commit,
+            "gmm_measured": ["mosaic_gpu", "tokamax", "pallas_gpu"],
+            "gmm_unusable": {"cudnn_ragged_dot": "cuDNN 9.19 < 9.22"},
+            "gmm_usable": ["reference", "ragged_dot", "tiled", "pallas_gpu", "tokamax",
+                           "mosaic_gpu", "padded", "loop"],
+            "host_malloc": "system", "jax": "0.11.2", "jaxlib": "0.11.2",
+            "nvidia_smi": "NVIDIA H200, 143771 MiB, 1980 MHz, 580.159.04", "platform": "gpu",
+            "section": "info", "t_s": 2.9, "tokamax": "0.0.17", "torch": "2.11.0+cu130",
+            "torch_cuda": True, "triton": "3.6.0"}
+
+
+def gmm(shape: str, routing: str, mode: str, backend: str, ms: float, *,
+        dense_ms: float = 1.0, ran: str | None = None, aligned: bool | None = None,
+        dry_run: bool = False) -> dict:
+    """One timed grouped-matmul record (`backend` "dense_xla" ran "dense"; a torch peer has
+    no fallback fields)."""
+    s = SHAPES[shape]
+    flops = 2 * s.m * s.k * s.n * (1 if mode == "fwd" else 3)
+    rec = {"backend": backend, "compile_ms": 800.0, "dry_run": dry_run, "dtype": "bfloat16",
+           "empty_groups": 0, "groups": s.g, "k": s.k, "m": s.m, "max_group": s.m // s.g + 1,
+           "median_ms": ms, "min_ms": ms, "mode": mode, "model": s.model, "n": s.n,
+           "reps": 3, "routing": routing, "section": "gmm", "shape": shape, "t_s": 9.0,
+           "tflops": flops / (ms * 1e-3) / 1e12, "useful_flops": flops}
+    if backend.startswith("torch"):
+        return dict(rec, ran=backend)
+    rec.update(dense_xla_ms=dense_ms, fraction_of_dense=dense_ms / ms, gmm_fallbacks=[],
+               ran=ran or ("dense" if backend == "dense_xla" else backend))
+    if ran not in (None, backend):
+        rec["ran_because"] = f"{backend} failed to compile: injected"
+    if aligned is not None:
+        rec["aligned"] = aligned
+    return rec
+
+
+def skipped(shape: str, backend: str, why: str = "not usable here: tokamax is not installed",
+            *, dry_run: bool = False) -> dict:
+    """A backend the gmm section could not run at a shape."""
+    return {"backend": backend, "dry_run": dry_run, "section": "gmm", "shape": shape,
+            "skipped": why, "t_s": 4.8}
+
+
+def run(gmm_records: list[dict], *, device_kind: str = "NVIDIA H200",
+        dry_run: bool = False) -> list[dict]:
+    """A whole gpu_bench.jsonl of sections info and gmm around `gmm_records`."""
+    end = {"dry_run": dry_run, "estimated_h200_s": 11.1, "event": "section_end",
+           "returncode": 0, "seconds": 3.5, "status": "ok", "t_s": 3.5, "timeout_s": 15}
+    return [{"budget_s": 450, "caps_s": {"gmm": 115, "info": 15}, "dry_run": dry_run,
+             "estimate_h200": {"gmm": {"cap_s": 115, "dropped": [], "kept": [],
+                                       "seconds": 50.8}, "info": {"cap_s": 15, "seconds": 11.1}},
+             "section": "plan", "sections": ["info", "gmm"], "t_s": 0.0},
+            {"event": "section_start", "pid": 1, "section": "info", "t_s": 0.01},
+            info(device_kind, dry_run=dry_run),
+            dict(end, section="info", log="info.log"),
+            {"event": "section_start", "pid": 2, "section": "gmm", "t_s": 3.55},
+            *gmm_records,
+            dict(end, section="gmm", log="gmm.log", seconds=9.7, timeout_s=115),
+            {"event": "summary", "section": "summary", "t_s": 13.2, "rows": [
+                {"section": name, "status": "ok", "seconds": 3.5, "estimated_h200_s": 11.1,
+                 "cap_s": 15, "measurements": 1, "errors": 0, "skipped": 0, "fallbacks": 0}
+                for name in ("info", "gmm")]}]

@@ -1,0 +1,119 @@
+"""benchmarks/gpu/tables.py on the records a device check writes: every backend and every shape
+the records hold, driven by them (no list of backends or shapes in the script).
+
+Legend: M routed rows, K contraction dim, N output dim, G groups.
+
+One real dry run (`dropless bench gpu --dry-run`, sections info and gmm at dry/G2) gives the
+records' shapes: the synthetic records of tests/bench/gpu_records.py must have its keys, and
+the tables are printed from it, then from it with records of the backends a device measures
+(mosaic_gpu, tokamax, cudnn_ragged_dot, pallas_gpu on aligned segments) and of shapes-table
+shapes added, whose cells are computed here by hand.
+"""
+import contextlib
+import importlib.util
+import io
+
+import pytest
+
+from dropless.bench import gpu as bench_gpu
+from tests._support.paths import ROOT
+from tests.bench import gpu_records as gr
+
+spec = importlib.util.spec_from_file_location("gpu_tables", ROOT / "benchmarks/gpu/tables.py")
+tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tables)
+
+
+@pytest.fixture(scope="module")
+def dry_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_tables_dry")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XLA_FLAGS", "")       # the section processes on one CPU device: faster compiles
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = bench_gpu.run(bench_gpu.GpuOptions(
+                dry_run=True, out_dir=str(out), sections=("info", "gmm"), shapes=("dry/G2",)))
+    finally:
+        mp.undo()
+    assert rc == 0
+    return tables.load(out / "gpu_bench.jsonl")
+
+
+def test_synthetic_records_have_the_keys_of_a_dry_run(dry_records):
+    def one(pred):
+        return next(r for r in dry_records if pred(r))
+    real = {
+        "info": one(lambda r: r["section"] == "info" and "jax" in r),
+        "kernel": one(lambda r: r.get("backend") == "pallas_gpu" and "median_ms" in r),
+        "dense": one(lambda r: r.get("backend") == "dense_xla" and "median_ms" in r),
+        "skipped": one(lambda r: r.get("skipped") and "routing" not in r),
+        "plan": one(lambda r: r["section"] == "plan"),
+        "summary_row": one(lambda r: r["section"] == "summary")["rows"][0],
+    }
+    run = gr.run([])
+    made = {
+        "info": gr.info(), "kernel": gr.gmm("dry/G2", "uniform", "fwd", "pallas_gpu", 1.0),
+        "dense": gr.gmm("dry/G2", "uniform", "fwd", "dense_xla", 1.0),
+        "skipped": gr.skipped("dry/G2", "tokamax"), "plan": run[0],
+        "summary_row": run[-1]["rows"][0],
+    }
+    for kind in real:
+        assert set(made[kind]) == set(real[kind]), kind
+    assert set(run[-1]) == set(one(lambda r: r["section"] == "summary"))
+
+
+def test_tables_of_a_dry_run_name_what_it_measured(dry_records, capsys):
+    assert tables.gmm_columns(dry_records) == ["pallas_gpu", "ragged_dot"]
+    text = tables.gmm_table(dry_records)
+    assert text.startswith("dry/G2 (M=64, K=32, N=32, G=2)\n")
+    assert "not measured: tokamax (not usable here: tokamax is not installed)" in text
+    dense = {(r["routing"], r["mode"]): r["median_ms"] for r in dry_records
+             if r.get("backend") == "dense_xla" and "median_ms" in r}
+    r = next(r for r in dry_records if r.get("backend") == "ragged_dot"
+             and r["routing"] == "zipf" and r["mode"] == "fwd+bwd")
+    d = dense[("zipf", "fwd+bwd")]
+    best = min(v for (_, mode), v in dense.items() if mode == "fwd+bwd")
+    assert (f"| zipf | fwd+bwd | {d:.4f} | " in text
+            and f" | {r['median_ms']:.4f} ({d / r['median_ms']:.2f}; "
+                f"{best / r['median_ms']:.2f}) | - | - |" in text)
+    assert tables.main([]) == 0          # the committed first check still prints
+    capsys.readouterr()
+
+
+def test_every_backend_and_shape_the_records_hold(dry_records):
+    extra = []
+    for b, ms in (("mosaic_gpu", 0.5), ("tokamax", 0.25), ("cudnn_ragged_dot", 0.2)):
+        extra += [gr.gmm("dry/G2", "uniform", "fwd", b, ms)]
+    extra += [gr.gmm("dry/G2", "uniform", "fwd", "pallas_gpu", 0.4, aligned=True),
+              gr.gmm("dry/G2", "uniform", "fwd", "tokamax", 0.1, ran="pallas_gpu")]
+    # shapes-table shapes, given in reverse order: Qwen3's gate_up (target 0.85 of dense) and
+    # small/G64 (0.6), each with dense, the peer and two kernels at fwd+bwd and fwd
+    for shape, dense, peer, fast, slow in (("small/G64", 0.1, 0.25, 0.15, 0.3),
+                                           ("qwen3_30b_a3b/gate_up", 3.0, 4.0, 3.4, 5.0)):
+        for mode, scale in (("fwd+bwd", 1.0), ("fwd", 0.5)):
+            extra += [gr.gmm(shape, "zipf", mode, "dense_xla", dense * scale),
+                      gr.gmm(shape, "zipf", mode, "torch_grouped_mm", peer * scale),
+                      gr.gmm(shape, "zipf", mode, "mosaic_gpu", fast * scale),
+                      gr.gmm(shape, "zipf", mode, "pallas_gpu", slow * scale, aligned=True)]
+    recs = dry_records + extra
+    cols = tables.gmm_columns(recs)
+    assert cols == ["pallas_gpu", "ragged_dot", "mosaic_gpu", "tokamax", "cudnn_ragged_dot",
+                    "pallas_gpu aligned"]
+    text = tables.gmm_table(recs)
+    heads = [ln for ln in text.splitlines() if " (M=" in ln]
+    assert heads == ["qwen3_30b_a3b/gate_up (M=262144, K=2048, N=1536, G=128)",
+                     "small/G64 (M=8192, K=1024, N=1024, G=64)",
+                     "dry/G2 (M=64, K=32, N=32, G=2)"]         # the shapes table's order
+    assert "| " + " | ".join(f"{c} ms (of dense; of fastest dense)" for c in cols) in text
+    # a record where another backend ran says so
+    assert "ran pallas_gpu" in text
+    targets = tables.targets_table(recs).splitlines()
+    assert targets[0].startswith("| shape | routing | backend |")
+    want = [("qwen3_30b_a3b/gate_up", "mosaic_gpu", 3.0 / 3.4, 0.85, 4.0 / 3.4, 2.0 / 1.7),
+            ("qwen3_30b_a3b/gate_up", "pallas_gpu aligned", 3.0 / 5.0, 0.85, 4.0 / 5.0,
+             2.0 / 2.5),
+            ("small/G64", "mosaic_gpu", 0.1 / 0.15, 0.6, 0.25 / 0.15, 0.125 / 0.075),
+            ("small/G64", "pallas_gpu aligned", 0.1 / 0.3, 0.6, 0.25 / 0.3, 0.125 / 0.15)]
+    assert targets[2:] == [
+        f"| {s} | zipf | {b} | {f:.2f} (>= {goal:.2f}) | {'yes' if f >= goal else 'no'} | "
+        f"{v:.2f} | {'yes' if v >= 1 else 'no'} | {fw:.2f} |" for s, b, f, goal, v, fw in want]
