@@ -67,6 +67,8 @@ test-native-avx2: setup
 JAX_LEG_OLD := 0.11.2
 JAX_LEG_NEW := 0.12.0.1
 GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py tests/ops/gpu/test_pallas_gpu.py \
+               tests/ops/gpu/test_pallas_gpu_aligned.py tests/ops/gpu/test_mosaic_gpu.py \
+               tests/ops/gpu/test_tokamax_tuned.py tests/ops/gpu/test_cudnn_ragged.py \
                tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py \
                tests/moe/dispatch/test_overlap_schedule.py)
 GPU_COMPILE_TESTS := $(wildcard tests/*/test_*_gpu_compile.py tests/*/*/test_*_gpu_compile.py)
