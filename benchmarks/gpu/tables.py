@@ -22,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("fwd", "fwd+bwd")
+# the grouped-matmul rows' order: both modes, then the backward's directions timed alone
+GMM_MODES = MODES + ("dlhs", "drhs")
 DENSE = "dense_xla"
 PEERS = ("torch_grouped_mm", "torch_dense")
 # fwd+bwd targets, as a fraction of the same run's dense (docs/gpu.md, "Targets"): per model of
@@ -104,15 +106,16 @@ def gmm_table(recs: list[dict]) -> str:
     for s in dims.values():
         shape = s["shape"]
         out.append(f"{shape} (M={s['m']}, K={s['k']}, N={s['n']}, G={s['groups']})\n")
-        gone = [f"{r['backend']} ({r['skipped']})" for r in recs if r["section"] == "gmm"
-                and r.get("shape") == shape and "skipped" in r and "routing" not in r]
+        gone = list(dict.fromkeys(  # one line a backend and reason, whatever the modes
+            f"{r['backend']} ({r['skipped']})" for r in recs if r["section"] == "gmm"
+            and r.get("shape") == shape and "skipped" in r and "routing" not in r))
         if gone:
             out.append("not measured: " + "; ".join(gone) + "\n")
         lines = ["| routing | mode | XLA dense ms | "
                  + "".join(f"{c} ms (of dense; of fastest dense) | " for c in cols)
                  + "torch._grouped_mm ms | torch.mm ms |", "|---" * (len(cols) + 5) + "|"]
         for routing, mode in sorted({k[1:3] for k in g if k[0] == shape},
-                                    key=lambda k: (k[0], MODES.index(k[1]))):
+                                    key=lambda k: (k[0], GMM_MODES.index(k[1]))):
             d = g.get((shape, routing, mode, DENSE), {})
             dense = d.get("median_ms")
             fastest = best.get((s["m"], s["k"], s["n"], mode))

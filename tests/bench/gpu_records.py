@@ -34,10 +34,11 @@ def info(device_kind: str = "NVIDIA H200", *, dry_run: bool = False,
 def gmm(shape: str, routing: str, mode: str, backend: str, ms: float, *,
         dense_ms: float = 1.0, ran: str | None = None, aligned: bool | None = None,
         dry_run: bool = False) -> dict:
-    """One timed grouped-matmul record (`backend` "dense_xla" ran "dense"; a torch peer has
-    no fallback fields)."""
+    """One timed grouped-matmul record in `mode` (fwd, fwd+bwd, dlhs, drhs; `backend`
+    "dense_xla" ran "dense"; a torch peer has no fallback fields); `aligned` True: on aligned
+    segments (gpu_plan.ALIGN_ROWS)."""
     s = SHAPES[shape]
-    flops = 2 * s.m * s.k * s.n * (1 if mode == "fwd" else 3)
+    flops = 2 * s.m * s.k * s.n * (3 if mode == "fwd+bwd" else 1)
     rec = {"backend": backend, "compile_ms": 800.0, "dry_run": dry_run, "dtype": "bfloat16",
            "empty_groups": 0, "groups": s.g, "k": s.k, "m": s.m, "max_group": s.m // s.g + 1,
            "median_ms": ms, "min_ms": ms, "mode": mode, "model": s.model, "n": s.n,
@@ -49,16 +50,20 @@ def gmm(shape: str, routing: str, mode: str, backend: str, ms: float, *,
                ran=ran or ("dense" if backend == "dense_xla" else backend))
     if ran not in (None, backend):
         rec["ran_because"] = f"{backend} failed to compile: injected"
-    if aligned is not None:
+    if aligned:      # the aligned layout's rows; the useful FLOPs stay the unaligned rows'
+        rec.update(aligned=True, group_alignment=gpu_plan.ALIGN_ROWS,
+                   aligned_rows=gpu_plan.aligned_m(s))
+    elif aligned is not None:
         rec["aligned"] = aligned
     return rec
 
 
 def skipped(shape: str, backend: str, why: str = "not usable here: tokamax is not installed",
-            *, dry_run: bool = False) -> dict:
-    """A backend the gmm section could not run at a shape."""
+            *, modes: tuple[str, ...] = ("fwd", "fwd+bwd"), dry_run: bool = False) -> dict:
+    """A backend the gmm section could not run at a shape, in `modes` (one unit's part:
+    gpu_plan.PARTS)."""
     return {"backend": backend, "dry_run": dry_run, "section": "gmm", "shape": shape,
-            "skipped": why, "t_s": 4.8}
+            "modes": list(modes), "skipped": why, "t_s": 4.8}
 
 
 def run(gmm_records: list[dict], *, device_kind: str = "NVIDIA H200",

@@ -87,9 +87,20 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     # no CUDA here: the versions are recorded as absent, not guessed
     assert info["cudnn_jax"] is None and info["cudnn_torch"] is None
     assert "pallas_gpu" in info["gmm_usable"] and "tokamax" in info["gmm_unusable"]
-    timed = {(r["mode"], r["backend"]) for r in by["gmm"] if "median_ms" in r}
-    for mode in plan.MODES:   # pallas_gpu ran (interpret mode), against the same-run dense
-        assert {(mode, "dense_xla"), (mode, "pallas_gpu")} <= timed
+    timed = {(r["mode"], r["backend"], bool(r.get("aligned"))) for r in by["gmm"]
+             if "median_ms" in r}
+    # pallas_gpu ran (interpret mode), against the same-run dense: both modes, dlhs and drhs
+    # alone, and both modes on aligned segments
+    for mode in plan.MODES + plan.DIRECTION_MODES:
+        assert {(mode, "dense_xla", False), (mode, "pallas_gpu", False)} <= timed
+    assert {(m, b, a) for m, b, a in timed if a} == {(m, "pallas_gpu", True)
+                                                   for m in plan.MODES}
+    shape = plan.DRY_SHAPES[0]
+    for r in by["gmm"]:
+        if "median_ms" in r:    # the useful FLOPs of the unaligned rows, aligned or not
+            assert r["useful_flops"] == shape.flops() * (3 if r["mode"] == "fwd+bwd" else 1)
+        if r.get("aligned"):
+            assert (r["aligned_rows"], r["group_alignment"]) == (plan.aligned_m(shape), 128)
     # tokamax is planned but cannot run here: a record says so
     assert any(r.get("backend") == "tokamax" and "not usable here" in r["skipped"]
                for r in by["gmm"] if "skipped" in r)
@@ -118,6 +129,15 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     steps = [r for r in by["train"] if r.get("event") == "step"]
     summary = [r for r in by["train"] if r.get("event") == "summary"][0]
     assert [r["step"] for r in steps] == [1, 2] and summary["median_step_time_s"] > 0
+    # the planner's prediction beside the measured step: on the CPU, which has no planner
+    # profile, a stand-in H200's, said so, and never committable
+    (cal,) = [r for r in by["train"] if r.get("event") == "plan_calibration"]
+    rec = cal["record"]
+    assert rec["hardware_stand_in"] is True and rec["dry_run"] is True
+    assert rec["measured_s"] == summary["median_step_time_s"]
+    assert rec["error"] == pytest.approx(rec["predicted_s"] / rec["measured_s"] - 1)
+    from dropless.bench import gpu_train
+    assert rec["hardware"] == gpu_train.STAND_IN_PROFILE and gpu_train.committable(rec)
     # the tests section collects the GPU tests that exist (it cannot run them without a GPU)
     assert "tests collected" in ends["tests"]["collected"] and ends["tests"]["selected"] > 50
     assert {p.name for p in out.iterdir()} == {
@@ -158,8 +178,9 @@ def test_a_failing_measurement_is_recorded_and_the_next_one_runs(dry_run):
     _, _, recs, _ = dry_run
     gmm = [r for r in recs if r["section"] == "gmm" and "mode" in r]
     failed = [r for r in gmm if r["backend"] == "ragged_dot"]
-    assert len(failed) == 2 and all("injected fault at gmm:ragged_dot" in r["error"]
-                                    for r in failed)
+    # one per mode: both, and dlhs and drhs alone
+    assert [r["mode"] for r in failed] == list(plan.MODES + plan.DIRECTION_MODES)
+    assert all("injected fault at gmm:ragged_dot" in r["error"] for r in failed)
     order = [(r["mode"], r["backend"]) for r in gmm]
     # after fwd's ragged_dot failed, fwd+bwd started again from dense
     assert order.index(("fwd", "ragged_dot")) < order.index(("fwd+bwd", "dense_xla"))
@@ -265,16 +286,19 @@ def test_the_plan_fits_eight_minutes_on_one_h200_with_margin():
                 assert est[name]["seconds"] * plan.MARGIN <= plan.CAPS_S[name], (name, est)
         # the targets are kept: every kernel and the torch peer at the DeepSeek-V3 and Qwen3
         # per-device products; the MoE layer's fwd+bwd at both, and the profile
-        kept = {(u["shape"], u["backend"]) for u in est["gmm"]["kept"]}
-        assert {(t, b) for t in targets
+        kept = {(u["shape"], u["backend"], u["part"]) for u in est["gmm"]["kept"]}
+        assert {(t, b, "modes") for t in targets
                 for b in plan.default_backends(tokamax) + ("torch",)
                 if plan.skip_reason(plan_shape(t), b) is None} <= kept
+        # and dlhs, drhs alone at Qwen3's gate_up (the winner table's rows per direction)
+        assert {(targets[0], b, "dirs") for b in plan.default_backends(tokamax)
+                if plan.skip_reason(plan_shape(targets[0]), b) is None} <= kept
         assert [(u["case"], u["mode"]) for u in est["moe"]["kept"]][:3] == [
             (0, "fwd+bwd"), (0, "profile"), (1, "fwd+bwd")]
         assert [u["shape"] for u in est["autotune"].get("kept", [])] == (
             ["qwen3_30b_a3b/gate_up"] if tokamax else [])
         # what is dropped is the tail of the priority list, each with its reason
-        order = [(u["shape"], u["backend"])
+        order = [(u["shape"], u["backend"], u["part"])
                  for u in plan.gmm_units(plan.SHAPES, plan.ROUTINGS,
                                          plan.default_backends(tokamax))
                  if "skipped" not in u]
@@ -294,9 +318,20 @@ def test_the_gmm_units_cover_the_shapes_table_targets_first():
     firsts = list(dict.fromkeys(u["shape"] for u in units))
     assert firsts[:4] == list(plan.GMM_SHAPE_PRIORITY[:4])
     assert {s.split("/")[0] for s in firsts[:4]} == {"qwen3_30b_a3b", "deepseek_v3_ep8"}
-    at = [u["backend"] for u in units if u["shape"] == firsts[0]]
-    # the priority list's order, torch where it stands, a backend it does not name last
-    assert at == ["tokamax", "pallas_gpu", "torch", "new_kernel"]
+    at = [(u["backend"], u["part"]) for u in units if u["shape"] == firsts[0]]
+    # the priority list's order, torch where it stands, a backend it does not name last: both
+    # modes, then dlhs and drhs alone (no peer), then pallas_gpu on aligned segments
+    assert at == [("tokamax", "modes"), ("pallas_gpu", "modes"), ("torch", "modes"),
+                  ("new_kernel", "modes"), ("tokamax", "dirs"), ("pallas_gpu", "dirs"),
+                  ("new_kernel", "dirs"), ("pallas_gpu", "aligned")]
+    # tiers: modes and dirs at the targets, then aligned there, then the same at the rest
+    targets = set(plan.GMM_SHAPE_PRIORITY[:plan.GMM_TARGETS])
+    tier = [(u["shape"] in targets, u["part"] == "aligned") for u in units
+            if "skipped" not in u]
+    assert tier == sorted(tier, key=lambda t: (not t[0], t[1]))
+    aligned = [u for u in units if u["part"] == "aligned"]
+    assert {u["backend"] for u in aligned} == set(plan.ALIGNED_BACKENDS)
+    assert len(aligned) == len(plan.SHAPES)
     first = [u for u in units if u["shape"] == firsts[0]]
     s = plan_shape(firsts[0])
     own = {b: plan._unit_s(s, b, plan.ROUTINGS, True) for b in ("dense_xla", "tokamax",
@@ -304,6 +339,15 @@ def test_the_gmm_units_cover_the_shapes_table_targets_first():
     assert first[0]["seconds"] == pytest.approx(own["tokamax"] + own["dense_xla"]
                                                 + plan.H200_COSTS["operands_s"])
     assert first[1]["seconds"] == pytest.approx(own["pallas_gpu"])
+    # the directions' first unit carries their dense baseline; an aligned unit computes the
+    # aligned layout's rows (Qwen3 gate_up: 262,144 rows + 128 groups x 127 = 278,400)
+    dirs = [u for u in units if u["shape"] == firsts[0] and u["part"] == "dirs"]
+    assert dirs[0]["seconds"] == pytest.approx(
+        plan._unit_s(s, "tokamax", plan.ROUTINGS, True, "dirs") + plan.H200_COSTS["operands_s"]
+        + plan._unit_s(s, "dense_xla", plan.ROUTINGS, True, "dirs"))
+    assert plan.aligned_m(s) == 278400
+    al = plan._unit_s(s, "pallas_gpu", plan.ROUTINGS, True, "aligned")
+    assert own["pallas_gpu"] < al < own["pallas_gpu"] * 278400 / 262144 + 1e-9
 
 
 def test_the_measured_backends_are_the_usable_ones_in_priority_order():
@@ -450,3 +494,30 @@ def test_the_aligned_option_is_found_when_moeconfig_has_one(monkeypatch):
     assert units[:5] == [(0, "fwd+bwd", False), (0, "profile", False), (1, "fwd+bwd", False),
                          (0, "fwd+bwd", True), (1, "fwd+bwd", True)]
     assert not any(u["aligned"] for u in plan.moe_units(False, aligned=False))
+
+
+def test_every_test_pattern_names_existing_files():
+    # the tests section runs these on the device: one that matches nothing would silently run less
+    assert bench_gpu.stale_patterns(ROOT) == []
+    for pat in bench_gpu.TEST_PATTERNS:
+        assert list(ROOT.glob(pat)), pat
+    assert bench_gpu.stale_patterns(ROOT, ("tests/ops/gmm/test_pallas_gpu.py",)) == [
+        "tests/ops/gmm/test_pallas_gpu.py"]
+
+
+def test_a_stale_test_pattern_is_refused_by_the_dry_run_and_reported_by_the_section(
+        tmp_path, monkeypatch):
+    gone = "tests/ops/gmm/test_no_such_file*.py"
+    monkeypatch.setattr(bench_gpu, "TEST_PATTERNS", ("tests/ops/gmm/test_registry.py", gone))
+    with pytest.raises(ValueError, match=re.escape(f"TEST_PATTERNS: {[gone]} match no file")):
+        bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path), sections=("tests",)))
+    assert not (tmp_path / "gpu_bench.jsonl").exists()
+    # the section itself (as a device run runs it): the files that exist still run, the stale
+    # pattern is named and the section is not "ok"
+    with contextlib.redirect_stdout(io.StringIO()):
+        rec = bench_gpu.run_section(_args(dry_run=True, out_dir=str(tmp_path)), "tests",
+                                    timeout_s=300, t0=time.time(), out_dir=tmp_path,
+                                    results=tmp_path / "r.jsonl", train_dir=str(tmp_path),
+                                    est={})
+    assert rec["status"] == "error" and rec["stale_patterns"] == [gone]
+    assert gone in rec["reason"] and rec["selected"] > 0

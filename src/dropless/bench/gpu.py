@@ -8,18 +8,21 @@ gpu_autotune.py, gpu_train.py: the bodies), each in its own process, appending J
 OUT_DIR/<section>.log:
   info      versions (jax, jaxlib, torch, triton, tokamax), the device kind, cuDNN (jax's and
             torch's), the grouped-matmul backends usable, what `auto` resolves to
-  gmm       bf16 grouped matmul fwd and fwd+bwd at the shapes table (ops/gmm/shapes.py), every
-            backend usable in the section's process, against XLA's dense matmul of equal useful
-            FLOPs in the same run, and torch._grouped_mm / torch.mm as the peer; uniform and
-            Zipf routing; the units that fit the cap with margin, most informative first (the
-            DeepSeek-V3 and Qwen3 per-device products), then the rest while time is left
+  gmm       bf16 grouped matmul fwd and fwd+bwd, and dlhs and drhs alone (the winner
+            table's directions), at the shapes table (ops/gmm/shapes.py), every backend usable
+            in the section's process, pallas_gpu on aligned segments too, against XLA's dense
+            matmul of equal useful FLOPs in the same run, and torch._grouped_mm / torch.mm as
+            the peer; uniform and Zipf routing; the units that fit the cap with margin, most
+            informative first (the DeepSeek-V3 and Qwen3 per-device products), then the rest
+            while time is left
   moe       the MoE layer fwd+bwd at the Qwen3 and DeepSeek-V3 per-device shapes against a
             dense SwiGLU over the same rows, the per-kernel table of one layer fwd+bwd
             (OUT_DIR/moe_kernels.jsonl, from a profiler trace), then fwd
   autotune  a restricted tokamax autotune, written as OUT_DIR/tokamax_<device kind>.json
   train     the one-GPU model's training (bench/gpu_train.py)
-  tests     the GPU tests under JAX_PLATFORMS=cuda (Triton kernels for real), time-boxed:
-            passed, failed and not reached are counted; cut at its cap it is still "ok"
+  tests     the GPU tests (TEST_PATTERNS, each of which must match a file) under
+            JAX_PLATFORMS=cuda (Triton and Mosaic kernels for real), time-boxed: passed, failed
+            and not reached are counted; cut at its cap it is still "ok"
 Every grouped-matmul function is compiled through ops/gmm/fallback.py: a kernel `auto` chose
 that fails to compile or run falls back (one log line) and every record names the backend that
 ran; the summary table at the end counts the fallbacks.
@@ -52,10 +55,13 @@ from typing import Mapping
 
 from dropless.bench import gpu_plan as plan
 
-# the GPU-relevant tests (those present), run on the device; the hypothesis soak and the
-# 1,600-row tiled case exercise CPU code paths, not the GPU's
-TEST_PATTERNS = ("tests/ops/gmm/test_pallas_gpu.py", "tests/ops/gmm/test_registry.py",
-                 "tests/ops/gmm/test_triton_check*.py", "tests/ops/gmm/test_tokamax_backend.py")
+# the GPU-relevant tests, run on the device (the Triton and Mosaic kernels for real); every
+# pattern must match a file (`stale_patterns`: the dry run refuses one that does not, a device
+# run records it as the tests section's error); the hypothesis soak and the 1,600-row tiled
+# case exercise CPU code paths, not the GPU's
+TEST_PATTERNS = ("tests/ops/gpu/test_pallas_gpu.py", "tests/ops/gpu/test_pallas_gpu_aligned.py",
+                 "tests/ops/gpu/test_mosaic_gpu.py", "tests/ops/gmm/test_registry.py",
+                 "tests/ops/gpu/test_triton_check*.py", "tests/ops/gpu/test_tokamax_backend.py")
 TEST_DESELECT = "not property and not default_tiles"
 FAULT_KINDS = ("raise", "hang", "exit")
 # a stand-in tokamax that fails there, put first in `auto` (KEY=SECTION:tokamax only)
@@ -199,6 +205,19 @@ def _kill_group(proc: subprocess.Popen, wait: bool = True) -> None:
         proc.wait()
 
 
+def tests_root() -> Path:
+    """The checkout whose tests the tests section runs: this source tree's, else the cwd."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "tests").is_dir() else Path.cwd()
+
+
+def stale_patterns(root: Path, patterns=None) -> list[str]:
+    """The `patterns` (default TEST_PATTERNS) that match no file under `root`: a test file
+    moved or renamed would otherwise leave the tests section silently running less."""
+    return [pat for pat in (TEST_PATTERNS if patterns is None else patterns)
+            if not glob.glob(str(root / pat))]
+
+
 def _tests_command(args: GpuOptions, root: Path) -> list[str] | None:
     files = sorted({f for pat in TEST_PATTERNS for f in glob.glob(str(root / pat))})
     if not files:
@@ -280,8 +299,10 @@ def run_section(args: GpuOptions, section: str, *, timeout_s: float, t0: float, 
     prefix = f"  {section}| "
     extra: dict = {}
     if section == "tests":
-        root = Path(__file__).resolve().parents[3]
-        root = root if (root / "tests").is_dir() else Path.cwd()
+        root = tests_root()
+        stale = stale_patterns(root)
+        if stale:       # the files that exist still run; the section is not "ok"
+            extra["stale_patterns"] = stale
         cmd = _tests_command(args, root)
         if cmd is None:
             return {"status": "skipped", "reason": f"no GPU test files under {root}/tests"}
@@ -303,12 +324,16 @@ def run_section(args: GpuOptions, section: str, *, timeout_s: float, t0: float, 
     status, lines, seconds = run_process(cmd, env=env, timeout_s=timeout_s, log=log,
                                          prefix=prefix, started=started)
     if section == "tests":
-        extra = _tests_record(lines)
+        extra = {**_tests_record(lines), **extra}
         if args.dry_run:          # collected only: nothing was to be reached
             extra.pop("not_reached", None)
     ok = status == 0
     if section == "tests" and not args.dry_run and status in (0, 1, "timeout"):
         ok = True     # tests ran: failures and the ones not reached are in the counts
+    if extra.get("stale_patterns"):
+        ok = False
+        extra["reason"] = (f"TEST_PATTERNS (bench/gpu.py) entries match no file under "
+                           f"{root}: {extra['stale_patterns']}")
     rec = {"status": "ok" if ok else ("timeout" if status == "timeout" else "error"),
            "returncode": status, "seconds": round(seconds, 2), "timeout_s": round(timeout_s, 1),
            "log": log.name, **extra}
@@ -392,6 +417,10 @@ def run(args: GpuOptions) -> int:
     _shapes(args), _faults(args)                      # bad options fail before anything runs
     if args.train_steps < 1:
         raise ValueError(f"--train-steps={args.train_steps} must be >= 1")
+    stale = stale_patterns(tests_root()) if "tests" in sections else []
+    if stale and args.dry_run:     # a device run still runs the rest and records them
+        raise ValueError(f"bench/gpu.py TEST_PATTERNS: {stale} match no file under "
+                         f"{tests_root()}; name the GPU tests where they are now")
     for key, val in ALLOCATOR_ENV.items():            # before anything here starts a device
         os.environ.setdefault(key, val)
     backends = plan.DRY_BACKENDS

@@ -30,10 +30,14 @@ def fault(spec: dict, key: str) -> None:
         os._exit(3)
 
 
-def gmm_fn(backend: str, mode: str):
+def gmm_fn(backend: str, mode: str, group_alignment: int = 1):
     """The function timed for (backend, mode), signature (x_MK, w, sizes_G, dy_MN); w is w_GKN,
     or for dense_xla one group's w_KN (one bf16 cuBLAS matmul of the same FLOPs; sizes_G
-    unused). Group sizes are an argument, so one compile serves every routing."""
+    unused). Group sizes are an argument, so one compile serves every routing. Modes: "fwd",
+    "fwd+bwd" (the forward and both gradients), "dlhs" and "drhs" (one gradient alone: the vjp
+    with respect to that operand only, so what the step's backward runs for it; nothing uses
+    the forward's output or the other gradient, and XLA drops them). `group_alignment`: the
+    rows' layout (aligned segments), passed to the grouped matmul."""
     import jax
 
     from dropless.ops import grouped_matmul
@@ -42,21 +46,36 @@ def gmm_fn(backend: str, mode: str):
             return a @ b
     else:
         def f(a, b, s):
-            return grouped_matmul(a, b, s, backend=backend)
+            return grouped_matmul(a, b, s, backend=backend, group_alignment=group_alignment)
     if mode == "fwd":
         return lambda a, b, s, d: f(a, b, s)
-    return lambda a, b, s, d: jax.vjp(lambda p, q: f(p, q, s), a, b)[1](d)
+    if mode == "fwd+bwd":
+        return lambda a, b, s, d: jax.vjp(lambda p, q: f(p, q, s), a, b)[1](d)
+    if mode == "dlhs":
+        return lambda a, b, s, d: jax.vjp(lambda p: f(p, b, s), a)[1](d)[0]
+    if mode == "drhs":
+        return lambda a, b, s, d: jax.vjp(lambda q: f(a, q, s), b)[1](d)[0]
+    raise ValueError(f"mode={mode!r} is not one of fwd, fwd+bwd, dlhs, drhs")
 
 
-def operands(s: GmmShape):
+def aligned_sizes(sizes_G, align: int):
+    """Each group's rows rounded up to a multiple of `align` (the aligned layout's sizes,
+    moe/permute.align_segments'), int32 numpy."""
+    import numpy as np
+    sizes_G = np.asarray(sizes_G, np.int64)
+    return ((sizes_G + align - 1) // align * align).astype(np.int32)
+
+
+def operands(s: GmmShape, rows: int | None = None):
     """bf16 x_MK, w_GKN (scaled by 1/sqrt(K)) and dy_MN, drawn on the device: host-side
-    random numbers at the DeepSeek-V3 shape would be ~2 G draws."""
+    random numbers at the DeepSeek-V3 shape would be ~2 G draws. `rows`: M (default s.m)."""
     import jax
     import jax.numpy as jnp
+    m = s.m if rows is None else rows
     kx, kw, kd = jax.random.split(jax.random.key(s.g), 3)
-    x = jax.random.normal(kx, (s.m, s.k), jnp.bfloat16)
+    x = jax.random.normal(kx, (m, s.k), jnp.bfloat16)
     w = jax.random.normal(kw, (s.g, s.k, s.n), jnp.bfloat16) * jnp.bfloat16(1 / math.sqrt(s.k))
-    dy = jax.random.normal(kd, (s.m, s.n), jnp.bfloat16)
+    dy = jax.random.normal(kd, (m, s.n), jnp.bfloat16)
     return jax.block_until_ready((x, w, dy))
 
 

@@ -10,7 +10,8 @@ XLA's padded `ragged_dot` where it is expensive, and a cost model that turns the
 estimated time per section, counting everything a section does (process start, every compile,
 the kernel probes of a fallible `auto` choice, the trainer's compiles, the timings). The gmm,
 moe and autotune sections are lists of units in the order of what they tell us
-(`gmm_units`: `GMM_SHAPE_PRIORITY` x `BACKEND_PRIORITY`; `MOE_PRIORITY`; `AUTOTUNE_SHAPES`): a
+(`gmm_units`: `GMM_SHAPE_PRIORITY` x `BACKEND_PRIORITY` x `PARTS`, in tiers; `MOE_PRIORITY`;
+`AUTOTUNE_SHAPES`): a
 section keeps the longest head of its list whose estimate, times `MARGIN`, fits its cap; the
 rest is recorded as skipped with the reason (least informative first). The backends measured
 are the registry's that are usable in the section's process (`measured_backends`), in
@@ -38,8 +39,12 @@ SECTIONS = ("info", "gmm", "moe", "autotune", "train", "tests")
 # / cap): info 11.1 / 18, gmm 32.4 / 127 (6 units), moe 65.2 / 65 (cut: the layer's compile
 # under tokamax took 30.6 s), train 48.1 / 96, tests 24 / 24 (60 of 124 tests reached).
 # train trains deepseek3-1gpu (bench/gpu_train.py): two compiles of a 1.7B-parameter step (the
-# memory pre-flight's and the trainer's) need 105 s, taken from the time-boxed tests
-CAPS_S = {"info": 15, "gmm": 115, "moe": 120, "autotune": 55, "train": 105, "tests": 40}
+# memory pre-flight's and the trainer's) need 105 s, taken from the time-boxed tests.
+# gmm's 144 s time the backward's directions alone (the winner table's dlhs and drhs rows) at
+# Qwen3's gate_up beside both modes at Qwen3's and DeepSeek-V3's gate_up, every kernel planned,
+# tokamax and cuDNN's included; the 29 s come from moe and autotune (each 25% over its estimate
+# with tokamax, as every cap) and the time-boxed tests
+CAPS_S = {"info": 15, "gmm": 144, "moe": 110, "autotune": 46, "train": 105, "tests": 30}
 MARGIN = 1.25           # a section's estimate times this must fit its cap
 # the tests section is time-boxed: it runs until its cap and reports passed / failed / not
 # reached; its cap is its estimate
@@ -51,6 +56,17 @@ SECTION_RESERVE_S = 2   # a section starts no unit that would end within this of
 # host; the dry run checks the runner, not the time
 DRY_CAP_SCALE = 5
 MODES = ("fwd", "fwd+bwd")
+# the backward's two products timed alone (`shapes.DIRECTIONS`' dlhs and drhs), for the winner
+# table `auto` reads (ops/gmm/winners.from_records), which wants a time per direction
+DIRECTION_MODES = ("dlhs", "drhs")
+# what a gmm unit times at its shape ("part"): both modes on the table's layout, the backward's
+# directions alone, or both modes on aligned segments (`ALIGN_ROWS`)
+PARTS = {"modes": MODES, "dirs": DIRECTION_MODES, "aligned": MODES}
+# aligned expert segments: each group's rows rounded up to a multiple of this (the layout of
+# MoEConfig.align_expert_rows, moe/permute.aligned_rows), measured for the backends registered
+# to use it; their useful FLOPs are those of the unaligned rows, so ratios compare like with like
+ALIGN_ROWS = 128
+ALIGNED_BACKENDS = ("pallas_gpu",)
 
 
 # the shapes measured: the shapes table (ops/gmm/shapes.py); the dry run's are tiny
@@ -59,7 +75,11 @@ DRY_SHAPES = (GmmShape("dry/G2", "dry", 64, 32, 32, 2), GmmShape("dry/G4", "dry"
 ROUTINGS = gmm_shapes.ROUTINGS
 # the gmm section's order: the per-device shapes of the models users train, fwd+bwd and fwd
 # each (the targets: DeepSeek-V3 and Qwen3), then the first run's small shapes (continuity),
-# then Mixtral; a shape not named here (the dry run's) comes after, in its table's order
+# then Mixtral; a shape not named here (the dry run's) comes after, in its table's order. The
+# parts (`PARTS`) in tiers (`gmm_units`): at the targets (`GMM_TARGETS` first shapes) both
+# modes and then the directions alone (a winner-table row per direction), then aligned
+# segments there, then the same tiers at the other shapes
+GMM_TARGETS = 4
 GMM_SHAPE_PRIORITY = ("qwen3_30b_a3b/gate_up", "deepseek_v3_ep8/gate_up", "qwen3_30b_a3b/down",
                       "deepseek_v3_ep8/down", "small/G64", "small/G8", "mixtral_8x7b/gate_up",
                       "mixtral_8x7b/down", "small/G256")
@@ -157,8 +177,18 @@ AUTOTUNE_OPS = 3        # assumed: the tokamax ops of one fwd+bwd product (fwd, 
 
 
 def flops(s: GmmShape, mode: str) -> int:
-    """Useful FLOPs of one call: 2MKN forward, three such products forward+backward."""
-    return s.flops() * (1 if mode == "fwd" else 3)
+    """Useful FLOPs of one call: 2MKN forward, dlhs or drhs alone, three such products
+    forward+backward."""
+    if mode not in MODES + DIRECTION_MODES:
+        raise ValueError(f"mode={mode!r} is not one of {MODES + DIRECTION_MODES}")
+    return s.flops() * (3 if mode == "fwd+bwd" else 1)
+
+
+def aligned_m(s: GmmShape, align: int = ALIGN_ROWS) -> int:
+    """Rows of the aligned layout of `s` (moe/permute.aligned_rows: room for every group
+    rounded up to a multiple of `align`)."""
+    from dropless.moe.permute import aligned_rows
+    return aligned_rows(s.m, s.g, align)
 
 
 def ragged_dot_cost(s: GmmShape) -> tuple[int, float]:
@@ -200,18 +230,20 @@ def _rate(table: dict, backend: str) -> float:
     return table.get(backend, table["other"])
 
 
-def _unit_s(s: GmmShape, backend: str, routings, torch: bool) -> float:
-    """Estimated seconds of one gmm unit: both modes' compiles and timings, every routing."""
+def _unit_s(s: GmmShape, backend: str, routings, torch: bool, part: str = "modes") -> float:
+    """Estimated seconds of one gmm unit: its part's modes' compiles and timings, every
+    routing (an aligned unit computes its aligned rows)."""
     a = H200_COSTS
     if backend == "torch":
         if not torch:
             return 0.0
         call = sum(flops(s, m) for m in MODES) / (a["tflops"]["torch"] * 1e12)
         return len(routings) * (a["torch_peer_s"] + 2 * _measure_s(call, TIMING))
+    rows = aligned_m(s) / s.m if part == "aligned" else 1.0
     sec = 0.0
-    for mode in MODES:
+    for mode in PARTS[part]:
         sec += _rate(a["compile_s"], backend)
-        call = flops(s, mode) / (_rate(a["tflops"], backend) * 1e12)
+        call = rows * flops(s, mode) / (_rate(a["tflops"], backend) * 1e12)
         sec += len(routings) * _measure_s(call * (s.g if backend == "ragged_dot" else 1), TIMING)
     return sec
 
@@ -221,26 +253,50 @@ def shape_order(shapes) -> list[GmmShape]:
     return sorted(shapes, key=lambda s: rank.get(s.label, len(rank)))   # stable: table order
 
 
+def _shape_units(s: GmmShape, part: str, order: list[str], routings, torch: bool) -> list:
+    """One shape's units of one part (`gmm_units`)."""
+    units, first = [], True
+    for b in order:
+        if (b == "torch" and part != "modes") or (part == "aligned"
+                                                  and b not in ALIGNED_BACKENDS):
+            continue
+        why = skip_reason(s, b)
+        if why:
+            units.append({"shape": s.label, "backend": b, "part": part, "seconds": 0.0,
+                          "skipped": why})
+            continue
+        sec = _unit_s(s, b, routings, torch, part)
+        if first and b != "torch":
+            first = False
+            # the part's baseline (dense_xla in its modes; aligned: the modes' dense) and its
+            # operands come with its first kernel
+            sec += H200_COSTS["operands_s"] + (
+                _unit_s(s, "dense_xla", routings, torch, part) if part != "aligned" else 0.0)
+        units.append({"shape": s.label, "backend": b, "part": part, "seconds": sec})
+    return units
+
+
 def gmm_units(shapes, routings, backends, torch: bool = True) -> list[dict]:
-    """The gmm section's units, shapes in GMM_SHAPE_PRIORITY order and at each the `backends`
-    (`measured_backends`' order) then the torch peer where BACKEND_PRIORITY puts it: {"shape",
-    "backend", "seconds"} and, for a unit not measured at all (ragged_dot where it is
-    expensive), "skipped". The first unit of a shape also times XLA's dense matmul there
-    (dense_xla, the baseline every backend of the shape is divided by) and draws its operands."""
+    """The gmm section's units: {"shape", "backend", "part" (of PARTS), "seconds"} and, for a
+    unit not measured at all (ragged_dot where it is expensive), "skipped". In tiers: at the
+    targets (the first GMM_TARGETS of GMM_SHAPE_PRIORITY), shape by shape, "modes" (fwd and
+    fwd+bwd: the `backends` in `measured_backends`' order, the torch peer where
+    BACKEND_PRIORITY puts it) then "dirs" (dlhs and drhs alone, the same backends); then
+    "aligned" (ALIGNED_BACKENDS on aligned segments) at the targets; then the same two tiers at
+    the other shapes. The first unit of a shape's part also times XLA's dense matmul there in
+    the part's modes (dense_xla, the baseline every backend is divided by; aligned units are
+    divided by the modes' dense of the same useful FLOPs) and draws its operands."""
     order = measured_backends(list(backends) + ["torch"])
+    ranked = shape_order(shapes)
+    targets = [s for s in ranked if s.label in GMM_SHAPE_PRIORITY[:GMM_TARGETS]]
+    rest = [s for s in ranked if s not in targets]
     units = []
-    for s in shape_order(shapes):
-        first = True
-        for b in order:
-            why = skip_reason(s, b)
-            if why:
-                units.append({"shape": s.label, "backend": b, "seconds": 0.0, "skipped": why})
-                continue
-            sec = _unit_s(s, b, routings, torch)
-            if first and b != "torch":   # the shape's baseline comes with its first kernel
-                first = False
-                sec += _unit_s(s, "dense_xla", routings, torch) + H200_COSTS["operands_s"]
-            units.append({"shape": s.label, "backend": b, "seconds": sec})
+    for tier in (targets, rest):
+        for s in tier:
+            for part in ("modes", "dirs"):
+                units += _shape_units(s, part, order, routings, torch)
+        for s in tier:
+            units += _shape_units(s, "aligned", order, routings, torch)
     return units
 
 

@@ -54,8 +54,8 @@ class Emitter:
 
 
 def _line(rec: dict) -> str:
-    keys = ("shape", "model", "aligned", "routing", "mode", "backend", "ran", "median_ms",
-            "tflops", "fraction_of_dense", "variant", "ratio_to_dense", "step", "loss",
+    keys = ("shape", "model", "aligned", "routing", "mode", "modes", "backend", "ran",
+            "median_ms", "tflops", "fraction_of_dense", "variant", "ratio_to_dense", "step", "loss",
             "median_step_time_s", "median_tflops_per_device", "median_mfu", "peak_bytes_in_use",
             "skipped", "error", "ran_because")
     return "  ".join(f"{k}={_fmt(rec[k])}" for k in keys if k in rec)
@@ -131,89 +131,135 @@ def _unit_late(spec: dict, u: dict) -> str | None:
 def gmm_section(emit: Emitter, spec: dict) -> None:
     """The plan's gmm units, shape by shape in the plan's order: each backend usable here
     against XLA's dense matmul of equal useful FLOPs at the shape (same run), and the torch
-    peer; fwd and fwd+bwd, every routing. The units the plan dropped to fit the cap follow in
+    peer; per unit's part (plan.PARTS) fwd and fwd+bwd, dlhs and drhs alone, or fwd and fwd+bwd
+    on aligned segments; every routing. The units the plan dropped to fit the cap follow in
     their order, each run only if its estimate, with the plan's margin, still fits before the
     cap (the estimates are the slowest seen, so time is often left). A unit dropped for its own
     reason, one whose backend cannot run here, or one the deadline does not allow is a
     "skipped" record with the reason; one measurement's failure is an "error" record."""
     from dropless.ops.gmm import registry
-    units = {(u["shape"], u["backend"]): u for u in spec["gmm_units"]}
+
+    def key(u):
+        return u["shape"], u["backend"], u.get("part", "modes")
+    units = {key(u): u for u in spec["gmm_units"]}
     for u in spec["gmm_dropped"]:
         if u["skipped"].startswith("dropped to fit"):
-            units[(u["shape"], u["backend"])] = dict(u, extra=True)
+            units[key(u)] = dict(u, extra=True)
         else:
-            emit({"shape": u["shape"], "backend": u["backend"], "skipped": u["skipped"]})
+            part = u.get("part", "modes")
+            emit({"shape": u["shape"], "backend": u["backend"], **_part(part),
+                  "modes": list(plan.PARTS[part]), "skipped": u["skipped"]})
     for s in plan.shape_order(GmmShape(**d) for d in spec["shapes"]):
-        mine = [b for (label, b) in units if label == s.label]
+        mine = [(b, part) for (label, b, part) in units if label == s.label]
         if not mine:
             continue
-        why = _unit_late(spec, units[(s.label, mine[0])])
+        why = _unit_late(spec, units[(s.label, *mine[0])])
         if why:
             emit({"shape": s.label, "skipped": why})
             continue
-        kernels = []
-        for b in mine:
+        runs = []
+        for b, part in mine:
             why = None if b == "torch" else registry.unusable(b)
             if why:
-                emit({"shape": s.label, "backend": b, "skipped": f"not usable here: {why}"})
+                emit({"shape": s.label, "backend": b, **_part(part),
+                      "modes": list(plan.PARTS[part]), "skipped": f"not usable here: {why}"})
             elif b != "torch":
-                kernels.append(b)
+                runs.append((b, part))
         try:
             x, w, dy = _operands(s)
         except Exception as e:  # noqa: BLE001 (e.g. out of memory: the next shape runs)
             emit({"shape": s.label, "error": f"operands: {_error(e)}"})
             continue
-        _gmm_shape(emit, spec, s, ["dense_xla"] + kernels, "torch" in mine, (x, w, dy), units)
+        # the dense baseline of each part the shape runs (aligned: the modes' dense)
+        parts = {"modes" if part == "aligned" else part for _, part in runs}
+        dense = [("dense_xla", p) for p in ("modes", "dirs") if p in parts]
+        _gmm_shape(emit, spec, s, dense + runs, ("torch", "modes") in mine, (x, w, dy), units)
         del x, w, dy
 
 
-def _gmm_shape(emit: Emitter, spec: dict, s: GmmShape, backends: list[str], torch: bool,
-               ops: tuple, units: dict) -> None:
-    """One shape's measurements: each backend compiled once per mode (through the fallback, so
-    the record says what ran), timed per routing, then the torch peer."""
+def _part(part: str) -> dict:
+    """The record fields of a unit's part: aligned segments say so (and their alignment)."""
+    return {"aligned": True, "group_alignment": plan.ALIGN_ROWS} if part == "aligned" else {}
+
+
+def _gmm_shape(emit: Emitter, spec: dict, s: GmmShape, runs: list[tuple[str, str]],
+               torch: bool, ops: tuple, units: dict) -> None:
+    """One shape's measurements: each (backend, part) of `runs` compiled once per mode of its
+    part (through the fallback, so the record says what ran), timed per routing, then the
+    torch peer. Aligned parts run on operands of the aligned layout's rows (plan.aligned_m;
+    random rows, padding included: a kernel's time does not depend on the values), each
+    group's rows rounded up to plan.ALIGN_ROWS; their records keep the unaligned rows' useful
+    FLOPs and are divided by the same dense time."""
     import jax.numpy as jnp
 
     from dropless.bench import gpu_timing
+    from dropless.bench.gpu_common import aligned_sizes
     timing = spec["timing"]
     x, w, dy = ops
     fns: dict = {}
     sizes_of = {r: gmm_shapes.group_sizes(r, s.m, s.g) for r in spec["routings"]}
     dims = {"shape": s.label, "model": s.model, "m": s.m, "k": s.k, "n": s.n, "groups": s.g,
             "dtype": "bfloat16"}
-    for b in backends:
+    rows_al = plan.aligned_m(s)
+    al_ops = None
+    for b, part in runs:
         if b != "dense_xla":
-            why = _unit_late(spec, units[(s.label, b)])
+            why = _unit_late(spec, units[(s.label, b, part)])
             if why:
-                emit({"shape": s.label, "backend": b, "skipped": why})
+                emit({"shape": s.label, "backend": b, **_part(part),
+                      "modes": list(plan.PARTS[part]), "skipped": why})
                 continue
-        for mode in plan.MODES:
+        if part == "aligned" and al_ops is None:
+            try:
+                xa, _, dya = _operands(s, rows_al)
+                al_ops = (xa, dya)
+            except Exception as e:  # noqa: BLE001 (e.g. out of memory: recorded)
+                emit(dict(dims, backend=b, **_part(part), error=f"operands: {_error(e)}"))
+                continue
+        for mode in plan.PARTS[part]:
             wb = w[0] if b == "dense_xla" else w
-            gs0 = jnp.asarray(sizes_of[spec["routings"][0]], jnp.int32)
-            base = dict(dims, mode=mode, backend=b, useful_flops=plan.flops(s, mode))
+            r0 = spec["routings"][0]
+            if part == "aligned":
+                gs0 = jnp.asarray(aligned_sizes(sizes_of[r0], plan.ALIGN_ROWS))
+                args = (al_ops[0], wb, gs0, al_ops[1])
+                fn = _gmm_fn(b, mode, plan.ALIGN_ROWS)
+            else:
+                args = (x, wb, jnp.asarray(sizes_of[r0], jnp.int32), dy)
+                fn = _gmm_fn(b, mode)
+            base = dict(dims, mode=mode, backend=b, **_part(part),
+                        useful_flops=plan.flops(s, mode))
             try:
                 fault(spec, f"gmm:{b}")
-                fns[(b, mode)] = _compiled(_gmm_fn(b, mode), (x, wb, gs0, dy),
-                                           f"gmm {s.label} {b} {mode}")
+                fns[(b, part, mode)] = _compiled(fn, args, f"gmm {s.label} {b} {part} {mode}")
             except Exception as e:  # noqa: BLE001 (one backend's failure is a result)
                 for routing in spec["routings"]:
                     emit(dict(base, routing=routing, error=_error(e)))
                 continue
+    modes = [m for m in plan.MODES + plan.DIRECTION_MODES
+             if any(k[2] == m for k in fns)]
     for routing in spec["routings"]:
         sizes = sizes_of[routing]
         gs = jnp.asarray(sizes, jnp.int32)
+        gs_al = jnp.asarray(aligned_sizes(sizes, plan.ALIGN_ROWS))
         base = dict(dims, routing=routing, max_group=int(sizes.max()),
                     empty_groups=int((sizes == 0).sum()))
-        for mode in plan.MODES:
+        for mode in modes:
             dense_ms = None
-            for b in backends:
-                if (b, mode) not in fns:
+            for b, part in runs:
+                if (b, part, mode) not in fns:
                     continue
-                fn, gmm, compile_ms = fns[(b, mode)]
-                rec = _ran(dict(base, mode=mode, backend=b, useful_flops=plan.flops(s, mode),
-                                compile_ms=compile_ms), "dense" if b == "dense_xla" else b, gmm)
+                fn, gmm, compile_ms = fns[(b, part, mode)]
+                extra = _part(part)
+                if part == "aligned":
+                    extra["aligned_rows"] = rows_al
+                rec = _ran(dict(base, mode=mode, backend=b, **extra,
+                                useful_flops=plan.flops(s, mode), compile_ms=compile_ms),
+                           "dense" if b == "dense_xla" else b, gmm)
                 try:
                     wb = w[0] if b == "dense_xla" else w
-                    stats = gpu_timing.time_jax(lambda: fn(x, wb, gs, dy), **timing)
+                    args = ((al_ops[0], wb, gs_al, al_ops[1]) if part == "aligned"
+                            else (x, wb, gs, dy))
+                    stats = gpu_timing.time_jax(lambda: fn(*args), **timing)
                 except Exception as e:  # noqa: BLE001 (one backend's failure is a result)
                     emit(dict(rec, error=_error(e)))
                     continue
@@ -224,7 +270,7 @@ def _gmm_shape(emit: Emitter, spec: dict, s: GmmShape, backends: list[str], torc
                     rec["dense_xla_ms"] = dense_ms
                     rec["fraction_of_dense"] = dense_ms / rec["median_ms"]
                 emit(rec)
-        why = _unit_late(spec, units[(s.label, "torch")]) if torch else None
+        why = _unit_late(spec, units[(s.label, "torch", "modes")]) if torch else None
         if why:
             emit(dict(base, backend="torch", skipped=why))
         elif torch:

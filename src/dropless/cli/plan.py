@@ -147,9 +147,14 @@ def _compute(args) -> tuple[dict, str]:
                                  workload=args.calibrate_workload)
         text = result.pop("text")
     else:
-        cfg, hw, name = build_plan(settings(args), config_path=args.config)
+        notes: list[str] = []
+        cfg, hw, name = build_plan(settings(args), config_path=args.config, notes=notes)
         result = predict(cfg, hw, name=name)
         text = report.format_plan(result)
+        if notes:   # under the layout lines: the settings the preset's run settings gave
+            result["notes"] = notes
+            lines = text.split("\n")
+            text = "\n".join(lines[:2] + [f"  {n}" for n in notes] + lines[2:])
         if args.sweep_gpus:
             result["sweep"] = sweep_gpus(cfg, hw, _sweep_sizes(args.sweep_gpus),
                                          axis=args.sweep_axis)

@@ -19,7 +19,9 @@ from dropless.machine import HardwareProfile, get_profile
 from dropless.plan.layout import PlanConfig, check_node_size, mesh_on_devices
 
 # What `dropless plan` plans when nothing says otherwise (the trainer's own defaults are a CPU
-# run of the tiny preset); a --config file, flags and key=value come after these and win.
+# run of the tiny preset); a --config file, flags and key=value come after these and win. A
+# preset trained with run settings of its own (`presets.RUN_SETTINGS`, which `dropless train`
+# applies) is planned at those instead (`train_config`).
 PLAN_DEFAULTS = (("preset", "deepseek3-671b"), ("per_device_batch_size", 1), ("seq_len", 4096),
                  ("remat", "full"))
 # Settings no TrainConfig carries: the hardware profile, the device count (`mesh_on_devices`)
@@ -94,12 +96,44 @@ def _offload(value: Any) -> tuple[str, ...]:
     return tuple(str(v).strip() for v in items if str(v).strip() not in ("", "none"))
 
 
+def _get(run: TrainConfig, key: str) -> Any:
+    for part in key.split("."):
+        run = getattr(run, part)
+    return run
+
+
 def train_config(pairs: Iterable[tuple[str, Any]], *, mapping: dict | None = None,
-                 notes: list[str] | None = None) -> TrainConfig:
+                 notes: list[str] | None = None,
+                 from_preset: list[tuple[str, Any]] | None = None) -> TrainConfig:
     """The TrainConfig `dropless train` would build from `mapping` (a loaded --config file)
-    and `pairs`, over the planner's defaults (`PLAN_DEFAULTS`)."""
+    and `pairs`, over the planner's defaults (`PLAN_DEFAULTS`) less the keys the preset's run
+    settings (`presets.RUN_SETTINGS`) set: the preset is planned as it is trained, and a setting
+    given still wins. `from_preset`, when given, receives the preset's run settings the result
+    kept ((key, value) pairs: those no setting given changed; one given equal to the preset's
+    counts as the preset's)."""
     from dropless.config_file import build_config
-    return build_config(list(pairs), mapping=mapping, defaults=PLAN_DEFAULTS, notes=notes)
+    from dropless.presets import RUN_SETTINGS
+    pairs, said = list(pairs), []
+    run = build_config(pairs, mapping=mapping, defaults=PLAN_DEFAULTS, notes=said)
+    own = RUN_SETTINGS.get(run.preset, {})
+    if own:
+        planner = dict(PLAN_DEFAULTS)
+        # a key the user left at the planner's default: the preset's setting applies there
+        kept = {k for k in own if k not in planner or _get(run, k) == planner[k]}
+        said = []
+        run = build_config(pairs, mapping=mapping, notes=said,
+                           defaults=[(k, v) for k, v in PLAN_DEFAULTS if k not in own])
+        if from_preset is not None:
+            from_preset += [(k, v) for k, v in own.items() if k in kept and _get(run, k) == v]
+    if notes is not None:
+        notes += said
+    return run
+
+
+def preset_note(preset: str, settings: list[tuple[str, Any]]) -> str:
+    """The line `dropless plan` prints for the preset's run settings it planned at."""
+    return (f"from preset {preset}'s run settings (as dropless train): "
+            + ", ".join(f"{k}={v}" for k, v in settings) + " (a flag or key given wins)")
 
 
 class PlannedRun(NamedTuple):
@@ -134,17 +168,22 @@ def model_name(run: TrainConfig) -> str:
     return run.preset
 
 
-def build_plan(settings: Iterable[tuple[str, Any]] = (), *, config_path: str | None = None
-               ) -> PlannedRun:
+def build_plan(settings: Iterable[tuple[str, Any]] = (), *, config_path: str | None = None,
+               notes: list[str] | None = None) -> PlannedRun:
     """What `dropless plan` plans from the planner's defaults, the --config file at
     `config_path` and `settings` ((key, value) pairs in the user's order, after the file's),
     read as `dropless train` reads them (into a TrainConfig, `train_config`) plus the planner's
     own settings (`PLANNER_KEYS`: `hardware` picks the profile, default h200; `gpus` resizes the
-    mesh, `mesh_on_devices`). Raises ValueError naming the bad file, key or value, and for a
-    `devices_per_node` that contradicts the device count (`check_node_size`)."""
+    mesh, `mesh_on_devices`). A preset with run settings (`presets.RUN_SETTINGS`) is planned at
+    them where nothing given overrides them (`train_config`); `notes`, when given, receives a
+    line naming those (`preset_note`). Raises ValueError naming the bad file, key or value, and
+    for a `devices_per_node` that contradicts the device count (`check_node_size`)."""
     flat, nested = read_config_file(config_path)
     planner, pairs = split_settings([*flat, *settings])
-    run = train_config(pairs, mapping=nested)
+    used: list[tuple[str, Any]] = []
+    run = train_config(pairs, mapping=nested, from_preset=used)
+    if used and notes is not None:
+        notes.append(preset_note(run.preset, used))
     hw = get_profile(planner.pop("hardware", "h200"))
     if "gpus" in planner:
         run = run.replace(mesh=mesh_on_devices(run.mesh, planner.pop("gpus")))

@@ -176,3 +176,32 @@ def test_the_command_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("tables.py winners: ")
         assert message in done.stderr, done.stderr
     assert out.read_text() == "the table before"
+
+
+def test_a_device_run_with_every_direction_gives_rows_from_their_own_times(tmp_path):
+    # what the gmm section writes at a target shape: both modes and dlhs, drhs alone, every
+    # backend, pallas_gpu on aligned segments too (faster here, and never a winner: another
+    # layout than auto's callers pass). dlhs and drhs winners differ from fwd+bwd's.
+    recs = []
+    for mode, per in (("fwd", {"mosaic_gpu": (5.0, 6.0), "tokamax": (5.5, 6.5)}),
+                      ("fwd+bwd", {"mosaic_gpu": (15.0, 18.0), "tokamax": (16.0, 19.0)}),
+                      ("dlhs", {"mosaic_gpu": (5.0, 6.0), "tokamax": (4.0, 5.0)}),
+                      ("drhs", {"mosaic_gpu": (7.0, 8.0), "tokamax": (9.0, 9.5)})):
+        recs += timings(QWEN, mode, dict(per, dense_xla=(1.0, 1.0)))
+        recs += timings(QWEN, mode, {"pallas_gpu": (0.5, 0.5)}, aligned=True)
+    runs = tmp_path / "gpu_bench.jsonl"
+    runs.write_text("".join(json.dumps(r) + "\n" for r in gr.run(recs)))
+    out = tmp_path / "winners.json"
+    done = tables(runs, "--date", "2026-12-06", "--out", out)
+    assert done.returncode == 0, done.stderr
+    tab = winners.check_table(json.loads(out.read_text()))
+    got = {r["direction"]: (r["backend"], r["mode"], r["times_ms"]) for r in tab["rows"]}
+    assert got == {
+        "fwd": ("mosaic_gpu", "fwd", {"mosaic_gpu": {"uniform": 5.0, "zipf": 6.0},
+                                      "tokamax": {"uniform": 5.5, "zipf": 6.5}}),
+        "dlhs": ("tokamax", "dlhs", {"mosaic_gpu": {"uniform": 5.0, "zipf": 6.0},
+                                     "tokamax": {"uniform": 4.0, "zipf": 5.0}}),
+        "drhs": ("mosaic_gpu", "drhs", {"mosaic_gpu": {"uniform": 7.0, "zipf": 8.0},
+                                        "tokamax": {"uniform": 9.0, "zipf": 9.5}})}
+    assert "Timed alone: dlhs, drhs." in tab["provenance"]["note"]
+    assert "not timed alone" not in tab["provenance"]["note"]

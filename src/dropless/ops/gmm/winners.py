@@ -20,9 +20,10 @@ otherwise no row applies.
 
 `from_records` builds the table from one device check's records (`dropless bench gpu`'s
 gpu_bench.jsonl; `python benchmarks/gpu/tables.py winners` is its command): per bucket of the
-shapes measured and direction, the backend fastest at every routing measured there. A
-direction the records did not time alone (the gmm section times `fwd` and `fwd+bwd`) takes
-its mode's stand-in: `dlhs` and `drhs` the forward+backward time.
+shapes measured and direction, the backend fastest at every routing measured there. The gmm
+section times `dlhs` and `drhs` alone at the model shapes it reaches; a direction a run did not
+time alone (a unit dropped to fit the budget, an older run's records) takes its mode's
+stand-in: `dlhs` and `drhs` the forward+backward time.
 """
 from __future__ import annotations
 
