@@ -1,8 +1,9 @@
 """The README's performance section, from the committed result files, never typed by hand:
 python benchmarks/readme_results.py [--write].
 
-One current table per platform: the CPU from the newest side-by-side with PyTorch
-(`dropless bench moe --vs-torch`), the GPU from the newest device check (`dropless bench gpu`).
+One current table per machine: each CPU (AMD EPYC, Intel Xeon) from its newest side-by-side with
+PyTorch (`dropless bench moe --vs-torch`, every dtype it ran), the GPU from the newest device
+check (`dropless bench gpu`).
 Without arguments it prints the section; `--write` replaces the README's block between the
 markers with it (tests/ci/test_readme_results.py fails when they differ).
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-CPU_FILE = "moe_vs_torch_chunks_reuse.jsonl"
+CPU_FILES = ("moe_vs_torch_chunks_reuse.jsonl", "moe_vs_torch_intel_quiet.jsonl")
 GPU_FILE = "gpu_h200.jsonl"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MODES = ("fwd", "fwd+bwd")
@@ -33,25 +34,27 @@ def _gpu_tables():
     return mod
 
 
-def cpu_section(recs: list[dict]) -> str:
-    """The MoE layer against Hugging Face's Mixtral block on torch._grouped_mm, per case."""
-    layer = {(r["tokens"], r["experts"], r["top_k"], r["mode"]): r for r in recs
-             if r.get("variant") == "dropless/auto"}
-    hf = {(r["tokens"], r["experts"], r["top_k"], r["mode"]): r for r in recs
-          if r.get("variant") == "torch/hf_mixtral"}
+def cpu_section(recs: list[dict], name: str) -> str:
+    """The MoE layer against Hugging Face's Mixtral block on torch._grouped_mm, per case and
+    dtype, from the side-by-side records of result file `name`."""
+    def key(r):
+        return r["tokens"], r["experts"], r["top_k"], r.get("dtype", "float32"), r["mode"]
+    layer = {key(r): r for r in recs if r.get("variant") == "dropless/auto"}
+    hf = {key(r): r for r in recs if r.get("variant") == "torch/hf_mixtral"}
     first = next(iter(layer.values()))
     m = first["machine"]
+    dtypes = sorted({k[3] for k in layer}, key=lambda d: d != "float32")
     head = (f"CPU: {m['cpu']}, {m['cores']} cores, commit {m['git_commit']}, jax {m['jax']}, "
-            f"torch {first['torch']}, float32, host malloc `{m['host_malloc']}` "
-            f"([{CPU_FILE}](benchmarks/results/{CPU_FILE})). The MoE layer against Hugging Face's "
+            f"torch {first['torch']}, {', '.join(dtypes)}, host malloc `{m['host_malloc']}` "
+            f"([{name}](benchmarks/results/{name})). The MoE layer against Hugging Face's "
             "Mixtral block on `torch._grouped_mm`, d_model "
             f"{first['d_model']}, one round-robin per case:")
-    lines = [head, "", "| tokens:experts:top-k | mode | dropless ms | HF Mixtral ms | "
+    lines = [head, "", "| tokens:experts:top-k | dtype | mode | dropless ms | HF Mixtral ms | "
              "HF / dropless (> 1: dropless faster) | dropless / its dense SwiGLU |",
-             "|---" * 6 + "|"]
-    for key in sorted(layer, key=lambda k: (k[1], MODES.index(k[3]))):
-        r, t = layer[key], hf.get(key)
-        lines.append(f"| {key[0]}:{key[1]}:{key[2]} (F={r['d_ff']}) | {key[3]} | "
+             "|---" * 7 + "|"]
+    for k in sorted(layer, key=lambda k: (dtypes.index(k[3]), k[1], MODES.index(k[4]))):
+        r, t = layer[k], hf.get(k)
+        lines.append(f"| {k[0]}:{k[1]}:{k[2]} (F={r['d_ff']}) | {k[3]} | {k[4]} | "
                      f"{r['median_ms']:.1f} | " + ("-" if t is None else f"{t['median_ms']:.1f}")
                      + " | " + ("-" if t is None else f"{t['median_ms'] / r['median_ms']:.2f}")
                      + f" | {r['ratio_to_dense']:.2f} |")
@@ -74,7 +77,8 @@ def gpu_section(recs: list[dict]) -> str:
 
 def section() -> str:
     """The README block, markers included."""
-    return "\n".join([BEGIN, "", cpu_section(_load(CPU_FILE)), "", gpu_section(_load(GPU_FILE)),
+    cpu = [part for name in CPU_FILES for part in (cpu_section(_load(name), name), "")]
+    return "\n".join([BEGIN, "", *cpu, gpu_section(_load(GPU_FILE)),
                       "", "Every earlier run, with its commit and machine: "
                       "[benchmarks/results/HISTORY.md](benchmarks/results/HISTORY.md); what each "
                       "file holds: [benchmarks/results/README.md](benchmarks/results/README.md).",

@@ -2,6 +2,8 @@
 committed result files: no number in it is typed by hand."""
 import importlib.util
 
+import pytest
+
 from tests._support.paths import ROOT
 
 
@@ -20,17 +22,21 @@ def test_the_readme_results_block_is_the_scripts_output():
         "README.md's results block is stale: run python benchmarks/readme_results.py --write")
 
 
-def test_the_tables_come_from_the_records():
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_tables_come_from_the_records(index):
     script = _script()
-    recs = script._load(script.CPU_FILE)
+    name = script.CPU_FILES[index]
+    recs = script._load(name)
     r = next(x for x in recs if x.get("variant") == "dropless/auto" and x["mode"] == "fwd+bwd"
-             and x["experts"] == 8)
+             and x["experts"] == 8 and x.get("dtype", "float32") == "float32")
     t = next(x for x in recs if x.get("variant") == "torch/hf_mixtral"
-             and x["mode"] == "fwd+bwd" and x["experts"] == 8)
-    row = f"| 4096:8:2 (F=1024) | fwd+bwd | {r['median_ms']:.1f} | {t['median_ms']:.1f} | "
-    assert row in script.cpu_section(recs)
+             and x["mode"] == "fwd+bwd" and x["experts"] == 8
+             and x.get("dtype", "float32") == "float32")
+    row = (f"| 4096:8:2 (F=1024) | float32 | fwd+bwd | {r['median_ms']:.1f} | "
+           f"{t['median_ms']:.1f} | ")
+    assert row in script.cpu_section(recs, name)
     edited = [dict(x, median_ms=x["median_ms"] * 2) if x is r else x for x in recs]
-    assert row not in script.cpu_section(edited)
+    assert row not in script.cpu_section(edited, name)
 
 
 def test_the_results_readme_tables_are_summarize_output():
