@@ -61,8 +61,12 @@ def test_synthetic_records_have_the_keys_of_a_dry_run(dry_records):
         "skipped": gr.skipped("dry/G2", "tokamax"), "plan": run[0],
         "summary_row": run[-1]["rows"][0],
     }
+    # where a version cannot be read here (no torch in the venv, as in CI's; the CUDA plugin's
+    # libraries absent) the info record says why in a `*_error` key; every other key is there
+    # either way
     for kind in real:
-        assert set(made[kind]) == set(real[kind]), kind
+        keys = {k for k in real[kind] if not (kind == "info" and k.endswith("_error"))}
+        assert set(made[kind]) == keys, kind
     # the aligned layout's rows, its useful FLOPs those of the unaligned rows (dry/G2: 64 rows
     # in 2 groups -> 64 + 2 x 127 rounded up to 128 = 384)
     assert (real["aligned"]["aligned_rows"], real["aligned"]["group_alignment"]) == (384, 128)
