@@ -85,9 +85,12 @@ ROWS = [
         ("d/b.txt", "line 2", "not valid utf-8"), "d"),
     row("data-jsonl-lone-surrogate", {"d.jsonl": _jsonl(OK_LINE, '{"text": "bad \\ud800 here"}')},
         ("d.jsonl", "line 2", "lone surrogate"), "d.jsonl"),
+    # named by the argument that gave it; data='s own held-out split (too short for seq_len at
+    # the default eval_fraction) is not read when eval_data= is given, so it is not checked
     row("eval-data-text-invalid-utf8", {"one.txt": ENOUGH, "ev.txt": b"ok\n\xff\n" * 20},
-        ("ev.txt", "line 2", "not valid utf-8"), "one.txt", "eval_data=ev.txt",
-        "eval_fraction=0.1"),
+        ("eval_data='ev.txt'", "line 2", "not valid utf-8"), "one.txt", "eval_data=ev.txt"),
+    row("eval-data-missing", {"one.txt": ENOUGH},
+        ("eval_data='nope.txt'", "does not exist"), "one.txt", "eval_data=nope.txt"),
     row("data-bin-odd-size", {"t.bin": bytes(range(7))},
         ("t.bin", "7 bytes", "uint16", "multiple of 2"), "t.bin"),
     row("data-bin-empty", {"t.bin": b""}, ("t.bin", "empty"), "t.bin"),

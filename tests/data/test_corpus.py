@@ -190,6 +190,25 @@ def test_splits_are_checked_against_seq_len(tmp_path):
         data.load_corpus(str(tmp_path / "a.txt"), eval_fraction=0.9, seq_len=100)
 
 
+def test_only_the_splits_a_run_reads_are_checked_and_errors_name_the_argument(tmp_path):
+    a = tmp_path / "a.txt"
+    a.write_text("x" * 999)                          # 1000 tokens, cut at 900 (eval_fraction 0.1)
+    # data= with eval_data=: only its train split is read, so a short eval split is no error
+    c = data.load_corpus(str(a), eval_fraction=0.1, seq_len=100, splits=("train",))
+    assert c.train_TOK.size == 900
+    # eval_data=: only its eval split is read (the train split here is 99 tokens)
+    with pytest.raises(ValueError, match=r"^eval_data='.*a\.txt': the eval split holds 100"):
+        data.load_corpus(str(a), eval_fraction=0.1, seq_len=100, key="eval_data",
+                         splits=("eval",))
+    assert data.load_corpus(str(a), eval_fraction=0.9, seq_len=100, key="eval_data",
+                            splits=("eval",)).eval_TOK.size == 901
+    with pytest.raises(ValueError, match=r"^eval_data='.*nope\.txt' does not exist"):
+        data.load_corpus(str(tmp_path / "nope.txt"), key="eval_data")
+    (tmp_path / "t.bin").write_bytes(bytes(range(7)))
+    with pytest.raises(ValueError, match=r"^eval_data='.*t\.bin' holds 7 bytes"):
+        data.load_corpus(str(tmp_path / "t.bin"), key="eval_data")
+
+
 def test_document_tokens_join_the_documents_with_eos(tmp_path):
     """Hand-worked with bytes (EOS 0): 'ab' and 'c', the empty document left out."""
     path = tmp_path / "d.jsonl"

@@ -181,8 +181,8 @@ def run(args: MoEOptions) -> int:
     return 0
 
 
-PEER_COLUMNS = ["tokens", "experts", "top_k", "dtype", "mode", "variant", "median_ms", "ratio_to_dense",
-                "torch_over_dropless", "bound_ms", "x_bound"]
+PEER_COLUMNS = ["tokens", "experts", "top_k", "dtype", "mode", "variant", "median_ms",
+                "ratio_to_dense", "torch_over_dropless", "bound_ms", "x_bound"]
 PROFILE_COLUMNS = ["phase", "part", "in_layer", "median_ms", "limit_ms", "x_limit", "limited_by",
                    "layer_ms"]
 

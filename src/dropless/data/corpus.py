@@ -90,18 +90,19 @@ def _ends(docs: list[np.ndarray]) -> np.ndarray:
     return np.cumsum([d.size + 1 for d in docs], dtype=np.int64)
 
 
-def _where(source: str, path: Path) -> str:
-    """How an error names a file: `data='d.jsonl'`, or `data='corpus/': corpus/a.jsonl`."""
-    return f"data={source!r}" if Path(source) == path else f"data={source!r}: {path}"
+def _where(source: str, path: Path, key: str = "data") -> str:
+    """How an error names a file: `data='d.jsonl'`, or `data='corpus/': corpus/a.jsonl` (`key`:
+    the argument that named the source, data or eval_data)."""
+    return f"{key}={source!r}" if Path(source) == path else f"{key}={source!r}: {path}"
 
 
-def _jsonl_documents(path: Path, source: str) -> list[tuple[str, str]]:
+def _jsonl_documents(path: Path, source: str, key: str = "data") -> list[tuple[str, str]]:
     """(name, text) per non-blank line of a JSONL file (compressed too, see `readers`): each
     line one JSON object whose "text" is a string of Unicode text (a lone surrogate escaped in
     the JSON is refused), read and checked by `readers`, the one reader of JSONL. Raises
     ValueError naming the file and the line that is wrong."""
     file = readers.InputFile(path=path, name=path.name, kind="jsonl", weight=1.0, size=0)
-    where, docs = _where(source, path), []
+    where, docs = _where(source, path, key), []
     for i, raw, _ in readers.jsonl_lines(file):
         at = f"{where} line {i + 1}"
         rec = readers.parse_jsonl_line(raw, at, "text")
@@ -111,15 +112,15 @@ def _jsonl_documents(path: Path, source: str) -> list[tuple[str, str]]:
     return docs
 
 
-def _not_jsonl(source: str, path: Path) -> ValueError:
+def _not_jsonl(source: str, path: Path, key: str = "data") -> ValueError:
     return ValueError(
-        f"{_where(source, path)} is a .json file, which dropless does not read: training text "
+        f"{_where(source, path, key)} is a .json file, which dropless does not read: training text "
         "is JSONL (.jsonl, one JSON object per line with a \"text\" field), plain text "
         f"({', '.join(TEXT_SUFFIXES)}) or token ids (.npy, .bin); e.g. "
         f"`jq -c '.[]' {path.name} > {path.stem}.jsonl` for a list of records")
 
 
-def _directory_files(path: Path, source: str) -> list[Path]:
+def _directory_files(path: Path, source: str, key: str = "data") -> list[Path]:
     """The files of a directory source that are read (text and JSONL, sorted); ValueError when
     there are none, saying what the directory holds instead."""
     files = sorted(p for p in path.rglob("*")
@@ -131,10 +132,10 @@ def _directory_files(path: Path, source: str) -> list[Path]:
         if p.is_file():
             found[p.suffix or "(no suffix)"] = found.get(p.suffix or "(no suffix)", 0) + 1
     holds = ", ".join(f"{n} {suffix}" for suffix, n in sorted(found.items())) or "nothing"
-    raise ValueError(f"data={source!r} holds no file dropless reads ({', '.join(TEXT_SUFFIXES)}"
+    raise ValueError(f"{key}={source!r} holds no file dropless reads ({', '.join(TEXT_SUFFIXES)}"
                      f", .jsonl); it holds {holds}" + ("; a .json file is not JSONL (one JSON "
                      "object per line, suffix .jsonl)" if ".json" in found else "")
-                     + "; token files (.npy, .bin) are given one at a time: data=FILE")
+                     + f"; token files (.npy, .bin) are given one at a time: {key}=FILE")
 
 
 def prepare_command(source: str, tokenizer: str) -> tuple[str, str]:
@@ -170,24 +171,24 @@ def check_readable_here(source: str, tokenizer: str, *, what: str = "",
                      f"{cmd}, then {use}{out}")
 
 
-def text_documents(source: str) -> list[tuple[str, str]]:
+def text_documents(source: str, key: str = "data") -> list[tuple[str, str]]:
     """(name, text) documents of a text/JSONL source or directory, in sorted order. A text file
     (of any suffix but .json and the token files') is read byte-exact and must be UTF-8, as
     `data prepare` reads it (`readers.decode_utf8`). Raises ValueError for a .json file, a
     directory with nothing to read, bytes that are not UTF-8 (naming the file and line) and a
     bad JSONL line."""
     path = Path(source)
-    files = _directory_files(path, source) if path.is_dir() else [path]
-    return [doc for f in files for doc in _file_documents(f, source)]
+    files = _directory_files(path, source, key) if path.is_dir() else [path]
+    return [doc for f in files for doc in _file_documents(f, source, key)]
 
 
-def _file_documents(path: Path, source: str) -> list[tuple[str, str]]:
+def _file_documents(path: Path, source: str, key: str = "data") -> list[tuple[str, str]]:
     """(name, text) documents of one file of `source` (see `text_documents`)."""
     if readers.kind_of(path) == "jsonl":
-        return _jsonl_documents(path, source)
+        return _jsonl_documents(path, source, key)
     if path.suffix == ".json":
-        raise _not_jsonl(source, path)
-    return [(path.name, readers.decode_utf8(path.read_bytes(), _where(source, path)))]
+        raise _not_jsonl(source, path, key)
+    return [(path.name, readers.decode_utf8(path.read_bytes(), _where(source, path, key)))]
 
 
 def document_tokens(source: str, tok, *, what: str = "", use: str = "data=") -> np.ndarray:
@@ -229,19 +230,19 @@ def _first_position(toks: np.ndarray, bad) -> int | None:
     return None
 
 
-def _open_tokens(path: Path, source: str, bin_dtype: str) -> shards.TokenFile:
+def _open_tokens(path: Path, source: str, bin_dtype: str, key: str = "data") -> shards.TokenFile:
     """The 1-D integer token array of a .npy or .bin file, read a window at a time
     (data.shards.TokenFile). Raises ValueError for an empty file, a .bin size that is not a whole
     number of `bin_dtype` tokens, an unreadable .npy, a non-integer dtype or more than one
     dimension."""
-    what = f"data={source!r}"
+    what = f"{key}={source!r}"
     size = path.stat().st_size
     if size == 0:
-        raise ValueError(f"data={source!r} is empty (0 bytes)")
+        raise ValueError(f"{key}={source!r} is empty (0 bytes)")
     if path.suffix == ".bin":
         item = np.dtype(bin_dtype).itemsize
         if size % item:
-            raise ValueError(f"data={source!r} holds {size} bytes, not a multiple of {item} "
+            raise ValueError(f"{key}={source!r} holds {size} bytes, not a multiple of {item} "
                              f"(bin_dtype={bin_dtype}: {item} bytes per token); set bin_dtype "
                              "to the type the file was written with")
         return shards.TokenFile(path, bin_dtype, what=what)
@@ -255,70 +256,75 @@ def _open_tokens(path: Path, source: str, bin_dtype: str) -> shards.TokenFile:
             shape, fortran, dtype = read(f)
             offset = f.tell()
     except (ValueError, OSError, EOFError) as e:
-        raise ValueError(f"data={source!r} is not a readable .npy file ({e})") from None
+        raise ValueError(f"{key}={source!r} is not a readable .npy file ({e})") from None
     if not np.issubdtype(dtype, np.integer):
-        raise ValueError(f"data={source!r} holds {dtype} values; token ids must be "
+        raise ValueError(f"{key}={source!r} holds {dtype} values; token ids must be "
                          "integers (save them as uint16, int32 or int64)")
     if len(shape) != 1:
-        raise ValueError(f"data={source!r} must hold a 1-D token array; shape {shape}")
+        raise ValueError(f"{key}={source!r} must hold a 1-D token array; shape {shape}")
     if shape[0] == 0:
-        raise ValueError(f"data={source!r} holds no tokens")
+        raise ValueError(f"{key}={source!r} holds no tokens")
     if dtype.byteorder == ">":
-        raise ValueError(f"data={source!r} holds big-endian {dtype}; save it little-endian")
+        raise ValueError(f"{key}={source!r} holds big-endian {dtype}; save it little-endian")
     try:
         return shards.TokenFile(path, dtype, offset=offset, count=shape[0], what=what)
     except ValueError as e:
-        raise ValueError(f"data={source!r} is not a readable .npy file ({e})") from None
+        raise ValueError(f"{key}={source!r} is not a readable .npy file ({e})") from None
 
 
 def _max_id(toks) -> int:
     return max(int(np.max(np.asarray(toks[lo: lo + CHUNK]))) for lo in range(0, toks.size, CHUNK))
 
 
-def _check_ids(toks: np.ndarray, source: str, vocab_size: int | None) -> None:
+def _check_ids(toks: np.ndarray, source: str, vocab_size: int | None,
+               key: str = "data") -> None:
     """Token ids are >= 0 and, when `vocab_size` is given, < vocab_size; ValueError naming the
     first id that is not and its position."""
     if np.issubdtype(toks.dtype, np.signedinteger):
         at = _first_position(toks, lambda c: c < 0)
         if at is not None:
-            raise ValueError(f"data={source!r} holds a negative token id, {int(toks[at])} at "
+            raise ValueError(f"{key}={source!r} holds a negative token id, {int(toks[at])} at "
                              f"position {at}")
     if vocab_size is not None:
         at = _first_position(toks, lambda c: c >= vocab_size)
         if at is not None:
-            raise ValueError(f"data={source!r} holds token id {int(toks[at])} at position {at}, "
+            raise ValueError(f"{key}={source!r} holds token id {int(toks[at])} at position {at}, "
                              f"beyond the model's vocabulary (model.vocab_size={vocab_size})")
 
 
 def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fraction: float = 0.02,
                 bin_dtype: str = "uint16", vocab_size: int | None = None,
-                seq_len: int | None = None) -> Corpus:
+                seq_len: int | None = None, key: str = "data",
+                splits: tuple[str, ...] = ("train", "eval")) -> Corpus:
     """Tokenize and pack `source` (see the module docstring) into train and eval streams.
 
     Documents are held out by name (`is_eval_document`); a single document or a token file is
     split by position (the last `eval_fraction` is held out). A token file's ids must lie in
     [0, vocab_size) (`vocab_size`: the model's; when None, the largest id + 1 is the corpus's
     vocabulary and only negative ids are refused). With `seq_len`, each split must hold at least
-    one sequence of seq_len + 1 tokens (checked here, before anything is compiled). Raises
-    ValueError naming the file (and line, byte offset or token position) for a missing,
-    unsupported or malformed source, and the split for one too short.
+    one sequence of seq_len + 1 tokens (checked here, before anything is compiled); `splits`:
+    the splits the run reads (with eval_data=, data='s train split and eval_data='s eval split),
+    the only ones checked. Raises ValueError naming the argument (`key`: data or eval_data), the
+    file (and line, byte offset or token position) for a missing, unsupported or malformed
+    source, and the split for one too short.
     """
     path = Path(source)
     if source != "stdlib" and not path.exists():
-        raise ValueError(f"data={source!r} does not exist (use 'stdlib' or a local path)")
+        raise ValueError(f"{key}={source!r} does not exist (use 'stdlib' or a local path)")
     if path.is_dir() and (path / "manifest.json").exists():
-        return _checked(load_prepared(path, source, tokenizer=tokenizer, vocab_size=vocab_size),
-                        seq_len, eval_fraction)
+        return _checked(load_prepared(path, source, tokenizer=tokenizer, vocab_size=vocab_size,
+                                      key=key), seq_len, eval_fraction, key, splits)
     if source != "stdlib" and not path.is_dir():
-        shards.check_regular(path, f"data={source!r}")
+        shards.check_regular(path, f"{key}={source!r}")
     if source != "stdlib":
-        check_readable_here(source, tokenizer)
+        check_readable_here(source, tokenizer, what=f"{key}={source!r}", use=f"{key}=")
     if path.suffix in (".npy", ".bin") and not path.is_dir():
-        toks = _open_tokens(path, source, bin_dtype)
-        _check_ids(toks, source, vocab_size)
+        toks = _open_tokens(path, source, bin_dtype, key)
+        _check_ids(toks, source, vocab_size, key)
         train, ev = _split_tokens(toks, eval_fraction)
         return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=_max_id(toks) + 1,
-                               source=source, num_documents=1), seq_len, eval_fraction)
+                               source=source, num_documents=1), seq_len, eval_fraction,
+                        key, splits)
     tok = make_tokenizer(tokenizer)
     if source == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
@@ -326,10 +332,10 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
         # (replaced, not refused: CPython's own tests hold deliberately mis-encoded sources)
         read = lambda p: p.read_text(encoding="utf-8", errors="replace")  # noqa: E731
     else:
-        docs = text_documents(source)
+        docs = text_documents(source, key)
         read = lambda t: t  # noqa: E731
     if not any(d.strip() if isinstance(d, str) else True for _, d in docs):
-        raise ValueError(f"data={source!r} holds no text (every document in it is empty)")
+        raise ValueError(f"{key}={source!r} holds no text (every document in it is empty)")
     dtype = np.uint8 if tok.vocab_size <= 256 else np.int32
     if len(docs) == 1:
         train, ev = _split_tokens(_pack([tok.encode(read(docs[0][1]))], tok.eos_id, dtype),
@@ -343,11 +349,11 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
         ends = (_ends(tr), _ends(evd))
     return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=tok.vocab_size,
                            source=source, num_documents=len(docs), train_ends_D=ends[0],
-                           eval_ends_D=ends[1], notes=_large_text_note(source, tokenizer)),
-                    seq_len, eval_fraction)
+                           eval_ends_D=ends[1], notes=_large_text_note(source, tokenizer, key)),
+                    seq_len, eval_fraction, key, splits)
 
 
-def _large_text_note(source: str, tokenizer: str) -> tuple[str, ...]:
+def _large_text_note(source: str, tokenizer: str, key: str = "data") -> tuple[str, ...]:
     """A note when `source` is text large enough that tokenizing it at every start is slow."""
     path = Path(source)
     if source == "stdlib":
@@ -357,13 +363,13 @@ def _large_text_note(source: str, tokenizer: str) -> tuple[str, ...]:
     if size <= LARGE_TEXT_BYTES:
         return ()
     cmd, out = prepare_command(source, tokenizer)
-    return (f"note: data={source!r} is {size / 2**20:.0f} MiB of text, tokenized in memory at "
+    return (f"note: {key}={source!r} is {size / 2**20:.0f} MiB of text, tokenized in memory at "
             "every start (several times its size in RAM); prepare it once and train on the "
-            f"shards: {cmd}, then data={out}",)
+            f"shards: {cmd}, then {key}={out}",)
 
 
 def load_prepared(folder: Path, source: str, *, tokenizer: str,
-                  vocab_size: int | None) -> Corpus:
+                  vocab_size: int | None, key: str = "data") -> Corpus:
     """A prepared dataset (`dropless data prepare`) as a Corpus of two data.shards.ShardSets.
 
     Its manifest must name the run's tokenizer ("byte", or a tokenizer.json of the same sha256)
@@ -371,7 +377,7 @@ def load_prepared(folder: Path, source: str, *, tokenizer: str,
     shard file otherwise (and for a missing, changed or malformed shard)."""
     from dropless.data import manifest as manifest_lib
     m = manifest_lib.read_manifest(folder)
-    where = f"data={source!r} ({folder / manifest_lib.MANIFEST})"
+    where = f"{key}={source!r} ({folder / manifest_lib.MANIFEST})"
     if m.tokenizer.kind == "byte":
         if tokenizer != "byte":
             raise ValueError(f"{where} was prepared with the byte tokenizer, but this run's "
@@ -406,17 +412,22 @@ def with_eval_split(c: Corpus, held: Corpus) -> Corpus:
                                notes=c.notes + held.notes)
 
 
-def _checked(c: Corpus, seq_len: int | None, eval_fraction: float) -> Corpus:
-    if c.train_TOK.size < 2 or c.eval_TOK.size < 2:
-        raise ValueError(f"data={c.source!r} is too small to split: {c.train_TOK.size} train and "
+def _checked(c: Corpus, seq_len: int | None, eval_fraction: float, key: str = "data",
+             splits: tuple[str, ...] = ("train", "eval")) -> Corpus:
+    """`c`, after checking the `splits` the run reads hold tokens (and, with seq_len, one
+    sequence each)."""
+    parts = {"train": (c.train_TOK, "lower eval_fraction"),
+             "eval": (c.eval_TOK, "raise eval_fraction")}
+    if any(parts[s][0].size < 2 for s in splits):
+        raise ValueError(f"{key}={c.source!r} is too small to split: {c.train_TOK.size} train and "
                          f"{c.eval_TOK.size} eval tokens")
     if seq_len is None:
         return c
-    for split, toks, fix in (("train", c.train_TOK, "lower eval_fraction"),
-                             ("eval", c.eval_TOK, "raise eval_fraction")):
+    for split in splits:
+        toks, fix = parts[split]
         if num_sequences(toks, seq_len) == 0:
             raise ValueError(
-                f"data={c.source!r}: the {split} split holds {toks.size} tokens (eval_fraction="
+                f"{key}={c.source!r}: the {split} split holds {toks.size} tokens (eval_fraction="
                 f"{eval_fraction}), fewer than one sequence of seq_len={seq_len} (+1 target); "
                 f"use more data, a smaller seq_len, or {fix}")
     return c
