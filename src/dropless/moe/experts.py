@@ -115,7 +115,7 @@ def _expert_ffn(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
 def _unfused_ffn(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
     dt = jnp.dtype(cfg.dtype)
     gate_NF, up_NF = gate_up(x_ND, group_sizes_E, experts, cfg)
-    h_NF = swiglu(gate_NF, up_NF, dt)
+    h_NF = kernels.swiglu_rows(gate_NF, up_NF, dt, backend=cfg.gmm_backend, generic=swiglu)
     return gmm_for(cfg)(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E)
 
 

@@ -14,6 +14,9 @@ choice, once, when the caller is lowered (`jax.lax.platform_dependent`):
                    or `auto` where it picks `native` at all three    (three grouped matmuls and
                    shapes); refused in one line for another          the activation)
                    platform when `native` is asked for by name
+  swiglu_rows      bfloat16 rows (the unfused FFN's activation):     the caller's `generic`
+                   silu(g) * u in one native pass each way, for       (moe/ffn.py's swiglu)
+                   backend `native` or `auto`, as swiglu_ffn
 
 The native forms are taken only in a process whose default backend is the CPU (`native_takes`):
 every branch of `platform_dependent` is traced, and tracing the CPU branch asks the library
@@ -243,3 +246,28 @@ def swiglu_ffn(x_ND: jax.Array, w_gate_EDF: jax.Array, w_up_EDF: jax.Array,
             note({"asked": "auto", "platform": "cpu", "backend": "native", "shape": k})
         return native.swiglu_ffn(x, w_g, w_u, w_d, gs)
     return jax.lax.platform_dependent(*args, cpu=cpu, default=generic)
+
+
+# ---- SwiGLU's activation on bfloat16 rows ----
+
+def swiglu_rows(gate_NF: jax.Array, up_NF: jax.Array, dtype, *, backend: str,
+                generic: Callable[..., jax.Array]) -> jax.Array:
+    """silu(gate) * up -> [N, F] in `dtype`: the unfused expert FFN's activation.
+
+    The native library's one-pass kernel (csrc/swiglu_bf16.cc, float32 inside, rounded once)
+    where gate, up and `dtype` are all bfloat16 and the FFN's grouped matmuls run `backend`
+    `native` (refused in one line when lowered for another platform) or `auto` (its CPU branch
+    when lowered, in a process whose default backend is the CPU); everywhere else
+    `generic(gate, up, dtype)`, the layer's own definition.
+    """
+    backend = canonical_backend(backend)
+    bf16 = jnp.dtype(jnp.bfloat16)
+    takes = ({jnp.dtype(gate_NF.dtype), jnp.dtype(up_NF.dtype), jnp.dtype(dtype)} == {bf16}
+             and backend in FUSED_FFN_BACKENDS and jax.default_backend() == "cpu"
+             and native.problem() is None)
+    if not takes:
+        return generic(gate_NF, up_NF, dtype)
+    if backend == "native":
+        return native.swiglu_bf16_on_cpu(gate_NF, up_NF)
+    return jax.lax.platform_dependent(gate_NF, up_NF, cpu=native.swiglu_bf16,
+                                      default=lambda g, u: generic(g, u, dtype))

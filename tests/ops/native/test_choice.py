@@ -37,6 +37,11 @@ def test_a_bad_kernel_choice_is_named():
 def test_describe_says_which_kernels_run():
     info = choice.describe()
     assert info["native_kernel"] == "auto" and info["native_vector_floats"] in (4, 8, 16)
+    # bf16 on AMX where the CPU says it has AMX-BF16 and the build is for all of this CPU
+    flags = {f for line in open("/proc/cpuinfo") if line.startswith("flags")
+             for f in line.split(":", 1)[1].split()}
+    native_isa = (os.environ.get("DROPLESS_NATIVE_ISA") or "native") == "native"
+    assert info["native_bf16_amx"] == ({"amx_bf16", "amx_tile"} <= flags and native_isa)
     with choice.use_kernel("own"):
         assert choice.describe()["native_kernel"] == "own"
     assert choice.kernel() == "auto"

@@ -67,9 +67,24 @@ def test_auto_and_other_dtypes_are_not_refused():
     assert load.TARGET not in cuda and triton_check.TRITON_TARGET in cuda
     cpu = jax.jit(_grads_only("auto", gs)).lower(lhs, rhs).as_text()
     assert load.TARGET in cpu and "dropless_cpu_only" not in cpu
-    # bf16 runs tiled on every platform, by name too
+    # float16 runs tiled on every platform, by name too (so does bf16 where there is no AMX)
+    f16 = [x.astype(jnp.float16) for x in (lhs, rhs)]
+    assert load.TARGET not in triton_check.cuda_lowered(_fwd("native", gs), *f16).as_text()
+    # bf16 on AMX: auto's CPU branch is not lowered for CUDA either
     b16 = [x.astype(jnp.bfloat16) for x in (lhs, rhs)]
-    assert load.TARGET not in triton_check.cuda_lowered(_fwd("native", gs), *b16).as_text()
+    cuda = triton_check.cuda_lowered(_grads_only("auto", gs), *b16).as_text()
+    assert load.BF16_TARGET not in cuda and "dropless_cpu_only" not in cuda
+
+
+@built
+def test_bf16_native_by_name_lowered_for_cuda_is_refused_where_amx_runs_it():
+    lhs, rhs, gs, _ = operands(10, 4, 6, SIZES)
+    b16 = [x.astype(jnp.bfloat16) for x in (lhs, rhs)]
+    if not load.amx_ready():
+        assert load.BF16_TARGET not in jax.jit(_fwd("native", gs)).lower(*b16).as_text()
+        return
+    with pytest.raises(ValueError, match=REFUSED):
+        triton_check.cuda_lowered(_fwd("native", gs), *b16)
 
 
 @on_cpu

@@ -1,7 +1,7 @@
 """The grouped matmul on the native library (gemm.py, the `native` backend): both GEMM kernels
 against a float64 NumPy loop at shapes where the work is cut into several tasks, at the tiled
 kernel's tile edges, past one contraction chunk and above the streaming size; NaNs kept to their
-group; degenerate dims; the dtype fallback to `tiled`; vmap. The registry-wide tests
+group; degenerate dims; the dtype fallback to `tiled` (bf16 on AMX: test_amx.py); vmap. The registry-wide tests
 (tests/ops/gmm/test_registry*.py) run it too.
 
 Legend: M rows, K contraction dim, N output dim, G groups.
@@ -162,12 +162,17 @@ def test_degenerate_dims_give_zeros():
         assert drhs.shape == (2, k, n) and not np.asarray(drhs).any()
 
 
-def test_non_float32_operands_run_tiled():
+def test_operands_no_native_kernel_takes_run_tiled():
+    # bf16 -> float32 and float16 always; bf16 -> bf16 where there is no AMX (test_amx.py)
     rng = np.random.default_rng(1)
     lhs = jnp.asarray(rng.standard_normal((20, 8)), jnp.bfloat16)
     rhs = jnp.asarray(rng.standard_normal((3, 8, 5)), jnp.bfloat16)
     gs = jnp.array([7, 0, 13], jnp.int32)
-    for pet in (None, jnp.float32):
+    cases = [(lhs, rhs, jnp.float32), (lhs.astype(jnp.float16), rhs.astype(jnp.float16), None)]
+    if not load.amx_ready():
+        cases.append((lhs, rhs, None))
+    for lhs, rhs, pet in cases:
+        assert not gemm.supports(lhs, rhs, pet or lhs.dtype)
         got = grouped_matmul(lhs, rhs, gs, backend="native", preferred_element_type=pet)
         want = grouped_matmul(lhs, rhs, gs, backend="tiled", preferred_element_type=pet)
         assert got.dtype == want.dtype

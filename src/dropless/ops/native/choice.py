@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 
-from dropless.ops.native.load import KERNEL_CHOICES, calibration, kernel_code, library, loaded
+from dropless.ops.native.load import (KERNEL_CHOICES, amx_ready, calibration, kernel_code, library,
+                                      loaded)
 
 
 def core() -> str | None:
@@ -33,16 +34,18 @@ def describe() -> dict[str, object]:
     ("openblas_core"), the tiled kernel's vector width in floats ("native_vector_floats"; 16
     in AVX-512 builds, where "auto" runs it for every group) and the kernel choice
     ("native_kernel": "own", "openblas", or "auto", the library's rule; DROPLESS_NATIVE_KERNEL or
-    `use_kernel`), and this CPU's calibrated choices with the medians that made them
-    (calibrate.py: "native_choices", "native_choice_ms", "native_calibration"). Empty where the
-    library cannot run."""
+    `use_kernel`), whether bf16 products run on AMX tiles ("native_bf16_amx"; else `tiled`), and
+    this CPU's calibrated choices with the medians that made them (calibrate.py:
+    "native_choices", "native_choice_ms", "native_calibration"). Empty where the library cannot
+    run."""
     lib = loaded()
     if lib is None:
         return {}
     cal = calibration()
     return {"openblas_core": core(),
             "native_vector_floats": int(lib.dropless_vector_floats()),
-            "native_kernel": kernel(), **(cal.record() if cal is not None else {})}
+            "native_kernel": kernel(), "native_bf16_amx": amx_ready(),
+            **(cal.record() if cal is not None else {})}
 
 
 @contextlib.contextmanager

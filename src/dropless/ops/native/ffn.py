@@ -6,6 +6,8 @@ elementwise steps done by the row task that produced them, while its rows are in
   dual_dlhs       dx = dg @ w_gate[e]^T + du @ w_up[e]^T
 The down projection and the three weight gradients are the grouped GEMM's (gemm.py). The MoE
 layer runs it for float32 on CPU where the grouped matmuls would all run the `native` backend.
+For bfloat16 rows the FFN stays three grouped matmuls and only the activation is native
+(`swiglu_bf16`, csrc/swiglu_bf16.cc: one pass forward, one backward, in float32, rounded once).
 
 Legend: N routed rows (expert-major), D model dim, F expert hidden dim, E experts.
 """
@@ -75,3 +77,33 @@ swiglu_ffn.defvjp(_swiglu_ffn_fwd, _swiglu_ffn_bwd)
 # the layer's fused FFN where the backend is asked for by name: refused in one line when lowered
 # for another platform, as the grouped matmul is
 swiglu_ffn_on_cpu = on_cpu_only(swiglu_ffn, CPU_ONLY)
+
+
+def _swiglu_bf16(g_NF, u_NF):
+    out = jax.ShapeDtypeStruct(g_NF.shape, jnp.bfloat16)
+    return jax.ffi.ffi_call("dropless_swiglu_bf16", out, vmap_method="sequential")(g_NF, u_NF)
+
+
+@jax.custom_vjp
+def swiglu_bf16(g_NF, u_NF):
+    """silu(g) * u -> [N, F] bfloat16, from bfloat16 g and u, computed in float32 and rounded
+    once (moe/ffn.py's `swiglu` on bf16 rows). Raises RuntimeError when the library cannot be
+    built."""
+    require()
+    return _swiglu_bf16(g_NF, u_NF)
+
+
+def _swiglu_bf16_fwd(g_NF, u_NF):
+    return swiglu_bf16(g_NF, u_NF), (g_NF, u_NF)
+
+
+def _swiglu_bf16_bwd(res, dh_NF):
+    g_NF, u_NF = res
+    out = jax.ShapeDtypeStruct(g_NF.shape, jnp.bfloat16)
+    return tuple(jax.ffi.ffi_call("dropless_swiglu_bwd_bf16", (out, out),
+                                  vmap_method="sequential")(
+        dh_NF.astype(jnp.bfloat16), g_NF, u_NF))
+
+
+swiglu_bf16.defvjp(_swiglu_bf16_fwd, _swiglu_bf16_bwd)
+swiglu_bf16_on_cpu = on_cpu_only(swiglu_bf16, CPU_ONLY)

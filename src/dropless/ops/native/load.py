@@ -41,11 +41,15 @@ SOURCES = tuple(sorted(NATIVE.glob("*.cc")))   # one library
 HEADERS = tuple(sorted(NATIVE.glob("*.h")))
 
 TARGET = "dropless_grouped_gemm_f32"
+BF16_TARGET = "dropless_grouped_gemm_bf16"   # on AMX tiles (csrc/amx_gemm.cc)
 # FFI target name -> the handler symbol in the library: the grouped GEMMs, and the row gathers
 GEMM_HANDLERS = {TARGET: "DroplessGroupedGemmF32",
+                 BF16_TARGET: "DroplessGroupedGemmBf16",
                  "dropless_gate_up_swiglu_f32": "DroplessGateUpSwigluF32",
                  "dropless_swiglu_dlhs_f32": "DroplessSwigluDlhsF32",
-                 "dropless_dual_dlhs_f32": "DroplessDualDlhsF32"}
+                 "dropless_dual_dlhs_f32": "DroplessDualDlhsF32",
+                 "dropless_swiglu_bf16": "DroplessSwigluBf16",
+                 "dropless_swiglu_bwd_bf16": "DroplessSwigluBwdBf16"}
 ROW_HANDLERS = {"dropless_gather_rows_f32": "DroplessGatherRowsF32",
                 "dropless_gather_sum_f32": "DroplessGatherSumF32",
                 "dropless_row_dots_f32": "DroplessRowDotsF32",
@@ -211,6 +215,14 @@ def require() -> None:
         raise RuntimeError(f"grouped_matmul backend 'native': {why}; use backend='tiled'")
     if "kernel_error" in _STATE:
         raise ValueError(_STATE["kernel_error"])
+
+
+def amx_ready() -> bool:
+    """Whether the bf16 grouped GEMM runs here: the library built for AMX-BF16 (-march=native
+    on a CPU that has it, not the AVX2 or SSE build) and the OS granted this process the tile
+    state."""
+    lib = loaded()
+    return lib is not None and "kernel_error" not in _STATE and bool(lib.dropless_amx_ready())
 
 
 def loaded() -> ctypes.CDLL | None:

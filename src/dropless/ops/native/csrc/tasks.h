@@ -35,10 +35,10 @@ struct Task {
 // max(kTaskMacs, a quarter of one worker's share) and of at most 1 / (2 x workers) of the
 // work not yet cut, so the last tasks are small and no worker waits long for another's last
 // one (with pieces of equal size, the workers that finish first sit idle). A group's pieces are
-// about equal, whole multiples of 8 units (but its last).
+// about equal, whole multiples of `quantum` units (but its last): 8, or a kernel's block.
 template <typename Span, typename UnitMacs>
 std::vector<Task> CutTasks(const std::vector<int64_t>& bounds, bool from_group_start, Span span,
-                           UnitMacs unit_macs) {
+                           UnitMacs unit_macs, int64_t quantum = 8) {
   const int64_t g_count = static_cast<int64_t>(bounds.size()) - 1;
   const int64_t workers = Threads();
   int64_t left = 0;
@@ -51,7 +51,8 @@ std::vector<Task> CutTasks(const std::vector<int64_t>& bounds, bool from_group_s
     for (int64_t lo = 0; lo < units;) {
       const int64_t target = std::min(most, std::max(kTaskMacs, left / (2 * workers)));
       const int64_t pieces = ((units - lo) * unit + target - 1) / target;
-      const int64_t step = std::min(units - lo, ((units - lo + pieces - 1) / pieces + 7) / 8 * 8);
+      const int64_t step = std::min(
+          units - lo, ((units - lo + pieces - 1) / pieces + quantum - 1) / quantum * quantum);
       tasks.push_back({g, base + lo, base + lo + step, bounds[g], bounds[g + 1]});
       left -= step * unit;
       lo += step;
