@@ -281,6 +281,8 @@ void RunAmxGemm(int32_t mode, const uint16_t* a, const uint16_t* b, const int32_
                 int64_t g_count, int64_t m, int64_t k, int64_t n, uint16_t* out) {
   const auto bounds = GroupBounds(sizes, g_count, m);
   const int64_t call = g_calls++;
+  dropless_native::AdviseHugePages(out, sizeof(uint16_t) * (mode == 2 ? g_count * k * n
+                                                            : m * (mode == 0 ? n : k)));
   auto rows = [&](int64_t g) { return bounds[g + 1] - bounds[g]; };
   if (mode != 2) {
     // out[M, n_out] = a[M, inner] @ B[g]: forward B = b[g] [K, N]; dlhs B = b[g]^T [N, K]

@@ -4,7 +4,8 @@
 // nearest even (a NaN stays a NaN):
 //   swiglu_bf16      h = silu(g) * u                                 -> h
 //   swiglu_bwd_bf16  dg = dh * u * silu'(g), du = dh * silu(g)        -> dg, du
-// One pass over the rows on the library's workers, in pieces of kPiece values.
+// One pass over the rows on the library's workers, in pieces of kPiece values, a vector at a
+// time (the scalar forms below for the tail).
 //
 // Legend: M rows, F expert hidden dim (every operand [M, F]).
 #include <cstdint>
@@ -18,8 +19,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+using dropless_native::AdviseHugePages;
 using dropless_native::ForEachTask;
+using dropless_native::kVW;
 using dropless_native::Sigmoid;
+using dropless_native::Vec;
+using dropless_native::VecSigmoid;
+
+typedef uint32_t UVec __attribute__((vector_size(kVW * sizeof(uint32_t))));
+typedef uint16_t HVec __attribute__((vector_size(kVW * sizeof(uint16_t))));
 
 constexpr int64_t kPiece = int64_t{1} << 16;   // values a task
 
@@ -38,6 +46,25 @@ inline uint16_t Round(float f) {
   return static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
 }
 
+// Widen and Round a vector at a time
+inline Vec WidenVec(const uint16_t* p) {
+  HVec h;
+  std::memcpy(&h, p, sizeof(h));
+  const UVec bits = __builtin_convertvector(h, UVec) << 16;
+  Vec f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline void RoundVec(uint16_t* p, Vec f) {
+  UVec bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const UVec rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const UVec out = (bits & 0x7FFFFFFFu) > 0x7F800000u ? (bits >> 16) | 0x40u : rounded;
+  const HVec h = __builtin_convertvector(out, HVec);
+  std::memcpy(p, &h, sizeof(h));
+}
+
 template <typename Fn>
 void ForPieces(int64_t count, Fn fn) {
   ForEachTask((count + kPiece - 1) / kPiece, [&](size_t i) {
@@ -54,8 +81,14 @@ ffi::Error SwigluBf16(ffi::Buffer<ffi::BF16> g, ffi::Buffer<ffi::BF16> u,
   const uint16_t* pg = reinterpret_cast<const uint16_t*>(g.typed_data());
   const uint16_t* pu = reinterpret_cast<const uint16_t*>(u.typed_data());
   uint16_t* ph = reinterpret_cast<uint16_t*>(h->typed_data());
+  AdviseHugePages(ph, sizeof(uint16_t) * g.element_count());
   ForPieces(g.element_count(), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
+    int64_t i = lo;
+    for (; i + kVW <= hi; i += kVW) {
+      const Vec x = WidenVec(pg + i);
+      RoundVec(ph + i, x * VecSigmoid(x) * WidenVec(pu + i));
+    }
+    for (; i < hi; ++i) {
       const float x = Widen(pg[i]);
       ph[i] = Round(x * Sigmoid(x) * Widen(pu[i]));
     }
@@ -76,8 +109,16 @@ ffi::Error SwigluBwdBf16(ffi::Buffer<ffi::BF16> dh, ffi::Buffer<ffi::BF16> g,
   const uint16_t* pu = reinterpret_cast<const uint16_t*>(u.typed_data());
   uint16_t* pdg = reinterpret_cast<uint16_t*>(dg->typed_data());
   uint16_t* pdu = reinterpret_cast<uint16_t*>(du->typed_data());
+  AdviseHugePages(pdg, sizeof(uint16_t) * count);
+  AdviseHugePages(pdu, sizeof(uint16_t) * count);
   ForPieces(count, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
+    int64_t i = lo;
+    for (; i + kVW <= hi; i += kVW) {
+      const Vec x = WidenVec(pg + i), s = VecSigmoid(x), d = WidenVec(pdh + i);
+      RoundVec(pdu + i, d * (x * s));
+      RoundVec(pdg + i, d * WidenVec(pu + i) * (s + x * s * (1.0f - s)));
+    }
+    for (; i < hi; ++i) {
       const float x = Widen(pg[i]), s = Sigmoid(x), d = Widen(pdh[i]);
       pdu[i] = Round(d * (x * s));
       pdg[i] = Round(d * Widen(pu[i]) * (s + x * s * (1.0f - s)));
