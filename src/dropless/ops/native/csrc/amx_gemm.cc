@@ -80,9 +80,13 @@ void ConfigureTiles() {
 
 // ---- Packing ----
 // B's panels from rows [0, k) and columns [0, n) of a row-major operand (ld apart), rows 2p and
-// 2p + 1 interleaved; read row by row (each pair of rows once, in order)
-void PackPanelsKN(const uint16_t* src, int64_t ld, int64_t k, int64_t n, uint16_t* dst) {
+// 2p + 1 interleaved, read row by row (each pair of rows once, in order); `panel` values apart
+// in dst (0: Pad32(k) * 16, the panels of these rows alone), so a range of rows starting at a
+// multiple of 32 can be packed into its place among a longer contraction's panels
+void PackPanelsKN(const uint16_t* src, int64_t ld, int64_t k, int64_t n, uint16_t* dst,
+                  int64_t panel = 0) {
   const int64_t kp = Pad32(k), panels = Panels(n);
+  if (panel == 0) panel = kp * 16;
   for (int64_t p = 0; p < kp / 2; ++p) {
     const int64_t r = 2 * p;
     for (int64_t j = 0; j < panels; ++j) {
@@ -94,7 +98,7 @@ void PackPanelsKN(const uint16_t* src, int64_t ld, int64_t k, int64_t n, uint16_
                                    : _mm256_setzero_si256();
       const __m512i pairs = _mm512_or_si512(_mm512_cvtepu16_epi32(lo),
                                             _mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
-      _mm512_storeu_si512(dst + j * kp * 16 + p * 32, pairs);
+      _mm512_storeu_si512(dst + j * panel + p * 32, pairs);
     }
   }
 }
@@ -221,6 +225,8 @@ struct Buffers {
 
 class BufferPool {
  public:
+  static constexpr size_t kKeepBytes = size_t{64} << 20;
+
   std::unique_ptr<Buffers> Take() {
     std::lock_guard<std::mutex> lock(mu_);
     if (free_.empty()) return std::make_unique<Buffers>();
@@ -228,7 +234,13 @@ class BufferPool {
     free_.pop_back();
     return b;
   }
+  // a buffer set past kKeepBytes (a weight gradient over one group of many thousand rows) is
+  // freed rather than kept for the next call
   void Give(std::unique_ptr<Buffers> b) {
+    const size_t bytes = sizeof(uint16_t) * (b->panels.capacity() + b->pairs.capacity() +
+                                             b->block.capacity()) +
+                         sizeof(float) * b->acc.capacity();
+    if (bytes > kKeepBytes) return;
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(std::move(b));
   }
@@ -329,17 +341,29 @@ void RunAmxGemm(int32_t mode, const uint16_t* a, const uint16_t* b, const int32_
     }
   }
   if (k == 0 || n == 0) return;
+  // dy's rows as B's panels, every group's once for all workers (so the memory this takes is one
+  // copy of dy, whatever the workers), packed in pieces of kPackRows rows in parallel
+  constexpr int64_t kPackRows = 256;
+  std::vector<int64_t> offset(g_count + 1, 0);
+  for (int64_t g = 0; g < g_count; ++g) offset[g + 1] = offset[g] + Pad32(rows(g)) * 16 * Panels(n);
+  auto shared = g_pool.Take();
+  uint16_t* dy_panels = Sized(shared->panels, offset[g_count]);
+  shared->call = -1;   // (no group's weights any more)
+  std::vector<std::pair<int64_t, int64_t>> pieces;   // (group, first row)
+  for (int64_t g = 0; g < g_count; ++g) {
+    for (int64_t r0 = 0; r0 < rows(g); r0 += kPackRows) pieces.emplace_back(g, r0);
+  }
+  dropless_native::ForEachTask(pieces.size(), [&](size_t i) {
+    const auto [g, r0] = pieces[i];
+    PackPanelsKN(b + (bounds[g] + r0) * n, n, std::min(kPackRows, rows(g) - r0), n,
+                 dy_panels + offset[g] + r0 * 16, Pad32(rows(g)) * 16);
+  });
   const auto tasks = CutTasks(bounds, false, [&](int64_t g) { return rows(g) == 0 ? 0 : k; },
                               [&](int64_t g) { return rows(g) * n; }, 32);
   RunParallel(tasks, [](const Task&, const Task&) {}, [&](const Task& t) {
     auto buf = g_pool.Take();
+    buf->call = -1;
     const int64_t r = t.end - t.start, rp = Pad32(r), len = t.hi - t.lo;
-    uint16_t* panels = Sized(buf->panels, rp * 16 * Panels(n));
-    if (buf->call != call || buf->group != t.g) {
-      PackPanelsKN(b + t.start * n, n, r, n, panels);
-      buf->call = call;
-      buf->group = t.g;
-    }
     uint16_t* pairs = Sized(buf->pairs, rp * 16 * Panels(len));
     PackPanelsKN(a + t.start * k + t.lo, k, r, len, pairs);
     ConfigureTiles();
@@ -348,10 +372,12 @@ void RunAmxGemm(int32_t mode, const uint16_t* a, const uint16_t* b, const int32_
       GatherColumns(pairs, rp, r0, len, c0, kc, block);
       return {reinterpret_cast<const char*>(block), kc * 2};
     };
-    RowsTimesPanels(len, rp, panels, n, a_block, *buf, out + (t.g * k + t.lo) * n, n);
+    RowsTimesPanels(len, rp, dy_panels + offset[t.g], n, a_block, *buf,
+                    out + (t.g * k + t.lo) * n, n);
     _tile_release();
     g_pool.Give(std::move(buf));
   });
+  g_pool.Give(std::move(shared));
 }
 
 #endif  // DROPLESS_AMX
