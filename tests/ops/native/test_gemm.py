@@ -1,7 +1,7 @@
 """The grouped matmul on the native library (gemm.py, the `native` backend): both GEMM kernels
 against a float64 NumPy loop at shapes where the work is cut into several tasks, at the tiled
 kernel's tile edges, past one contraction chunk and above the streaming size; NaNs kept to their
-group; degenerate dims; the dtype fallback to `tiled` (bf16 on AMX: test_amx.py); vmap. The registry-wide tests
+group; degenerate dims; the dtype fallback to `tiled` (bf16 on AMX: test_gemm_amx.py); vmap. The registry-wide tests
 (tests/ops/gmm/test_registry*.py) run it too.
 
 Legend: M rows, K contraction dim, N output dim, G groups.
@@ -163,7 +163,7 @@ def test_degenerate_dims_give_zeros():
 
 
 def test_operands_no_native_kernel_takes_run_tiled():
-    # bf16 -> float32 and float16 always; bf16 -> bf16 where there is no AMX (test_amx.py)
+    # bf16 -> float32 and float16 always; bf16 -> bf16 where there is no AMX (test_gemm_amx.py)
     rng = np.random.default_rng(1)
     lhs = jnp.asarray(rng.standard_normal((20, 8)), jnp.bfloat16)
     rhs = jnp.asarray(rng.standard_normal((3, 8, 5)), jnp.bfloat16)
