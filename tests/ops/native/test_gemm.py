@@ -1,8 +1,8 @@
 """The grouped matmul on the native library (gemm.py, the `native` backend): both GEMM kernels
 against a float64 NumPy loop at shapes where the work is cut into several tasks, at the tiled
 kernel's tile edges, past one contraction chunk and above the streaming size; NaNs kept to their
-group; degenerate dims; the dtype fallback to `tiled` (bf16 on AMX: test_gemm_amx.py); vmap. The registry-wide tests
-(tests/ops/gmm/test_registry*.py) run it too.
+group; degenerate dims; the dtype fallback to `tiled` (bf16 on AMX: test_gemm_amx.py); vmap. The
+registry-wide tests (tests/ops/gmm/test_registry*.py) run it too.
 
 Legend: M rows, K contraction dim, N output dim, G groups.
 """
