@@ -1,10 +1,11 @@
-"""The native library's bfloat16 paths: the grouped GEMM on AMX tiles (gemm.py and csrc/amx_gemm.cc,
-the `native` backend for bf16 operands) against a float64 loop rounded once to bf16 (odd and tile-
-sized dims, rows and contractions past a tile or a block, empty, negative and cut groups, several
-tasks, contractions past one chunk, NaNs kept to their rows and group); SwiGLU's activation on bf16
-rows (csrc/swiglu_bf16.cc) against moe/ffn.py's definition, forward and backward; the bf16 MoE layer
-running both, against the `reference` backend. The AMX tests skip on a CPU without AMX-BF16 (AMD,
-older Intel, the AVX2 and SSE builds), where bf16 runs `tiled`.
+"""The native library's bfloat16 paths: the grouped GEMM on AMX tiles (gemm.py and
+csrc/amx_gemm.cc, the `native` backend for bf16 operands) against a float64 loop rounded once
+to bf16 (odd and tile-sized dims, rows and contractions past a tile or a block, empty, negative
+and cut groups, several tasks, contractions past one chunk, NaNs kept to their rows and group);
+SwiGLU's activation on bf16 rows (csrc/swiglu_bf16.cc) against moe/ffn.py's definition, forward
+and backward; the bf16 MoE layer running both, against the `reference` backend. The AMX tests
+skip on a CPU without AMX-BF16 (AMD, older Intel, the AVX2 and SSE builds), where bf16 runs
+`tiled`.
 
 Legend: M rows, K contraction dim, N output dim, G groups, F expert hidden dim.
 """
