@@ -205,15 +205,7 @@ void Block(const char* a, int64_t lda, int64_t rows, const uint16_t* b0, const u
   _tile_stored(2, acc + 512, 128);
   _tile_stored(3, acc + 528, 128);
   if (!last) return;
-  const bool whole = cols == 32 && reinterpret_cast<uintptr_t>(out) % 64 == 0 && ldo % 32 == 0;
   for (int64_t r = 0; r < rows; ++r) {
-    if (whole) {   // a whole cache line: streamed, no read for ownership
-      const __m512i line = _mm512_inserti64x4(
-          _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(acc + r * 32))),
-          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(acc + r * 32 + 16)), 1);
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + r * ldo), line);
-      continue;
-    }
     for (int64_t h = 0; h < cols; h += 16) {
       const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - h)) - 1);
       const __m512 v = _mm512_loadu_ps(acc + r * 32 + h);
@@ -337,7 +329,6 @@ void RunAmxGemm(int32_t mode, const uint16_t* a, const uint16_t* b, const int32_
       };
       ConfigureTiles();
       RowsTimesPanels(len, kp, panels, n_out, a_block, *buf, out + t.lo * n_out, n_out);
-      _mm_sfence();
       _tile_release();
       g_pool.Give(std::move(buf));
     });
@@ -383,7 +374,6 @@ void RunAmxGemm(int32_t mode, const uint16_t* a, const uint16_t* b, const int32_
     };
     RowsTimesPanels(len, rp, dy_panels + offset[t.g], n, a_block, *buf,
                     out + (t.g * k + t.lo) * n, n);
-    _mm_sfence();
     _tile_release();
     g_pool.Give(std::move(buf));
   });
