@@ -222,7 +222,7 @@ def amx_ready() -> bool:
     on a CPU that has it, not the AVX2 or SSE build) and the OS granted this process the tile
     state."""
     lib = loaded()
-    return lib is not None and "kernel_error" not in _STATE and bool(lib.dropless_amx_ready())
+    return lib is not None and bool(lib.dropless_amx_ready())
 
 
 def loaded() -> ctypes.CDLL | None:

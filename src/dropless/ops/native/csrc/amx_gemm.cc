@@ -32,7 +32,6 @@
 #include "xla/ffi/api/ffi.h"
 #include "tasks.h"
 #include "threads.h"
-#include "vec.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
     defined(__AVX512BW__)
