@@ -239,6 +239,31 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
+def resolve(pairs: Iterable[tuple[str, Any]], *,
+            notes: list[str] | None = None) -> list[tuple[str, Any]]:
+    """Settings as given ((key, value) pairs, in order, any spelling: ours or MaxText's) as
+    TrainConfig's keys and values, in the same order (a later pair wins). `notes` as in
+    `build_config`. Raises ValueError naming a key that is unknown or gone."""
+    pairs = list(pairs)
+    ours = set(known_keys())
+    for k, v in pairs:
+        if k == GONE_NODE_SIZE:
+            raise ValueError(f"config key {k!r} ({v!r}) is gone: the node size follows from the "
+                             "mesh; set how many nodes each axis spans with mesh.dcn_data, "
+                             "mesh.dcn_fsdp, mesh.dcn_expert (MaxText dcn_*_parallelism)")
+        if k not in ours and not maxtext.is_known(k):
+            raise _unknown(k)
+    mt_idx = [i for i, (k, v) in enumerate(pairs)
+              if k not in ours or maxtext.spelled_as_maxtext(k, v)]
+    groups = dict(zip(mt_idx, maxtext.translate_each([pairs[i] for i in mt_idx],
+                                                          context=dict(pairs), notes=notes)))
+    resolved: list[tuple[str, Any]] = []
+    for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
+        resolved += groups[i] if i in groups else [pair]
+    resolved = [(k, _coerce(k, v)) for k, v in resolved]
+    return [(k, _coerce(k, v)) for k, v in init_from_items(resolved)] + resolved
+
+
 def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None = None,
                  notes: list[str] | None = None, mapping: dict | None = None,
                  defaults: Iterable[tuple[str, Any]] = ()) -> TrainConfig:
@@ -257,23 +282,7 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
         pairs += flatten(loaded)
     pairs += flatten(mapping or {})
     pairs += list(items)
-    ours = set(known_keys())
-    for k, v in pairs:
-        if k == GONE_NODE_SIZE:
-            raise ValueError(f"config key {k!r} ({v!r}) is gone: the node size follows from the "
-                             "mesh; set how many nodes each axis spans with mesh.dcn_data, "
-                             "mesh.dcn_fsdp, mesh.dcn_expert (MaxText dcn_*_parallelism)")
-        if k not in ours and not maxtext.is_known(k):
-            raise _unknown(k)
-    mt_idx = [i for i, (k, v) in enumerate(pairs)
-              if k not in ours or maxtext.spelled_as_maxtext(k, v)]
-    groups = dict(zip(mt_idx, maxtext.translate_each([pairs[i] for i in mt_idx],
-                                                          context=dict(pairs), notes=notes)))
-    resolved: list[tuple[str, Any]] = []
-    for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
-        resolved += groups[i] if i in groups else [pair]
-    resolved = [(k, _coerce(k, v)) for k, v in resolved]
-    resolved = [(k, _coerce(k, v)) for k, v in init_from_items(resolved)] + resolved
+    resolved = resolve(pairs, notes=notes)
     preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
     base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
     tree = to_dict(base)

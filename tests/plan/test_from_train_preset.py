@@ -17,6 +17,7 @@ from dropless.presets import RUN_SETTINGS
 
 PRESET = "deepseek3-1gpu"
 KEYS = ("seq_len", "per_device_batch_size", "remat")
+PLAN_DEFAULTS_DICT = dict(PLAN_DEFAULTS)
 
 
 def _settings(run) -> dict:
@@ -46,6 +47,12 @@ def test_the_preset_is_planned_as_it_is_trained():
      {"per_device_batch_size": 1, "remat": "none"}, ("seq_len",)),
     # MaxText's spelling of the sequence length is a setting given too
     ([("max_target_length", 2048)], {"seq_len": 2048}, ("per_device_batch_size", "remat")),
+    # a setting given equal to the preset's value is the user's, not the preset's
+    ([("seq_len", 4096)], {}, ("per_device_batch_size", "remat")),
+    ([("max_target_length", 4096), ("remat", "minimal")], {}, ("per_device_batch_size",)),
+    # the planner's default, given, is the user's too
+    ([("remat", PLAN_DEFAULTS_DICT["remat"])], {"remat": PLAN_DEFAULTS_DICT["remat"]},
+     ("seq_len", "per_device_batch_size")),
 ])
 def test_a_setting_given_wins_and_the_rest_come_from_the_preset(given, want, left):
     run, notes = _plan([("preset", PRESET), *given])
@@ -66,7 +73,7 @@ def test_a_preset_without_run_settings_is_planned_at_the_planners_defaults(prese
     assert run.seq_len == 1024 and notes == []
 
 
-def test_the_command_prints_the_settings_it_took_from_the_preset(capsys):
+def test_the_command_prints_the_settings_it_took_from_the_preset(capsys, tmp_path):
     assert main(["plan", "--preset", PRESET, "--seq", "1024"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("  per-device batch 2 x seq 1024, remat minimal,")
@@ -79,4 +86,10 @@ def test_the_command_prints_the_settings_it_took_from_the_preset(capsys):
                             f"seq_len=4096, per_device_batch_size=2, remat=minimal (a flag or "
                             f"key given wins)"]
     assert main(["plan", "--preset", "deepseek3-test"]) == 0
+    assert "run settings" not in capsys.readouterr().out
+    # every run setting given (one in a --config file, equal to the preset's): no such line
+    cfg = tmp_path / "run.yml"
+    cfg.write_text("per_device_batch_size: 2\n")
+    assert main(["plan", "--preset", PRESET, "--config", str(cfg), "--seq", "4096",
+                 "--remat", "minimal"]) == 0
     assert "run settings" not in capsys.readouterr().out

@@ -96,12 +96,6 @@ def _offload(value: Any) -> tuple[str, ...]:
     return tuple(str(v).strip() for v in items if str(v).strip() not in ("", "none"))
 
 
-def _get(run: TrainConfig, key: str) -> Any:
-    for part in key.split("."):
-        run = getattr(run, part)
-    return run
-
-
 def train_config(pairs: Iterable[tuple[str, Any]], *, mapping: dict | None = None,
                  notes: list[str] | None = None,
                  from_preset: list[tuple[str, Any]] | None = None) -> TrainConfig:
@@ -109,22 +103,20 @@ def train_config(pairs: Iterable[tuple[str, Any]], *, mapping: dict | None = Non
     and `pairs`, over the planner's defaults (`PLAN_DEFAULTS`) less the keys the preset's run
     settings (`presets.RUN_SETTINGS`) set: the preset is planned as it is trained, and a setting
     given still wins. `from_preset`, when given, receives the preset's run settings the result
-    kept ((key, value) pairs: those no setting given changed; one given equal to the preset's
-    counts as the preset's)."""
-    from dropless.config_file import build_config
+    took from the preset ((key, value) pairs): those no file key or setting gave, in whatever
+    spelling (one given equal to the preset's value is the user's)."""
+    from dropless.config_file import build_config, flatten, resolve
     from dropless.presets import RUN_SETTINGS
     pairs, said = list(pairs), []
     run = build_config(pairs, mapping=mapping, defaults=PLAN_DEFAULTS, notes=said)
     own = RUN_SETTINGS.get(run.preset, {})
     if own:
-        planner = dict(PLAN_DEFAULTS)
-        # a key the user left at the planner's default: the preset's setting applies there
-        kept = {k for k in own if k not in planner or _get(run, k) == planner[k]}
         said = []
         run = build_config(pairs, mapping=mapping, notes=said,
                            defaults=[(k, v) for k, v in PLAN_DEFAULTS if k not in own])
         if from_preset is not None:
-            from_preset += [(k, v) for k, v in own.items() if k in kept and _get(run, k) == v]
+            given = {k for k, _ in resolve([*flatten(mapping or {}), *pairs])}
+            from_preset += [(k, v) for k, v in own.items() if k not in given]
     if notes is not None:
         notes += said
     return run
