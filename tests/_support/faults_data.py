@@ -89,6 +89,11 @@ ROWS = [
     # the default eval_fraction) is not read when eval_data= is given, so it is not checked
     row("eval-data-text-invalid-utf8", {"one.txt": ENOUGH, "ev.txt": b"ok\n\xff\n" * 20},
         ("eval_data='ev.txt'", "line 2", "not valid utf-8"), "one.txt", "eval_data=ev.txt"),
+    # eval_data= is held out whole: a 100-byte file is 101 tokens (with its end token), not
+    # eval_fraction of them, and too short for seq_len=128 by that count
+    row("eval-data-short-counted-whole", {"one.txt": ENOUGH, "ev.txt": "x" * 100},
+        ("eval_data='ev.txt'", "holds 101 tokens", "seq_len=128", "more held-out data"),
+        "one.txt", "eval_data=ev.txt", "seq_len=128"),
     row("eval-data-missing", {"one.txt": ENOUGH},
         ("eval_data='nope.txt'", "does not exist"), "one.txt", "eval_data=nope.txt"),
     row("data-bin-odd-size", {"t.bin": bytes(range(7))},

@@ -196,17 +196,47 @@ def test_only_the_splits_a_run_reads_are_checked_and_errors_name_the_argument(tm
     # data= with eval_data=: only its train split is read, so a short eval split is no error
     c = data.load_corpus(str(a), eval_fraction=0.1, seq_len=100, splits=("train",))
     assert c.train_TOK.size == 900
-    # eval_data=: only its eval split is read (the train split here is 99 tokens)
-    with pytest.raises(ValueError, match=r"^eval_data='.*a\.txt': the eval split holds 100"):
-        data.load_corpus(str(a), eval_fraction=0.1, seq_len=100, key="eval_data",
-                         splits=("eval",))
-    assert data.load_corpus(str(a), eval_fraction=0.9, seq_len=100, key="eval_data",
-                            splits=("eval",)).eval_TOK.size == 901
+    # eval_data=: all of it is held out, whatever eval_fraction says
+    split = data.load_corpus(str(a), eval_fraction=0.1)
+    whole = np.concatenate([split.train_TOK, split.eval_TOK])   # the file, cut by position
+    for frac in (0.1, 0.9):
+        ev = data.load_corpus(str(a), eval_fraction=frac, seq_len=100, key="eval_data",
+                              splits=("eval",), held_out=True)
+        np.testing.assert_array_equal(ev.eval_TOK, whole)
+    with pytest.raises(ValueError, match=r"^eval_data='.*a\.txt' holds 1000 tokens, fewer than "
+                                         r"one sequence of seq_len=1000 .*use more held-out"):
+        data.load_corpus(str(a), seq_len=1000, key="eval_data", splits=("eval",), held_out=True)
     with pytest.raises(ValueError, match=r"^eval_data='.*nope\.txt' does not exist"):
         data.load_corpus(str(tmp_path / "nope.txt"), key="eval_data")
     (tmp_path / "t.bin").write_bytes(bytes(range(7)))
     with pytest.raises(ValueError, match=r"^eval_data='.*t\.bin' holds 7 bytes"):
         data.load_corpus(str(tmp_path / "t.bin"), key="eval_data")
+
+
+def test_held_out_data_is_all_of_it_in_every_form(tmp_path):
+    """eval_data= (held_out): a folder's documents, a token file and JSONL documents are the
+    eval split whole, compared with the same data split by eval_fraction (train + eval)."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"d{i}.txt").write_text(f"document {i} " * (i + 1))
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": f"line {i} " * 5}) + "\n" for i in range(50)))
+    tokens = tmp_path / "t.bin"
+    np.arange(3000, dtype=np.uint16).tofile(tokens)
+    for src in (folder, jsonl, tokens):
+        split = data.load_corpus(str(src), eval_fraction=0.3, vocab_size=4096)
+        assert split.train_TOK.size and split.eval_TOK.size
+        ev = data.load_corpus(str(src), eval_fraction=0.3, vocab_size=4096, key="eval_data",
+                              splits=("eval",), held_out=True)
+        assert ev.eval_TOK.size == split.train_TOK.size + split.eval_TOK.size, src
+        assert ev.train_TOK.size == 0
+        if src == tokens:
+            np.testing.assert_array_equal(ev.eval_TOK[0:ev.eval_TOK.size], np.arange(3000))
+        else:   # the same documents: the same multiset of tokens
+            np.testing.assert_array_equal(
+                np.sort(np.asarray(ev.eval_TOK)),
+                np.sort(np.concatenate([split.train_TOK, split.eval_TOK])))
 
 
 def test_document_tokens_join_the_documents_with_eos(tmp_path):

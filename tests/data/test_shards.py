@@ -150,7 +150,8 @@ def test_eval_data_replaces_the_held_out_split(tmp_path):
     other = tmp_path / "other.txt"
     other.write_text("x = 1\n" * 500)
     c = corpus.with_eval_split(corpus.load_corpus(str(other)),
-                               corpus.load_corpus(str(folder), vocab_size=256))
+                               corpus.load_corpus(str(folder), vocab_size=256, held_out=True))
+    # a prepared eval_data is held out whole: its train shards, then its eval shards
     np.testing.assert_array_equal(c.eval_TOK[0:c.eval_TOK.size],
-                                  np.concatenate(docs["eval"][0]))
+                                  np.concatenate([d for sh in docs["train"] + docs["eval"] for d in sh]))
     assert c.train_TOK.size == corpus.load_corpus(str(other)).train_TOK.size

@@ -81,7 +81,8 @@ class TrainConfig:
     sft_completion_only: bool = described(
         True, doc="with sft: the loss counts completion tokens only")
     eval_data: str = described(
-        "", doc="held-out data (a path, as data); \"\" = eval_fraction of data")
+        "", doc="held-out data, all of it evaluated (a path, as data); \"\" = eval_fraction "
+        "of data")
     prefetch: int = described(2, doc="batches the loader builds ahead of the step")
     # output
     run_dir: str = described("runs", doc="folder the run's directory is made in")

@@ -295,11 +295,13 @@ def _check_ids(toks: np.ndarray, source: str, vocab_size: int | None,
 def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fraction: float = 0.02,
                 bin_dtype: str = "uint16", vocab_size: int | None = None,
                 seq_len: int | None = None, key: str = "data",
-                splits: tuple[str, ...] = ("train", "eval")) -> Corpus:
+                splits: tuple[str, ...] = ("train", "eval"), held_out: bool = False) -> Corpus:
     """Tokenize and pack `source` (see the module docstring) into train and eval streams.
 
     Documents are held out by name (`is_eval_document`); a single document or a token file is
-    split by position (the last `eval_fraction` is held out). A token file's ids must lie in
+    split by position (the last `eval_fraction` is held out). With `held_out` (eval_data=), all
+    of `source` is the eval split, whatever its form: a file, a folder's documents, a token
+    file, a prepared dataset's train and eval shards. A token file's ids must lie in
     [0, vocab_size) (`vocab_size`: the model's; when None, the largest id + 1 is the corpus's
     vocabulary and only negative ids are refused). With `seq_len`, each split must hold at least
     one sequence of seq_len + 1 tokens (checked here, before anything is compiled); `splits`:
@@ -311,9 +313,13 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
     path = Path(source)
     if source != "stdlib" and not path.exists():
         raise ValueError(f"{key}={source!r} does not exist (use 'stdlib' or a local path)")
+    check = functools.partial(_checked, seq_len=seq_len, eval_fraction=eval_fraction, key=key,
+                              splits=splits, held_out=held_out)
     if path.is_dir() and (path / "manifest.json").exists():
-        return _checked(load_prepared(path, source, tokenizer=tokenizer, vocab_size=vocab_size,
-                                      key=key), seq_len, eval_fraction, key, splits)
+        return check(load_prepared(path, source, tokenizer=tokenizer, vocab_size=vocab_size,
+                                   key=key, held_out=held_out))
+    if held_out:
+        eval_fraction = 1.0   # every document held out, a single one or a token file whole
     if source != "stdlib" and not path.is_dir():
         shards.check_regular(path, f"{key}={source!r}")
     if source != "stdlib":
@@ -322,9 +328,8 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
         toks = _open_tokens(path, source, bin_dtype, key)
         _check_ids(toks, source, vocab_size, key)
         train, ev = _split_tokens(toks, eval_fraction)
-        return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=_max_id(toks) + 1,
-                               source=source, num_documents=1), seq_len, eval_fraction,
-                        key, splits)
+        return check(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=_max_id(toks) + 1,
+                            source=source, num_documents=1))
     tok = make_tokenizer(tokenizer)
     if source == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
@@ -347,10 +352,22 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
             (evd if is_eval_document(name, eval_fraction) else tr).append(tok.encode(read(d)))
         train, ev = _pack(tr, tok.eos_id, dtype), _pack(evd, tok.eos_id, dtype)
         ends = (_ends(tr), _ends(evd))
-    return _checked(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=tok.vocab_size,
-                           source=source, num_documents=len(docs), train_ends_D=ends[0],
-                           eval_ends_D=ends[1], notes=_large_text_note(source, tokenizer, key)),
-                    seq_len, eval_fraction, key, splits)
+    return check(Corpus(train_TOK=train, eval_TOK=ev, vocab_size=tok.vocab_size,
+                        source=source, num_documents=len(docs), train_ends_D=ends[0],
+                        eval_ends_D=ends[1], notes=_large_text_note(source, tokenizer, key)))
+
+
+def _checked_held_out(c: Corpus, seq_len: int | None, key: str) -> Corpus:
+    """`c` (all of it the eval split), after checking it holds tokens (with seq_len, one
+    sequence)."""
+    size = c.eval_TOK.size
+    if seq_len is None and size < 2:
+        raise ValueError(f"{key}={c.source!r} holds {size} tokens: too few to evaluate on")
+    if seq_len is not None and num_sequences(c.eval_TOK, seq_len) == 0:
+        raise ValueError(f"{key}={c.source!r} holds {size} tokens, fewer than one sequence of "
+                         f"seq_len={seq_len} (+1 target); use more held-out data or a smaller "
+                         "seq_len")
+    return c
 
 
 def _large_text_note(source: str, tokenizer: str, key: str = "data") -> tuple[str, ...]:
@@ -369,8 +386,9 @@ def _large_text_note(source: str, tokenizer: str, key: str = "data") -> tuple[st
 
 
 def load_prepared(folder: Path, source: str, *, tokenizer: str,
-                  vocab_size: int | None, key: str = "data") -> Corpus:
-    """A prepared dataset (`dropless data prepare`) as a Corpus of two data.shards.ShardSets.
+                  vocab_size: int | None, key: str = "data", held_out: bool = False) -> Corpus:
+    """A prepared dataset (`dropless data prepare`) as a Corpus of two data.shards.ShardSets
+    (`held_out`: one, its train and eval shards as the eval split; the train split empty).
 
     Its manifest must name the run's tokenizer ("byte", or a tokenizer.json of the same sha256)
     and a vocabulary no larger than `vocab_size`. Raises ValueError naming the manifest or the
@@ -394,10 +412,14 @@ def load_prepared(folder: Path, source: str, *, tokenizer: str,
         raise ValueError(f"{where}: vocab_size={m.vocab_size} is larger than the model's "
                          f"(model.vocab_size={vocab_size}); use a model with at least "
                          f"{m.vocab_size} or prepare with its tokenizer")
-    if not m.splits["eval"]:
+    if held_out:
+        ev = shards.open_prepared(folder, m, ("train", "eval"), vocab_size=vocab_size)
+        train = np.zeros((0,), np.dtype(m.dtype))
+    elif not m.splits["eval"]:
         raise ValueError(f"{where}: splits.eval holds no shard; prepare with eval_fraction > 0")
-    train, ev = (shards.open_prepared(folder, m, s, vocab_size=vocab_size) for s in
-                 ("train", "eval"))
+    else:
+        train, ev = (shards.open_prepared(folder, m, s, vocab_size=vocab_size) for s in
+                     ("train", "eval"))
     ident = hashlib.sha256("".join(sh.sha256 for s in ("train", "eval")
                                    for sh in m.splits[s]).encode()).hexdigest()
     return Corpus(train_TOK=train, eval_TOK=ev, vocab_size=m.vocab_size, source=source,
@@ -406,18 +428,20 @@ def load_prepared(folder: Path, source: str, *, tokenizer: str,
 
 
 def with_eval_split(c: Corpus, held: Corpus) -> Corpus:
-    """`c` evaluated on `held`'s eval split (TrainConfig.eval_data: a prepared dataset's eval
-    split, or the part of other data that `load_corpus` holds out)."""
+    """`c` evaluated on `held`'s eval split (TrainConfig.eval_data: `load_corpus(...,
+    held_out=True)`, all of that data)."""
     return dataclasses.replace(c, eval_TOK=held.eval_TOK, eval_ends_D=held.eval_ends_D,
                                notes=c.notes + held.notes)
 
 
 def _checked(c: Corpus, seq_len: int | None, eval_fraction: float, key: str = "data",
-             splits: tuple[str, ...] = ("train", "eval")) -> Corpus:
+             splits: tuple[str, ...] = ("train", "eval"), held_out: bool = False) -> Corpus:
     """`c`, after checking the `splits` the run reads hold tokens (and, with seq_len, one
     sequence each)."""
     parts = {"train": (c.train_TOK, "lower eval_fraction"),
              "eval": (c.eval_TOK, "raise eval_fraction")}
+    if held_out:
+        return _checked_held_out(c, seq_len, key)
     if any(parts[s][0].size < 2 for s in splits):
         raise ValueError(f"{key}={c.source!r} is too small to split: {c.train_TOK.size} train and "
                          f"{c.eval_TOK.size} eval tokens")

@@ -285,8 +285,10 @@ class ShardSet:
 HASH_AT_START_BYTES = 2 << 30   # a split up to this size has its token files hashed at start
 
 
-def open_prepared(folder: Path, manifest, split: str, *, vocab_size: int | None) -> ShardSet:
-    """The `split` of the prepared dataset in `folder` (its validated data.manifest.Manifest).
+def open_prepared(folder: Path, manifest, split: str | tuple[str, ...], *,
+                  vocab_size: int | None) -> ShardSet:
+    """The `split` of the prepared dataset in `folder` (its validated data.manifest.Manifest),
+    or several splits' shards one after the other.
 
     Every file must exist with the size the manifest says; the `.docs` files are hashed and
     their ends checked (increasing, the last = the shard's tokens); a split of at most
@@ -296,8 +298,10 @@ def open_prepared(folder: Path, manifest, split: str, *, vocab_size: int | None)
     """
     what = f"data={str(folder)!r}"
     item = np.dtype(manifest.dtype).itemsize
+    entries = [sh for sp in ((split,) if isinstance(split, str) else split)
+               for sh in manifest.splits[sp]]
     rows = []
-    for sh in manifest.splits[split]:
+    for sh in entries:
         t, d = Path(folder) / sh.tokens_file, Path(folder) / sh.docs_file
         for p in (t, d):
             if not p.exists():
@@ -306,7 +310,7 @@ def open_prepared(folder: Path, manifest, split: str, *, vocab_size: int | None)
         rows.append((t, d, sh.tokens, sh.documents))
     ss = ShardSet(rows, manifest.dtype, what=what)
     small = ss.size * item <= HASH_AT_START_BYTES
-    for sh, f, docs in zip(manifest.splits[split], ss.tokens, ss.docs):
+    for sh, f, docs in zip(entries, ss.tokens, ss.docs):
         _check_hash(docs.file, sh.docs_sha256, what)
         _check_ends(docs, sh.tokens, what)
         if small:

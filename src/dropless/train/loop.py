@@ -181,14 +181,14 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
                                   eval_fraction=cfg.eval_fraction, seq_len=cfg.seq_len,
                                   seed=cfg.seed, packing=cfg.packing)
     else:
-        # with eval_data=, data='s held-out split is not read, nor eval_data='s train split
+        # with eval_data=, data='s held-out split is not read; eval_data= is held out whole
         corpus = load(cfg.data, splits=("train",) if cfg.eval_data else ("train", "eval"))
     if cfg.eval_data:
         if cfg.sft:
             raise ValueError(f"eval_data={cfg.eval_data!r}: with sft=true the held-out "
                              "examples come from data= (eval_fraction); leave eval_data unset")
         corpus = data_lib.with_eval_split(corpus, load(cfg.eval_data, key="eval_data",
-                                                       splits=("eval",)))
+                                                       splits=("eval",), held_out=True))
     if corpus.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the "
                          f"tokenizer's vocabulary ({corpus.vocab_size}); raise it or use "
