@@ -166,3 +166,44 @@ def test_bad_sources(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no file dropless reads"):
         readers.input_files(str(tmp_path / "empty"))
+
+
+def _unreadable(path, monkeypatch) -> None:
+    """Make `path` unreadable to this process: its mode 000 where that stops this user; as
+    root (which reads any file) the permission check says so for that one file instead."""
+    import os
+    path.chmod(0)
+    if os.geteuid() != 0:
+        return
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **kw: False if (
+        os.path.abspath(p) == os.path.abspath(path) and mode & os.R_OK) else real(p, mode))
+
+
+@pytest.mark.parametrize("command", ["prepare", "train", "train-folder", "train-bin"])
+def test_a_file_that_cannot_be_read_is_refused_in_one_line_naming_it(command, tmp_path,
+                                                                     monkeypatch, capsys):
+    """`data prepare` and training's reader alike: exit 2, one line naming the file and what
+    to do, before anything is read or written (no output folder, no run folder)."""
+    import numpy as np
+
+    from dropless.cli import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("def f(x):\n    return x\n" * 300)
+    bad = tmp_path / "d" / ("b.bin" if command == "train-bin" else "b.txt")
+    if command == "train-bin":
+        np.arange(5000, dtype=np.uint16).tofile(bad)
+    else:
+        bad.write_text("def g(y):\n    return y\n" * 300)
+    _unreadable(bad, monkeypatch)
+    source = "d" if command in ("prepare", "train-folder") else f"d/{bad.name}"
+    argv = (["data", "prepare", source, "out", "--tokenizer", "byte", "--workers", "0"]
+            if command == "prepare" else
+            ["train", f"data={source}", "steps=1", "run_dir=runs", "seq_len=32"])
+    assert main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("dropless: error:"), err
+    assert str(bad) in err[0] or f"d/{bad.name}" in err[0]
+    assert "cannot be read (permission denied)" in err[0] and "read access" in err[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()

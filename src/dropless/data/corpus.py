@@ -175,10 +175,12 @@ def text_documents(source: str, key: str = "data") -> list[tuple[str, str]]:
     """(name, text) documents of a text/JSONL source or directory, in sorted order. A text file
     (of any suffix but .json and the token files') is read byte-exact and must be UTF-8, as
     `data prepare` reads it (`readers.decode_utf8`). Raises ValueError for a .json file, a
-    directory with nothing to read, bytes that are not UTF-8 (naming the file and line) and a
-    bad JSONL line."""
+    directory with nothing to read, a file this process may not read, bytes that are not UTF-8
+    (naming the file and line) and a bad JSONL line."""
     path = Path(source)
     files = _directory_files(path, source, key) if path.is_dir() else [path]
+    for f in files:   # every file before any is read
+        readers.check_readable(f, f"{key}={source!r}")
     return [doc for f in files for doc in _file_documents(f, source, key)]
 
 
@@ -325,6 +327,7 @@ def load_corpus(source: str = "stdlib", *, tokenizer: str = "byte", eval_fractio
     if source != "stdlib":
         check_readable_here(source, tokenizer, what=f"{key}={source!r}", use=f"{key}=")
     if path.suffix in (".npy", ".bin") and not path.is_dir():
+        readers.check_readable(path, f"{key}={source!r}")
         toks = _open_tokens(path, source, bin_dtype, key)
         _check_ids(toks, source, vocab_size, key)
         train, ev = _split_tokens(toks, eval_fraction)

@@ -176,6 +176,15 @@ def _glob_root(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path(".")
 
 
+def check_readable(path: Path, where: str) -> None:
+    """Refuse a file this process may not read, naming it after `where` (the argument that
+    named it): every reader of a user's data files (`input_files`, training's and eval's
+    corpus) checks each file here before it reads any."""
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{where}: {path} cannot be read (permission denied); give this user "
+                         "read access to it, or leave it out")
+
+
 def input_files(spec: str) -> list[InputFile]:
     """The files of one source `PATH[@WEIGHT]` (module doc), in reading order. Raises
     ValueError for a path that does not exist, a glob that matches nothing, an unsupported
@@ -204,8 +213,7 @@ def input_files(spec: str) -> list[InputFile]:
     else:
         raise ValueError(f"source {spec!r} does not exist")
     for f in files:
-        if not os.access(f.path, os.R_OK):
-            raise ValueError(f"source {spec!r}: {f.path} cannot be read (permission denied)")
+        check_readable(f.path, f"source {spec!r}")
     for f in files:
         if f.size == 0:
             raise ValueError(f"source {spec!r}: {f.path} is empty (0 bytes)")
