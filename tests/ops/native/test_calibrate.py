@@ -24,11 +24,13 @@ from tests._support.ffn_reference import assert_matches_np_swiglu_ffn, ffn_opera
 FAKE_MS = {("pack_b", "on"): 10.0, ("pack_b", "off"): 30.0,
            ("stream", "on"): 20.0, ("stream", "off"): 19.9,       # within the margin
            ("kernel_nn", "own"): 12.0, ("kernel_nn", "openblas"): 15.0,
-           ("kernel_nt", "own"): 12.0, ("kernel_nt", "openblas"): 8.0,
-           ("kernel_tn", "own"): 12.0, ("kernel_tn", "openblas"): 11.0,
-           ("kernel_gate_up", "own"): 30.0, ("kernel_gate_up", "openblas"): 20.0}
+           ("kernel_nn", "mkl"): 11.7,                              # within the margin
+           ("kernel_nt", "own"): 12.0, ("kernel_nt", "openblas"): 8.0, ("kernel_nt", "mkl"): 8.1,
+           ("kernel_tn", "own"): 12.0, ("kernel_tn", "openblas"): 11.0, ("kernel_tn", "mkl"): 9.0,
+           ("kernel_gate_up", "own"): 30.0, ("kernel_gate_up", "openblas"): 20.0,
+           ("kernel_gate_up", "mkl"): 21.0}
 WANT = {"pack_b": "on", "stream": "on", "kernel_nn": "own", "kernel_nt": "openblas",
-        "kernel_tn": "openblas", "kernel_gate_up": "openblas"}
+        "kernel_tn": "mkl", "kernel_gate_up": "openblas"}
 DEFAULTS = calibrate._default_candidates(16)
 
 
@@ -72,10 +74,11 @@ def lib():
 def test_the_faster_candidate_wins_and_the_default_keeps_its_place_within_the_margin():
     fake = FakeMachine()
     chosen, medians = calibrate.choose(fake.measure, fake.apply, DEFAULTS)
-    # kernel_tn: openblas 8% faster (past the 5% margin); stream: "off" 0.5% faster (within it)
+    # kernel_tn: mkl 25% faster (past the 5% margin); stream: "off" 0.5% faster and kernel_nn:
+    # mkl 2.5% faster (within it)
     assert chosen == WANT
     assert medians["pack_b"] == {"on": 10.0, "off": 30.0}
-    assert medians["kernel_nt"] == {"own": 12.0, "openblas": 8.0}
+    assert medians["kernel_nt"] == {"own": 12.0, "openblas": 8.0, "mkl": 8.1}
     assert fake.calls == calibrate.REPEATS * sum(len(c) * len(p) for _, c, p in
                                                  calibrate.SETTINGS.values())
     # the same fake machine, the same answer (deterministic), and a default that loses big
@@ -83,6 +86,27 @@ def test_the_faster_candidate_wins_and_the_default_keeps_its_place_within_the_ma
     assert calibrate.choose(again.measure, again.apply, DEFAULTS)[0] == WANT
     slow = dict(DEFAULTS, pack_b="off")
     assert calibrate.choose(fake.measure, fake.apply, slow)[0]["pack_b"] == "on"
+    # where MKL is not installed it is no candidate: the next fastest wins, nothing times it
+    without = FakeMachine()
+    chosen, medians = calibrate.choose(without.measure, without.apply, DEFAULTS,
+                                       absent=frozenset({"mkl"}))
+    assert chosen == dict(WANT, kernel_tn="openblas")
+    assert all("mkl" not in m for m in medians.values())
+    assert without.calls == calibrate.REPEATS * sum(
+        len(set(c) - {"mkl"}) * len(p) for _, c, p in calibrate.SETTINGS.values())
+
+
+def test_a_cached_choice_of_mkl_is_measured_again_where_mkl_is_absent(lib, tmp_path,
+                                                                      monkeypatch):
+    key = "cpu A\nbuild 1"
+    calibrate.calibrate(lib, key, tmp_path, measure=Flat())
+    file = calibrate.cache_file(tmp_path, key)
+    entry = json.loads(file.read_text())
+    file.write_text(json.dumps(dict(entry, chosen=dict(entry["chosen"], kernel_nn="mkl"))))
+    monkeypatch.setattr(calibrate, "_absent", lambda lib: frozenset({"mkl"}))
+    fake = Flat()
+    got = calibrate.calibrate(lib, key, tmp_path, measure=fake)
+    assert fake.calls > 0 and got.chosen["kernel_nn"] != "mkl" and got.how.startswith("measured")
 
 
 def test_cached_per_cpu_and_build_and_read_back_without_measuring(lib, tmp_path):
@@ -109,9 +133,10 @@ def test_cached_per_cpu_and_build_and_read_back_without_measuring(lib, tmp_path)
     assert not list(tmp_path.glob(".*"))   # no temporary file left
 
 
-def test_the_key_is_the_cpu_the_build_and_the_workers():
+def test_the_key_is_the_cpu_the_build_the_workers_and_mkl():
     key = load.calibration_key(load.build())
     assert load.build().parent.name in key and "model name" in key and "workers" in key
+    assert key.endswith(f"mkl {load.mkl_version() or 'none'}")
     assert load.calibration().key == key
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dropless.ops.native import choice
+from dropless.ops.native import choice, load
 
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,11 +27,37 @@ def test_a_bad_kernel_choice_is_named():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           cwd=ROOT)
     assert proc.returncode != 0
-    assert ("ValueError: DROPLESS_NATIVE_KERNEL='fastest': use one of auto, own, openblas "
+    assert ("ValueError: DROPLESS_NATIVE_KERNEL='fastest': use one of auto, own, openblas, mkl "
             "(or leave it unset)") in proc.stderr
-    with pytest.raises(ValueError, match="use_kernel='fast': use one of auto, own, openblas"):
+    with pytest.raises(ValueError, match="use_kernel='fast': use one of auto, own, openblas, mkl"):
         with choice.use_kernel("fast"):
             pass
+
+
+def test_mkl_is_refused_in_one_line_where_it_is_not_installed(monkeypatch):
+    # as a process without the mkl wheel sees it (load.py opens MKL only where it is installed)
+    load.library()
+    monkeypatch.setitem(load._STATE, "mkl", None)
+    with pytest.raises(ValueError, match=r"^use_kernel='mkl': MKL is not installed here \(pip "
+                                         r"install 'dropless\[mkl\]' on Linux x86_64\), so use "
+                                         r"own, openblas or auto$"):
+        with choice.use_kernel("mkl"):
+            pass
+    assert choice.kernel() == "auto"
+
+
+def test_mkl_is_opened_where_its_wheel_is_installed():
+    # the wheel's libmkl_rt, found through the installed distribution's file list
+    import importlib.metadata
+    try:
+        version = importlib.metadata.version("mkl")
+    except importlib.metadata.PackageNotFoundError:
+        assert load.mkl_library() is None and choice.describe()["native_mkl"] is None
+        return
+    path = load.mkl_library()
+    assert path is not None and path.name.startswith("libmkl_rt.so") and path.is_file()
+    assert choice.describe()["native_mkl"] == version == load.mkl_version()
+    assert load.library().dropless_mkl_ready() == 1
 
 
 def test_describe_says_which_kernels_run():

@@ -13,9 +13,10 @@ import pytest
 from dropless.ops.native import choice, ffn, load
 from tests._support.ffn_reference import assert_matches_np_swiglu_ffn, ffn_operands
 from tests._support.gmm_reference import np_gmm
+from tests._support.native_kernels import KERNELS
 
 
-@pytest.mark.parametrize("kernel", ["own", "openblas"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("sizes", [[700, 0, 450, 37], [0, 0, 0, 1240], [0, 0, 0, 0],
                                    [17, 31, 47, 49]])
 def test_fused_swiglu_ffn_matches_float64_loop(only_ran, kernel, sizes):
@@ -35,7 +36,7 @@ def test_fused_swiglu_ffn_matches_float64_loop(only_ran, kernel, sizes):
 # FFN's output and gradients: F with 2-vector gate/up tiles, a 1-vector tile and 8 columns summed
 # one by one (216 = 6 x 32 + 16 + 8); D past the fused tile's contraction chunk (its g and u then
 # written, read back and finished in the last chunk); outputs above the streaming size
-@pytest.mark.parametrize("kernel", ["own", "openblas"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", ["columns", "chunks", "streamed"])
 def test_fused_ffn_edges_match_float64_loop(only_ran, kernel, shape):
     if shape == "streamed" and choice.stream_min_bytes() is None:

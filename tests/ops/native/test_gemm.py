@@ -14,6 +14,7 @@ import pytest
 from dropless.ops import grouped_matmul
 from dropless.ops.native import calibrate, choice, gemm, load
 from tests._support.gmm_reference import np_gmm, np_gmm_grads
+from tests._support.native_kernels import KERNELS
 
 
 def _problem(seed, m, k, n, sizes):
@@ -68,7 +69,7 @@ def _kernel_matches_float64_loop(fwd_bwd, only_ran, kernel, seed, k, n, sizes, r
 # and groups that fill the NT form's
 # 1-, 2- and 3-vector passes in part (17, 31, 47, and 49: a whole 32-row pass and a part one); a
 # NaN in group 0's rows must not reach another group's rows or weight gradient
-@pytest.mark.parametrize("kernel", ["own", "openblas"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("k, n, sizes", [(1100, 37, [5, 70, 0, 13]), (24, 80, [33, 1, 100, 0]),
                                          (130, 16, [0, 0, 131, 2]), (40, 48, [17, 31, 47, 49])])
 def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, only_ran, kernel, k, n, sizes):
@@ -88,7 +89,7 @@ def test_both_kernels_match_float64_loop_at_tile_edges(fwd_bwd, only_ran, kernel
 # first: more than 128 rows) past the forward's chunk, and the NT form's N past its own; a
 # group under 128 rows runs drhs on its rows in place; a drhs task whose a^T exceeds the 2^20
 # floats a worker transposes at a time. Both kernels, each forced.
-@pytest.mark.parametrize("kernel", ["own", "openblas"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("case", ["nn", "nt", "tn_slices"])
 def test_contractions_past_one_chunk_match_float64_loop(fwd_bwd, only_ran, kernel, case):
     # chunks of 64 KiB of B (a 2 MiB L2's half would ask for 32768-row operands in an SSE build)

@@ -3,9 +3,10 @@ expert FFN, and the MoE layer's row movement (gathers, the sort by expert, top-k
 library behind XLA's FFI, float32 (and bfloat16: the grouped GEMM on AMX tiles, SwiGLU's
 activation), registered for the CPU.
 
-The GEMM that runs for each group is the library's own register-tiled kernel or OpenBLAS's sgemm
-(the `scipy-openblas32` wheel), whichever this CPU's calibration measured faster for that form
-of product (DROPLESS_NATIVE_KERNEL=own|openblas forces one). Each product is cut into tasks the
+The GEMM that runs for each group is the library's own register-tiled kernel, OpenBLAS's sgemm
+(the `scipy-openblas32` wheel) or MKL's (the `mkl` wheel, where installed), whichever this CPU's
+calibration measured fastest for that form of product (DROPLESS_NATIVE_KERNEL=own|openblas|mkl
+forces one). Each product is cut into tasks the
 library runs on its own workers.
 
   load      build csrc/*.cc into one library for this CPU (cached; DROPLESS_NATIVE_ISA: the
@@ -21,7 +22,8 @@ library runs on its own workers.
 """
 from dropless.ops.native.load import (GEMM_HANDLERS, HANDLERS, HEADERS, ISA_ENV, ISA_FLAGS,
                                       KERNEL_CHOICES, KERNEL_ENV, NATIVE, ROW_HANDLERS, SOURCES,
-                                      TARGET, amx_ready, build, cache_dir, calibration, problem)
+                                      TARGET, amx_ready, build, cache_dir, calibration,
+                                      mkl_version, problem)
 from dropless.ops.native.choice import (chunk_rows, core, describe, gemm_calls, kernel,
                                         stream_min_bytes, use_kernel)
 from dropless.ops.native.cpu_only import on_cpu_only
@@ -40,7 +42,7 @@ __all__ = ["CPU_ONLY", "GEMM_HANDLERS", "HANDLERS", "HEADERS", "ISA_ENV", "ISA_F
            "calibration",
            "chunk_rows", "core", "describe", "dual_dlhs", "gate_up_swiglu", "gather_rows",
            "gather_sum", "gemm_calls", "gmm_dlhs", "gmm_drhs", "gmm_forward", "kernel",
-           "native_gmm", "on_cpu_only", "problem", "row_dots", "sort_by_expert",
+           "mkl_version", "native_gmm", "on_cpu_only", "problem", "row_dots", "sort_by_expert",
            "stream_min_bytes", "supports", "swiglu_bf16", "swiglu_bf16_on_cpu", "swiglu_dlhs",
            "swiglu_ffn", "swiglu_ffn_on_cpu",
            "top_k_indices", "use_kernel"]

@@ -10,7 +10,8 @@ What is chosen (csrc/kernel.h, `SettingId`; each 0 = the build's rule until cali
                   stores ("on") or plain ones ("off")
   kernel_nn, kernel_nt, kernel_tn, kernel_gate_up
                   the GEMM of the forward, the NT form (dlhs), the TN form (drhs) and the fused
-                  gate and up tile: the tiled kernel ("own") or OpenBLAS ("openblas")
+                  gate and up tile: the tiled kernel ("own"), OpenBLAS ("openblas") or, where
+                  the `mkl` wheel is installed, MKL ("mkl"; load.py opens it)
 Each is timed on a probe, a grouped product of the layer's kind (`PROBE`: 8 groups of 256 rows,
 K = 512, N = 1024) run on the handlers' own path (`dropless_run_grouped_gemm`,
 `dropless_run_gate_up`), its candidates interleaved (A, B, A, B, ...), `REPEATS` times each;
@@ -55,11 +56,13 @@ MARGIN = 0.05        # another candidate must beat the default by more than this
 SETTINGS: dict[str, tuple[int, dict[str, int], tuple[str, ...]]] = {
     "pack_b": (4, {"on": 1, "off": 2}, ("forward", "drhs", "gate_up")),
     "stream": (5, {"on": 1, "off": 2}, ("forward", "drhs", "gate_up")),
-    "kernel_nn": (0, {"own": 1, "openblas": 2}, ("forward",)),
-    "kernel_nt": (1, {"own": 1, "openblas": 2}, ("dlhs",)),
-    "kernel_tn": (2, {"own": 1, "openblas": 2}, ("drhs",)),
-    "kernel_gate_up": (3, {"own": 1, "openblas": 2}, ("gate_up",)),
+    "kernel_nn": (0, {"own": 1, "openblas": 2, "mkl": 3}, ("forward",)),
+    "kernel_nt": (1, {"own": 1, "openblas": 2, "mkl": 3}, ("dlhs",)),
+    "kernel_tn": (2, {"own": 1, "openblas": 2, "mkl": 3}, ("drhs",)),
+    "kernel_gate_up": (3, {"own": 1, "openblas": 2, "mkl": 3}, ("gate_up",)),
 }
+# candidates only some installs have: MKL where its wheel is (the library says, `_absent`)
+OPTIONAL = ("mkl",)
 PROBE = {"groups": 8, "rows": 256, "k": 512, "n": 1024}
 
 
@@ -87,19 +90,21 @@ def _default_candidates(vector_floats: int) -> dict[str, str]:
 
 
 def choose(measure: Callable[[str], float], apply: Callable[[str, str], None],
-           defaults: dict[str, str], repeats: int = REPEATS,
-           margin: float = MARGIN) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
+           defaults: dict[str, str], repeats: int = REPEATS, margin: float = MARGIN,
+           absent: frozenset[str] = frozenset()
+           ) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
     """Pick each setting in SETTINGS' order: `apply(setting, candidate)` sets it,
-    `measure(probe)` times one call of a probe in seconds. Candidates are timed round-robin,
-    `repeats` rounds; a setting keeps `defaults[setting]` unless another candidate's median is
-    lower by more than `margin` of it. Settings already chosen stay applied while the later ones
-    are timed. Returns ({setting: chosen}, {setting: {candidate: median ms}})."""
+    `measure(probe)` times one call of a probe in seconds. Candidates (less those `absent`
+    here) are timed round-robin, `repeats` rounds; a setting keeps `defaults[setting]` unless
+    another candidate's median is lower by more than `margin` of it. Settings already chosen
+    stay applied while the later ones are timed. Returns ({setting: chosen}, {setting:
+    {candidate: median ms}})."""
     chosen: dict[str, str] = {}
     medians: dict[str, dict[str, float]] = {}
     for name, (_, candidates, probes) in SETTINGS.items():
-        samples: dict[str, list[float]] = {c: [] for c in candidates}
+        samples: dict[str, list[float]] = {c: [] for c in candidates if c not in absent}
         for _ in range(repeats):
-            for cand in candidates:
+            for cand in samples:
                 apply(name, cand)
                 samples[cand].append(sum(measure(p) for p in probes))
         med = {c: statistics.median(s) * 1e3 for c, s in samples.items()}
@@ -169,6 +174,11 @@ class _Probes:
         return time.perf_counter() - t
 
 
+def _absent(lib: ctypes.CDLL) -> frozenset[str]:
+    """The OPTIONAL candidates this process cannot run: "mkl" where MKL is not open."""
+    return frozenset() if int(lib.dropless_mkl_ready()) else frozenset(OPTIONAL)
+
+
 def cache_file(folder: Path, key: str) -> Path:
     """The calibration file of `key` in `folder`."""
     return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
@@ -219,11 +229,11 @@ def calibrate(lib: ctypes.CDLL, key: str, folder: Path, *,
             apply(name, "own")
     file = cache_file(folder, key)
     found = _read(file, key)
-    if found is not None:
+    if found is not None and not set(found.chosen.values()) & _absent(lib):
         for name, cand in found.chosen.items():
             apply(name, cand)
         return found
-    chosen, medians = choose(measure or _Probes(lib), apply, defaults)
+    chosen, medians = choose(measure or _Probes(lib), apply, defaults, absent=_absent(lib))
     measured = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     entry = {"key": key, "version": VERSION, "chosen": chosen, "medians_ms": medians,
              "measured": measured, "probe": PROBE, "repeats": REPEATS, "margin": MARGIN}

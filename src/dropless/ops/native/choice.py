@@ -1,9 +1,10 @@
 """Which GEMM kernel the native library runs, and what it says it ran.
 
 Each form's GEMM (forward, dlhs, drhs, the fused gate and up) is the library's own
-register-tiled kernel or OpenBLAS's sgemm, as this CPU's calibration chose (calibrate.py;
-before one, the build's rule: the tiled kernel in AVX-512 builds, OpenBLAS elsewhere): "auto".
-DROPLESS_NATIVE_KERNEL=own|openblas|auto, read when the library loads, forces one for the
+register-tiled kernel, OpenBLAS's sgemm or, where the `mkl` wheel is installed, MKL's, as this
+CPU's calibration chose (calibrate.py; before one, the build's rule: the tiled kernel in AVX-512
+builds, OpenBLAS elsewhere): "auto".
+DROPLESS_NATIVE_KERNEL=own|openblas|mkl|auto, read when the library loads, forces one for the
 process, and `use_kernel` for a block; `kernel()` says which setting holds, `gemm_calls()` how
 many GEMMs each kernel has run, and `describe()` puts it in a benchmark record. `chunk_rows()`
 and `stream_min_bytes()` are the tiled kernel's sizes on this machine, for the tests that reach
@@ -15,7 +16,7 @@ import contextlib
 import ctypes
 
 from dropless.ops.native.load import (KERNEL_CHOICES, amx_ready, calibration, kernel_code, library,
-                                      loaded)
+                                      loaded, mkl_version)
 
 
 def core() -> str | None:
@@ -33,8 +34,10 @@ def describe() -> dict[str, object]:
     """What the native library runs here, for benchmark records: OpenBLAS's kernel set
     ("openblas_core"), the tiled kernel's vector width in floats ("native_vector_floats"; 16
     in AVX-512 builds, where "auto" runs it for every group) and the kernel choice
-    ("native_kernel": "own", "openblas", or "auto", the library's rule; DROPLESS_NATIVE_KERNEL or
-    `use_kernel`), whether bf16 products run on AMX tiles ("native_bf16_amx"; else `tiled`), and
+    ("native_kernel": "own", "openblas", "mkl", or "auto", the library's rule;
+    DROPLESS_NATIVE_KERNEL or `use_kernel`), the MKL it may choose ("native_mkl": the `mkl`
+    wheel's version, None without one), whether bf16 products run on AMX tiles
+    ("native_bf16_amx"; else `tiled`), and
     this CPU's calibrated choices with the medians that made them (calibrate.py:
     "native_choices", "native_choice_ms", "native_calibration"). Empty where the library cannot
     run."""
@@ -44,16 +47,17 @@ def describe() -> dict[str, object]:
     cal = calibration()
     return {"openblas_core": core(),
             "native_vector_floats": int(lib.dropless_vector_floats()),
-            "native_kernel": kernel(), "native_bf16_amx": amx_ready(),
+            "native_kernel": kernel(), "native_mkl": mkl_version(),
+            "native_bf16_amx": amx_ready(),
             **(cal.record() if cal is not None else {})}
 
 
 @contextlib.contextmanager
 def use_kernel(name: str):
-    """Run the native library's GEMMs on `name` ("own": the tiled kernel, "openblas", or "auto",
-    the library's rule) while the block runs, for every call in the process (it is one setting,
-    read when a call runs); the previous choice is restored after. For benchmarks and tests.
-    Raises ValueError for another name."""
+    """Run the native library's GEMMs on `name` ("own": the tiled kernel, "openblas", "mkl",
+    or "auto", the library's rule) while the block runs, for every call in the process (it is
+    one setting, read when a call runs); the previous choice is restored after. For benchmarks
+    and tests. Raises ValueError for another name, and for "mkl" where MKL is not installed."""
     code = kernel_code(name, "use_kernel")
     lib = library()
     before = lib.dropless_kernel()
@@ -65,7 +69,7 @@ def use_kernel(name: str):
 
 
 def kernel() -> str:
-    """The native library's kernel choice now: "auto" (its rule), "own" or "openblas"."""
+    """The native library's kernel choice now: "auto" (its rule), "own", "openblas" or "mkl"."""
     return KERNEL_CHOICES[library().dropless_kernel()]
 
 
@@ -108,7 +112,8 @@ def use_chunk_bytes(nbytes: int):
 
 
 def gemm_calls() -> dict[str, int]:
-    """GEMMs the native library has run in this process, by kernel ("own", "openblas")."""
+    """GEMMs the native library has run in this process, by kernel ("own", "openblas",
+    "mkl")."""
     fn = library().dropless_gemm_calls
     fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int]
-    return {"own": int(fn(1)), "openblas": int(fn(0))}
+    return {"own": int(fn(1)), "openblas": int(fn(0)), "mkl": int(fn(2))}

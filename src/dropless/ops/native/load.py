@@ -13,7 +13,9 @@ this CPU's. Each build is its own cache entry.
 
 `problem()` builds, loads and registers the library's FFI handlers for the CPU once a process,
 and says why it cannot where it cannot (no compiler, no wheel, a failed build, a bad
-DROPLESS_NATIVE_ISA); the grouped matmul's `auto` then runs `tiled`. Loading then applies this
+DROPLESS_NATIVE_ISA); the grouped matmul's `auto` then runs `tiled`. Where the `mkl` wheel is
+installed (`pip install dropless[mkl]`), loading opens its libmkl_rt for MKL's sgemm, a third
+GEMM kernel beside the library's own and OpenBLAS's (`mkl_library`). Loading then applies this
 CPU's calibrated choices (calibrate.py: measured on first use, cached per CPU and build;
 `calibration()` says what and why) and the GEMM kernel forced by DROPLESS_NATIVE_KERNEL, if any
 (choice.py says what it means).
@@ -63,7 +65,7 @@ KERNEL_ENV = "DROPLESS_NATIVE_KERNEL"
 # machine with AVX-512 runs the other builds' code paths (CI's AVX2 leg)
 ISA_ENV = "DROPLESS_NATIVE_ISA"
 ISA_FLAGS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",)}
-KERNEL_CHOICES = ("auto", "own", "openblas")   # the library's choice codes 0, 1, 2
+KERNEL_CHOICES = ("auto", "own", "openblas", "mkl")   # the library's choice codes 0, 1, 2, 3
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}   # "problem": str | None once decided; "lib": the loaded CDLL
@@ -168,6 +170,9 @@ def problem() -> str | None:
                                                 platform="cpu")
                 _STATE["lib"] = lib
                 _STATE["problem"] = None
+                mkl = mkl_library()
+                _STATE["mkl"] = mkl if mkl is not None and lib.dropless_use_mkl(
+                    str(mkl).encode()) else None
                 try:   # this CPU's choices (calibrate.py), then the forced kernel if any
                     _STATE["calibration"] = calibrate.calibrate(
                         lib, calibration_key(path), cache_dir() / "calibration")
@@ -187,10 +192,30 @@ def problem() -> str | None:
 
 def calibration_key(library_path: Path) -> str:
     """What the calibration is cached by: the CPU (model and flags), the build (its cache key,
-    the library's folder) and the workers a call runs on."""
+    the library's folder), the workers a call runs on and the MKL it may choose (its version)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = os.environ.get("DROPLESS_NATIVE_THREADS") or f"{cores} cores"
-    return f"{_cpu()}\nbuild {library_path.parent.name}\nworkers {threads}"
+    return (f"{_cpu()}\nbuild {library_path.parent.name}\nworkers {threads}\n"
+            f"mkl {importlib.metadata.version('mkl') if _STATE.get('mkl') else 'none'}")
+
+
+def mkl_library() -> Path | None:
+    """The installed `mkl` wheel's runtime library (libmkl_rt.so.N), None where there is
+    none."""
+    try:
+        listed = importlib.metadata.files("mkl") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = sorted(Path(str(f.locate())).resolve() for f in listed
+                   if Path(str(f)).name.startswith("libmkl_rt.so"))
+    return next((p for p in found if p.is_file()), None)
+
+
+def mkl_version() -> str | None:
+    """The `mkl` wheel's version where MKL's sgemm is open in this process, else None."""
+    if problem() is not None or not _STATE.get("mkl"):
+        return None
+    return importlib.metadata.version("mkl")
 
 
 def calibration() -> "calibrate.Calibration | None":
@@ -201,9 +226,13 @@ def calibration() -> "calibrate.Calibration | None":
 
 def kernel_code(name: str, where: str) -> int:
     """The library's code for GEMM kernel choice `name` (its index in KERNEL_CHOICES). Raises
-    ValueError naming `where` (the setting it came from) and the choices."""
+    ValueError naming `where` (the setting it came from) and the choices, and for "mkl" where
+    MKL is not open here."""
     if name not in KERNEL_CHOICES:
         raise ValueError(f"{where}={name!r}: use one of {', '.join(KERNEL_CHOICES)}")
+    if name == "mkl" and not _STATE.get("mkl"):
+        raise ValueError(f"{where}='mkl': MKL is not installed here (pip install 'dropless[mkl]' "
+                         "on Linux x86_64), so use own, openblas or auto")
     return KERNEL_CHOICES.index(name)
 
 

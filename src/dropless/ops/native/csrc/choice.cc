@@ -14,11 +14,15 @@ using dropless_native::kNV;
 using dropless_native::kVW;
 using dropless_native::StreamMinBytes;
 
-// the kernel choice (0 neither forced, 1 the tiled kernel, 2 OpenBLAS), and GEMMs run so far by
-// OpenBLAS (own = 0) or by the tiled kernel (own = 1)
+// the kernel choice (0 neither forced, else kernel.h's Kernel: 1 the tiled kernel, 2 OpenBLAS,
+// 3 MKL), and GEMMs run so far by each kernel
 extern "C" void dropless_set_kernel(int choice) { g_kernel.store(choice); }
 extern "C" int dropless_kernel() { return g_kernel.load(); }
-extern "C" int64_t dropless_gemm_calls(int own) { return g_gemm_calls[own ? 1 : 0].load(); }
+extern "C" int64_t dropless_gemm_calls(int which) {   // 0 OpenBLAS, 1 the tiled kernel, 2 MKL
+  return which >= 0 && which < 3 ? g_gemm_calls[which].load() : -1;
+}
+// whether MKL's sgemm is open (kernel.cc: dropless_use_mkl)
+extern "C" int dropless_mkl_ready() { return dropless_native::MklReady() ? 1 : 0; }
 
 // the calibrated settings (kernel.h: SettingId), 0 each the build's rule; a bad id is ignored
 extern "C" void dropless_set_setting(int id, int value) {

@@ -30,6 +30,7 @@ using dropless_native::AdviseHugePages;
 using dropless_native::CutTasks;
 using dropless_native::Gemm;
 using dropless_native::GroupBounds;
+using dropless_native::Kernel;
 using dropless_native::KernelChoice;
 using dropless_native::RunParallel;
 using dropless_native::SetPrefetch;
@@ -54,7 +55,7 @@ struct Problem {
 
 void RunTask(const Problem& p, const Task& t) {
   const int64_t k = p.k, n = p.n, len = t.hi - t.lo, rows = t.end - t.start;
-  const bool own = p.kernels.Own();
+  const Kernel own = p.kernels.Which();
   if (p.mode == 0) {
     Gemm(own, false, false, len, n, k, p.a + t.lo * k, k, p.b + t.g * k * n, n, false,
          p.out + t.lo * n, n, p.stream);

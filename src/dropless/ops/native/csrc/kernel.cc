@@ -4,7 +4,10 @@
 // (`PacksB`; the NT form's packed a^T is read as it is), keeps an
 // MR x NV-vector tile of C in registers, and prefetches the worker's next task's operands
 // while it runs the contraction.
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -24,6 +27,15 @@ void scipy_cblas_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb
 
 namespace dropless_native {
 namespace {
+
+// ---- MKL's sgemm, where the `mkl` wheel is installed (kernel.h: Kernel) ----
+// The same CBLAS signature as OpenBLAS's; opened by `dropless_use_mkl` (load.py passes the
+// wheel's libmkl_rt) with MKL's sequential threading layer: the handlers cut the work into
+// tasks themselves, one GEMM a worker, as they do for OpenBLAS.
+using SgemmFn = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int, int, int, float,
+                         const float*, int, const float*, int, float, float*, int);
+std::atomic<SgemmFn> g_mkl_sgemm{nullptr};
+constexpr int kMklThreadingSequential = 1;   // MKL_THREADING_SEQUENTIAL (mkl_service.h)
 
 // ---- The prefetch queue (kernel.h: SetPrefetch) ----
 inline int64_t PrefetchBytes() { return L2Bytes() / 4 * 3; }
@@ -332,6 +344,8 @@ void NtChunk(int64_t rows, int64_t n, int64_t k, const float* a, int64_t lda, co
 
 }  // namespace
 
+bool MklReady() { return g_mkl_sgemm.load(std::memory_order_relaxed) != nullptr; }
+
 void SetPrefetch(std::initializer_list<Span> spans) {
   PrefetchQueue& q = g_prefetch;
   q.count = q.at = 0;
@@ -488,13 +502,18 @@ void OwnGateUp(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
   }
 }
 
-void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
+void Gemm(Kernel kernel, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
           int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
           bool stream) {
-  CountGemms(own, 1);
-  if (!own) {
-    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                      m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+  if (kernel == kMkl && !MklReady()) kernel = kOpenBlas;
+  CountGemms(kernel, 1);
+  const CBLAS_TRANSPOSE ops[2] = {CblasNoTrans, CblasTrans};
+  if (kernel == kOpenBlas) {
+    scipy_cblas_sgemm(CblasRowMajor, ops[ta], ops[tb], m, n, k, 1.0f, a, lda, b, ldb,
+                      accumulate ? 1.0f : 0.0f, c, ldc);
+  } else if (kernel == kMkl) {
+    g_mkl_sgemm.load(std::memory_order_relaxed)(CblasRowMajor, ops[ta], ops[tb], m, n, k, 1.0f,
+                                               a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
   } else if (tb) {
     OwnGemmNT(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
   } else if (ta && k < kTransposeRows) {
@@ -515,3 +534,17 @@ void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const flo
 }
 
 }  // namespace dropless_native
+
+// Opens MKL's runtime library at `path` (the `mkl` wheel's libmkl_rt) for the MKL kernel: its
+// sequential threading layer set before any other call, its cblas_sgemm kept. Returns 1, or 0
+// (nothing changed) where the library or a symbol is missing.
+extern "C" int dropless_use_mkl(const char* path) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return 0;
+  auto set_layer = reinterpret_cast<int (*)(int)>(dlsym(lib, "MKL_Set_Threading_Layer"));
+  auto sgemm = reinterpret_cast<dropless_native::SgemmFn>(dlsym(lib, "cblas_sgemm"));
+  if (set_layer == nullptr || sgemm == nullptr) return 0;
+  set_layer(dropless_native::kMklThreadingSequential);
+  dropless_native::g_mkl_sgemm.store(sgemm);
+  return 1;
+}

@@ -19,7 +19,7 @@ namespace dropless_native {
 // library loads, from the calibration cached for this CPU and build, and read at each call:
 //   kKernelNN, kKernelNT, kKernelTN, kKernelGateUp  which kernel runs the forward's (and the
 //       fused down's) products, the NT form's (dlhs, the fused backward's), the TN form's (drhs)
-//       and the fused gate and up tile: 1 the tiled kernel, 2 OpenBLAS (g_kernel overrides)
+//       and the fused gate and up tile: a `Kernel` code (g_kernel overrides)
 //   kPackB     1 the tiled kernel copies B's panels side by side (kernel.cc: PacksB), 2 not
 //   kStream    1 outputs above StreamMinBytes are streamed, 2 never
 //   kChunkBytes  the bytes of B a contraction chunk may fill (`ChunkRows`; 0: half the L2); not
@@ -61,13 +61,20 @@ inline int64_t ChunkRows(int64_t panel_floats) {
 }
 
 // ---- Which kernel runs a group's products ----
-// `g_kernel` forces one; otherwise the form's calibrated choice (the faster on this CPU at the
-// calibration's probe); before a calibration, the build's rule: the tiled kernel in AVX-512
-// builds, for every group, and OpenBLAS elsewhere (an AVX2 build of the tiled kernel loses to
-// OpenBLAS's Haswell kernels on the AMD EPYC and the Intel Xeon both).
-// 0 neither forced, 1 the tiled kernel, 2 OpenBLAS: set by dropless_set_kernel (choice.cc; from
+// The library's register-tiled kernel, OpenBLAS's sgemm (the scipy-openblas32 wheel, linked),
+// or MKL's (the `mkl` wheel, opened at load time where it is installed: `dropless_use_mkl`),
+// each run on one thread. `g_kernel` forces one; otherwise the form's calibrated choice (the
+// fastest on this CPU at the calibration's probe); before a calibration, the build's rule: the
+// tiled kernel in AVX-512 builds, for every group, and OpenBLAS elsewhere (an AVX2 build of the
+// tiled kernel loses to OpenBLAS's Haswell kernels on the AMD EPYC and the Intel Xeon both).
+// MKL chosen where it is not open runs OpenBLAS.
+enum Kernel : int { kOwn = 1, kOpenBlas = 2, kMkl = 3 };
+// 0 neither forced, else a Kernel: set by dropless_set_kernel (choice.cc; from
 // DROPLESS_NATIVE_KERNEL when the library loads, and by `use_kernel`), read at each call
 inline std::atomic<int> g_kernel{0};
+
+// whether MKL's sgemm was opened (`dropless_use_mkl`)
+bool MklReady();
 
 struct KernelChoice {
   int forced;
@@ -76,22 +83,27 @@ struct KernelChoice {
   static KernelChoice Now(SettingId form) {
     return {g_kernel.load(std::memory_order_relaxed), Setting(form)};
   }
-  bool Own() const {
-    if (forced != 0) return forced == 1;
-    return form != 0 ? form == 1 : kVW == 16;
+  Kernel Which() const {
+    int code = forced != 0 ? forced : form;
+    if (code == 0) code = kVW == 16 ? kOwn : kOpenBlas;
+    if (code == kMkl && !MklReady()) code = kOpenBlas;
+    return static_cast<Kernel>(code);
   }
+  bool Own() const { return Which() == kOwn; }
 };
 
-// GEMMs run by each kernel in this process (the tests check which one ran)
-inline std::atomic<int64_t> g_gemm_calls[2] = {};   // [0] OpenBLAS, [1] the tiled kernel
+// GEMMs run by each kernel in this process (the tests check which one ran):
+// [0] OpenBLAS, [1] the tiled kernel, [2] MKL
+inline std::atomic<int64_t> g_gemm_calls[3] = {};
 
-inline void CountGemms(bool own, int64_t count) {
-  g_gemm_calls[own ? 1 : 0].fetch_add(count, std::memory_order_relaxed);
+inline void CountGemms(Kernel kernel, int64_t count) {
+  const int at = kernel == kOwn ? 1 : kernel == kMkl ? 2 : 0;
+  g_gemm_calls[at].fetch_add(count, std::memory_order_relaxed);
 }
 
 // c[m, n] = (or += where accumulate) op(a) @ op(b), row-major, op = the transpose where ta / tb
-// (not both): OpenBLAS's sgemm or the tiled kernel
-void Gemm(bool own, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
+// (not both), on `kernel`
+void Gemm(Kernel kernel, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a,
           int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc,
           bool stream = false);
 

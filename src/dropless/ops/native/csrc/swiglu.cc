@@ -30,7 +30,9 @@ using dropless_native::FastExp;
 using dropless_native::ForRowTasks;
 using dropless_native::Gemm;
 using dropless_native::GroupBounds;
+using dropless_native::Kernel;
 using dropless_native::KernelChoice;
+using dropless_native::kOwn;
 using dropless_native::kVW;
 using dropless_native::LoadVec;
 using dropless_native::OwnGateUp;
@@ -65,9 +67,9 @@ void RunGateUp(const float* px, const float* pwg, const float* pwu, const int32_
   };
   const bool stream = Streams(m * f);
   ForRowTasks(bounds, 2 * d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
-    const bool own = kernels.Own();
-    if (own) {
-      CountGemms(true, 2);
+    const Kernel own = kernels.Which();
+    if (own == kOwn) {
+      CountGemms(kOwn, 2);
       OwnGateUp(hi - lo, f, d, px + lo * d, d, pwg + grp * d * f, pwu + grp * d * f, f,
                 pg + lo * f, pu + lo * f, ph + lo * f, f, stream);
       if (stream) StreamFence();
@@ -126,7 +128,7 @@ ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
     }
   };
   ForRowTasks(bounds, d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
-    const bool own = kernels.Own();
+    const Kernel own = kernels.Which();
     Gemm(own, false, true, hi - lo, f, d, pdy + lo * d, d, pwd + grp * f * d, d, false,
          pdg + lo * f, f);
     finish(lo, hi);
@@ -155,9 +157,9 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
                  {p2 + lo * f, (hi - lo) * f}});
   };
   ForRowTasks(bounds, 2 * d * f, spans, [&](int64_t grp, int64_t lo, int64_t hi) {
-    const bool own = kernels.Own();
-    if (own) {   // both products of a chunk of rows while it is in cache
-      CountGemms(true, 2);
+    const Kernel own = kernels.Which();
+    if (own == kOwn) {   // both products of a chunk of rows while it is in cache
+      CountGemms(kOwn, 2);
       OwnGemmNT(hi - lo, d, f, p1 + lo * f, f, pw1 + grp * d * f, f, po + lo * d, d, false,
                 p2 + lo * f, pw2 + grp * d * f);
       return;
