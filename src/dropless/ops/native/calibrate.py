@@ -12,9 +12,11 @@ What is chosen (csrc/kernel.h, `SettingId`; each 0 = the build's rule until cali
                   the GEMM of the forward, the NT form (dlhs), the TN form (drhs) and the fused
                   gate and up tile: the tiled kernel ("own"), OpenBLAS ("openblas") or, where
                   the `mkl` wheel is installed, MKL ("mkl"; load.py opens it)
-Each is timed on a probe, a grouped product of the layer's kind (`PROBE`: 8 groups of 256 rows,
-K = 512, N = 1024) run on the handlers' own path (`dropless_run_grouped_gemm`,
-`dropless_run_gate_up`), its candidates interleaved (A, B, A, B, ...), `REPEATS` times each;
+Each is timed on probes, grouped products of the layer's kind (`PROBE`: 8 groups of 256 rows,
+K = 512, N = 1024) run on the handlers' own path (`dropless_run_grouped_gemm`, and the fused
+handlers the layer runs: `dropless_run_gate_up` for the fused forward tile, and for the NT form
+the fused backward's `dropless_run_swiglu_dlhs` and `dropless_run_dual_dlhs` beside the plain
+dlhs), its candidates interleaved (A, B, A, B, ...), `REPEATS` times each;
 the candidate with the lowest median wins, and the build's default keeps its place unless
 another is faster by more than `MARGIN`. The settings are chosen in order (pack_b and stream
 under the tiled kernel, then each form's kernel with them), about a second in all.
@@ -47,7 +49,7 @@ import numpy as np
 from dropless.runtime import files
 
 CALIBRATION_ENV = "DROPLESS_NATIVE_CALIBRATION"
-VERSION = 1          # of the file's format and the procedure: a change calibrates anew
+VERSION = 2          # of the file's format and the procedure: a change calibrates anew
 REPEATS = 5
 MARGIN = 0.05        # another candidate must beat the default by more than this to replace it
 
@@ -57,7 +59,7 @@ SETTINGS: dict[str, tuple[int, dict[str, int], tuple[str, ...]]] = {
     "pack_b": (4, {"on": 1, "off": 2}, ("forward", "drhs", "gate_up")),
     "stream": (5, {"on": 1, "off": 2}, ("forward", "drhs", "gate_up")),
     "kernel_nn": (0, {"own": 1, "openblas": 2, "mkl": 3}, ("forward",)),
-    "kernel_nt": (1, {"own": 1, "openblas": 2, "mkl": 3}, ("dlhs",)),
+    "kernel_nt": (1, {"own": 1, "openblas": 2, "mkl": 3}, ("dlhs", "swiglu_dlhs", "dual_dlhs")),
     "kernel_tn": (2, {"own": 1, "openblas": 2, "mkl": 3}, ("drhs",)),
     "kernel_gate_up": (3, {"own": 1, "openblas": 2, "mkl": 3}, ("gate_up",)),
 }
@@ -153,17 +155,30 @@ class _Probes:
         self.out = {"forward": np.empty((m, n), np.float32), "dlhs": np.empty((m, k), np.float32),
                     "drhs": np.empty((g, k, n), np.float32)}
         self.gate_up = [np.empty((m, n), np.float32) for _ in range(3)]
-        lib.dropless_run_grouped_gemm.restype = None
-        lib.dropless_run_gate_up.restype = None
+        # the fused backward's [M, F] operands (F = N, D = K) and its outputs
+        self.hidden = [f32(m, n), f32(m, n)]
+        self.w_down = f32(g, n, k)
+        self.backward = {"swiglu_dlhs": [np.empty((m, n), np.float32) for _ in range(2)],
+                         "dual_dlhs": [np.empty((m, k), np.float32)]}
+        for fn in ("dropless_run_grouped_gemm", "dropless_run_gate_up",
+                   "dropless_run_swiglu_dlhs", "dropless_run_dual_dlhs"):
+            getattr(lib, fn).restype = None
 
     def __call__(self, probe: str) -> float:
         g, m, k, n = self.dims
         p = lambda a: a.ctypes.data_as(ctypes.c_void_p)
         i64 = ctypes.c_int64
         t = time.perf_counter()
+        dims = (p(self.sizes), i64(g), i64(m), i64(k), i64(n))
         if probe == "gate_up":
-            self.lib.dropless_run_gate_up(p(self.x), p(self.w), p(self.w2), p(self.sizes), i64(g),
-                                          i64(m), i64(k), i64(n), *map(p, self.gate_up))
+            self.lib.dropless_run_gate_up(p(self.x), p(self.w), p(self.w2), *dims,
+                                          *map(p, self.gate_up))
+        elif probe == "swiglu_dlhs":   # dy [M, D], w_down [G, F, D], g and u [M, F]
+            self.lib.dropless_run_swiglu_dlhs(p(self.x), p(self.w_down), *map(p, self.hidden),
+                                              *dims, *map(p, self.backward[probe]))
+        elif probe == "dual_dlhs":     # dg, du [M, F], w_gate and w_up [G, D, F]
+            self.lib.dropless_run_dual_dlhs(p(self.hidden[0]), p(self.w), p(self.hidden[1]),
+                                            p(self.w2), *dims, *map(p, self.backward[probe]))
         else:
             mode = ("forward", "dlhs", "drhs").index(probe)
             a = (self.x, self.dy, self.x)[mode]

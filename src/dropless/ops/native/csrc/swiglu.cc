@@ -93,21 +93,16 @@ ffi::Error GateUpSwiglu(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> wg,
   return ffi::Error::Success();
 }
 
-// dy [M, D], wd [G, F, D], g and u [M, F] -> dg, du [M, F]
-ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
-                      ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> u,
-                      ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> dg_out,
-                      ffi::ResultBuffer<ffi::F32> du_out) {
-  const int64_t m = dy.dimensions()[0], d = dy.dimensions()[1], f = wd.dimensions()[1];
-  if (dg_out->element_count() == 0) return ffi::Error::Success();
-  float *pdg = dg_out->typed_data(), *pdu = du_out->typed_data();
+// dy [m, d], wd [G, f, d], g and u [m, f] -> dg, du [m, f] (the handler's work on raw operands)
+void RunSwigluDlhs(const float* pdy, const float* pwd, const float* pg, const float* pu,
+                   const int32_t* sizes, int64_t g_count, int64_t m, int64_t d, int64_t f,
+                   float* pdg, float* pdu) {
+  if (m * f == 0) return;
   for (float* p : {pdg, pdu}) AdviseHugePages(p, sizeof(float) * m * f);
-  const auto bounds = GroupBounds(sizes, m);
+  const auto bounds = GroupBounds(sizes, g_count, m);
   const int64_t done = d == 0 ? 0 : bounds.back();
   for (float* p : {pdg, pdu}) ZeroRows(p, done, m, f);
-  if (d == 0) return ffi::Error::Success();
-  const float *pdy = dy.typed_data(), *pwd = wd.typed_data();
-  const float *pg = g.typed_data(), *pu = u.typed_data();
+  if (d == 0) return;
   const KernelChoice kernels = KernelChoice::Now(dropless_native::kKernelNT);
   auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
     SetPrefetch({{pwd + grp * f * d, same ? 0 : f * d}, {pdy + lo * d, (hi - lo) * d},
@@ -133,23 +128,30 @@ ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
          pdg + lo * f, f);
     finish(lo, hi);
   });
+}
+
+ffi::Error SwigluDlhs(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> wd,
+                      ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> u,
+                      ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> dg_out,
+                      ffi::ResultBuffer<ffi::F32> du_out) {
+  RunSwigluDlhs(dy.typed_data(), wd.typed_data(), g.typed_data(), u.typed_data(),
+                sizes.typed_data(), sizes.element_count(), dy.dimensions()[0],
+                dy.dimensions()[1], wd.dimensions()[1], dg_out->typed_data(),
+                du_out->typed_data());
   return ffi::Error::Success();
 }
 
-// a1, a2 [M, F], w1, w2 [G, D, F] -> a1 @ w1[g]^T + a2 @ w2[g]^T  [M, D]
-ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
-                    ffi::Buffer<ffi::F32> a2, ffi::Buffer<ffi::F32> w2,
-                    ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> out) {
-  const int64_t m = a1.dimensions()[0], f = a1.dimensions()[1], d = w1.dimensions()[1];
-  if (out->element_count() == 0) return ffi::Error::Success();
-  float* po = out->typed_data();
+// a1, a2 [m, f], w1, w2 [G, d, f] -> a1 @ w1[g]^T + a2 @ w2[g]^T  [m, d] (the handler's work on
+// raw operands)
+void RunDualDlhs(const float* p1, const float* pw1, const float* p2, const float* pw2,
+                 const int32_t* sizes, int64_t g_count, int64_t m, int64_t d, int64_t f,
+                 float* po) {
+  if (m * d == 0) return;
   AdviseHugePages(po, sizeof(float) * m * d);
-  const auto bounds = GroupBounds(sizes, m);
+  const auto bounds = GroupBounds(sizes, g_count, m);
   const int64_t done = f == 0 ? 0 : bounds.back();
   ZeroRows(po, done, m, d);
-  if (f == 0) return ffi::Error::Success();
-  const float *p1 = a1.typed_data(), *pw1 = w1.typed_data();
-  const float *p2 = a2.typed_data(), *pw2 = w2.typed_data();
+  if (f == 0) return;
   const KernelChoice kernels = KernelChoice::Now(dropless_native::kKernelNT);
   auto spans = [&](int64_t grp, int64_t lo, int64_t hi, bool same) {
     const int64_t w = same ? 0 : d * f;
@@ -169,16 +171,34 @@ ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
     Gemm(own, false, true, hi - lo, d, f, p2 + lo * f, f, pw2 + grp * d * f, f, true,
          po + lo * d, d);
   });
+}
+
+ffi::Error DualDlhs(ffi::Buffer<ffi::F32> a1, ffi::Buffer<ffi::F32> w1,
+                    ffi::Buffer<ffi::F32> a2, ffi::Buffer<ffi::F32> w2,
+                    ffi::Buffer<ffi::S32> sizes, ffi::ResultBuffer<ffi::F32> out) {
+  RunDualDlhs(a1.typed_data(), w1.typed_data(), a2.typed_data(), w2.typed_data(),
+              sizes.typed_data(), sizes.element_count(), a1.dimensions()[0],
+              w1.dimensions()[1], a1.dimensions()[1], out->typed_data());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-// the fused forward on raw operands, for the calibration (native/calibrate.py)
+// the fused forward and backward on raw operands, for the calibration (native/calibrate.py)
 extern "C" void dropless_run_gate_up(const float* x, const float* wg, const float* wu,
                                      const int32_t* sizes, int64_t g_count, int64_t m, int64_t d,
                                      int64_t f, float* g, float* u, float* h) {
   RunGateUp(x, wg, wu, sizes, g_count, m, d, f, g, u, h);
+}
+extern "C" void dropless_run_swiglu_dlhs(const float* dy, const float* wd, const float* g,
+                                         const float* u, const int32_t* sizes, int64_t g_count,
+                                         int64_t m, int64_t d, int64_t f, float* dg, float* du) {
+  RunSwigluDlhs(dy, wd, g, u, sizes, g_count, m, d, f, dg, du);
+}
+extern "C" void dropless_run_dual_dlhs(const float* a1, const float* w1, const float* a2,
+                                       const float* w2, const int32_t* sizes, int64_t g_count,
+                                       int64_t m, int64_t d, int64_t f, float* out) {
+  RunDualDlhs(a1, w1, a2, w2, sizes, g_count, m, d, f, out);
 }
 
 // the elementwise exp the fused handlers use, exported for the tests
