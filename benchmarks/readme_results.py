@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-CPU_FILES = ("moe_vs_torch_chunks_reuse.jsonl", "moe_vs_torch_intel_amx.jsonl")
+CPU_FILES = ("moe_vs_torch_chunks_reuse.jsonl", "moe_vs_torch_intel_mkl.jsonl")
 GPU_FILE = "gpu_h200.jsonl"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MODES = ("fwd", "fwd+bwd")
