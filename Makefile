@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml $(STALE)
 	@if [ -e $(VENV) ] && [ "$(VENV_VERSION)" != "$(PY_VERSION)" ]; then echo "make: $(VENV) was made by Python $(or $(VENV_VERSION),that no longer runs), not $(PYTHON) ($(PY_VERSION)): recreating it"; rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,report]'
+	$(PY) -m pip install -q -e '.[test,report,mkl]'
 	touch $@
 
 setup: $(VENV)/.installed

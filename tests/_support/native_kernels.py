@@ -1,5 +1,5 @@
 """The native library's GEMM kernels a test runs each of: the tiled kernel, OpenBLAS's, and MKL's
-where the `mkl` wheel is installed (the test extra installs it on Linux x86_64)."""
+where the `mkl` wheel is installed (`make setup` installs it on Linux x86_64)."""
 import pytest
 
 from dropless.ops.native import load

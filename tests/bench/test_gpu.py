@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -225,6 +226,17 @@ def test_a_section_that_does_not_fit_the_budget_is_skipped(tmp_path):
                                budget_s=0.5)) == 1
     end = _ends(_records(tmp_path))["info"]
     assert end["status"] == "skipped" and "of the 2.5 s budget" in end["reason"]
+
+
+def test_the_temporary_train_folder_is_removed_and_a_given_one_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path / "out"), sections=("info",)))
+    assert list((tmp_path / "tmp").iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    bench_gpu.run(_args(dry_run=True, out_dir=str(tmp_path / "out"), sections=("info",),
+                        train_dir=str(tmp_path / "mine")))
+    assert (tmp_path / "mine").is_dir()
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -4,6 +4,7 @@ message, never reused; an unsupported $(PYTHON) is refused before anything is cr
 Fake interpreters (shell scripts printing what the Makefile's version probe prints) stand in for
 other Python versions; `make -n` shows what would run without installing anything.
 """
+import re
 import shutil
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def test_a_venv_of_another_python_is_recreated_with_a_message(project):
     assert r.returncode == 0, r.stderr
     assert f"was made by Python 3.9, not {sys.executable} ({v}): recreating it" in r.stdout
     assert "rm -rf .venv" in r.stdout and "-m venv .venv" in r.stdout
-    assert "pip install -q -e '.[test,report]'" in r.stdout  # report plots are installed too
+    assert "pip install -q -e '.[test,report,mkl]'" in r.stdout  # report plots and MKL too
 
 
 def test_a_broken_venv_is_recreated(project):
@@ -103,6 +104,9 @@ def test_every_leg_runs_and_the_failed_one_is_named(tmp_path):
     assert summary[1].startswith("ci: bad FAILED (exit 2) in ")   # make's status for a failure
     assert summary[2].startswith("ci: ok2 passed in ")
     assert summary[3] == "ci: 1 of 3 legs failed: bad (rerun one with 'make bad')"
+    # each leg's line says the disk space left after it, and the first line the space before
+    assert all(re.search(r" s \(\d+\.\d GiB free after\)$", line) for line in summary[:3])
+    assert re.fullmatch(r"ci: \d+\.\d GiB free before the legs", out[0])
 
 
 def test_all_legs_passing_says_so(tmp_path):

@@ -44,6 +44,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -433,7 +434,6 @@ def run(args: GpuOptions) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "gpu_bench.jsonl"
-    train_dir = args.train_dir or tempfile.mkdtemp(prefix="dropless-gpu-train-")
     # the dry run estimates the device run: torch there, tokamax too (when its wheels travel)
     # planned against the H200 caps, or the ones given (--cap, in seconds as given)
     plan_caps = {**plan.CAPS_S, **{k: float(v) for k, v in args.caps.items()}}
@@ -456,6 +456,8 @@ def run(args: GpuOptions) -> int:
     _append(results, {"section": "plan", "estimate_h200": est, "caps_s": caps,
                       "budget_s": budget_s, "sections": sections,
                       "dry_run": bool(args.dry_run), "t_s": 0.0})
+    # the train section's run folder: the one given, kept; else a temporary one, removed at the end
+    train_dir = args.train_dir or tempfile.mkdtemp(prefix="dropless-gpu-train-")
     handlers = _install_handlers()
     ends: dict = {}
     try:
@@ -474,6 +476,8 @@ def run(args: GpuOptions) -> int:
         return 128 + e.signum
     finally:
         _restore_handlers(handlers)
+        if not args.train_dir:
+            shutil.rmtree(train_dir, ignore_errors=True)
     _print_summary(results, t0)
     return 0 if all(r["status"] == "ok" for r in ends.values()) else 1
 
