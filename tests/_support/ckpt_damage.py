@@ -93,6 +93,40 @@ def _with_checksum(frame: Frame, raw: bytearray) -> bytearray:
     return raw
 
 
+TRIED = 4096   # bytes of a block tried from each place a change may land
+
+
+def _literals(raw: bytes, at: int) -> tuple[int, int, int]:
+    """(type, header length, regenerated size) of the literals section starting at `at` of a
+    compressed block (RFC 8878 3.1.1.3.1.1); type 0 is raw: the literals follow verbatim."""
+    b0 = raw[at]
+    kind, size_format = b0 & 3, (b0 >> 2) & 3
+    if kind in (0, 1):
+        if size_format in (0, 2):
+            return kind, 1, b0 >> 3
+        if size_format == 1:
+            return kind, 2, (b0 >> 4) + (raw[at + 1] << 4)
+        return kind, 3, (b0 >> 4) + (raw[at + 1] << 4) + (raw[at + 2] << 12)
+    return kind, (3, 3, 4, 5)[size_format], 0
+
+
+def _positions(raw: bytes, kind: int, start: int, length: int):
+    """Where in a block (content at raw[start:start + length]) a flipped bit may decode to
+    other bytes of the same length: a raw block's content, from its end; in a compressed block,
+    its verbatim literals where they are raw, then the sequences' bit streams from the block's
+    end, then the compressed literals' streams from their start. RLE blocks: nowhere."""
+    if kind == 1:
+        return
+    end = start + length
+    if kind == 2:
+        lit_kind, head, size = _literals(raw, start)
+        if lit_kind == 0:
+            yield from range(start + head, min(start + head + size, start + head + TRIED))
+    yield from range(end - 1, max(start, end - TRIED) - 1, -1)
+    if kind == 2 and lit_kind >= 2:
+        yield from range(start + head, min(end, start + head + TRIED))
+
+
 def flip_values(step: Path, under: str = "state", content: bytes | None = None) -> Frame:
     """Change one byte of the largest array chunk (with `content`: of the chunk that decodes to
     exactly those bytes, e.g. a chosen array's `tobytes()`) so that it still decodes, to other
@@ -105,11 +139,7 @@ def flip_values(step: Path, under: str = "state", content: bytes | None = None) 
         if not before or (content is not None and before != content):
             continue
         for kind, start, length in frame.blocks:
-            if kind == 1:
-                continue
-            # from the end of the block back: a compressed block ends with its literals'
-            # and sequences' bit streams, a raw block is all content
-            for pos in range(start - frame.start + length - 1, start - frame.start - 1, -1):
+            for pos in _positions(raw, kind, start - frame.start, length):
                 for bit in (0, 3, 6):
                     trial = bytearray(raw)
                     trial[pos] ^= 1 << bit
@@ -119,8 +149,6 @@ def flip_values(step: Path, under: str = "state", content: bytes | None = None) 
                         data[frame.start:frame.end] = trial
                         frame.path.write_bytes(bytes(data))
                         return frame
-                if length > 4096 and pos < start - frame.start + length - 4096:
-                    break      # 4 KiB tried in this block: try the next one
     raise AssertionError(f"no zstd frame in {step} could be changed to other values")
 
 
