@@ -124,6 +124,13 @@ ONE_KEY_CASES = [
                                       "MoE block"),
     ("hardware", "gpu_multiprocess", {}, [("distributed", True)], None),
     ("hardware", "gpu", {}, [("distributed", False)], None),
+    ("attention", "cudnn_flash_te", {}, [("model.attention_kernel", "cudnn")], None),
+    ("attention", "cudnn_flash_jax", {}, [("model.attention_kernel", "cudnn")], None),
+    ("attention", "dot_product", {}, [("model.attention_kernel", "xla")], None),
+    ("attention", "autoselected", {}, [("model.attention_kernel", "auto")], None),
+    ("attention", "flash", {}, [("model.attention_kernel", "auto")],
+     "attention=flash is model.attention_kernel=auto: cuDNN's flash attention on an NVIDIA GPU, "
+     "where MaxText runs tokamax's Pallas Triton kernel"),
     ("prefuse_moe_weights", "true", {}, [("model.moe.prefuse_moe_weights", True)], None),
     ("prefuse_moe_weights", False, {}, [("model.moe.prefuse_moe_weights", False)], None),
     ("sparse_matmul", False, {}, [], None),   # read by capacity_factor
@@ -227,6 +234,9 @@ def test_every_translated_key_that_is_not_a_plain_rename_has_a_case():
 
 
 @pytest.mark.parametrize("items,error,message", [
+    ([("attention", "paged")], ValueError,
+     r"^MaxText attention='paged' is not supported \(training runs one of \['autoselected', "
+     r"'dot_product', 'cudnn_flash_te', 'cudnn_flash_jax', 'flash'\]\)$"),
     ([("hardware", "gpu_multi")], ValueError,
      r"^MaxText hardware='gpu_multi' is not supported; known: \('cpu', 'gpu', "
      r"'gpu_multiprocess', 'tpu'\)$"),

@@ -40,7 +40,7 @@ MAXTEXT_BASE = {
     "routed_score_func": ("", 292), "routed_bias": (False, 293),
     "routed_bias_update_rate": (0.0, 294), "n_routing_groups": (-1, 296),
     "topk_routing_group": (-1, 298), "remat_policy": ("full", 358), "scan_layers": (True, 387),
-    "attention_type": ("global", 393), "q_lora_rank": (0, 448), "kv_lora_rank": (512, 449),
+    "attention": ("autoselected", 392), "attention_type": ("global", 393), "q_lora_rank": (0, 448), "kv_lora_rank": (512, 449),
     "qk_nope_head_dim": (128, 450), "qk_rope_head_dim": (64, 451), "v_head_dim": (128, 452),
     "vocab_size": (32000, 712), "per_device_batch_size": (12.0, 731),
     "max_target_length": (2048, 880), "rope_max_timescale": (10000, 1016),

@@ -60,8 +60,8 @@ from dropless.bench import gpu_plan as plan
 # pattern must match a file (`stale_patterns`: the dry run refuses one that does not, a device
 # run records it as the tests section's error); the hypothesis soak and the 1,600-row tiled
 # case exercise CPU code paths, not the GPU's
-TEST_PATTERNS = ("tests/ops/gpu/test_pallas_gpu.py", "tests/ops/gpu/test_pallas_gpu_aligned.py",
-                 "tests/ops/gpu/test_mosaic_gpu.py", "tests/ops/gmm/test_registry.py",
+TEST_PATTERNS = ("tests/ops/gpu/test_cudnn_attention_gpu.py", "tests/ops/gpu/test_pallas_gpu.py",
+                 "tests/ops/gpu/test_pallas_gpu_aligned.py", "tests/ops/gpu/test_mosaic_gpu.py", "tests/ops/gmm/test_registry.py",
                  "tests/ops/gpu/test_triton_check*.py", "tests/ops/gpu/test_tokamax_backend.py")
 TEST_DESELECT = "not property and not default_tiles"
 FAULT_KINDS = ("raise", "hang", "exit")

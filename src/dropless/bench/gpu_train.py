@@ -87,7 +87,7 @@ def _summary(run_dir: Path, traced: range) -> dict:
             "max_step_time_s": max(times, default=None), "median_tokens_per_s": med("tokens_per_s"),
             "median_tflops_per_device": med("tflops_per_device"), "median_mfu": med("mfu"),
             "compile_s": start.get("compile_s"), "peak_source": start.get("peak_source"),
-            "params": start.get("params"),
+            "params": start.get("params"), "attention_kernel": start.get("attention_kernel"),
             "kernel_groups": {g["group"]: round(g["share"], 4) for g in groups
                               if g.get("event") == "group"},
             "final_loss": later[-1].get("loss") if later else None,

@@ -134,6 +134,12 @@ DCN = {f"dcn_{a}_parallelism": a for a in MESH_AXES}
 HARDWARE = ("cpu", "gpu", "gpu_multiprocess", "tpu")
 # te_gmm_quantization (lower-cased) -> our gmm_quantization
 GMM_QUANTIZATION = {"": "none", "none": "none", "te_mxfp8": "mxfp8", "mxfp8": "mxfp8"}
+# MaxText's attention (its attention kernel) -> our model.attention_kernel; cudnn_flash_te
+# (Transformer Engine's binding of cuDNN's fused attention) and cudnn_flash_jax (jax's) are both
+# cuDNN's flash attention, which ours runs through jax; MaxText's flash (TPU: splash; GPU:
+# tokamax's Pallas Triton kernel) is our auto, with a note
+ATTENTION_KERNELS = {"autoselected": "auto", "dot_product": "xla", "cudnn_flash_te": "cudnn",
+                     "cudnn_flash_jax": "cudnn", "flash": "auto"}
 # our own keys that start like MaxText's xla_* flags
 OUR_XLA_KEYS = ("xla_recipe", "xla_flags")
 # our own flat mesh keys -> the MeshConfig field they set
@@ -206,6 +212,17 @@ def _te_moe_block(name: str, v: Any, given: Given) -> Pairs:
         return [("model.moe.dispatcher", "auto")]
     given.notes.append("te_moe_block=false changes nothing: dropless has one MoE block")
     return []
+
+
+def _attention_kernel(name: str, v: Any, given: Given) -> Pairs:
+    if v not in ATTENTION_KERNELS:
+        raise ValueError(f"MaxText attention={v!r} is not supported (training runs one of "
+                         f"{list(ATTENTION_KERNELS)})")
+    if v == "flash":
+        given.notes.append("attention=flash is model.attention_kernel=auto: cuDNN's flash "
+                           "attention on an NVIDIA GPU, where MaxText runs tokamax's Pallas "
+                           "Triton kernel")
+    return [("model.attention_kernel", ATTENTION_KERNELS[v])]
 
 
 def _hardware(name: str, v: Any, given: Given) -> Pairs:
@@ -410,8 +427,8 @@ SPECIAL_TRANSLATORS: dict[str, Translator] = {
     "te_gmm_quantization": _te_gmm_quantization, "capacity_factor": _capacity_factor,
     "remat_policy": _remat_policy, "n_routing_groups": _n_routing_groups,
     "topk_routing_group": _topk_routing_group, "warmup_steps_fraction": _warmup_steps_fraction,
-    "attention_type": _attention_type, "decoder_block": _decoder_block,
-    "base_num_kv_heads": _base_num_kv_heads, "routed_bias": _routed_bias,
+    "attention_type": _attention_type, "attention": _attention_kernel,
+    "decoder_block": _decoder_block, "base_num_kv_heads": _base_num_kv_heads, "routed_bias": _routed_bias,
     "enable_checkpointing": _enable_checkpointing, "te_moe_block": _te_moe_block,
     "hardware": _hardware, "prefuse_moe_weights": _prefuse_moe_weights,
     "dataset_type": _dataset_type, "hf_path": _hf_path, "hf_data_dir": _hf_data_dir,

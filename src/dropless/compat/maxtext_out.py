@@ -1,6 +1,6 @@
 """A TrainConfig's model, its dtypes, sequence, batch and remat policy said in MaxText's flags:
 the other direction of the MaxText edge (`compat.maxtext`), read from the same tables
-(`RENAMES`, `REMAT`) and undoing the same rules (attention_type, routing groups, capacity,
+(`RENAMES`, `REMAT`, `ATTENTION_KERNELS`) and undoing the same rules (attention_type, routing groups, capacity,
 the grouped-matmul backend), so that what it writes translates back, through
 `config_file.build_config`, to the config it came from (tests/compat/test_maxtext_out.py).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dropless.compat.maxtext import REMAT, RENAMES
+from dropless.compat.maxtext import ATTENTION_KERNELS, REMAT, RENAMES
 from dropless.config import TrainConfig
 
 # the RENAMES names written, in the order of MaxText's model configs (configs/models/*.yml)
@@ -76,15 +76,24 @@ def _remat(policy: str) -> str:
 
 
 def _attention(cfg: TrainConfig) -> list[tuple[str, Any]]:
-    """attention_type, decoder_block and the head counts MaxText needs: MLA is MaxText's
-    `attention_type: mla` in its DeepSeek decoder, with as many key/value heads as query heads
-    (its configs/models/deepseek3-*.yml); MHA is `global` with GQA's kv heads and head_dim."""
+    """attention_type, attention (the kernel), decoder_block and the head counts MaxText needs:
+    MLA is MaxText's `attention_type: mla` in its DeepSeek decoder, with as many key/value heads
+    as query heads (its configs/models/deepseek3-*.yml); MHA is `global` with GQA's kv heads
+    and head_dim."""
     m = cfg.model
+    kernel = ("attention", _kernel(m.attention_kernel))
     if m.attention == "mla":
-        return [("attention_type", "mla"), ("decoder_block", "deepseek"),
+        return [("attention_type", "mla"), kernel, ("decoder_block", "deepseek"),
                 ("base_num_kv_heads", m.num_heads)]
-    return [("attention_type", "global"), ("base_num_kv_heads", m.num_kv_heads or m.num_heads),
+    return [("attention_type", "global"), kernel,
+            ("base_num_kv_heads", m.num_kv_heads or m.num_heads),
             ("head_dim", m.head_dim or m.d_model // m.num_heads)]
+
+
+def _kernel(ours: str) -> str:
+    """MaxText's attention for our attention_kernel: the first name that translates to it
+    (cudnn: cudnn_flash_te, MaxText's GPU flash attention)."""
+    return next(n for n, k in ATTENTION_KERNELS.items() if k == ours)
 
 
 def _moe(cfg: TrainConfig) -> list[tuple[str, Any]]:

@@ -9,7 +9,8 @@ from typing import Any
 from dropless.config.fields import (_check_dtype, _check_types, _fail, _one_of,
                                     _positive_ints, described)
 from dropless.config.moe import MoEConfig
-from dropless.config.names import ATTENTION_KINDS, INIT_SCHEMES, LAYER_KINDS, ROPE_TYPES
+from dropless.config.names import (ATTENTION_KERNELS, ATTENTION_KINDS, INIT_SCHEMES,
+                                   LAYER_KINDS, ROPE_TYPES)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,6 +42,10 @@ class ModelConfig:
     attention: str = described(
         "mla", doc="mla (DeepSeek's multi-head latent attention) or mha (standard attention, "
                    "GQA with num_kv_heads)")
+    attention_kernel: str = described(
+        "auto", doc="the attention core: auto (cuDNN's flash attention on an NVIDIA GPU where "
+                    "it takes the operands, bfloat16; else xla), xla (the S x S scores in "
+                    "float32), or cudnn (refused in one line where it cannot run)")
     first_k_dense: int = described(
         0, doc="the first this many layers are dense, the rest MoE (where layer_pattern is \"\")")
     layer_pattern: str = described(
@@ -111,6 +116,7 @@ class ModelConfig:
         _positive_ints(c, self, ("first_k_dense", "num_kv_heads", "head_dim", "q_lora_rank",
                                  "mtp_depth"), allow_zero=True)
         _one_of(c, self, "attention", ATTENTION_KINDS)
+        _one_of(c, self, "attention_kernel", ATTENTION_KERNELS)
         if self.first_k_dense > self.num_layers:
             _fail(c, "first_k_dense", self.first_k_dense,
                   f"must be <= num_layers={self.num_layers}")

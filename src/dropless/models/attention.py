@@ -6,7 +6,8 @@ Packed rows (several documents in one row, `data.batch.Batch`): with `segment_id
 sees only the keys of its own segment (causal AND same segment); rotary tables gathered at
 `positions_BS` (`rope_at`) give every document its own positions from 0. Without them (None,
 decided at trace time) attention is plainly causal over the row and positions run 0..S-1.
-This is the XLA path; there is no fused attention kernel.
+The attention core itself is ops/attention.py's, by `ModelConfig.attention_kernel` (cuDNN's
+flash attention on an NVIDIA GPU in bfloat16, the XLA reference elsewhere).
 
 Legend: B batch, S sequence, D model dim, H query heads, G key/value heads, K query/key head dim,
 V value head dim, R rotary dims, N no-rope (content) dims, Q q low-rank dim, L kv low-rank dim,
@@ -26,6 +27,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from dropless.config import ModelConfig
 from dropless.moe.ffn import Draw, fan_in_draw
+from dropless.ops.attention import causal_attention
+from dropless.ops.attention import chosen as attention_chosen
 
 # The activations each attention kind marks (checkpoint_name) for the `offload` remat policy to
 # move to host memory (as MaxText does).
@@ -109,30 +112,17 @@ def apply_rope(x_BSHR: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x_BSHR.dtype)
 
 
-def attention_mask(seq_len: int, segment_ids_BS: jax.Array | None = None) -> jax.Array:
-    """Which keys each query sees: causal [1, 1, S, S] or, with segment ids, causal AND same
-    segment [B, 1, S, S]. The diagonal is always kept, so no query (padding included: segment 0
-    sees segment 0) is left without a key and softmax never divides by zero."""
-    mask = jnp.tril(jnp.ones((seq_len, seq_len), bool))[None, None]
-    if segment_ids_BS is None:
-        return mask
-    same_BSS = segment_ids_BS[:, :, None] == segment_ids_BS[:, None, :]
-    return mask & same_BSS[:, None]
+def kernel_for(cfg: ModelConfig, seq_len: int, packed: bool) -> str:
+    """What the attention core runs as for `cfg` at `seq_len` in this process, "cudnn" or
+    "xla" (packed: rows carry segment ids). Raises ops.attention.KernelUnavailable where
+    cfg.attention_kernel names a kernel that cannot run here, as tracing the model would."""
+    dt = jnp.dtype(cfg.dtype)
+    g = cfg.kv_heads if cfg.attention == "mha" else cfg.num_heads
 
-
-def causal_attention(q_BSHK: jax.Array, k_BSHK: jax.Array, v_BSHV: jax.Array,
-                     scale: float, segment_ids_BS: jax.Array | None = None) -> jax.Array:
-    """softmax(q k^T * scale + mask) v, scores and softmax in float32. Returns [B,S,H,V]. The
-    mask is causal, and with `segment_ids_BS` also confined to each query's segment
-    (`attention_mask`)."""
-    s = q_BSHK.shape[1]
-    logits_BHSS = jnp.einsum("bqhk,bshk->bhqs", q_BSHK, k_BSHK,
-                             preferred_element_type=jnp.float32) * scale
-    mask = attention_mask(s, segment_ids_BS)
-    logits_BHSS = jnp.where(mask, logits_BHSS, jnp.finfo(jnp.float32).min)
-    probs_BHSS = jax.nn.softmax(logits_BHSS, axis=-1).astype(v_BSHV.dtype)
-    return jnp.einsum("bhqs,bshv->bqhv", probs_BHSS, v_BSHV, preferred_element_type=jnp.float32
-                      ).astype(v_BSHV.dtype)
+    def shape(heads: int, dim: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((1, seq_len, heads, dim), dt)
+    return attention_chosen(cfg.attention_kernel, shape(cfg.num_heads, cfg.qk_head_dim),
+                            shape(g, cfg.qk_head_dim), shape(g, cfg.v_dim), packed)
 
 
 def _dot(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
@@ -187,7 +177,8 @@ def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     q_BSHK = jnp.concatenate([q_BSHK[..., :n], q_rope], axis=-1)
     k_BSHK = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope_BS1R, k_nope.shape[:-1] + (r,))],
                              axis=-1)
-    out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, mla_softmax_scale(cfg), segment_ids_BS)
+    out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, mla_softmax_scale(cfg), segment_ids_BS,
+                                kernel=cfg.attention_kernel)
     return _dot(out_BSHV, p["wo_HVD"], "bshv,hvd->bsd")
 
 
@@ -221,11 +212,8 @@ def mha(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
         k_BSGK = rms_norm(k_BSGK, p["k_norm_K"], cfg.norm_eps)
     q_BSHK = apply_rope(q_BSHK, cos, sin)
     k_BSGK = apply_rope(k_BSGK, cos, sin)
-    rep = cfg.num_heads // cfg.kv_heads
-    k_BSHK = jnp.repeat(k_BSGK, rep, axis=2)
-    v_BSHK = jnp.repeat(v_BSGK, rep, axis=2)
-    out = causal_attention(q_BSHK, k_BSHK, v_BSHK, 1.0 / math.sqrt(cfg.mha_head_dim),
-                           segment_ids_BS)
+    out = causal_attention(q_BSHK, k_BSGK, v_BSGK, 1.0 / math.sqrt(cfg.mha_head_dim),
+                           segment_ids_BS, kernel=cfg.attention_kernel)
     return _dot(out, p["wo_HKD"], "bshk,hkd->bsd")
 
 

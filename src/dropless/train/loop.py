@@ -125,6 +125,7 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     checkpoint.CheckpointError when a save fails, and rundir.RunDirInUse when another process
     holds the run directory.
     """
+    step_lib.attention_kernel(cfg)   # one asked for that cannot run here: refused before all
     fit = preflight.check(cfg)
     with stop_on_signals(stop) as stop:
         run = stop.open_undoable(functools.partial(open_run_dir, cfg), _startup_exit_words)
@@ -314,7 +315,8 @@ def _start_record(ctx: _Ctx, compile_s: float, start: int, gmm=None) -> tuple[di
            "params": ctx.counts, "flops_per_token": ctx.fpt, "peak_flops_per_device": peak,
            "peak_source": peak_src, "compile_s": compile_s, "devices": jax.device_count(),
            "corpus": ctx.corpus.fingerprint(), "busy_fraction": machine.busy_fraction(0.2),
-           "moe_kernels": kernels, **(gmm.record() if gmm else {}), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+           "moe_kernels": kernels, **(gmm.record() if gmm else {}),
+           "attention_kernel": step_lib.attention_kernel(cfg), "xla_flags": os.environ.get("XLA_FLAGS", ""),
            "machine": machine.machine_info()}
     line = (_peak_words(peak, peak_src)
             + (f"\n  MoE layer at this shape ({kernels['rows']} routed rows): grouped matmul "

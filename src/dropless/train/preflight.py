@@ -11,8 +11,9 @@ Two ways to know the bytes a step needs, and every report names the one used:
     the trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
   * `model`: the planner's memory model (`dropless.plan.memory.memory_per_device`, the same one
     `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
-    in the model's weight dtype (float32 moments), activations in the compute dtype, the
-    trainer's plain-XLA attention (the S x S scores are materialised, `attention_impl="naive"`).
+    in the model's weight dtype (float32 moments), activations in the compute dtype, and the
+    attention the run runs (`step.attention_kernel`): cuDNN's flash attention as the planner's
+    `flash`, the XLA reference as `naive` (the S x S scores are materialised).
     Used on a CPU, on a mesh of several devices, and where the compile fails.
 The device's memory is what JAX reports (`bytes_limit`) on an accelerator, the kind's memory x
 the profile's usable fraction (`machine.PROFILES[kind].usable_memory_fraction`) for a
@@ -70,7 +71,9 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
     m = cfg.model
     dt = lambda d: d if d in DTYPE_BYTES else "float32"   # noqa: E731 (float64 -> 4 bytes)
     run = cfg.replace(model=m.replace(dtype=dt(m.dtype), weight_dtype=dt(m.weight_dtype)))
-    plan = PlanConfig(run=run, optimizer_dtype=dt(m.weight_dtype), attention_impl="naive")
+    from dropless.train.step import attention_kernel
+    impl = "flash" if attention_kernel(cfg) == "cudnn" else "naive"
+    plan = PlanConfig(run=run, optimizer_dtype=dt(m.weight_dtype), attention_impl=impl)
     mem = memory_per_device(plan, PROFILES["h100"])  # hardware: only for `usable`
     return {k: float(mem[k]) for k in PARTS + ("total",)}
 

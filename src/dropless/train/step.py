@@ -25,7 +25,7 @@ import optax
 
 from dropless.config import TrainConfig
 from dropless.data.batch import Batch
-from dropless.models import decoder
+from dropless.models import attention, decoder
 from dropless.moe import update_bias
 from dropless.parallel.mesh import AnyMesh
 
@@ -97,6 +97,14 @@ class StepInputs(NamedTuple):
     segment_ids_BS: jax.Array | None
     positions_BS: jax.Array | None
     loss_mask_BS: jax.Array | None
+
+
+def attention_kernel(cfg: TrainConfig) -> str:
+    """What the attention core runs as in this run in this process, "cudnn" or "xla"
+    (models.attention.kernel_for at the run's sequence; rows carry segment ids unless
+    packing=stream, `step_inputs`). Raises ops.attention.KernelUnavailable (a ValueError) for a
+    model.attention_kernel that cannot run here."""
+    return attention.kernel_for(cfg.model, cfg.seq_len, packed=cfg.packing != "stream")
 
 
 def step_inputs(batch: Batch | jax.Array, cfg: TrainConfig) -> StepInputs:

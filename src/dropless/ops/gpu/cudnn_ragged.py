@@ -30,10 +30,11 @@ def _from_int(v: int) -> tuple[int, int, int]:
 
 
 def _plugin_version() -> int | None:
+    """cuDNN's version as the jax CUDA plugin this process imported reports it (jax looks for
+    the cuda13 plugin, then cuda12's), None where there is none or it cannot say."""
     try:
-        from jax_plugins import xla_cuda12  # noqa: PLC0415 (optional: the CUDA plugin)
-        versions = getattr(xla_cuda12, "cuda_versions", None)
-        return int(versions.cudnn_get_version()) if versions is not None else None
+        from jax._src.lib import cuda_versions  # noqa: PLC0415 (the plugin's _versions or None)
+        return int(cuda_versions.cudnn_get_version()) if cuda_versions is not None else None
     except Exception:  # noqa: BLE001 (no plugin, no library: unknown)
         return None
 
