@@ -2,6 +2,7 @@
 the choices; `describe` and `kernel` say which kernel runs and OpenBLAS's kernel set. Which
 kernel actually ran is checked where the products run (test_gemm.py, test_ffn.py)."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -44,6 +45,22 @@ def test_mkl_is_refused_in_one_line_where_it_is_not_installed(monkeypatch):
         with choice.use_kernel("mkl"):
             pass
     assert choice.kernel() == "auto"
+
+
+def test_an_mkl_that_does_not_open_is_named_with_the_loaders_words(monkeypatch, tmp_path):
+    # an installed wheel whose library is damaged: the refusal says that, not "not installed"
+    lib = load.library()
+    bad = tmp_path / "libmkl_rt.so.2"
+    bad.write_bytes(b"not an ELF file")
+    monkeypatch.setitem(load._STATE, "mkl", load._STATE.get("mkl"))
+    monkeypatch.setitem(load._STATE, "mkl_problem", load._STATE.get("mkl_problem"))
+    monkeypatch.setattr(load, "mkl_library", lambda: bad)
+    load._open_mkl(lib)
+    with pytest.raises(ValueError, match=rf"^use_kernel='mkl': the mkl wheel's {re.escape(str(bad))} is not "
+                                         r"usable \(it does not open: .*\), so use own, "
+                                         r"openblas or auto$"):
+        with choice.use_kernel("mkl"):
+            pass
 
 
 def test_mkl_is_opened_where_its_wheel_is_installed():

@@ -170,9 +170,7 @@ def problem() -> str | None:
                                                 platform="cpu")
                 _STATE["lib"] = lib
                 _STATE["problem"] = None
-                mkl = mkl_library()
-                _STATE["mkl"] = mkl if mkl is not None and lib.dropless_use_mkl(
-                    str(mkl).encode()) else None
+                _open_mkl(lib)
                 try:   # this CPU's choices (calibrate.py), then the forced kernel if any
                     _STATE["calibration"] = calibrate.calibrate(
                         lib, calibration_key(path), cache_dir() / "calibration")
@@ -211,6 +209,27 @@ def mkl_library() -> Path | None:
     return next((p for p in found if p.is_file()), None)
 
 
+MKL_MISSING = "MKL is not installed here (pip install 'dropless[mkl]' on Linux x86_64)"
+
+
+def _open_mkl(lib) -> None:
+    """Open the mkl wheel's sgemm in the library where the wheel is installed: _STATE["mkl"]
+    is its path, or None with _STATE["mkl_problem"] saying why not (not installed; installed
+    but its library does not open, with the loader's words, or lacks the entry points)."""
+    mkl = mkl_library()
+    if mkl is not None and lib.dropless_use_mkl(str(mkl).encode()):
+        _STATE["mkl"], _STATE["mkl_problem"] = mkl, None
+        return
+    _STATE["mkl"], _STATE["mkl_problem"] = None, MKL_MISSING
+    if mkl is not None:
+        try:
+            ctypes.CDLL(str(mkl), mode=os.RTLD_LOCAL)
+            why = "it has no MKL_Set_Threading_Layer or cblas_sgemm"
+        except OSError as e:
+            why = f"it does not open: {e}"
+        _STATE["mkl_problem"] = f"the mkl wheel's {mkl} is not usable ({why})"
+
+
 def mkl_version() -> str | None:
     """The `mkl` wheel's version where MKL's sgemm is open in this process, else None."""
     if problem() is not None or not _STATE.get("mkl"):
@@ -231,8 +250,8 @@ def kernel_code(name: str, where: str) -> int:
     if name not in KERNEL_CHOICES:
         raise ValueError(f"{where}={name!r}: use one of {', '.join(KERNEL_CHOICES)}")
     if name == "mkl" and not _STATE.get("mkl"):
-        raise ValueError(f"{where}='mkl': MKL is not installed here (pip install 'dropless[mkl]' "
-                         "on Linux x86_64), so use own, openblas or auto")
+        raise ValueError(f"{where}='mkl': {_STATE.get('mkl_problem') or MKL_MISSING}, so use "
+                         "own, openblas or auto")
     return KERNEL_CHOICES.index(name)
 
 
