@@ -36,14 +36,18 @@ def _plan_json(flags: str, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("kind,profile", [(H100, "h100"), ("NVIDIA H200", "h200")])
-def test_the_prediction_is_dropless_plans_for_the_trained_config(cfg, capsys, kind, profile):
+@pytest.mark.parametrize("kind,profile,ran,impl", [
+    (H100, "h100", "cudnn", "flash"), ("NVIDIA H200", "h200", "cudnn", "flash"),
+    (H100, "h100", "xla", "naive")])   # the attention the run ran, as the planner names it
+def test_the_prediction_is_dropless_plans_for_the_trained_config(cfg, capsys, kind, profile,
+                                                                 ran, impl):
     assert (cfg.preset, cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (
         "deepseek3-1gpu", *RUN_SETTINGS["deepseek3-1gpu"].values())
-    rec = gpu_train.plan_calibration(cfg, MEASURED, kind, dry_run=False)
+    rec = gpu_train.plan_calibration(cfg, {**MEASURED, "attention_kernel": ran}, kind,
+                                     dry_run=False)
     assert rec["hardware"] == profile and rec["hardware_stand_in"] is False
     assert rec["plan_flags"] == (f"--preset deepseek3-1gpu --hardware {profile} --seq 4096 "
-                                 "--per-device-batch 2 --remat minimal --attention-impl naive")
+                                 f"--per-device-batch 2 --remat minimal --attention-impl {impl}")
     ref = _plan_json(rec["plan_flags"], capsys)          # the command, run with those flags
     assert rec["predicted_s"] == pytest.approx(ref["time"]["step_s"], rel=1e-12)
     assert rec["parts_s"] == pytest.approx(
@@ -124,3 +128,35 @@ def test_a_dry_runs_record_never_goes_into_the_file(tmp_path):
     assert out.read_text() == '{"workload": "train_step"}\n'       # untouched
     with pytest.raises(ValueError, match="no plan_calibration record"):
         gpu_train.append_calibration(_bench_file(tmp_path, {"event": "summary"}), out)
+
+
+@pytest.mark.parametrize("error,falls_back", [
+    (RuntimeError("INTERNAL: cuDNN graph failed to build: __cudnn$fmhaScaleBiasSoftmax"), True),
+    (RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 2.1G"), False)])
+def test_a_cudnn_attention_failure_is_recorded_and_the_model_trained_with_xla(
+        cfg, monkeypatch, error, falls_back):
+    import dropless.train.loop as loop
+    import dropless.train.step as step
+    ran: list = []
+
+    def fake_train(c, progress=None):
+        ran.append(c)
+        if len(ran) == 1:
+            raise error
+        return "result"
+    monkeypatch.setattr(loop, "train", fake_train)
+    monkeypatch.setattr(step, "attention_kernel",
+                        lambda c: "cudnn" if c.model.attention_kernel == "auto" else "xla")
+    emitted: list = []
+    emit = lambda rec, line=None: emitted.append(rec)  # noqa: E731
+    if not falls_back:   # anything else is the section's error, as before
+        with pytest.raises(RuntimeError, match="out of memory"):
+            gpu_train._train_or_fall_back(emit, cfg, None)
+        assert emitted == [] and len(ran) == 1
+        return
+    result, used = gpu_train._train_or_fall_back(emit, cfg, None)
+    assert result == "result" and used.model.attention_kernel == "xla"
+    assert used.run_name == "train-xla" and used.model.replace(attention_kernel="auto") == cfg.model
+    (rec,) = emitted
+    assert rec["event"] == "attention_fallback" and (rec["from"], rec["to"]) == ("cudnn", "xla")
+    assert "cuDNN graph failed to build" in rec["reason"]

@@ -8,12 +8,15 @@ summary: median step time, tokens/s, TFLOPS and MFU (against the device's bfloat
 the steps that were neither the first (its dispatch follows the compile) nor traced (the
 profiler slows them), peak device memory, the compile's seconds apart from the steps, the
 memory pre-flight's verdict and method, and the per-kernel table's groups (the run's
-profile_kernels.jsonl, train/profile.py). The dry run trains the same preset shrunk to
+profile_kernels.jsonl, train/profile.py), and which attention ran (cuDNN's flash attention on
+the GPU; where it fails naming cuDNN, an "attention_fallback" record says why and the preset is
+trained again with the XLA attention). The dry run trains the same preset shrunk to
 `DRY_MODEL` on the CPU for 2 steps: the loop, the trace and the table, not the model.
 
 The planner is calibrated from it: a "plan_calibration" record holds, under "record",
 `dropless plan`'s prediction of the same step on the detected GPU's profile (`plan.model.predict`
-of the trained config, the trainer's materialised attention: `attention_impl="naive"`) beside
+of the trained config, with the attention the run ran: `flash` for cuDNN's flash attention,
+`naive` for the XLA one's materialised scores) beside
 the measured median, in the schema of benchmarks/results/plan_calibration.jsonl (`error` =
 predicted / measured - 1; `plan_calibration`); `append_calibration` copies the device's records
 from a gpu_bench.jsonl into that file and refuses a dry run's. The dry run's device is the CPU,
@@ -98,7 +101,8 @@ def _summary(run_dir: Path, traced: range) -> dict:
 
 def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool) -> dict:
     """The planner's prediction of one step of `cfg` (`dropless plan`'s `plan.model.predict`, on
-    the profile of `device_kind`, the trainer's materialised attention) beside `summary`'s
+    the profile of `device_kind`, with the attention the run ran: `flash` for cuDNN's, `naive`
+    for the XLA one's materialised scores) beside `summary`'s
     measured median step: a record of plan_calibration.jsonl's schema (workload, devices,
     predicted_s, measured_s, error = predicted / measured - 1, the predicted parts, the
     machine), plus the preset, the profile and the settings as `dropless plan` flags. A device
@@ -117,11 +121,12 @@ def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool) -> 
         return {"skipped": f"the planner has no profile for {device_kind!r} (known: "
                            f"{sorted(PROFILES)})"}
     hw = PROFILES[STAND_IN_PROFILE] if stand_in else hw
-    plan = predict(PlanConfig(run=cfg, attention_impl="naive"), hw, name=cfg.preset)
+    impl = "flash" if summary.get("attention_kernel") == "cudnn" else "naive"
+    plan = predict(PlanConfig(run=cfg, attention_impl=impl), hw, name=cfg.preset)
     predicted = plan["time"]["step_s"]
     flags = (f"--preset {cfg.preset} --hardware {hw.name} --seq {cfg.seq_len} "
              f"--per-device-batch {cfg.per_device_batch_size} --remat {cfg.remat} "
-             "--attention-impl naive")
+             f"--attention-impl {impl}")
     return {"workload": "train_step", "devices": 1,
             "preset": cfg.preset, "hardware": hw.name, "hardware_stand_in": stand_in,
             "plan_flags": flags, "predicted_s": predicted, "measured_s": measured,
@@ -166,6 +171,28 @@ def append_calibration(bench_jsonl: str | Path, out: str | Path = CALIBRATION_FI
     return len(new)
 
 
+def _train_or_fall_back(emit, cfg, progress):
+    """(train(cfg)'s result, the config that ran). Where cuDNN's flash attention ran and the
+    run failed naming cuDNN, the failure is recorded ("attention_fallback") and the preset
+    trained again with the XLA attention (run name "train-xla"): the section still measures
+    the model. Any other failure raises."""
+    from dropless.train.loop import train
+    from dropless.train.step import attention_kernel
+    try:
+        return train(cfg, progress=progress), cfg
+    except Exception as e:  # noqa: BLE001 (re-raised unless it is cuDNN's attention)
+        text = f"{type(e).__name__}: {e}"
+        if attention_kernel(cfg) != "cudnn" or not any(
+                w in text.lower() for w in ("cudnn", "fmha")):
+            raise
+        emit({"event": "attention_fallback", "from": "cudnn", "to": "xla",
+              "reason": text[:2000]},
+             f"cuDNN's flash attention failed ({text[:200]}); training again with the XLA one")
+    cfg = cfg.replace(run_name="train-xla",
+                      model=cfg.model.replace(attention_kernel="xla"))
+    return train(cfg, progress=progress), cfg
+
+
 def train_section(emit, spec: dict) -> None:
     """Train the preset (module docstring): a JSON line per step as it completes, then the
     summary record."""
@@ -175,7 +202,6 @@ def train_section(emit, spec: dict) -> None:
     from dropless.config_file import build_config
     from dropless.runtime.xla_flags import apply_recipe
     from dropless.train import preflight
-    from dropless.train.loop import train
     from dropless.train.profile import window
     from dropless.train.progress import Progress
     out_dir = Path(spec["out_dir"]) / "train_run"
@@ -185,7 +211,7 @@ def train_section(emit, spec: dict) -> None:
         def step(self, n, *, loss, tokens_per_s, text):
             emit({"event": "step", "step": n, "loss": loss, "tokens_per_s": tokens_per_s})
 
-    result = train(cfg, progress=Steps(print, bar=False))
+    result, cfg = _train_or_fall_back(emit, cfg, Steps(print, bar=False))
     fit = result.preflight     # the trainer's pre-flight, before it allocated anything
     emit({"event": "preflight", "method": fit["method"], "bytes": fit["total"],
           "limit_bytes": fit.get("limit"), "source": fit.get("source"),
