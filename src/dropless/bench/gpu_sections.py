@@ -65,10 +65,28 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else v
 
 
+def _attention_info() -> dict:
+    """What the one-GPU preset's attention runs as here (`auto` at its run settings, packed
+    rows) and, where that is not cuDNN's flash attention, why not."""
+    import jax
+
+    from dropless.config_file import build_config
+    from dropless.ops.gpu import cudnn_attention
+    from dropless.train.step import attention_kernel
+    cfg = build_config([("preset", "deepseek3-1gpu")])
+    m, s = cfg.model, cfg.seq_len
+    shape = (1, s, m.num_heads, m.qk_head_dim)
+    q = jax.ShapeDtypeStruct(shape, m.dtype)
+    v = jax.ShapeDtypeStruct(shape[:3] + (m.v_dim,), m.dtype)
+    return {"attention_kernel_1gpu": attention_kernel(cfg),
+            "cudnn_attention_problem": cudnn_attention.problem(q, q, v, True)}
+
+
 def info_section(emit: Emitter, spec: dict) -> None:
     """Versions (jax, jaxlib, torch, triton, tokamax), the device and its kind, cuDNN and
     cuBLAS as jax loaded them and cuDNN as torch did, the grouped-matmul backends usable here
-    (and why each other is not), and what `auto` resolves to."""
+    (and why each other is not), what `auto` resolves to, and the attention the one-GPU preset
+    runs (and why not cuDNN's where it is not)."""
     import subprocess
 
     import jax
@@ -89,6 +107,7 @@ def info_section(emit: Emitter, spec: dict) -> None:
     rec["gmm_usable"] = [b for b in names if b not in rec["gmm_unusable"]]
     rec["gmm_measured"] = plan.measured_backends(rec["gmm_usable"])
     rec["auto_on_this_platform"] = resolve_backend("auto")
+    rec.update(_attention_info())
     try:
         rec["nvidia_smi"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm,driver_version",
@@ -97,7 +116,8 @@ def info_section(emit: Emitter, spec: dict) -> None:
         rec["nvidia_smi"] = None
     emit(rec, f"{rec['device_kind']}: jax {rec.get('jax')}, cuDNN {rec['cudnn_jax']} (torch's "
               f"{rec['cudnn_torch']}), torch {rec['torch']}, tokamax {rec['tokamax']}, "
-              f"measured {rec['gmm_measured']}, auto -> {rec['auto_on_this_platform']}")
+              f"measured {rec['gmm_measured']}, auto -> {rec['auto_on_this_platform']}, "
+              f"attention -> {rec['attention_kernel_1gpu']}")
 
 
 def cuda_versions() -> dict:
