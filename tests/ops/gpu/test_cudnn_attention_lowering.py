@@ -85,3 +85,19 @@ def test_a_model_lowered_for_cuda_runs_cudnn_attention_in_every_layer(h100):
     ref = cfg.replace(attention_kernel="xla")
     text = _cuda_text(lambda p, t: decoder.forward(p, t, ref, segment_ids_BS=seg), params, tokens)
     assert not _calls(text) and _scores(text, 2, cfg.num_heads, s)
+
+
+def test_what_jaxs_own_checks_refuse_leaves_auto_on_the_reference(h100, monkeypatch):
+    """A rule of jax's binding that ours does not know (here: a stand-in refusal of every
+    shape) is found when auto traces the cuDNN form abstractly: auto takes the XLA attention,
+    and cudnn asked for by name is refused with jax's words."""
+    def refuse(*a, **k):
+        raise NotImplementedError("Unsupported sequence length Q 256, KV 256.")
+    monkeypatch.setattr(fused, "check_is_flash_attention", refuse)
+    q = jnp.zeros((2, 256, 4, 64), jnp.bfloat16)
+    assert att.chosen("auto", q, q, q, True) == "xla"
+    with pytest.raises(att.KernelUnavailable, match=r"model.attention_kernel=cudnn: jax: "
+                       r"NotImplementedError: Unsupported sequence length Q 256, KV 256\."):
+        att.chosen("cudnn", q, q, q, True)
+    text = _cuda_text(lambda q: att.causal_attention(q, q, q, 0.1), q)
+    assert not _calls(text)

@@ -18,7 +18,9 @@ causal square is skipped). Three things are arranged around it:
 checks need a CUDA device to ask, so nothing here is traced elsewhere, and what they would
 refuse is refused first, in one line: dtype (bfloat16 / float16), D (a multiple of 8, at most
 256 from Hopper on, 128 before), the device (compute capability 8.0 or newer), cuDNN loaded,
-an even S where a segment mask becomes a bias in training.
+an even S where a segment mask becomes a bias in training. Where none of those applies, the
+form's forward and backward are traced abstractly (`traced_problem`) and jax's words, if it
+refuses, are the answer.
 """
 from __future__ import annotations
 
@@ -72,14 +74,36 @@ def problem_for(*, backend: str | None, capability: tuple[int, int] | None,
 
 def problem(q_BSHK, k_BSGK, v_BSGV, segments: bool = False) -> str | None:
     """Why cuDNN's flash attention cannot run on these operands in this process (None: it
-    can); see `problem_for`."""
+    can): `problem_for`, then, where that finds nothing, what jax's own checks say when the
+    forward and backward are traced (`traced_problem`)."""
     backend, capability = _gpu()
-    return problem_for(
+    why = problem_for(
         backend=backend, capability=capability,
         cudnn=cudnn_version() if backend is None else None,
         dtypes=tuple(str(a.dtype) for a in (q_BSHK, k_BSGK, v_BSGV)),
         k_dim=q_BSHK.shape[-1], v_dim=v_BSGV.shape[-1], seq_len=q_BSHK.shape[1],
         segments=segments)
+    return why if why is not None else traced_problem(q_BSHK, k_BSGK, v_BSGV, segments)
+
+
+def traced_problem(q_BSHK, k_BSGK, v_BSGV, segments: bool) -> str | None:
+    """What jax's cuDNN binding refuses when this form's forward and backward are traced at
+    these shapes (abstractly: nothing runs), as "jax: <its words>"; None when it takes them.
+    Its checks (head dims, layouts, the device's compute capability, the cuDNN version, a bias
+    in training) run in Python at trace time, so a rule of a jax release that `problem_for`
+    does not know still leaves `auto` on the XLA attention rather than failing the step."""
+    b, s = q_BSHK.shape[:2]
+    seg = jax.ShapeDtypeStruct((b, s), jnp.int32) if segments else None
+
+    def loss(q, k, v, *sg):
+        return jnp.sum(causal_attention(q, k, v, 1.0, sg[0] if sg else None)
+                       .astype(jnp.float32))
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q_BSHK, k_BSGK, v_BSGV)]
+    try:
+        jax.eval_shape(jax.grad(loss, (0, 1, 2)), *args, *([seg] if seg is not None else []))
+    except (NotImplementedError, ValueError, RuntimeError, TypeError) as e:
+        return f"jax: {type(e).__name__}: {e}"
+    return None
 
 
 def _padded(x: jax.Array, d: int) -> jax.Array:
