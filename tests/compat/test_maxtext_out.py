@@ -44,6 +44,7 @@ MAXTEXT_BASE = {
     "qk_nope_head_dim": (128, 450), "qk_rope_head_dim": (64, 451), "v_head_dim": (128, 452),
     "vocab_size": (32000, 712), "per_device_batch_size": (12.0, 731),
     "max_target_length": (2048, 880), "rope_max_timescale": (10000, 1016),
+    "gradient_accumulation_steps": (1, 968),
 }
 ONE_GPU = ROOT / maxtext_out.ONE_GPU_FILE
 

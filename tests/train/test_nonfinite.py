@@ -74,10 +74,11 @@ def test_the_backward_pass_meets_the_deepest_parameter_first():
         "layers/2/moe/router/w_DE", "layers/0/attn/w_q", "embed/w_VD"]
 
 
-def test_an_update_that_overflows_is_named_with_the_learning_rate(cfg, params):
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_an_update_that_overflows_is_named_with_the_learning_rate(cfg, params, accumulate):
     opt = optax.sgd(1e39)     # finite loss and gradients; params - 1e39 * grad is not finite
-    where = locate(params, opt.init(params), _batch(cfg), cfg=cfg.replace(learning_rate=1e39),
-                   opt=opt)
+    cfg = cfg.replace(learning_rate=1e39, gradient_accumulation_steps=accumulate)
+    where = locate(params, opt.init(params), _batch(cfg), cfg=cfg, opt=opt)
     assert where.startswith("loss and gradients finite; the optimizer update made ")
     assert "(learning_rate=1e+39)" in where and "layers/" in where
 
@@ -87,19 +88,24 @@ def test_config_rejects_a_non_boolean():
         build_config([("check_nan", "yes")])
 
 
-def test_the_cli_stops_at_the_bad_step_and_names_the_layer(tmp_path, capsys):
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_cli_stops_at_the_bad_step_and_names_the_layer(tmp_path, capsys, accumulate):
     """learning_rate=1e18: step 1 is finite, its update makes step 2's activations overflow in
     the first attention block. The run stops there with one line and exit 1, step 2 is neither
-    applied nor recorded, and step 1 is checkpointed."""
+    applied nor recorded, and step 1 is checkpointed. With gradient accumulation the search
+    runs micro-batch by micro-batch and names the first bad one."""
     items = dict(MINI, data=str(corpus(tmp_path)), run_dir=str(tmp_path / "runs"),
                  run_name="r", steps=3, warmup_steps=0, eval_every=100, checkpoint_every=100,
-                 time_kernels=False, check_nan="true", learning_rate="1e18")
+                 time_kernels=False, check_nan="true", learning_rate="1e18",
+                 per_device_batch_size=MINI["per_device_batch_size"] // accumulate,
+                 gradient_accumulation_steps=accumulate)
     assert cli.main(["train"] + [f"{k}={v}" for k, v in items.items()]) == 1
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dropless: error")]
     assert len(err) == 1, err
     assert err[0].startswith("dropless: error: step 2: loss nan")
-    assert "first non-finite value in the forward pass: layer 0, attention (layers/0/attn)" \
-        in err[0]
+    where = "" if accumulate == 1 else " (micro-batch 1 of 2)"
+    assert (f"first non-finite value in the forward pass{where}: layer 0, attention "
+            "(layers/0/attn)") in err[0]
     assert "step 2" in err[0] and "step 1, the last with finite values, is checkpointed" in err[0]
     run = tmp_path / "runs" / "r"
     assert latest_step(run / "checkpoints") == 1

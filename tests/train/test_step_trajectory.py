@@ -10,7 +10,8 @@ with AdamW at dropless's schedule, weight-decay mask and clipping (active on som
 Here the trainer trains the same: the folder loaded through `init_from=hf:DIR`
 (train.init_from.initial_params), init_state's optimizer (train.step.make_optimizer) and the
 jitted train.step.train_step, as the loop runs them. Losses and gradient norms must agree at
-relative 1e-5 on every step, the lr with the fixture's. Mutations of the trainer, on the
+relative 1e-5 on every step, the lr with the fixture's, and so must they with each step's
+batch split into micro-batches (gradient accumulation). Mutations of the trainer, on the
 DeepSeek-V3 model (the one with a routing bias) (no clipping, decay on the norms, the lr one step
 late, eps inside the square root, the router-bias update on) must each break that agreement by
 1e-4 or more; they share one compiled gradient (train.step.loss_fn's) and step their own
@@ -74,9 +75,11 @@ def worst(ours: list, theirs: list) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def trained(family: str) -> dict:
-    """The trainer's run: per step loss, grad_norm, lr (jit(train_step), 30 steps)."""
-    cfg = config(family)
+def trained(family: str, accumulate: int = 1) -> dict:
+    """The trainer's run: per step loss, grad_norm, lr (jit(train_step), 30 steps), each
+    step's batch in `accumulate` micro-batches (gradient_accumulation_steps)."""
+    cfg = config(family, per_device_batch_size=tj.BATCH // accumulate,
+                 gradient_accumulation_steps=accumulate)
     state, opt = start(cfg)
     w = windows(family)
     step = jax.jit(functools.partial(st.train_step, cfg=cfg, opt=opt)).lower(
@@ -105,6 +108,16 @@ def test_trajectory_matches_transformers(family):
         assert 0 < sum(ref["clipped"]) < tj.STEPS
         near = np.isclose(ref["grad_norm"], clip, rtol=RTOL)
         assert ((np.asarray(ours["grad_norm"]) > clip) == ref["clipped"])[~near].all()
+
+
+@pytest.mark.parametrize("family,accumulate", [("deepseek_v3", 2), ("qwen3_moe", 4)])
+def test_accumulated_trajectory_matches_transformers(family, accumulate):
+    """Each step's batch in micro-batches (gradient_accumulation_steps): the trajectory of
+    transformers training on the whole batch, as closely as without accumulation."""
+    ours = trained(family, accumulate)
+    for version, ref in reference(family).items():
+        assert worst(ours["loss"], ref["loss"]) <= RTOL, version
+        assert worst(ours["grad_norm"], ref["grad_norm"]) <= RTOL, version
 
 
 # --- mutations: each is a change to the trainer that the comparison must catch -------------

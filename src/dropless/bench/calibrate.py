@@ -57,7 +57,7 @@ def kernel_shapes(cfg: PlanConfig) -> tuple[tuple, tuple]:
     """The matmul shapes a run is made of, timed in isolation as the trainer does at start-up:
     the dense feed-forward (T, D, Fd) and the routed experts' up projection (T*K, D, F, E/ep)
     (the down projection is timed transposed: (T*K, F, D, E/ep))."""
-    s, m, t = cfg.model, cfg.moe, cfg.tokens_per_device
+    s, m, t = cfg.model, cfg.moe, cfg.micro_tokens_per_device
     gmm = ((t * m.top_k, s.d_model, m.d_ff, m.num_experts // cfg.mesh.expert) if m is not None
            else None)
     return (t, s.d_model, s.d_ff), gmm

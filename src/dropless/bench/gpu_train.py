@@ -126,7 +126,9 @@ def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool) -> 
     predicted = plan["time"]["step_s"]
     flags = (f"--preset {cfg.preset} --hardware {hw.name} --seq {cfg.seq_len} "
              f"--per-device-batch {cfg.per_device_batch_size} --remat {cfg.remat} "
-             f"--attention-impl {impl}")
+             f"--attention-impl {impl}"
+             + (f" gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+                if cfg.gradient_accumulation_steps > 1 else ""))
     return {"workload": "train_step", "devices": 1,
             "preset": cfg.preset, "hardware": hw.name, "hardware_stand_in": stand_in,
             "plan_flags": flags, "predicted_s": predicted, "measured_s": measured,

@@ -64,6 +64,7 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "num_experts_per_tok": ("model.moe.top_k",),
     "ragged_buffer_factor": ("model.moe.ragged_buffer_factor",),
     "per_device_batch_size": ("per_device_batch_size",),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps",),
     "max_target_length": ("seq_len",),
     "steps": ("steps",),
     "weight_dtype": ("model.weight_dtype", "model.moe.weight_dtype"),

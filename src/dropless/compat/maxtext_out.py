@@ -28,7 +28,7 @@ MODEL_NAMES = (
     "load_balance_loss_weight", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
     "qk_rope_head_dim", "v_head_dim", "rope_max_timescale", "mtp_num_layers",
     "mtp_loss_scaling_factor", "scan_layers", "dtype", "weight_dtype")
-RUN_NAMES = ("per_device_batch_size", "max_target_length")
+RUN_NAMES = ("per_device_batch_size", "gradient_accumulation_steps", "max_target_length")
 # names MaxText's base.yml declares as integers where our field is a float (rope_max_timescale:
 # 10_000); MaxText parses a value by its base.yml default's type
 INT_NAMES = ("rope_max_timescale",)

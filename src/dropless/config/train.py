@@ -16,8 +16,10 @@ from dropless.runtime.xla_flags import RECIPES, check_flags
 class TrainConfig:
     """One training run: the model, optimizer, data, parallelism, checkpoints and metrics.
 
-    The global batch is `per_device_batch_size * number of devices in the mesh`
-    (data * fsdp * expert, `mesh`), as in MaxText.
+    The global batch is `per_device_batch_size * number of devices in the mesh *
+    gradient_accumulation_steps` (devices: data * fsdp * expert, `mesh`), as in MaxText: each
+    forward and backward pass sees `micro_batch_size` rows and a step adds up the gradients of
+    `gradient_accumulation_steps` of them before the optimizer runs once.
     """
 
     model: ModelConfig = described(doc="the model; its keys start from the preset's values")
@@ -28,7 +30,11 @@ class TrainConfig:
                 "tiny when none is named)")
     steps: int = described(400, doc="optimizer steps the run trains for")
     per_device_batch_size: int = described(
-        16, doc="sequences per device per step; the global batch is this x the mesh's devices")
+        16, doc="sequences per device in each forward and backward pass; the global batch is "
+                "this x the mesh's devices x gradient_accumulation_steps")
+    gradient_accumulation_steps: int = described(
+        1, doc="micro-batches whose gradients a step adds up before its one optimizer update "
+               "(the batch grows, the activations' memory does not)")
     seq_len: int = described(128, doc="tokens per sequence")
     learning_rate: float = described(3e-3, doc="peak learning rate, reached after the warmup")
     warmup_steps: int = described(20, doc="steps of linear warmup from 0 to learning_rate")
@@ -108,7 +114,8 @@ class TrainConfig:
         if not isinstance(self.mesh, MeshConfig):
             _fail(c, "mesh", type(self.mesh).__name__, "must be a MeshConfig")
         _check_types(self)
-        _positive_ints(c, self, ("steps", "per_device_batch_size", "seq_len", "eval_every",
+        _positive_ints(c, self, ("steps", "per_device_batch_size", "gradient_accumulation_steps",
+                                 "seq_len", "eval_every",
                                  "eval_batches", "log_every", "keep_checkpoints"))
         _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps",
                                  "lr_decay_steps"),
@@ -152,5 +159,11 @@ class TrainConfig:
         return self.mesh.num_devices
 
     @property
-    def global_batch_size(self) -> int:
+    def micro_batch_size(self) -> int:
+        """Rows one forward and backward pass sees, over all devices."""
         return self.per_device_batch_size * self.num_devices
+
+    @property
+    def global_batch_size(self) -> int:
+        """Rows one optimizer step trains on: `micro_batch_size` x the accumulation steps."""
+        return self.micro_batch_size * self.gradient_accumulation_steps

@@ -145,7 +145,7 @@ def _block_fn(cfg: ModelConfig, mesh: AnyMesh | None, remat: str):
 
 _SUMMED_AUX = {"loss": "moe_loss", "dropped_tokens": "dropped_tokens",
                "overflow_rounds": "overflow_rounds"}
-_MEAN_AUX = ("load_balance_loss", "seq_aux_loss", "z_loss")
+MEAN_AUX = ("load_balance_loss", "seq_aux_loss", "z_loss")
 
 
 def stacked_aux_name(key: str) -> str:
@@ -171,7 +171,7 @@ def _merge_aux(auxes: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
         values = [a[key] for a in auxes]
         if key in _SUMMED_AUX:
             out[_SUMMED_AUX[key]] = sum(values)
-        elif key in _MEAN_AUX:
+        elif key in MEAN_AUX:
             out[key] = sum(values) / len(values)
         else:
             out[stacked_aux_name(key)] = jnp.stack(values)

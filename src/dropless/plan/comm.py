@@ -1,8 +1,9 @@
-"""Bytes moved per device per step, split into NVLink (intra-node) and InfiniBand (inter-node)
+"""Bytes moved per device, split into NVLink (intra-node) and InfiniBand (inter-node)
 traffic, and the time each collective takes at the profile's link bandwidths.
 
-Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element,
-P parameters.
+Legend as in dropless.models.arithmetic; T tokens per device in one forward and backward pass
+(one micro-batch, `PlanConfig.micro_tokens_per_device`), b bytes per activation element,
+P parameters. plan/model.py repeats a micro-batch's traffic for each accumulation step.
 
 EP dispatch/combine: without deduplication every (token, choice) row travels to its expert's
 device; with it, one row per (token, destination device) travels, carrying the local expert
@@ -100,7 +101,7 @@ def ep_bytes_per_transfer(cfg: PlanConfig, hw: HardwareProfile, *,
     if dispatcher != "allgather":
         row_bytes += 8 * (cfg.moe.top_k if dedup else 1)
     pad = cfg.moe.ragged_buffer_factor if (padded and dispatcher == "a2a") else 1.0
-    t = cfg.tokens_per_device
+    t = cfg.micro_tokens_per_device
     return {"intra": rows["intra"] * t * row_bytes * pad,
             "inter": rows["inter"] * t * row_bytes * pad}
 
@@ -109,7 +110,7 @@ def ep_buffer_bytes(cfg: PlanConfig) -> float:
     """One layer's dispatch and combine send + receive buffers on one device."""
     s, ep = cfg.model, cfg.mesh.expert
     b = cfg.activation_bytes
-    t = cfg.tokens_per_device
+    t = cfg.micro_tokens_per_device
     if cfg.planned_dispatcher == "allgather":
         return 2.0 * t * ep * s.d_model * b
     per_token = expected_devices_per_token(s, ep) if cfg.dedup else s.moe.top_k
@@ -178,5 +179,5 @@ def ep_bytes_per_transfer_rows(cfg: PlanConfig, hw: HardwareProfile) -> float:
     """The activation part of ep_bytes_per_transfer (both links): D values a row, no ids."""
     rows = ep_rows(cfg, hw)
     pad = cfg.moe.ragged_buffer_factor if cfg.planned_dispatcher == "a2a" else 1.0
-    return ((rows["intra"] + rows["inter"]) * cfg.tokens_per_device
+    return ((rows["intra"] + rows["inter"]) * cfg.micro_tokens_per_device
             * cfg.model.d_model * cfg.activation_bytes * pad)

@@ -61,6 +61,9 @@ def _fail(field: str, value, why: str) -> None:
 class PlanConfig:
     """One training run (`run`) on one cluster, with the planner's own settings.
 
+    A step is `accumulation` (the run's `gradient_accumulation_steps`) forward and backward
+    passes of `micro_tokens_per_device` tokens each, their gradients added up, then one optimizer
+    update (`step_tokens_per_device` tokens in all).
     The run's `remat` (config.REMAT_POLICIES, `REMAT`) decides what is kept for backward;
     `offload` names the tensors kept in host memory (None: query and value with remat=offload).
     The MoE layer's dispatcher is planned as `PLANNED_DISPATCHER` says: ragged_a2a (only real
@@ -133,8 +136,21 @@ class PlanConfig:
         return self.run.model.moe
 
     @property
-    def tokens_per_device(self) -> int:
+    def accumulation(self) -> int:
+        """Forward and backward passes (micro-batches) in one optimizer step: the run's
+        `gradient_accumulation_steps`."""
+        return self.run.gradient_accumulation_steps
+
+    @property
+    def micro_tokens_per_device(self) -> int:
+        """Tokens one forward and backward pass sees on one device (per_device_batch_size x
+        seq_len): what activations, buffers and every per-pass transfer scale with."""
         return self.run.per_device_batch_size * self.run.seq_len
+
+    @property
+    def step_tokens_per_device(self) -> int:
+        """Tokens one optimizer step trains on per device: `accumulation` micro-batches."""
+        return self.micro_tokens_per_device * self.accumulation
 
     @property
     def offloaded(self) -> tuple[str, ...]:
@@ -263,12 +279,13 @@ def groups(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, Group]:
 
 def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
     """The plan under the names `dropless plan` shows (its flags and the `layout` of its JSON):
-    gpus, fsdp, ep, data, per_device_batch, seq_len, remat, the MoE layer's gmm_quantization,
-    dispatcher (as planned), ragged_buffer_factor and ep_comm_overlap_chunks, the dtypes and the
-    planner's settings."""
+    gpus, fsdp, ep, data, per_device_batch, seq_len, gradient_accumulation_steps, remat, the
+    MoE layer's gmm_quantization, dispatcher (as planned), ragged_buffer_factor and
+    ep_comm_overlap_chunks, the dtypes and the planner's settings."""
     m, moe, model = cfg.mesh, cfg.moe, cfg.model
     return {"gpus": m.num_devices, "fsdp": m.fsdp, "ep": m.expert, "data": m.data,
             "per_device_batch": cfg.run.per_device_batch_size, "seq_len": cfg.run.seq_len,
+            "gradient_accumulation_steps": cfg.accumulation,
             "remat": cfg.run.remat, "offload": cfg.offload,
             "gmm_quantization": moe.gmm_quantization if moe is not None else "none",
             "dispatcher": cfg.planned_dispatcher, "dedup": cfg.dedup,

@@ -1,6 +1,7 @@
 """Memory per device: weights, gradients, optimizer state, activations, EP buffers.
 
-Legend as in dropless.models.arithmetic; T tokens per device, b bytes per activation element.
+Legend as in dropless.models.arithmetic; T tokens per device in one forward and backward pass
+(one micro-batch, `PlanConfig.micro_tokens_per_device`), b bytes per activation element.
 
 Activations are a catalogue of the tensors one layer produces per token (name, elements,
 bytes, kind). The run's remat policy decides which are kept for the backward pass
@@ -20,6 +21,9 @@ from dropless.plan import comm
 from dropless.plan.layout import REMAT, PlanConfig
 
 GiB = 2 ** 30
+# Gradient accumulation adds up the micro-batches' gradients in float32 (TrainConfig's
+# gradient_accumulation_steps).
+ACCUMULATOR_BYTES = 4
 
 
 class Tensor(NamedTuple):
@@ -131,17 +135,21 @@ def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     Weights, gradients and Adam states (2 moments, plus a float32 master copy when
     `master_weights`) are sharded: expert weights over ep x fsdp, the rest over fsdp x ep (or
     fsdp). `gathered_weights` holds two layers' worth of all-gathered weights (the layer being
-    computed and the one prefetched). `activations` are the kept tensors of all layers,
-    `layer_workspace` one layer's full set (recomputed, with its gradients) during backward,
-    `logits` the output head's logits in bf16 plus float32 for the loss, `ep_buffers` the
-    dispatch/combine send and receive buffers of one layer.
+    computed and the one prefetched). With gradient accumulation (`cfg.accumulation` > 1) the
+    step's float32 sum of the micro-batches' gradients, the scan's carry, is `grad_accumulator`
+    (beside `gradients`, one micro-batch's; 0 without accumulation). The rest is one
+    micro-batch's (`micro_tokens_per_device`) whatever the accumulation: `activations` are the
+    kept tensors of all layers, `layer_workspace` one layer's full set (recomputed, with its
+    gradients) during backward, `logits` the output head's logits in bf16 plus float32 for the
+    loss, `ep_buffers` the dispatch/combine send and receive buffers of one layer.
     """
     s, ep = cfg.model, cfg.mesh.expert
     wb, ob, ab = cfg.weight_bytes, cfg.optimizer_bytes, cfg.activation_bytes
     params = sharded_params(cfg)
-    t = cfg.tokens_per_device
+    t = cfg.micro_tokens_per_device
     f = s.moe.ragged_buffer_factor if s.moe is not None and ep > 1 else 1.0
     out = {"parameters": params * wb, "gradients": params * wb,
+           "grad_accumulator": params * ACCUMULATOR_BYTES if cfg.accumulation > 1 else 0.0,
            "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
     moe_l, dense_l = layer_params(s, True) if s.moe is not None else None, layer_params(s, False)
     biggest = max(sum(dense_l.values()),

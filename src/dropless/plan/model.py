@@ -8,6 +8,12 @@ Per layer (dense and MoE separately, then times their counts):
   ep        = dispatch/combine transfers (4, or 6 when the layer is recomputed)
   offload   = offloaded activations written to host in forward and read back in backward
   data      = all-reduce of the layer's gradient shard across replicas
+A step with gradient accumulation (`gradient_accumulation_steps` k > 1) is k forward and
+backward passes over micro-batches (a lax.scan) and one optimizer update. The model assumes
+XLA keeps every collective inside the scan's loop body: each micro-batch gathers and
+reduce-scatters its layers' weights, reduces its gradients across replicas, dispatches and
+offloads its own tokens, so every part but `optimizer` is k times one micro-batch's, and
+FLOPs, tokens/s and MFU count the step's k micro-batches.
 overlap=none adds every part. overlap=fsdp hides fsdp, data and offload behind the layer's
 compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too. A chunked MoE
 layer (`moe.ep_comm_overlap_chunks` > 1) hides its EP transfers behind its own grouped
@@ -65,13 +71,14 @@ def _layer_weight_bytes(cfg: PlanConfig, moe: bool, attention: bool = True
 
 def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
                 attention: bool = True) -> dict[str, float]:
-    """Seconds per step spent by one layer in each part (nothing overlapped yet).
+    """Seconds one layer spends in each part in one forward and backward pass (one
+    micro-batch; nothing overlapped yet).
 
     `attention=False` leaves the attention block out (the feed-forward / MoE block alone, as
     the CPU calibration times it).
     """
     s, ep = cfg.model, cfg.mesh.expert
-    t = cfg.tokens_per_device
+    t = cfg.micro_tokens_per_device
     rates = _rates(hw, cfg)
     fwd = ar.layer_forward_flops(s, cfg.run.seq_len, moe)
     if not attention:
@@ -122,8 +129,9 @@ def _exposed(parts: dict[str, float], overlap: str, cost: float,
 
 
 def head_times(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
-    """Output head (and MTP heads): logits matmul forward + backward, loss elementwise."""
-    s, t = cfg.model, cfg.tokens_per_device
+    """Output head (and MTP heads) in one micro-batch: logits matmul forward + backward, loss
+    elementwise."""
+    s, t = cfg.model, cfg.micro_tokens_per_device
     f = 3 * ar.head_forward_flops(s) * t * (1 + s.mtp_depth)
     logits = t * s.vocab_size * (cfg.activation_bytes + 4) * (1 + s.mtp_depth)
     return {"gemm": f / _rates(hw, cfg)["gemm"],
@@ -131,7 +139,8 @@ def head_times(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
 
 
 def optimizer_time(cfg: PlanConfig, hw: HardwareProfile) -> float:
-    """AdamW update: read weights, gradients and two moments, write weights and moments."""
+    """AdamW update, once a step: read weights, gradients and two moments, write weights and
+    moments."""
     p = memory.sharded_params(cfg)
     wb, ob = cfg.weight_bytes, cfg.optimizer_bytes
     return p * (3 * wb + 4 * ob) / (hw.hbm_bw * hw.hbm_efficiency)
@@ -139,8 +148,9 @@ def optimizer_time(cfg: PlanConfig, hw: HardwareProfile) -> float:
 
 def predict(cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom") -> dict:
     """The full plan for the run `cfg.run` on `hw` (its model named `name` in the result):
-    memory, FLOPs, bytes, step time and shares."""
-    s = cfg.model
+    memory, FLOPs, bytes, step time and shares. Every part but the optimizer's runs once per
+    micro-batch, `cfg.accumulation` times a step."""
+    s, passes = cfg.model, cfg.accumulation
     n_moe = s.num_moe_layers + (s.mtp_depth if s.moe is not None else 0)
     n_dense = s.num_layers - s.num_moe_layers + (s.mtp_depth if s.moe is None else 0)
     per_type = [(n_dense, layer_times(cfg, hw, False), None)]
@@ -153,16 +163,16 @@ def predict(cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom") -> di
     exposed: dict[str, float] = {}
     for count, parts, chunked in per_type:
         for k, v in parts.items():
-            kernel[k] = kernel.get(k, 0.0) + count * v
+            kernel[k] = kernel.get(k, 0.0) + passes * count * v
         for k, v in _exposed(parts, cfg.overlap, hw.overlap_cost, chunked).items():
-            exposed[k] = exposed.get(k, 0.0) + count * v
+            exposed[k] = exposed.get(k, 0.0) + passes * count * v
     for k, v in head_times(cfg, hw).items():
-        kernel[k] += v
-        exposed[k] += v
+        kernel[k] += passes * v
+        exposed[k] += passes * v
     kernel["optimizer"] = exposed["optimizer"] = optimizer_time(cfg, hw)
     step = sum(exposed.values())
     total_kernel = sum(kernel.values())
-    t = cfg.tokens_per_device
+    t = cfg.step_tokens_per_device
     seq = cfg.run.seq_len
     model_flops = ar.model_flops_per_token(s, seq) * t
     executed = sum(kernel[k] * _rates(hw, cfg)[k] for k in KINDS)
@@ -201,8 +211,10 @@ def layout_summary(cfg: PlanConfig, hw: HardwareProfile) -> dict:
 
 
 def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
-    """Bytes one device sends per step: FSDP, EP (real, padded, without dedup), data, host."""
-    s, ep = cfg.model, cfg.mesh.expert
+    """Bytes one device sends per step: FSDP, EP (real, padded, without dedup), data, host;
+    each micro-batch's, `cfg.accumulation` times (`ep_rows_per_token` and the wire format's
+    per-dispatch figures stay one dispatch's)."""
+    s, ep, passes = cfg.model, cfg.mesh.expert, cfg.accumulation
     g = groups(cfg, hw)
     out: dict = {}
     fsdp = {"intra": 0.0, "inter": 0.0}
@@ -216,14 +228,14 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
         for full, grp in ((rest_b, g["fsdp_all"]), (exp_b, g["fsdp"])):
             rb = comm.ring_bytes(full, grp)
             for k in fsdp:
-                fsdp[k] += count * (2 + grad_scale) * rb[k]
+                fsdp[k] += passes * count * (2 + grad_scale) * rb[k]
         shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
         rb = comm.ring_bytes(shard, g["data"])
         for k in data:
-            data[k] += count * 2 * rb[k]
+            data[k] += passes * count * 2 * rb[k]
     out["fsdp"], out["data"] = fsdp, data
     if s.moe is not None and ep > 1:
-        n = comm.ep_transfers_per_layer(cfg) * n_moe
+        n = comm.ep_transfers_per_layer(cfg) * n_moe * passes
         def scaled(d):
             return {k: n * v for k, v in d.items()}
         out["ep"] = scaled(comm.ep_bytes_per_transfer(cfg, hw))
@@ -235,9 +247,11 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
         out["ep_rows_per_token"] = {"with_dedup": comm.expected_devices_per_token(s, ep),
                                     "without_dedup": float(s.moe.top_k)}
         wire = comm.ep_dispatch_wire(cfg, hw)   # MXFP8 on the wire (docs/fp8_dispatch.md)
-        out["ep_dispatch_wire"] = {**wire, "step_bytes": n_moe * wire["layer_bytes"],
-                                   "step_bytes_mxfp8": n_moe * wire["layer_bytes_mxfp8"]}
-    tensors = memory.layer_tensors(s, cfg.activation_bytes, True)
+        out["ep_dispatch_wire"] = {**wire, "step_bytes": passes * n_moe * wire["layer_bytes"],
+                                   "step_bytes_mxfp8": passes * n_moe
+                                   * wire["layer_bytes_mxfp8"]}
+    # the offloadable tensors are the attention block's (a dense model has no MoE block)
+    tensors = memory.attention_tensors(s, cfg.activation_bytes)
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
-    out["host_offload"] = 2 * host * cfg.tokens_per_device * s.num_layers
+    out["host_offload"] = 2 * host * cfg.step_tokens_per_device * s.num_layers
     return out

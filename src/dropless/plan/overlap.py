@@ -33,7 +33,8 @@ def transfer_time(cfg: PlanConfig, hw: HardwareProfile, num_chunks: int = 1) -> 
     """Seconds of one dispatch (or combine) of one chunk of T/num_chunks tokens per device."""
     s, ep = cfg.model, cfg.mesh.expert
     if cfg.planned_dispatcher == "allgather":
-        full = cfg.tokens_per_device / num_chunks * ep * s.d_model * cfg.activation_bytes
+        full = (cfg.micro_tokens_per_device / num_chunks * ep * s.d_model
+                * cfg.activation_bytes)
         return comm.collective_time(full, groups(cfg, hw)["expert"], hw)
     nbytes = {k: v / num_chunks for k, v in comm.ep_bytes_per_transfer(cfg, hw).items()}
     return comm.a2a_time(nbytes, cfg, hw)

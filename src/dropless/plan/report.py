@@ -15,6 +15,10 @@ def _chunked(k: int) -> str:
     return f" + EP in {k} chunks" if k > 1 else ""
 
 
+def _accumulated(k: int) -> str:
+    return f" x {k} accumulation steps" if k > 1 else ""
+
+
 def format_plan(r: dict) -> str:
     """The sections of `dropless plan`: layout, memory, FLOPs, bytes, step time, shares."""
     lay, mem, fl, by, tm = r["layout"], r["memory"], r["flops"], r["bytes"], r["time"]
@@ -22,7 +26,8 @@ def format_plan(r: dict) -> str:
     lines = [f"{r['model']} on {lay['gpus']} x {r['hardware']}: data {lay['data']} x fsdp "
              f"{lay['fsdp']} x ep {lay['ep']} ({lay['devices_per_node']} GPUs per node; fsdp "
              f"group spans {g['fsdp']['nodes']} node(s), ep group {g['expert']['nodes']})",
-             f"  per-device batch {lay['per_device_batch']} x seq {lay['seq_len']}, remat "
+             f"  per-device batch {lay['per_device_batch']} x seq {lay['seq_len']}"
+             f"{_accumulated(lay['gradient_accumulation_steps'])}, remat "
              f"{lay['remat']}, offload {','.join(lay['offload']) or 'none'}, gmm "
              f"{lay['gmm_quantization']}, dispatcher {lay['dispatcher']}"
              f"{' + dedup' if lay['dedup'] else ''}, buffer factor "
@@ -30,8 +35,8 @@ def format_plan(r: dict) -> str:
              f"{_chunked(lay['ep_comm_overlap_chunks'])}", "",
              "Memory per device (GiB):"]
     rows = [{"part": k, "GiB": mem[k] / GiB} for k in
-            ("parameters", "gradients", "optimizer_state", "gathered_weights", "activations",
-             "layer_workspace", "logits", "ep_buffers", "total")]
+            ("parameters", "gradients", "grad_accumulator", "optimizer_state", "gathered_weights",
+             "activations", "layer_workspace", "logits", "ep_buffers", "total")]
     lines += ["  " + x for x in format_table(rows, ["part", "GiB"]).splitlines()]
     lines += [f"  host (offloaded activations): {mem['host_offloaded'] / GiB:.1f} GiB",
               f"  verdict: {verdict(mem)}", "",
@@ -78,7 +83,8 @@ def format_sweep(rows: list[dict]) -> str:
 
 def format_suggest(rows: list[dict]) -> str:
     if not rows:
-        return "no layout fits: try more GPUs, a smaller batch or sequence, or remat=full"
+        return ("no layout fits: try more GPUs, a smaller batch (raise "
+                "gradient_accumulation_steps to keep the global batch) or sequence, or remat=full")
     view = [{**r, "offload": ",".join(r["offload"]) or "-", "mfu": _pct(r["mfu"])} for r in rows]
     return format_table(view, ["fsdp", "ep", "data", "remat", "offload", "ragged_buffer_factor",
                                "step_s", "tflops_per_device", "mfu", "tokens_per_s",

@@ -160,6 +160,8 @@ def _header(ctx: _Ctx, start: int) -> str:
             f"{ctx.fpt['model'] / 1e6:.2f} MFLOPs/token (training)\n  data: {corpus.source} "
             f"({_data_words(corpus)}); "
             f"batch {cfg.global_batch_size} x {cfg.seq_len}"
+            + (f" ({cfg.gradient_accumulation_steps} micro-batches of {cfg.micro_batch_size})"
+               if cfg.gradient_accumulation_steps > 1 else "")
             + (f"; resuming at step {start}" if start else ""))
 
 

@@ -140,11 +140,18 @@ def locate(params: Any, opt_state: Any, batch_BS1: jax.Array, *, cfg: TrainConfi
     bad = nonfinite_leaves(canon)
     if bad:
         return f"parameters were already non-finite before the step: {_first(bad)}"
-    forward = _locate_forward(canon, step_lib.step_inputs(batch_BS1, cfg), cfg.model, mesh)
-    if forward:
-        return f"first non-finite value in the forward pass: {forward}"
-    loss = functools.partial(step_lib.loss_fn, cfg=cfg, mesh=mesh)
-    (value, _), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, batch_BS1)
+    k = cfg.gradient_accumulation_steps
+    parts = [batch_BS1] if k == 1 else [
+        jax.tree.map(lambda a, m=m: a[m], step_lib.micro_batches(batch_BS1, k))
+        for m in range(k)]
+    for m, part in enumerate(parts, start=1):
+        forward = _locate_forward(canon, step_lib.step_inputs(part, cfg), cfg.model, mesh)
+        if forward:
+            where = f" (micro-batch {m} of {k})" if k > 1 else ""
+            return f"first non-finite value in the forward pass{where}: {forward}"
+    metrics, grads = jax.jit(functools.partial(step_lib.loss_and_grads, cfg=cfg, mesh=mesh))(
+        params, batch_BS1)
+    value = metrics["loss"]
     if _bad(value):
         return "the forward pass is finite but the loss is not (the balance losses?)"
     bad = sorted(nonfinite_leaves(to_canonical_layout(grads)),

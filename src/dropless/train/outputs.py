@@ -45,7 +45,8 @@ class MetricsWriter:
 def eval_batches(cfg: TrainConfig, corpus) -> list:
     """The run's fixed held-out batches (the first ones, unshuffled): [B, S + 1] windows under
     packing="stream", else data.batch.Batch rows packed as the training batches are (SFT
-    examples when `corpus` is a data.sft.SftCorpus)."""
+    examples when `corpus` is a data.sft.SftCorpus), of `global_batch_size` rows (a step's;
+    `step.eval_loss` reads one in micro-batches where the run accumulates gradients)."""
     b = cfg.global_batch_size
     if isinstance(corpus, sft_lib.SftCorpus):
         addr = sft_lib.Addressing(corpus.eval, seq_len=cfg.seq_len, seed=cfg.seed,

@@ -32,11 +32,16 @@ GiB = 2 ** 30
 _HINTS = {
     "parameters": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "gradients": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
+    "grad_accumulator": "use a smaller model or shard it (mesh.fsdp, mesh.expert), or set "
+                        "gradient_accumulation_steps=1 with a per_device_batch_size that fits",
     "optimizer_state": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "gathered_weights": "use a smaller model",
-    "activations": "lower seq_len or per_device_batch_size, or set remat=full",
-    "layer_workspace": "lower seq_len or per_device_batch_size",
-    "logits": "lower seq_len or per_device_batch_size",
+    "activations": "lower seq_len or per_device_batch_size (raise gradient_accumulation_steps "
+                   "to keep the global batch), or set remat=full",
+    "layer_workspace": "lower seq_len or per_device_batch_size (raise "
+                       "gradient_accumulation_steps to keep the global batch)",
+    "logits": "lower seq_len or per_device_batch_size (raise gradient_accumulation_steps to "
+              "keep the global batch)",
     "ep_buffers": "lower per_device_batch_size",
 }
 PARTS = tuple(_HINTS)
@@ -94,8 +99,8 @@ def compiled(cfg: TrainConfig, device, *, compile_only: bool = False) -> dict[st
     opt = step_lib.make_optimizer(cfg, state["params"])
     sh = jax.sharding.SingleDeviceSharding(device)
     state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), state)
-    batch = jax.ShapeDtypeStruct((cfg.per_device_batch_size, cfg.seq_len + 1), jnp.int32,
-                                 sharding=sh)
+    rows = cfg.per_device_batch_size * cfg.gradient_accumulation_steps
+    batch = jax.ShapeDtypeStruct((rows, cfg.seq_len + 1), jnp.int32, sharding=sh)
     fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt), donate_argnums=0)
     ma = fn.lower(state, batch).compile().memory_analysis()
     out = {"arguments": float(ma.argument_size_in_bytes),
@@ -170,7 +175,10 @@ def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "",
            else "by the planner's memory model")
     raise DoesNotFit(
         f"per_device_batch_size={cfg.per_device_batch_size} x seq_len={cfg.seq_len} "
-        f"(remat={cfg.remat}) does not fit: {_fmt(fit['total'])} per device {how}, "
+        f"(remat={cfg.remat}"
+        + (f", gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+           if cfg.gradient_accumulation_steps > 1 else "")
+        + f") does not fit: {_fmt(fit['total'])} per device {how}, "
         f"{_fmt(limit)} available ({source}); the biggest term is {big} "
         f"({_fmt(fit[big])}). {_HINTS[big][0].upper() + _HINTS[big][1:]} "
         "(DROPLESS_NO_PREFLIGHT=1 skips this check)")

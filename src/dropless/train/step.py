@@ -14,6 +14,14 @@ refuses "stream" with it): the computation of the runs made before packing (the 
 Batch's eval loss may differ from a windows array's in the last bit, where XLA fuses the mean
 over targets that arrive as their own array differently). The choice is made at trace time
 from the config and the batch's type, never from its values.
+
+Gradient accumulation (`TrainConfig.gradient_accumulation_steps` k > 1): the step's batch is
+split into k micro-batches (rows m, m + k, m + 2k, ...: each device's rows stay on it), one
+forward and backward pass each under a lax.scan, their float32 gradients added up, then the
+optimizer runs once. Each micro-batch divides its cross-entropy sums by the whole batch's
+target counts (`TargetCounts`), so the cross-entropy terms and their gradients are the whole
+batch's to rounding; the balance losses are each micro-batch's own, averaged (as MaxText
+does), and the router-bias update reads the whole batch's expert loads.
 """
 from __future__ import annotations
 
@@ -22,11 +30,13 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 
 from dropless.config import TrainConfig
 from dropless.data.batch import Batch
 from dropless.models import attention, decoder
 from dropless.moe import update_bias
+from dropless.moe.dispatch.overlap import NOT_SUMMED
 from dropless.parallel.mesh import AnyMesh
 
 State = dict[str, Any]
@@ -80,10 +90,15 @@ def new_state(params, opt: optax.GradientTransformation, rng: jax.Array) -> Stat
 
 
 def cross_entropy(logits_BSV: jax.Array, targets_BS: jax.Array,
-                  mask_BS: jax.Array | None = None) -> jax.Array:
-    """Mean token cross-entropy in float32 (over mask when given)."""
+                  mask_BS: jax.Array | None = None, total: jax.Array | None = None
+                  ) -> jax.Array:
+    """Mean token cross-entropy in float32 (over mask when given). `total`: divide the summed
+    (masked) cross-entropy by this count instead of this batch's own (a micro-batch's share of
+    a larger batch's mean)."""
     nll = optax.softmax_cross_entropy_with_integer_labels(logits_BSV.astype(jnp.float32),
                                                           targets_BS)
+    if total is not None:
+        return jnp.sum(nll if mask_BS is None else nll * mask_BS) / jnp.maximum(total, 1)
     if mask_BS is None:
         return jnp.mean(nll)
     return jnp.sum(nll * mask_BS) / jnp.maximum(jnp.sum(mask_BS), 1)
@@ -97,6 +112,15 @@ class StepInputs(NamedTuple):
     segment_ids_BS: jax.Array | None
     positions_BS: jax.Array | None
     loss_mask_BS: jax.Array | None
+
+
+class TargetCounts(NamedTuple):
+    """What a micro-batch's loss divides by: the targets the whole step's batch counts for the
+    cross-entropy and for each MTP depth, and the number of micro-batches (the balance losses'
+    share)."""
+    ce: jax.Array                  # float32 []
+    mtp: tuple[jax.Array, ...]     # float32 [] per MTP depth
+    micro_batches: int
 
 
 def attention_kernel(cfg: TrainConfig) -> str:
@@ -139,18 +163,35 @@ def mtp_mask(x: StepInputs, k: int) -> jax.Array:
     return mask
 
 
-def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | None = None
-            ) -> tuple[jax.Array, dict[str, jax.Array]]:
+def target_counts(batch: Batch | jax.Array, cfg: TrainConfig) -> TargetCounts:
+    """The targets `batch` counts for the cross-entropy and for each MTP depth (`step_inputs`,
+    `mtp_mask`), for splitting it into cfg.gradient_accumulation_steps micro-batches."""
+    x = step_inputs(batch, cfg)
+    ce = (jnp.asarray(x.targets_BS.size, jnp.float32) if x.loss_mask_BS is None
+          else jnp.sum(x.loss_mask_BS.astype(jnp.float32)))
+    mtp = tuple(jnp.sum(mtp_mask(x, k).astype(jnp.float32))
+                for k in range(1, cfg.model.mtp_depth + 1))
+    return TargetCounts(ce, mtp, cfg.gradient_accumulation_steps)
+
+
+def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | None = None,
+            counts: TargetCounts | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed);
     the CE terms are means over the targets the loss mask counts (`step_inputs`).
-    `mesh`: the trainer's (`parallel.mesh.train_mesh`: the mesh with its node size)."""
+    `mesh`: the trainer's (`parallel.mesh.train_mesh`: the mesh with its node size).
+    `counts`: `batch` is one of `counts.micro_batches` micro-batches of a step whose batch
+    counts these targets: the CE terms are its sums over those counts and the balance losses
+    are divided by the number of micro-batches, so the micro-batches' objectives (and
+    `ce_loss`, `mtp_loss`, `loss`) add up to the step's."""
     m = cfg.model
     x = step_inputs(batch, cfg)
+    share = (lambda v: v) if counts is None else (lambda v: v / counts.micro_batches)
     docs = {"segment_ids_BS": x.segment_ids_BS, "positions_BS": x.positions_BS}
     logits, h, aux = decoder.forward(params, x.tokens_BS, m, **docs, mesh=mesh,
                                       remat=cfg.remat)
-    ce = cross_entropy(logits, x.targets_BS, x.loss_mask_BS)
-    total = ce + aux["moe_loss"]
+    ce = cross_entropy(logits, x.targets_BS, x.loss_mask_BS,
+                       None if counts is None else counts.ce)
+    total = ce + share(aux["moe_loss"])
     metrics = {"ce_loss": ce, **aux}
     if m.mtp_depth:
         mtp, mtp_aux = decoder.mtp_logits(params, h, x.tokens_BS, m, **docs, mesh=mesh,
@@ -158,9 +199,10 @@ def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | 
         losses = []
         for k, lg in enumerate(mtp, start=1):
             losses.append(cross_entropy(lg, jnp.roll(x.targets_BS, -k, axis=1),
-                                        mtp_mask(x, k)))
+                                        mtp_mask(x, k),
+                                        None if counts is None else counts.mtp[k - 1]))
         metrics["mtp_loss"] = sum(losses) / len(losses)
-        total = total + m.mtp_loss_coef * metrics["mtp_loss"] + mtp_aux["moe_loss"]
+        total = total + m.mtp_loss_coef * metrics["mtp_loss"] + share(mtp_aux["moe_loss"])
         for k in ("tokens_per_expert_LE", "dropped_rows_L", "sufficient_buffer_factor_L"):
             if k in mtp_aux:   # the MTP blocks' own MoE layers
                 metrics[f"mtp_{k}"] = mtp_aux[k]
@@ -196,15 +238,72 @@ def _update_biases(params, metrics, cfg: TrainConfig):
     return params
 
 
+# Metrics that are each micro-batch's own mean (averaged over micro-batches); the others are
+# sums (counts, and `loss_fn`'s shares of the step's CE terms) except the traffic statistics
+# that combine as NOT_SUMMED says.
+_MICRO_MEAN = (*decoder.MEAN_AUX, "moe_loss")
+_MICRO_NOT_SUMMED = {decoder.stacked_aux_name(k): f for k, f in NOT_SUMMED.items()}
+
+
+def micro_batches(batch: Batch | jax.Array, k: int) -> Batch | jax.Array:
+    """Every [k * b, ...] leaf of `batch` as [k, b, ...]: micro-batch m holds rows m, m + k,
+    m + 2k, ... (a device's contiguous block of the batch's rows holds the same share of every
+    micro-batch, so splitting moves no data between devices). Raises ValueError when k does
+    not divide the rows."""
+    def split(a):
+        if a.shape[0] % k:
+            raise ValueError(f"gradient_accumulation_steps={k} does not divide the batch's "
+                             f"{a.shape[0]} rows")
+        return jnp.swapaxes(a.reshape((a.shape[0] // k, k) + a.shape[1:]), 0, 1)
+    return jax.tree.map(split, batch)
+
+
+def merge_micro_metrics(stacked: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The step's metrics from its micro-batches' (each stacked along a leading axis)."""
+    out = {}
+    for key, v in stacked.items():
+        base = key.removeprefix("mtp_")
+        fn = jnp.mean if base in _MICRO_MEAN else _MICRO_NOT_SUMMED.get(base, jnp.sum)
+        out[key] = fn(v, axis=0).astype(v.dtype)
+    return out
+
+
+def loss_and_grads(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
+                   mesh: AnyMesh | None = None,
+                   loss: Callable[..., tuple[jax.Array, dict]] = loss_fn
+                   ) -> tuple[dict[str, jax.Array], Any]:
+    """(metrics, gradients) of `loss` on the step's batch: one pass, or, with
+    cfg.gradient_accumulation_steps k > 1, the sum of k micro-batches' gradients (accumulated
+    in float32, returned in each parameter's dtype) under a lax.scan, `loss` called with the
+    whole batch's `TargetCounts` as its fifth argument."""
+    k = cfg.gradient_accumulation_steps
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
+    if k == 1:
+        (_, metrics), grads = grad_fn(params, batch, cfg, mesh)
+        return metrics, grads
+    counts = target_counts(batch, cfg)
+
+    def one(acc, micro):
+        (_, m), g = grad_fn(params, micro, cfg, mesh, counts)
+        return jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g), m
+
+    zeros = jax.tree.map(
+        lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
+    acc, stacked = lax.scan(one, zeros, micro_batches(batch, k))
+    grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
+    return merge_micro_metrics(stacked), grads
+
+
 def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
                opt: optax.GradientTransformation, mesh: AnyMesh | None = None,
                loss: Callable[..., tuple[jax.Array, dict]] = loss_fn) -> tuple[State, dict]:
-    """One optimizer step on a batch (a Batch or [B, S + 1] windows, see `step_inputs`);
-    returns (new state, metrics). `loss(params, batch, cfg, mesh) -> (objective, metrics)` is
-    the language model's `loss_fn` unless a benchmark trains another model with this step
-    (its metrics need `tokens_per_expert_LE` where the router biases learn)."""
-    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(
-        state["params"], batch, cfg, mesh)
+    """One optimizer step on a batch (a Batch or [B, S + 1] windows, see `step_inputs`; B is
+    the global batch, split into micro-batches where cfg accumulates, `loss_and_grads`);
+    returns (new state, metrics). `loss(params, batch, cfg, mesh[, counts]) ->
+    (objective, metrics)` is the language model's `loss_fn` unless a benchmark trains another
+    model with this step (its metrics need `tokens_per_expert_LE` where the router biases
+    learn)."""
+    metrics, grads = loss_and_grads(state["params"], batch, cfg=cfg, mesh=mesh, loss=loss)
     updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     params = _update_biases(params, metrics, cfg)
@@ -218,9 +317,22 @@ def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
 def eval_loss(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
               mesh: AnyMesh | None = None) -> jax.Array:
     """Held-out next-token cross-entropy over the counted targets (no MTP, no balance losses);
-    the batch is read as `step_inputs` says."""
+    the batch is read as `step_inputs` says, in cfg.gradient_accumulation_steps micro-batches
+    as the step reads its batch (the same number, to rounding, as in one pass)."""
+    k = cfg.gradient_accumulation_steps
+    if k == 1:
+        return _eval_ce(params, batch, cfg, mesh, None)
+    total = target_counts(batch, cfg).ce
+
+    def one(acc, micro):
+        return acc + _eval_ce(params, micro, cfg, mesh, total), None
+    return lax.scan(one, jnp.zeros((), jnp.float32), micro_batches(batch, k))[0]
+
+
+def _eval_ce(params, batch, cfg: TrainConfig, mesh: AnyMesh | None,
+             total: jax.Array | None) -> jax.Array:
     x = step_inputs(batch, cfg)
     logits, _, _ = decoder.forward(params, x.tokens_BS, cfg.model,
                                     segment_ids_BS=x.segment_ids_BS,
                                     positions_BS=x.positions_BS, mesh=mesh)
-    return cross_entropy(logits, x.targets_BS, x.loss_mask_BS)
+    return cross_entropy(logits, x.targets_BS, x.loss_mask_BS, total)

@@ -29,11 +29,12 @@ from jax import lax
 
 SCOPE = "ep_chunk"   # chunk c's ops carry op_name .../ep_chunk{c}/... in HLO metadata
 
-# How each traffic statistic of the chunks combines into the layer's (expert_parallel._stats
-# names them): counts add up; these do not.
-_MERGE = {"rounds": jnp.max,                     # the most rounds any chunk ran
-          "buffer_headroom": jnp.min,            # the fullest chunk's headroom
-          "sufficient_buffer_factor": jnp.max}   # the factor every chunk would fit in
+# How each traffic statistic of parts of a batch (the chunks here, the trainer's micro-batches)
+# combines into the whole batch's (expert_parallel._stats names them): counts add up; these do
+# not.
+NOT_SUMMED = {"rounds": jnp.max,                     # the most rounds any part ran
+              "buffer_headroom": jnp.min,            # the fullest part's headroom
+              "sufficient_buffer_factor": jnp.max}   # the factor every part would fit in
 
 
 def chunk_tokens(num_tokens: int, num_devices: int, chunks: int) -> int:
@@ -51,11 +52,11 @@ def chunk_tokens(num_tokens: int, num_devices: int, chunks: int) -> int:
 
 
 def merge_stats(stats: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
-    """The layer's traffic statistics from its chunks': sums, except `_MERGE`'s keys."""
+    """The layer's traffic statistics from its chunks': sums, except `NOT_SUMMED`'s keys."""
     out = {}
     for key in stats[0]:
         values = jnp.stack([s[key] for s in stats])
-        out[key] = _MERGE.get(key, jnp.sum)(values, axis=0).astype(values.dtype)
+        out[key] = NOT_SUMMED.get(key, jnp.sum)(values, axis=0).astype(values.dtype)
     return out
 
 

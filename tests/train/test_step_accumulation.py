@@ -1,0 +1,177 @@
+"""Gradient accumulation (`gradient_accumulation_steps` k): a step over k micro-batches is the
+step over the whole batch in one pass (the reference): the cross-entropy and MTP terms, their
+gradients, the expert loads and the router-bias update, with packed documents whose counted
+targets differ between micro-batches; the balance losses are each micro-batch's own, averaged
+(MaxText's rule, src/maxtext/utils/gradient_accumulation.py at e591f30). On a mesh of 4 host
+devices the same. The eval loss reads a batch in the same micro-batches, giving the one-pass
+number. Through the loop: the global batch is k times the micro-batch, the header and the tokens
+a step say so. Bad values are refused in one
+line. The trajectory against transformers with accumulation is in test_step_trajectory.py."""
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dropless.cli.main import main
+from dropless.config import TrainConfig
+from dropless.config_file import build_config
+from dropless.data.batch import Batch
+from dropless.parallel.mesh import batch_sharding, train_mesh
+from dropless.parallel.sharding import state_shardings
+from dropless.train import step
+from dropless.train.loop import train
+
+from tests._support.train_mini import mini
+
+# an MLA model with a dense and an MoE layer, MTP depth 1, float32, small enough to compile fast
+KEYS = {"preset": "deepseek3-test", "model.d_model": 32, "model.num_layers": 2,
+        "model.num_heads": 2, "model.kv_lora_rank": 16, "model.q_lora_rank": 0,
+        "model.qk_nope_head_dim": 8, "model.qk_rope_head_dim": 8, "model.v_head_dim": 8,
+        "model.moe.d_ff": 16, "model.moe.num_experts": 8, "model.moe.top_k": 2,
+        "model.moe.gmm_backend": "ragged_dot", "model.mtp_depth": 1, "seq_len": 12,
+        "per_device_batch_size": 4}
+
+
+def config(**kw) -> TrainConfig:
+    return build_config(list({**KEYS, **kw}.items()))
+
+
+def packed_batch(rows: int, seq: int, seed: int = 0) -> Batch:
+    """Rows of 1-3 documents each, a padded tail and an uneven loss mask: micro-batches count
+    different numbers of targets."""
+    rng = np.random.default_rng(seed)
+    seg = np.zeros((rows, seq), np.int32)
+    pos = np.zeros((rows, seq), np.int32)
+    for r in range(rows):
+        cuts = np.sort(rng.choice(np.arange(1, seq - 1), size=r % 3, replace=False))
+        end = seq - (r % 4)                     # 0-3 padding positions
+        bounds = [0, *[c for c in cuts if c < end], end]
+        for d, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]), start=1):
+            seg[r, a:b], pos[r, a:b] = d, np.arange(b - a)
+    tokens = rng.integers(0, 200, (rows, seq), dtype=np.int32)
+    targets = rng.integers(0, 200, (rows, seq), dtype=np.int32)
+    mask = ((seg > 0) & (rng.random((rows, seq)) > 0.3 * (np.arange(rows)[:, None] % 2)))
+    return Batch(tokens, targets, seg, pos, mask.astype(np.float32))
+
+
+def run(cfg: TrainConfig, batch, mesh=None):
+    state, opt = step.init_state(cfg)
+    if mesh is not None:
+        state = jax.device_put(state, state_shardings(state, mesh))
+        batch = jax.device_put(batch, batch_sharding(mesh))
+    grads = jax.jit(functools.partial(step.loss_and_grads, cfg=cfg, mesh=mesh))(
+        state["params"], batch)
+    new, metrics = jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt, mesh=mesh))(
+        state, batch)
+    return jax.device_get((grads[1], new, metrics))
+
+
+def close(a, b, rtol=2e-6):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        scale = max(float(np.max(np.abs(y))), 1e-30)
+        assert float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) <= rtol * scale
+
+
+def test_micro_batches_interleave_rows():
+    b = packed_batch(6, 5)
+    micro = step.micro_batches(b, 3)
+    for m in range(3):
+        for got, whole in zip(micro, b):
+            np.testing.assert_array_equal(got[m], whole[m::3])
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=4 does not divide the "
+                                         "batch's 6 rows"):
+        step.micro_batches(b, 4)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulated_step_is_the_whole_batch_step(k):
+    """Balance losses off and the router-bias update on: every term is the whole batch's."""
+    keys = {"model.moe.seq_aux_coef": 0.0, "model.moe.load_balance_coef": 0.0,
+            "model.moe.z_loss_coef": 0.0, "model.moe.bias_update_speed": 0.01}
+    batch = packed_batch(8, 12)
+    g1, s1, m1 = run(config(**keys, per_device_batch_size=8), batch)
+    gk, sk, mk = run(config(**keys, per_device_batch_size=8 // k,
+                            gradient_accumulation_steps=k), batch)
+    assert set(mk) == set(m1)
+    for key in ("loss", "ce_loss", "mtp_loss", "grad_norm", "lr"):
+        np.testing.assert_allclose(mk[key], m1[key], rtol=2e-6, err_msg=key)
+    for key in ("tokens_per_expert_LE", "mtp_tokens_per_expert_LE", "dropped_tokens"):
+        np.testing.assert_array_equal(mk[key], m1[key], err_msg=key)
+    close(gk, g1)
+    close(sk["params"], s1["params"], rtol=1e-5)
+    # the router biases moved by the whole batch's loads: bit for bit the same
+    for a, b in zip(jax.tree.leaves(sk["params"]), jax.tree.leaves(s1["params"])):
+        if a.ndim == 1 and a.shape == (8,):
+            np.testing.assert_array_equal(a, b)
+    assert int(sk["step"]) == 1
+    # the eval loss reads the batch in the same micro-batches: the one-pass number
+    cfg1, cfgk = config(**keys, per_device_batch_size=8), config(
+        **keys, per_device_batch_size=8 // k, gradient_accumulation_steps=k)
+    params = step.init_state(cfg1)[0]["params"]
+    np.testing.assert_allclose(
+        jax.jit(functools.partial(step.eval_loss, cfg=cfgk))(params, batch),
+        jax.jit(functools.partial(step.eval_loss, cfg=cfg1))(params, batch), rtol=2e-6)
+
+
+def test_balance_losses_are_each_micro_batchs_own_averaged():
+    """With the balance losses on, the CE terms are still the whole batch's and `moe_loss` is
+    the mean of what each micro-batch alone gives (rows m, m + 2, ...)."""
+    keys = {"model.moe.seq_aux_coef": 0.01, "model.moe.load_balance_coef": 0.01}
+    batch = packed_batch(4, 12, seed=3)
+    cfg1, cfg2 = config(**keys), config(**keys, per_device_batch_size=2,
+                                        gradient_accumulation_steps=2)
+    _, _, m1 = run(cfg1, batch)
+    _, _, m2 = run(cfg2, batch)
+    np.testing.assert_allclose(m2["ce_loss"], m1["ce_loss"], rtol=2e-6)
+    np.testing.assert_allclose(m2["mtp_loss"], m1["mtp_loss"], rtol=2e-6)
+    state, _ = step.init_state(cfg1)
+    alone = [jax.jit(functools.partial(step.loss_fn, cfg=cfg1))(
+        state["params"], jax.tree.map(lambda a, m=m: a[m::2], batch))[1] for m in range(2)]
+    for key in ("moe_loss", "seq_aux_loss", "load_balance_loss"):
+        np.testing.assert_allclose(m2[key], (alone[0][key] + alone[1][key]) / 2, rtol=2e-6,
+                                   err_msg=key)
+    assert float(m2["moe_loss"]) > 0
+    np.testing.assert_allclose(
+        m2["loss"], m2["ce_loss"] + m2["moe_loss"] + cfg1.model.mtp_loss_coef * m2["mtp_loss"]
+        + sum(float(a["loss"] - a["ce_loss"] - a["moe_loss"]
+                    - cfg1.model.mtp_loss_coef * a["mtp_loss"]) for a in alone) / 2,
+        rtol=2e-6)
+
+
+def test_on_a_mesh_the_accumulated_step_is_the_whole_batch_step():
+    """4 host devices (data 2 x expert 2): each device's rows stay on it, same numbers."""
+    keys = {"model.moe.seq_aux_coef": 0.0, "mesh.data": 2, "mesh.expert": 2,
+            "model.moe.gmm_backend": "auto"}
+    batch = packed_batch(8, 12, seed=1)
+    cfg1 = config(**keys, per_device_batch_size=2)
+    cfg2 = config(**keys, per_device_batch_size=1, gradient_accumulation_steps=2)
+    assert (cfg1.global_batch_size, cfg2.global_batch_size, cfg2.micro_batch_size) == (8, 8, 4)
+    g1, _, m1 = run(cfg1, batch, train_mesh(cfg1.mesh))
+    g2, _, m2 = run(cfg2, batch, train_mesh(cfg2.mesh))
+    np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=2e-6)
+    np.testing.assert_array_equal(m2["tokens_per_expert_LE"], m1["tokens_per_expert_LE"])
+    close(g2, g1)
+
+
+def test_the_loop_trains_the_global_batch(tmp_path):
+    lines = []
+    cfg = mini(tmp_path, steps=2, per_device_batch_size=2, gradient_accumulation_steps=2,
+               run_name="acc", checkpoint_every=0, eval_every=2)
+    assert (cfg.global_batch_size, cfg.micro_batch_size) == (4, 2)
+    res = train(cfg, echo=lines.append)
+    assert "batch 4 x 32 (2 micro-batches of 2)" in "\n".join(lines)
+    recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["event"] == "step"]
+    assert len(steps) == 2 and all(np.isfinite(r["loss"]) for r in steps)
+    for r in steps:   # the step's tokens: the global batch's
+        assert r["tokens_per_s"] * r["step_time_s"] == pytest.approx(4 * 32, rel=1e-9)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_bad_values_are_refused_in_one_line(value, capsys):
+    code = main(["train", "--preset", "tiny", f"gradient_accumulation_steps={value}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "gradient_accumulation_steps" in err[0], err
