@@ -9,11 +9,12 @@ Per layer (dense and MoE separately, then times their counts):
   offload   = offloaded activations written to host in forward and read back in backward
   data      = all-reduce of the layer's gradient shard across replicas
 A step with gradient accumulation (`gradient_accumulation_steps` k > 1) is k forward and
-backward passes over micro-batches (a lax.scan) and one optimizer update. The model assumes
-XLA keeps every collective inside the scan's loop body: each micro-batch gathers and
-reduce-scatters its layers' weights, reduces its gradients across replicas, dispatches and
-offloads its own tokens, so every part but `optimizer` is k times one micro-batch's, and
-FLOPs, tokens/s and MFU count the step's k micro-batches.
+backward passes over micro-batches (a lax.scan) and one optimizer update, with the collectives
+where XLA:GPU puts them (jax 0.11.2, tests/train/test_step_accumulation_gpu_compile.py): each
+micro-batch gathers and reduce-scatters its layers' weights, dispatches and offloads its own
+tokens (k times one micro-batch's), while the replicas' gradient all-reduce leaves the loop:
+once a step, after the last micro-batch, with no compute left to hide behind (fully exposed).
+The optimizer runs once; FLOPs, tokens/s and MFU count the step's k micro-batches.
 overlap=none adds every part. overlap=fsdp hides fsdp, data and offload behind the layer's
 compute (exposed = max(0, part - compute)); overlap=full hides EP transfers too. A chunked MoE
 layer (`moe.ep_comm_overlap_chunks` > 1) hides its EP transfers behind its own grouped
@@ -163,9 +164,13 @@ def predict(cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom") -> di
     exposed: dict[str, float] = {}
     for count, parts, chunked in per_type:
         for k, v in parts.items():
-            kernel[k] = kernel.get(k, 0.0) + passes * count * v
+            kernel[k] = kernel.get(k, 0.0) + (1 if k == "data" else passes) * count * v
         for k, v in _exposed(parts, cfg.overlap, hw.overlap_cost, chunked).items():
-            exposed[k] = exposed.get(k, 0.0) + passes * count * v
+            if k == "data" and passes > 1:   # once, after the loop: nothing hides it
+                v, n = parts["data"], 1
+            else:
+                n = passes
+            exposed[k] = exposed.get(k, 0.0) + n * count * v
     for k, v in head_times(cfg, hw).items():
         kernel[k] += passes * v
         exposed[k] += passes * v
@@ -212,8 +217,8 @@ def layout_summary(cfg: PlanConfig, hw: HardwareProfile) -> dict:
 
 def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
     """Bytes one device sends per step: FSDP, EP (real, padded, without dedup), data, host;
-    each micro-batch's, `cfg.accumulation` times (`ep_rows_per_token` and the wire format's
-    per-dispatch figures stay one dispatch's)."""
+    each micro-batch's, `cfg.accumulation` times, but the replicas' gradient reduction once
+    (`ep_rows_per_token` and the wire format's per-dispatch figures stay one dispatch's)."""
     s, ep, passes = cfg.model, cfg.mesh.expert, cfg.accumulation
     g = groups(cfg, hw)
     out: dict = {}
@@ -231,8 +236,8 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
                 fsdp[k] += passes * count * (2 + grad_scale) * rb[k]
         shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
         rb = comm.ring_bytes(shard, g["data"])
-        for k in data:
-            data[k] += passes * count * 2 * rb[k]
+        for k in data:   # once a step: the sum of the micro-batches' gradients
+            data[k] += count * 2 * rb[k]
     out["fsdp"], out["data"] = fsdp, data
     if s.moe is not None and ep > 1:
         n = comm.ep_transfers_per_layer(cfg) * n_moe * passes
