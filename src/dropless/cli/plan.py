@@ -7,7 +7,7 @@ import math
 import os
 
 from dropless.config import GMM_QUANTIZATIONS, REMAT_POLICIES
-from dropless.machine import PROFILES
+from dropless.machine import PRECISIONS, PROFILES
 from dropless.plan import report
 from dropless.plan.from_train import MESH_KEYS, build_plan
 from dropless.plan.layout import ATTENTION_IMPLS, MODELLED_DISPATCHERS, OVERLAPS
@@ -85,7 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "H200 (the jax CUDA plugin; no GPU needed) and print the bytes XLA's "
                         "memory analysis says it holds beside the planner's estimate; a "
                         "config that does not fit is refused (exit 2)")
-    p.add_argument("--out", default=None, help="write the result as JSON here")
+    p.add_argument("--kernels", action="store_true",
+                   help="with --compile-for: list the compiled step's kernels with a predicted "
+                        "(roofline, not measured) time each and by group; --out then writes "
+                        "them as JSON lines")
+    p.add_argument("--out", default=None, help="write the result as JSON here (with --kernels: "
+                   "the kernel table as JSON lines)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -114,6 +119,12 @@ def check_arguments(args) -> None:
         raise ValueError(f"--calibrate-devices {args.calibrate_devices} must be >= 1")
     if args.sweep_gpus is not None:
         _sweep_sizes(args.sweep_gpus)
+    if args.kernels and args.compile_for is None:
+        raise ValueError("--kernels lists the kernels of the compiled step: give --compile-for "
+                         "h100 or h200 with it")
+    if args.kernels and os.environ.get("DROPLESS_NO_PREFLIGHT") == "1":
+        raise ValueError("--kernels needs the step compiled, which DROPLESS_NO_PREFLIGHT=1 "
+                         "skips: unset it or leave --kernels out")
     if args.compile_for is not None:
         if args.reference or args.calibrate:
             raise ValueError(f"--compile-for {args.compile_for} compiles a planned train step; "
@@ -161,8 +172,14 @@ def _compute(args) -> tuple[dict, str]:
             text += "\n\nScaling sweep (growing " + args.sweep_axis + "):\n" + \
                 report.format_sweep(result["sweep"])
         if args.compile_for:
-            result["compiled_memory"] = compiled_memory(cfg, name, args.compile_for)
+            hlo: list[str] = []
+            keep = (lambda exe: hlo.append(exe.as_text())) if args.kernels else None
+            result["compiled_memory"] = compiled_memory(cfg, name, args.compile_for,
+                                                        on_compiled=keep)
             text = _with_compiled_line(text, result["compiled_memory"])
+            if args.kernels:
+                result["kernel_table"] = kernel_records(hlo[0], hw, args, name)
+                text += "\n\n" + format_kernels(result["kernel_table"])
         if args.suggest:
             result["suggest"] = suggest(cfg, hw, top=args.top,
                                         min_factor=args.min_buffer_factor)
@@ -183,11 +200,12 @@ def _check_plugin(kind: str) -> None:
                          ".venv-jax011 and .venv-jaxnew have it), or leave --compile-for out")
 
 
-def compiled_memory(cfg, name: str, kind: str) -> dict:
+def compiled_memory(cfg, name: str, kind: str, on_compiled=None) -> dict:
     """The planned run's train step compiled for a compile-only `kind` device by the trainer's
     pre-flight (`train.preflight.check(run, target=kind)`): its dict plus "target" and "jax".
     Raises ValueError for a plan of more than one device (the pre-flight compiles a one-device
-    step) and, naming the model, when the step does not fit (`preflight.DoesNotFit`)."""
+    step) and, naming the model, when the step does not fit (`preflight.DoesNotFit`).
+    `on_compiled(executable)`: see `preflight.compiled`."""
     import jax
     from dropless.train import preflight
     n = cfg.run.mesh.num_devices
@@ -200,7 +218,7 @@ def compiled_memory(cfg, name: str, kind: str) -> dict:
     # the plan runs on a device, so the process keeps to the CPU platform
     jax.config.update("jax_platforms", "cpu")
     try:
-        fit = preflight.check(cfg.run, target=kind)
+        fit = preflight.check(cfg.run, target=kind, on_compiled=on_compiled)
     except preflight.DoesNotFit as e:
         raise ValueError(f"--compile-for {kind}: {name}: {e}") from None
     return {**fit, "target": kind, "jax": jax.__version__}
@@ -224,11 +242,74 @@ def run(args) -> int:
     naming it before anything is computed (cli/main prints it as one line, exit 2)."""
     result, text = _compute(args)
     from dropless import json_out   # never a NaN token: null plus `<key>_nonfinite`
+    table = result.pop("kernel_table", None)
+    if table is not None:     # in the JSON: the header and the groups; all rows in --out
+        result["kernels"] = [r for r in table if r["event"] in ("header", "group")]
     print(json_out.dumps(result, indent=1, default=_jsonable) if args.json else text)
-    if args.out:
+    if args.out and table is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        files.write_text(args.out, "".join(json_out.dumps(r, default=_jsonable) + "\n"
+                                           for r in table))
+    elif args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         files.write_text(args.out, json_out.dumps(result, indent=1, default=_jsonable))
     return 0
+
+
+def kernel_records(hlo_text: str, hw, args, name: str) -> list[dict]:
+    """The predicted kernel table of the compiled step's HLO (`runtime.hlo_kernels`) on the
+    plan's hardware profile `hw`: a "header" record (the command, jax, the machine and commit
+    it was compiled on, the date, the target, the profile, the predicted step) and then
+    `hlo_kernels.predict`'s records."""
+    import datetime
+
+    import jax
+
+    from dropless.machine import machine_info, peak_for
+    from dropless.runtime import hlo_kernels
+    recs = hlo_kernels.predict(hlo_kernels.kernels(hlo_text), hw,
+                               peak=lambda p: peak_for(hw, p) if p in PRECISIONS else None)
+    total = sum(r["total_us"] for r in recs if r["event"] == "kernel")
+    words = [f"{k}={v}" for k, v in settings(args)]
+    command = " ".join(["dropless plan", *([f"--config {args.config}"] if args.config else []),
+                        *words, f"--compile-for {args.compile_for}", "--kernels"])
+    header = {"event": "header", "command": command, "jax": jax.__version__,
+              "machine": machine_info(),
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+              "model": name, "target": args.compile_for, "hardware": hw.name,
+              "hbm_bw": hw.hbm_bw, "hbm_efficiency": hw.hbm_efficiency,
+              "gemm_efficiency": hw.gemm_efficiency, "predicted_step_us": total,
+              "kernels": sum(r["event"] == "kernel" for r in recs),
+              "what": "predicted per kernel from the compiled step's optimized HLO: "
+                      "max(bytes / (hbm_bw x hbm_efficiency), FLOPs / (peak x "
+                      "gemm_efficiency)) x launches, summed with no overlap; not measured. "
+                      "The compile-only step runs XLA's attention and ragged_dot as the "
+                      "grouped matmul"}
+    return [header, *recs]
+
+
+def format_kernels(table: list[dict], top: int = 15) -> str:
+    """The top `top` kernels and the groups of a `kernel_records` table as text."""
+    from dropless.text_table import format_table
+    head = table[0]
+    kern = [r for r in table if r["event"] == "kernel"]
+    groups = [r for r in table if r["event"] == "group"]
+
+    def row(r: dict, label: str) -> dict:
+        return {label: r.get("name", r["group"]), "kind": r.get("kind"),
+                "group": r["group"], "count": r.get("count"), "ms/step": r["total_us"] / 1e3,
+                "share": f"{100 * r['share']:.1f}%", "GB": r["bytes"] / 1e9,
+                "TFLOP": r["flops"] / 1e12, "bound": r.get("bound")}
+    return (f"Kernels of the step compiled for {head['target']} ({len(kern)} kernels; "
+            f"predicted on the {head['hardware']} profile, not measured):\n"
+            + format_table([row(r, "kernel") for r in kern[:top]],
+                           ["kernel", "kind", "group", "count", "ms/step", "share", "GB",
+                            "TFLOP", "bound"])
+            + "\n\nBy group:\n"
+            + format_table([row(g, "group") for g in groups],
+                           ["group", "ms/step", "share", "GB", "TFLOP"])
+            + f"\n  predicted step: {head['predicted_step_us'] / 1e3:.1f} ms (the kernels' "
+              "sum, no overlap; XLA attention and ragged_dot as compiled without a GPU)")
 
 
 def _jsonable(x):

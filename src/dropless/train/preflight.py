@@ -36,12 +36,10 @@ _HINTS = {
                         "gradient_accumulation_steps=1 with a per_device_batch_size that fits",
     "optimizer_state": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "gathered_weights": "use a smaller model",
-    "activations": "lower seq_len or per_device_batch_size (raise gradient_accumulation_steps "
-                   "to keep the global batch), or set remat=full",
-    "layer_workspace": "lower seq_len or per_device_batch_size (raise "
-                       "gradient_accumulation_steps to keep the global batch)",
-    "logits": "lower seq_len or per_device_batch_size (raise gradient_accumulation_steps to "
-              "keep the global batch)",
+    "activations": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps), "
+                   "or set remat=full",
+    "layer_workspace": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps)",
+    "logits": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps)",
     "ep_buffers": "lower per_device_batch_size",
 }
 PARTS = tuple(_HINTS)
@@ -83,11 +81,13 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
     return {k: float(mem[k]) for k in PARTS + ("total",)}
 
 
-def compiled(cfg: TrainConfig, device, *, compile_only: bool = False) -> dict[str, float]:
+def compiled(cfg: TrainConfig, device, *, compile_only: bool = False,
+             on_compiled=None) -> dict[str, float]:
     """Bytes the train step compiled for `device` (one device; a real one or a compile-only one
     with `compile_only`) holds at once, by XLA's memory analysis: {"arguments", "outputs",
     "aliased", "temp", "code", "total", "compile_s"}. Nothing is allocated: the state and the
-    batch are abstract. Raises what the compile raises."""
+    batch are abstract. `on_compiled(executable)`, when given, is called with the compiled
+    step (e.g. to read its HLO text). Raises what the compile raises."""
     import jax
     import jax.numpy as jnp
     from dropless.train import step as step_lib
@@ -102,7 +102,10 @@ def compiled(cfg: TrainConfig, device, *, compile_only: bool = False) -> dict[st
     rows = cfg.per_device_batch_size * cfg.gradient_accumulation_steps
     batch = jax.ShapeDtypeStruct((rows, cfg.seq_len + 1), jnp.int32, sharding=sh)
     fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt), donate_argnums=0)
-    ma = fn.lower(state, batch).compile().memory_analysis()
+    executable = fn.lower(state, batch).compile()
+    if on_compiled is not None:
+        on_compiled(executable)
+    ma = executable.memory_analysis()
     out = {"arguments": float(ma.argument_size_in_bytes),
            "outputs": float(ma.output_size_in_bytes), "aliased": float(ma.alias_size_in_bytes),
            "temp": float(ma.temp_size_in_bytes),
@@ -132,12 +135,12 @@ def _gpu_device(cfg: TrainConfig):
     return None
 
 
-def measure(cfg: TrainConfig, *, target: str | None = None) -> dict:
+def measure(cfg: TrainConfig, *, target: str | None = None, on_compiled=None) -> dict:
     """The bytes `cfg`'s step needs per device and how they were found: the estimate's parts
     plus "method" ("compiled" or "model"), "total", and with a compile its memory analysis
     ("compiled") or why none was made ("note"). `target`: compile for a compile-only H100/H200
     ("h100"/"h200"; ValueError when the jax CUDA plugin is missing) instead of this machine's
-    device."""
+    device. `on_compiled`: passed to `compiled`."""
     est = estimate(cfg)
     est.update(method="model", model_total=est["total"])
     if target is not None:
@@ -148,7 +151,7 @@ def measure(cfg: TrainConfig, *, target: str | None = None) -> dict:
     if dev is None:
         return est
     try:
-        c = compiled(cfg, dev, compile_only=only)
+        c = compiled(cfg, dev, compile_only=only, on_compiled=on_compiled)
     except Exception as e:  # noqa: BLE001 - the compile is a better estimate, not a must
         if target is not None:
             raise
@@ -158,13 +161,14 @@ def measure(cfg: TrainConfig, *, target: str | None = None) -> dict:
 
 
 def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "",
-          target: str | None = None) -> dict:
+          target: str | None = None, on_compiled=None) -> dict:
     """`measure(cfg)` with "limit" and "source" (the device's usable bytes and where that
     number came from), or DoesNotFit naming the method, the biggest term and what to change.
-    Compiles nothing and checks nothing with DROPLESS_NO_PREFLIGHT=1."""
+    Compiles nothing and checks nothing with DROPLESS_NO_PREFLIGHT=1. `on_compiled`: passed to
+    `compiled` (called only where the step is compiled)."""
     if os.environ.get("DROPLESS_NO_PREFLIGHT") == "1":
         return {**estimate(cfg), "method": "skipped"}
-    fit = measure(cfg, target=target)
+    fit = measure(cfg, target=target, on_compiled=on_compiled)
     if limit is None:
         limit, source = target_limit(target) if target else device_memory(cfg)
     fit.update(limit=limit, source=source)
