@@ -126,8 +126,10 @@ def kernel_for(cfg: ModelConfig, seq_len: int, packed: bool) -> str:
 
 
 def _dot(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
-    return jnp.einsum(spec, x, w.astype(x.dtype), preferred_element_type=jnp.float32
-                      ).astype(x.dtype)
+    """A projection in the compute dtype: float32 accumulation inside the matmul, the output in
+    x's dtype, so the backward pass's matmuls take bfloat16 cotangents as well (a float32
+    output cast down would hand them float32 ones, and a GPU runs those at float32 rate)."""
+    return jnp.einsum(spec, x, w.astype(x.dtype), preferred_element_type=x.dtype)
 
 
 def init_mla(key: jax.Array, cfg: ModelConfig, draw: Draw = fan_in_draw

@@ -259,8 +259,7 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
         e = params["embed"]["w_VD"][jnp.roll(tokens_BS, -k, axis=1)].astype(dt)
         cat = jnp.concatenate([rms_norm(h_BSD, m["hidden_norm_D"], cfg.norm_eps),
                                rms_norm(e, m["embed_norm_D"], cfg.norm_eps)], axis=-1)
-        h_BSD = jnp.dot(cat, m["proj_2DD"].astype(dt), preferred_element_type=jnp.float32
-                        ).astype(dt)
+        h_BSD = jnp.dot(cat, m["proj_2DD"].astype(dt), preferred_element_type=dt)
         h_BSD, aux = fn(m["block"], h_BSD, cos, sin, segment_ids_BS)
         if aux:
             auxes.append(aux)

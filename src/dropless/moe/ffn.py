@@ -54,12 +54,11 @@ def init_swiglu_ffn(key: jax.Array, d: int, f: int, dtype, draw: Draw = fan_in_d
 
 
 def swiglu_ffn(p: dict[str, jax.Array], x_TD: jax.Array, dtype) -> jax.Array:
-    """down(silu(x @ gate) * (x @ up)) -> [..., D] float32: x and the weights in `dtype`,
-    every matmul accumulated in float32 (a dense layer, or the shared experts of width
-    num_shared_experts * d_ff)."""
+    """down(silu(x @ gate) * (x @ up)) -> [..., D] in `dtype`: x and the weights in `dtype`,
+    every matmul accumulated in float32 and its output in `dtype`, as the routed experts'
+    (a dense layer, or the shared experts of width num_shared_experts * d_ff)."""
     dt = jnp.dtype(dtype)
     x = x_TD.astype(dt)
-    g = jnp.dot(x, p["w_gate_DF"].astype(dt), preferred_element_type=jnp.float32)
-    u = jnp.dot(x, p["w_up_DF"].astype(dt), preferred_element_type=jnp.float32)
-    return jnp.dot(swiglu(g, u, dt), p["w_down_FD"].astype(dt),
-                   preferred_element_type=jnp.float32)
+    g = jnp.dot(x, p["w_gate_DF"].astype(dt), preferred_element_type=dt)
+    u = jnp.dot(x, p["w_up_DF"].astype(dt), preferred_element_type=dt)
+    return jnp.dot(swiglu(g, u, dt), p["w_down_FD"].astype(dt), preferred_element_type=dt)

@@ -304,8 +304,9 @@ def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
     model with this step (its metrics need `tokens_per_expert_LE` where the router biases
     learn)."""
     metrics, grads = loss_and_grads(state["params"], batch, cfg=cfg, mesh=mesh, loss=loss)
-    updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
+    with jax.named_scope("optimizer"):   # the kernel tables' "optimizer" group
+        updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
     params = _update_biases(params, metrics, cfg)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["lr"] = lr_schedule(cfg)(state["step"])
