@@ -13,6 +13,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from dropless.cli.main import main
@@ -57,16 +58,19 @@ def packed_batch(rows: int, seq: int, seed: int = 0) -> Batch:
     return Batch(tokens, targets, seg, pos, mask.astype(np.float32))
 
 
-def run(cfg: TrainConfig, batch, mesh=None):
-    state, opt = step.init_state(cfg)
+@functools.lru_cache(maxsize=None)
+def params_of(model):
+    return jax.device_get(step.init_state(config().replace(model=model))[0]["params"])
+
+
+def grads_of(cfg: TrainConfig, batch, mesh=None):
+    """(metrics, gradients) of `step.loss_and_grads` at the model's initial parameters."""
+    params = params_of(cfg.model)
     if mesh is not None:
-        state = jax.device_put(state, state_shardings(state, mesh))
+        params = jax.device_put(params, state_shardings({"params": params}, mesh)["params"])
         batch = jax.device_put(batch, batch_sharding(mesh))
-    grads = jax.jit(functools.partial(step.loss_and_grads, cfg=cfg, mesh=mesh))(
-        state["params"], batch)
-    new, metrics = jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt, mesh=mesh))(
-        state, batch)
-    return jax.device_get((grads[1], new, metrics))
+    return jax.device_get(jax.jit(functools.partial(step.loss_and_grads, cfg=cfg, mesh=mesh))(
+        params, batch))
 
 
 def close(a, b, rtol=2e-6):
@@ -86,34 +90,57 @@ def test_micro_batches_interleave_rows():
         step.micro_batches(b, 4)
 
 
+# balance losses off, the router-bias update on: every term is the whole batch's
+WHOLE = {"model.moe.seq_aux_coef": 0.0, "model.moe.load_balance_coef": 0.0,
+         "model.moe.z_loss_coef": 0.0, "model.moe.bias_update_speed": 0.01}
+
+
+@functools.lru_cache(maxsize=None)
+def one_pass():
+    """The reference: the 8-row batch's metrics and gradients in one pass."""
+    return grads_of(config(**WHOLE, per_device_batch_size=8), packed_batch(8, 12))
+
+
 @pytest.mark.parametrize("k", [2, 4])
 def test_accumulated_step_is_the_whole_batch_step(k):
-    """Balance losses off and the router-bias update on: every term is the whole batch's."""
-    keys = {"model.moe.seq_aux_coef": 0.0, "model.moe.load_balance_coef": 0.0,
-            "model.moe.z_loss_coef": 0.0, "model.moe.bias_update_speed": 0.01}
     batch = packed_batch(8, 12)
-    g1, s1, m1 = run(config(**keys, per_device_batch_size=8), batch)
-    gk, sk, mk = run(config(**keys, per_device_batch_size=8 // k,
-                            gradient_accumulation_steps=k), batch)
+    m1, g1 = one_pass()
+    cfgk = config(**WHOLE, per_device_batch_size=8 // k, gradient_accumulation_steps=k)
+    mk, gk = grads_of(cfgk, batch)
     assert set(mk) == set(m1)
-    for key in ("loss", "ce_loss", "mtp_loss", "grad_norm", "lr"):
+    for key in ("loss", "ce_loss", "mtp_loss"):
         np.testing.assert_allclose(mk[key], m1[key], rtol=2e-6, err_msg=key)
     for key in ("tokens_per_expert_LE", "mtp_tokens_per_expert_LE", "dropped_tokens"):
         np.testing.assert_array_equal(mk[key], m1[key], err_msg=key)
     close(gk, g1)
-    close(sk["params"], s1["params"], rtol=1e-5)
-    # the router biases moved by the whole batch's loads: bit for bit the same
-    for a, b in zip(jax.tree.leaves(sk["params"]), jax.tree.leaves(s1["params"])):
-        if a.ndim == 1 and a.shape == (8,):
-            np.testing.assert_array_equal(a, b)
-    assert int(sk["step"]) == 1
     # the eval loss reads the batch in the same micro-batches: the one-pass number
-    cfg1, cfgk = config(**keys, per_device_batch_size=8), config(
-        **keys, per_device_batch_size=8 // k, gradient_accumulation_steps=k)
-    params = step.init_state(cfg1)[0]["params"]
+    params = params_of(cfgk.model)
     np.testing.assert_allclose(
         jax.jit(functools.partial(step.eval_loss, cfg=cfgk))(params, batch),
-        jax.jit(functools.partial(step.eval_loss, cfg=cfg1))(params, batch), rtol=2e-6)
+        jax.jit(functools.partial(step.eval_loss, cfg=config(**WHOLE, per_device_batch_size=8)))(
+            params, batch), rtol=2e-6)
+
+
+def test_the_step_moves_router_biases_by_the_whole_batchs_loads():
+    """train_step with 2 micro-batches: the biases move by the summed loads, bit for bit the
+    one-pass update; the gradient norm is the one-pass gradients'; one step is counted."""
+    m1, g1 = one_pass()
+    cfg1 = config(**WHOLE, per_device_batch_size=8)
+    cfg = config(**WHOLE, per_device_batch_size=4, gradient_accumulation_steps=2)
+    state, opt = step.init_state(cfg)
+    new, m = jax.device_get(jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt))(
+        state, packed_batch(8, 12)))
+    want = step._update_biases(state["params"], m1, cfg1)
+
+    def biases(params):
+        return [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                if getattr(path[-1], "key", None) == "bias_E"]
+    assert biases(want) and len(biases(want)) == len(biases(new["params"]))
+    for got, ref, old in zip(biases(new["params"]), biases(want), biases(state["params"])):
+        np.testing.assert_array_equal(got, ref)
+        assert not np.array_equal(got, old)
+    np.testing.assert_allclose(m["grad_norm"], optax.tree.norm(g1), rtol=2e-6)
+    assert int(new["step"]) == 1
 
 
 def test_balance_losses_are_each_micro_batchs_own_averaged():
@@ -123,13 +150,14 @@ def test_balance_losses_are_each_micro_batchs_own_averaged():
     batch = packed_batch(4, 12, seed=3)
     cfg1, cfg2 = config(**keys), config(**keys, per_device_batch_size=2,
                                         gradient_accumulation_steps=2)
-    _, _, m1 = run(cfg1, batch)
-    _, _, m2 = run(cfg2, batch)
+    m1, _ = grads_of(cfg1, batch)
+    m2, _ = grads_of(cfg2, batch)
     np.testing.assert_allclose(m2["ce_loss"], m1["ce_loss"], rtol=2e-6)
     np.testing.assert_allclose(m2["mtp_loss"], m1["mtp_loss"], rtol=2e-6)
-    state, _ = step.init_state(cfg1)
-    alone = [jax.jit(functools.partial(step.loss_fn, cfg=cfg1))(
-        state["params"], jax.tree.map(lambda a, m=m: a[m::2], batch))[1] for m in range(2)]
+    loss = jax.jit(functools.partial(step.loss_fn, cfg=cfg1))
+    alone = [jax.device_get(loss(params_of(cfg1.model),
+                                 jax.tree.map(lambda a, m=m: a[m::2], batch))[1])
+             for m in range(2)]
     for key in ("moe_loss", "seq_aux_loss", "load_balance_loss"):
         np.testing.assert_allclose(m2[key], (alone[0][key] + alone[1][key]) / 2, rtol=2e-6,
                                    err_msg=key)
@@ -149,8 +177,8 @@ def test_on_a_mesh_the_accumulated_step_is_the_whole_batch_step():
     cfg1 = config(**keys, per_device_batch_size=2)
     cfg2 = config(**keys, per_device_batch_size=1, gradient_accumulation_steps=2)
     assert (cfg1.global_batch_size, cfg2.global_batch_size, cfg2.micro_batch_size) == (8, 8, 4)
-    g1, _, m1 = run(cfg1, batch, train_mesh(cfg1.mesh))
-    g2, _, m2 = run(cfg2, batch, train_mesh(cfg2.mesh))
+    m1, g1 = grads_of(cfg1, batch, train_mesh(cfg1.mesh))
+    m2, g2 = grads_of(cfg2, batch, train_mesh(cfg2.mesh))
     np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=2e-6)
     np.testing.assert_array_equal(m2["tokens_per_expert_LE"], m1["tokens_per_expert_LE"])
     close(g2, g1)
