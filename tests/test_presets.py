@@ -147,7 +147,7 @@ def test_a_one_gpu_preset_brings_its_run_settings_and_a_given_key_wins():
     from dropless.presets import RUN_SETTINGS
     cfg = build_config([("preset", "deepseek3-1gpu")])
     assert {k: getattr(cfg, k) for k in RUN_SETTINGS["deepseek3-1gpu"]} == \
-        {"seq_len": 4096, "per_device_batch_size": 2, "remat": "minimal"}
+        {"seq_len": 4096, "per_device_batch_size": 4, "remat": "minimal"}
     cfg = build_config([("preset", "deepseek3-1gpu"), ("seq_len", 128), ("remat", "none")])
-    assert (cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (128, 2, "none")
+    assert (cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (128, 4, "none")
     assert build_config([("preset", "deepseek3-test")]).seq_len != 4096   # others: unchanged

@@ -65,6 +65,8 @@ def dry_run(tmp_path_factory):
         with contextlib.redirect_stdout(buf):
             rc = bench_gpu.run(_args(dry_run=True, out_dir=str(out), shapes=("dry/G2",),
                                      routings=("uniform",), train_dir=str(out / "train"),
+                                     # a variant of the preset, as --train-set gives one
+                                     train_set=(("model.scan_layers", False),),
                                      caps={"moe": 65},   # plans moe's fwd out
                                      faults={"gmm:ragged_dot": "raise",
                                              "moe:tokamax": "compile",
@@ -133,6 +135,7 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     summary = [r for r in by["train"] if r.get("event") == "summary"][0]
     assert [r["step"] for r in steps] == [1, 2] and summary["median_step_time_s"] > 0
     assert summary["attention_kernel"] == "xla"   # the run's start record says which ran
+    assert summary["train_set"] == {"model.scan_layers": False}
     # the planner's prediction beside the measured step: on the CPU, which has no planner
     # profile, a stand-in H200's, said so, and never committable
     (cal,) = [r for r in by["train"] if r.get("event") == "plan_calibration"]
@@ -142,6 +145,7 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     assert rec["error"] == pytest.approx(rec["predicted_s"] / rec["measured_s"] - 1)
     from dropless.bench import gpu_train
     assert rec["hardware"] == gpu_train.STAND_IN_PROFILE and gpu_train.committable(rec)
+    assert rec["plan_flags"].endswith(" model.scan_layers=false")   # the variant, as planned
     # the tests section collects the GPU tests that exist (it cannot run them without a GPU)
     assert "tests collected" in ends["tests"]["collected"] and ends["tests"]["selected"] > 50
     assert {p.name for p in out.iterdir()} == {
@@ -250,6 +254,12 @@ def test_the_temporary_train_folder_is_removed_and_a_given_one_kept(tmp_path, mo
     (["--inject-fault", "gmm=boom"], "--inject-fault gmm='boom': the kind is one of"),
     (["--shapes", "small/G8"], "--shapes: unknown ['small/G8']"),   # the dry run's are tiny
     (["--train-steps", "0"], "--train-steps=0 must be >= 1"),
+    (["--train-set", "model.scan_layers"], "--train-set: 'model.scan_layers' is not KEY=VALUE"),
+    (["--train-set", "steps=3"], "--train-set steps=...: the train section sets steps itself"),
+    (["--train-set", "model.bogus=1"], "--train-set: unknown config key 'model.bogus'"),
+    (["--train-set", "model.scan_layers=maybe"],
+     "--train-set: config key 'model.scan_layers': 'maybe' must be true or false"),
+    (["--train-set", "per_device_batch_size=[1"], "override 'per_device_batch_size=[1': the"),
 ])
 def test_bad_options_are_named(tmp_path, argv, msg):
     # the command line's KEY=VALUE pairs are parsed by cli/bench.py, the rest checked by run

@@ -47,7 +47,7 @@ def test_the_prediction_is_dropless_plans_for_the_trained_config(cfg, capsys, ki
                                      dry_run=False)
     assert rec["hardware"] == profile and rec["hardware_stand_in"] is False
     assert rec["plan_flags"] == (f"--preset deepseek3-1gpu --hardware {profile} --seq 4096 "
-                                 f"--per-device-batch 2 --remat minimal --attention-impl {impl}")
+                                 f"--per-device-batch 4 --remat minimal --attention-impl {impl}")
     ref = _plan_json(rec["plan_flags"], capsys)          # the command, run with those flags
     assert rec["predicted_s"] == pytest.approx(ref["time"]["step_s"], rel=1e-12)
     assert rec["parts_s"] == pytest.approx(
@@ -160,3 +160,21 @@ def test_a_cudnn_attention_failure_is_recorded_and_the_model_trained_with_xla(
     (rec,) = emitted
     assert rec["event"] == "attention_fallback" and (rec["from"], rec["to"]) == ("cudnn", "xla")
     assert "cuDNN graph failed to build" in rec["reason"]
+
+
+def test_a_variant_sets_keys_over_the_run_settings_and_the_section_keeps_its_own(tmp_path):
+    """--train-set: a key given wins over the preset's run settings (the batch here) and is
+    planned with the run (its flags name it where `dropless plan` has no flag of its own);
+    the section's own keys stay the section's."""
+    spec = {"train_steps": 20, "dry_run": False,
+            "train_set": [["per_device_batch_size", 2], ["model.scan_layers", False]]}
+    var = build_config(gpu_train._items(spec, tmp_path))
+    assert var.per_device_batch_size == 2 and var.model.scan_layers is False
+    assert var.steps == 20 and var.run_name == "train"
+    rec = gpu_train.plan_calibration(var, MEASURED, H100, dry_run=False,
+                                     train_set=spec["train_set"])
+    assert "--per-device-batch 2 " in rec["plan_flags"]
+    assert rec["plan_flags"].endswith(" model.scan_layers=false")
+    with pytest.raises(ValueError, match="the train section sets run_name itself"):
+        gpu_train.check_train_set([("run_name", "x")])
+    gpu_train.check_train_set([("model.scan_layers", False)])      # taken

@@ -67,5 +67,5 @@ def test_the_table_of_a_compiled_function_and_its_text():
     assert lines[2].split()[0] == kern[0]["name"] and lines[3] == ""   # the top 1 only
     assert lines[4] == "By group:" and len(lines) == 5 + 1 + 6 + 1
     assert lines[-1] == (f"  predicted step: {head['predicted_step_us'] / 1e3:.1f} ms (the "
-                         "kernels' sum, no overlap; XLA attention and ragged_dot as compiled "
-                         "without a GPU)")
+                         "kernels' sum, no overlap; the XLA attention, not cuDNN's, as "
+                         "compiled without a GPU)")

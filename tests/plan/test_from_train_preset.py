@@ -31,13 +31,13 @@ def _plan(settings):
 
 def test_the_preset_is_planned_as_it_is_trained():
     run, notes = _plan([("preset", PRESET)])
-    assert _settings(run) == {"seq_len": 4096, "per_device_batch_size": 2, "remat": "minimal"}
+    assert _settings(run) == {"seq_len": 4096, "per_device_batch_size": 4, "remat": "minimal"}
     # what dropless train builds from the same settings (the trainer's defaults are not the
     # planner's: only the preset's run settings are compared)
     trained = build_config([("preset", PRESET)])
     assert _settings(run) == _settings(trained) == RUN_SETTINGS[PRESET]
     assert notes == [f"from preset {PRESET}'s run settings (as dropless train): seq_len=4096, "
-                     f"per_device_batch_size=2, remat=minimal (a flag or key given wins)"]
+                     f"per_device_batch_size=4, remat=minimal (a flag or key given wins)"]
 
 
 @pytest.mark.parametrize("given,want,left", [
@@ -76,20 +76,20 @@ def test_a_preset_without_run_settings_is_planned_at_the_planners_defaults(prese
 def test_the_command_prints_the_settings_it_took_from_the_preset(capsys, tmp_path):
     assert main(["plan", "--preset", PRESET, "--seq", "1024"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("  per-device batch 2 x seq 1024, remat minimal,")
+    assert lines[1].startswith("  per-device batch 4 x seq 1024, remat minimal,")
     assert lines[2] == (f"  from preset {PRESET}'s run settings (as dropless train): "
-                        f"per_device_batch_size=2, remat=minimal (a flag or key given wins)")
+                        f"per_device_batch_size=4, remat=minimal (a flag or key given wins)")
     assert main(["plan", "--preset", PRESET, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["layout"]["per_device_batch"] == 2 and out["layout"]["remat"] == "minimal"
+    assert out["layout"]["per_device_batch"] == 4 and out["layout"]["remat"] == "minimal"
     assert out["notes"] == [f"from preset {PRESET}'s run settings (as dropless train): "
-                            f"seq_len=4096, per_device_batch_size=2, remat=minimal (a flag or "
+                            f"seq_len=4096, per_device_batch_size=4, remat=minimal (a flag or "
                             f"key given wins)"]
     assert main(["plan", "--preset", "deepseek3-test"]) == 0
     assert "run settings" not in capsys.readouterr().out
     # every run setting given (one in a --config file, equal to the preset's): no such line
     cfg = tmp_path / "run.yml"
-    cfg.write_text("per_device_batch_size: 2\n")
+    cfg.write_text("per_device_batch_size: 4\n")
     assert main(["plan", "--preset", PRESET, "--config", str(cfg), "--seq", "4096",
                  "--remat", "minimal"]) == 0
     assert "run settings" not in capsys.readouterr().out

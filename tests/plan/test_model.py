@@ -216,3 +216,31 @@ def test_reference_comparison_runs_and_stays_near_the_published_figure():
     assert 0.75 * 1068 < opt < 1.25 * 1068
     assert c["implied_baseline"]["slowdown_vs_link_rates"] > 1
     assert "| optimised TFLOPS/GPU | 1068 |" in format_markdown(c)
+
+
+def test_minimal_runs_the_attention_cores_forward_again_and_nothing_else():
+    """remat=minimal keeps the projections' and the grouped matmuls' outputs (the trainer's
+    policy: tests/models/test_remat_saved.py), not the attention core's (products with batch
+    dims, or cuDNN's custom call, whose residuals jax never keeps): the planner executes the
+    attention's FLOPs 4 times its forward (3 without remat), every other kind 3 times."""
+    from dropless.plan.model import layer_times
+    hw = get_profile("h100")
+    one = plan_of(get_preset("deepseek3-1gpu"), batch=4, remat="none")
+    t_none = layer_times(one, hw, True)
+    t_min = layer_times(one.replace_run(remat="minimal"), hw, True)
+    assert t_min["attention"] == pytest.approx(t_none["attention"] * 4 / 3, rel=1e-12)
+    for kind in ("gemm", "gmm"):
+        assert t_min[kind] == pytest.approx(t_none[kind], rel=1e-12)
+
+
+def test_minimal_keeps_no_attention_score_or_probability():
+    """Under minimal the naive attention's S x S scores and probabilities are not kept (XLA
+    computes them again in the backward pass); under none they are."""
+    hw = get_profile("h100")
+    base = plan_of(get_preset("deepseek3-1gpu"), batch=4, remat="minimal")
+    naive = predict(base.replace(attention_impl="naive"), hw)["memory"]["activations"]
+    flash = predict(base, hw)["memory"]["activations"]
+    assert naive == pytest.approx(flash, rel=0.02)          # only the lse / nothing S x S
+    none = base.replace_run(remat="none")
+    assert (predict(none.replace(attention_impl="naive"), hw)["memory"]["activations"]
+            > 3 * predict(none, hw)["memory"]["activations"])

@@ -195,13 +195,13 @@ def test_the_calibration_times_one_micro_batchs_kernels_and_plans_one_pass():
 def test_the_command_prints_the_accumulation(capsys):
     assert main(["plan", *ONE_GPU, f"gradient_accumulation_steps={K}"]) == 0
     text = capsys.readouterr().out
-    assert f"per-device batch 2 x seq 4096 x {K} accumulation steps, remat minimal" in text
+    assert f"per-device batch 4 x seq 4096 x {K} accumulation steps, remat minimal" in text
     acc = [ln.split() for ln in text.splitlines() if ln.strip().startswith("grad_accumulator")]
     grads = [ln.split() for ln in text.splitlines() if ln.strip().startswith("gradients")]
     assert len(acc) == 1 and float(acc[0][1]) > 0 and acc[0][1] == grads[0][1]
     assert main(["plan", *ONE_GPU]) == 0
     text = capsys.readouterr().out
-    assert "per-device batch 2 x seq 4096, remat minimal" in text
+    assert "per-device batch 4 x seq 4096, remat minimal" in text
     assert "accumulation" not in text
     assert main(["plan", *ONE_GPU, f"gradient_accumulation_steps={K}", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

@@ -331,3 +331,32 @@ def test_a_jitted_cpu_function_dot_flops_and_a_scan_trip_count():
     sin = [r for r in rows if "sin" in r["scope"] or "mul" in r["scope"]]
     assert sin and all(r["count"] == 3 for r in sin)
     assert all(r["note"] is None for r in rows)
+
+
+GMM_MODULE = """HloModule gmm, is_scheduled=true
+
+ENTRY %main (x: bf16[512,64], w: bf16[4,64,32], gs: s32[4], dy: bf16[512,32]) -> (bf16[512,32], bf16[512,64], bf16[4,64,32], f32[512,32]) {
+  %x = bf16[512,64]{1,0} parameter(0)
+  %w = bf16[4,64,32]{2,1,0} parameter(1)
+  %gs = s32[4]{0} parameter(2)
+  %dy = bf16[512,32]{1,0} parameter(3)
+  %fwd = bf16[512,32]{1,0} custom-call(%gs, %x, %w), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(f)/moe/dropless_gmm/pallas_call"}
+  %dlhs = bf16[512,64]{1,0} custom-call(%gs, %dy, %w), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(f)/moe/dropless_gmm_dlhs/pallas_call"}
+  %drhs = bf16[4,64,32]{2,1,0} custom-call(%gs, %x, %dy), custom_call_target="mosaic_gpu_v2", metadata={op_name="jit(f)/moe/dropless_gmm_drhs/pallas_call"}
+  %other = f32[512,32]{1,0} custom-call(%x, %w), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(f)/attention/pallas_call"}
+  ROOT %t = (bf16[512,32]{1,0}, bf16[512,64]{1,0}, bf16[4,64,32]{2,1,0}, f32[512,32]{1,0}) tuple(%fwd, %dlhs, %drhs, %other)
+}
+"""
+
+
+def test_a_grouped_matmul_kernel_does_the_useful_flops_of_its_shapes():
+    """A Pallas/Mosaic custom call of the grouped-matmul group: 2 M K N from its rows operand
+    and result, in each direction (forward [M, K] -> [M, N], dlhs [M, N] -> [M, K], the weight
+    gradient [M, K], [M, N] -> [G, K, N]); another group's custom call does none."""
+    rows = _by_name(hk.kernels(GMM_MODULE))
+    for name in ("fwd", "dlhs", "drhs"):
+        assert rows[name]["group"] == "moe_gmm"
+        assert rows[name]["flops"] == 2 * 512 * 64 * 32 and rows[name]["precision"] == "bf16"
+    assert rows["drhs"]["kind"] == "mosaic_gpu_v2"
+    assert rows["other"]["group"] == "attention" and rows["other"]["flops"] == 0
+    assert rows["fwd"]["bytes_read"] == 4 * 4 + 512 * 64 * 2 + 4 * 64 * 32 * 2

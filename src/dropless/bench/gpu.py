@@ -78,7 +78,8 @@ class GpuOptions:
     """What `dropless bench gpu` runs: where gpu_bench.jsonl and the logs go, the sections (of
     plan.SECTIONS, run in the order given), the grouped-matmul routings, the shape labels (None: all
     of the table, plan.SHAPES or, in a dry run, plan.DRY_SHAPES), the training steps, the training
-    run's directory (None: a new temporary one), the whole check's deadline in seconds, the
+    run's directory (None: a new temporary one), the config keys the train section sets over the
+    preset's run settings (`train_set`, (key, value) pairs: a variant), the whole check's deadline in seconds, the
     sections' time caps overridden (section -> seconds), the faults injected (a section "gmm" or
     one measurement "gmm:pallas_gpu" -> one of FAULT_KINDS) and `dry_run` (every section on CPU
     with tiny shapes; the dry run's budget and caps are plan.DRY_CAP_SCALE times longer)."""
@@ -87,6 +88,7 @@ class GpuOptions:
     routings: tuple[str, ...] = plan.ROUTINGS
     shapes: tuple[str, ...] | None = None
     train_steps: int = plan.TRAIN_STEPS
+    train_set: tuple[tuple[str, str], ...] = ()
     train_dir: str | None = None
     budget_s: float = plan.BUDGET_S
     caps: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -287,7 +289,8 @@ def _spec(args: GpuOptions, section: str, t0: float, results: Path, train_dir: s
             "moe_cases": list(plan.DRY_MOE_CASES if dry else plan.MOE_CASES),
             "align_option": plan.align_option(), "profile_calls": 1 if dry else plan.PROFILE_CALLS,
             "autotune_configs": 2 if dry else plan.AUTOTUNE_CONFIGS,
-            "train_steps": 2 if dry else args.train_steps, "out_dir": train_dir}
+            "train_steps": 2 if dry else args.train_steps, "out_dir": train_dir,
+            "train_set": [list(kv) for kv in args.train_set]}
 
 
 def run_section(args: GpuOptions, section: str, *, timeout_s: float, t0: float, out_dir: Path,
@@ -418,6 +421,9 @@ def run(args: GpuOptions) -> int:
     _shapes(args), _faults(args)                      # bad options fail before anything runs
     if args.train_steps < 1:
         raise ValueError(f"--train-steps={args.train_steps} must be >= 1")
+    if "train" in sections:
+        from dropless.bench.gpu_train import check_train_set
+        check_train_set(args.train_set)
     stale = stale_patterns(tests_root()) if "tests" in sections else []
     if stale and args.dry_run:     # a device run still runs the rest and records them
         raise ValueError(f"bench/gpu.py TEST_PATTERNS: {stale} match no file under "

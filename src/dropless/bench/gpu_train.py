@@ -1,5 +1,5 @@
 """The train section of `dropless bench gpu`: `dropless train --preset deepseek3-1gpu` at its
-run settings (`presets.RUN_SETTINGS`: sequence 4096, batch 2, remat=minimal; bfloat16 compute
+run settings (`presets.RUN_SETTINGS`: sequence 4096, batch 4, remat=minimal; bfloat16 compute
 on float32 weights) for `train_steps` steps on the GPU, with a profiler trace of `PROFILE_STEPS`
 of them.
 
@@ -12,6 +12,9 @@ profile_kernels.jsonl, train/profile.py), and which attention ran (cuDNN's flash
 the GPU; where it fails naming cuDNN, an "attention_fallback" record says why and the preset is
 trained again with the XLA attention). The dry run trains the same preset shrunk to
 `DRY_MODEL` on the CPU for 2 steps: the loop, the trace and the table, not the model.
+`--train-set KEY=VALUE` (`spec["train_set"]`) trains a variant: the keys over the preset's run
+settings, recorded in the summary and planned with the run (`check_train_set` refuses, before
+any section runs, a key the section sets itself or one the trainer refuses).
 
 The planner is calibrated from it: a "plan_calibration" record holds, under "record",
 `dropless plan`'s prediction of the same step on the detected GPU's profile (`plan.model.predict`
@@ -50,9 +53,30 @@ DRY_MODEL = {"model.vocab_size": 256, "model.d_model": 64, "model.moe.d_model": 
              "model.moe.n_groups": 4, "model.moe.topk_groups": 2}
 
 
+# what the section sets itself: a --train-set of these keys is refused
+SECTION_KEYS = ("preset", "steps", "run_dir", "run_name", "checkpoint_every", "eval_every",
+                "eval_batches", "time_kernels", "profile_steps", "data", "resume")
+
+
+def check_train_set(pairs) -> None:
+    """Raise ValueError, in one line naming the option, for a `--train-set` key the section
+    sets itself or that the trainer's config does not take (its own words), or a value it
+    refuses; before any section runs."""
+    from dropless.config_file import build_config
+    for key, _ in pairs:
+        if key in SECTION_KEYS:
+            raise ValueError(f"--train-set {key}=...: the train section sets {key} itself "
+                             "(--train-steps sets the steps)")
+    try:
+        build_config([("preset", PRESET), *pairs])
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--train-set: {e}") from None
+
+
 def _items(spec: dict, out_dir: Path) -> list[tuple[str, object]]:
     from dropless.presets import RUN_SETTINGS
     items = [("preset", PRESET), *RUN_SETTINGS[PRESET].items(),
+             *[tuple(kv) for kv in spec.get("train_set", [])],   # a variant: --train-set
              ("steps", spec["train_steps"]), ("run_dir", str(out_dir)), ("run_name", "train"),
              ("checkpoint_every", 0), ("eval_every", 10**6), ("eval_batches", 1),
              ("time_kernels", False),   # the moe section times kernels
@@ -99,13 +123,15 @@ def _summary(run_dir: Path, traced: range) -> dict:
                     "gmm_fallbacks": start.get("gmm_fallbacks") or []}}
 
 
-def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool) -> dict:
+def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool,
+                     train_set=()) -> dict:
     """The planner's prediction of one step of `cfg` (`dropless plan`'s `plan.model.predict`, on
     the profile of `device_kind`, with the attention the run ran: `flash` for cuDNN's, `naive`
     for the XLA one's materialised scores) beside `summary`'s
     measured median step: a record of plan_calibration.jsonl's schema (workload, devices,
     predicted_s, measured_s, error = predicted / measured - 1, the predicted parts, the
-    machine), plus the preset, the profile and the settings as `dropless plan` flags. A device
+    machine), plus the preset, the profile and the settings as `dropless plan` flags (a
+    `--train-set` key the flags do not name as `key=value` after them). A device
     with no profile is predicted on `STAND_IN_PROFILE` in a dry run (`hardware_stand_in`), and
     otherwise gets {"skipped": why}. Raises ValueError without a measured step."""
     from dropless.machine import PROFILES, machine_info, profile_for_device
@@ -128,7 +154,11 @@ def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool) -> 
              f"--per-device-batch {cfg.per_device_batch_size} --remat {cfg.remat} "
              f"--attention-impl {impl}"
              + (f" gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
-                if cfg.gradient_accumulation_steps > 1 else ""))
+                if cfg.gradient_accumulation_steps > 1 else "")
+             + "".join(f" {k}={v if isinstance(v, str) else json.dumps(v)}"
+                       for k, v in train_set
+                       if k not in ("seq_len", "per_device_batch_size", "remat",
+                                    "gradient_accumulation_steps")))
     return {"workload": "train_step", "devices": 1,
             "preset": cfg.preset, "hardware": hw.name, "hardware_stand_in": stand_in,
             "plan_flags": flags, "predicted_s": predicted, "measured_s": measured,
@@ -224,12 +254,14 @@ def train_section(emit, spec: dict) -> None:
     stats = jax.devices()[0].memory_stats() or {}
     rec = {"event": "summary", "preset": PRESET, "seq_len": cfg.seq_len,
            "per_device_batch_size": cfg.per_device_batch_size, "remat": cfg.remat,
+           "train_set": dict(spec.get("train_set", [])),
            "gmm_backend": cfg.model.moe.gmm_backend, **s,
            "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
            "preflight_bytes": fit["total"], "preflight_method": fit["method"],
            "device": jax.devices()[0].device_kind}
     emit(_ran(rec, cfg.model.moe.gmm_backend, gmm))
-    cal = plan_calibration(cfg, s, rec["device"], dry_run=bool(spec["dry_run"]))
+    cal = plan_calibration(cfg, s, rec["device"], dry_run=bool(spec["dry_run"]),
+                           train_set=spec.get("train_set", []))
     if "skipped" in cal:   # a record of its own: the runner's table counts its keys
         emit({"event": "plan_calibration", **cal}, cal["skipped"])
         return

@@ -157,6 +157,10 @@ def _gpu_arguments(p: argparse.ArgumentParser) -> None:
                         f"{_join(s.label for s in plan.SHAPES)}; dry run: "
                         f"{_join(s.label for s in plan.DRY_SHAPES)})")
     p.add_argument("--train-steps", type=int, default=d.train_steps)
+    p.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config key the train section's run sets over the preset's run "
+                        "settings (repeatable), e.g. model.scan_layers=false or "
+                        "gradient_accumulation_steps=4: a variant to measure")
     p.add_argument("--train-dir", default=None,
                    help="the training run's directory (default: a new temporary one, so OUT_DIR "
                         "holds only the results and the logs)")
@@ -177,11 +181,14 @@ def _gpu_arguments(p: argparse.ArgumentParser) -> None:
 
 def _gpu_options(args: argparse.Namespace):
     from dropless.bench.gpu import GpuOptions
+    from dropless.config_file import parse_override
     return _options(GpuOptions, args,
                     sections=tuple(s for s in _split(args.sections) if s),
                     routings=_split(args.routings),
                     shapes=_split(args.shapes) if args.shapes else None,
                     caps=_seconds(_pairs(args.cap, "--cap"), "--cap"),
+                    train_set=tuple((k, parse_override(f"{k}={v}")[1]) for k, v in
+                                    _pairs(args.train_set, "--train-set").items()),
                     faults=_pairs(args.inject_fault.split(","), "--inject-fault"))
 
 

@@ -283,8 +283,9 @@ def kernel_records(hlo_text: str, hw, args, name: str) -> list[dict]:
               "what": "predicted per kernel from the compiled step's optimized HLO: "
                       "max(bytes / (hbm_bw x hbm_efficiency), FLOPs / (peak x "
                       "gemm_efficiency)) x launches, summed with no overlap; not measured. "
-                      "The compile-only step runs XLA's attention and ragged_dot as the "
-                      "grouped matmul"}
+                      "The compile-only step runs XLA's attention (cuDNN's needs its "
+                      "library, which a compile-only process lacks) and the grouped-matmul "
+                      "kernels auto picks for the target GPU in this process"}
     return [header, *recs]
 
 
@@ -309,7 +310,7 @@ def format_kernels(table: list[dict], top: int = 15) -> str:
             + format_table([row(g, "group") for g in groups],
                            ["group", "ms/step", "share", "GB", "TFLOP"])
             + f"\n  predicted step: {head['predicted_step_us'] / 1e3:.1f} ms (the kernels' "
-              "sum, no overlap; XLA attention and ragged_dot as compiled without a GPU)")
+              "sum, no overlap; the XLA attention, not cuDNN's, as compiled without a GPU)")
 
 
 def _jsonable(x):

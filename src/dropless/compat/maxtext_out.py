@@ -154,7 +154,7 @@ ONE_GPU_COMMAND = (
     f", end='')\" > {ONE_GPU_FILE}")
 ONE_GPU_HEADER = f"""\
 deepseek3-1gpu (`dropless train --preset deepseek3-1gpu`) in MaxText's flags: the model, bfloat16
-compute on float32 weights, sequence 4096, batch 2, remat minimal (docs/training.md "One GPU").
+compute on float32 weights, sequence 4096, batch 4, remat minimal (docs/training.md "One GPU").
 Every key is one of MaxText's configs/base.yml; MaxText reads them over its base.yml (as
 key=value overrides, or in a YAML whose base_config is base.yml), with run_name, hardware: gpu,
 steps and the data of the run. dropless reads the same file as the preset:

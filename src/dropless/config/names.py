@@ -44,7 +44,7 @@ LAYER_KINDS = {"D": "dense", "M": "moe"}
 REMAT_CHECKPOINT_POLICIES: dict[str, str | None] = {
     "none": None,
     "full": "nothing_saveable",
-    "minimal": "dots_with_no_batch_dims_saveable",
+    "minimal": "dots_with_no_batch_dims_saveable",   # and the grouped matmuls' named outputs
     "offload": "save_and_offload_only_these_names",   # attention's marked activations to host
 }
 REMAT_POLICIES = tuple(REMAT_CHECKPOINT_POLICIES)     # TrainConfig.remat's values

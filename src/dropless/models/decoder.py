@@ -88,7 +88,9 @@ def init_mtp_module(key: jax.Array, cfg: ModelConfig, draw: Draw) -> Params:
 
 def remat_policy(remat: str, cfg: ModelConfig):
     """The jax.checkpoint policy that remat policy `remat` names (config's
-    REMAT_CHECKPOINT_POLICIES), None for "none"; the offloading one moves the activations the
+    REMAT_CHECKPOINT_POLICIES), None for "none". `minimal` also keeps the MoE layer's grouped
+    matmul outputs (`moe.SAVED_NAMES`: custom calls, which the dots policy does not see), as
+    MaxText's `minimal` keeps its `mlpwi_0`, `mlpwi_1`, `mlpwo`; the offloading one moves the activations the
     model's attention marks (AttentionSpec.offloaded) to pinned host memory. Raises ValueError
     for an unknown name."""
     if remat not in REMAT_CHECKPOINT_POLICIES:
@@ -97,6 +99,9 @@ def remat_policy(remat: str, cfg: ModelConfig):
     if name is None:
         return None
     policy = getattr(jax.checkpoint_policies, name)
+    if remat == "minimal":   # the matmuls: dots, and the grouped matmuls' named outputs
+        return jax.checkpoint_policies.save_from_both_policies(
+            policy, jax.checkpoint_policies.save_only_these_names(*moe_lib.SAVED_NAMES))
     if name == "save_and_offload_only_these_names":   # a policy built from the names it moves
         return policy(names_which_can_be_saved=[],
                       names_which_can_be_offloaded=list(ATTENTION[cfg.attention].offloaded),

@@ -14,6 +14,10 @@ Two parameter layouts (`MoEConfig.prefuse_moe_weights`, MaxText's key of the sam
            one grouped matmul for gate and up (one pass over the routed rows), then down.
 `fuse_expert_weights` / `unfuse_expert_weights` convert any tree holding either layout (model
 parameters, optimizer moments, checkpoints' abstract trees) and are exact inverses.
+
+The grouped matmuls' outputs carry the names of `SAVED_NAMES` (`jax.ad_checkpoint.
+checkpoint_name`), so a remat policy can keep them: a grouped matmul is a custom call, not a
+`dot_general`, and a policy that saves dots does not see it (models/decoder.remat_policy).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from dropless.config import MoEConfig
 from dropless.moe import permute as perm
@@ -51,6 +56,8 @@ def gmm_for(cfg: MoEConfig):
 
 UNFUSED_KEYS = ("w_gate_EDF", "w_up_EDF")
 FUSED_KEY = "w_gate_up_ED2F"
+# the names the grouped matmuls' outputs carry: gate and up (or both, fused weights), down
+SAVED_NAMES = ("moe_gate", "moe_up", "moe_gate_up", "moe_down")
 
 
 def check_layout(experts: dict[str, Any], cfg: MoEConfig) -> None:
@@ -69,11 +76,13 @@ def gate_up(x_ND: jax.Array, group_sizes_E: jax.Array, experts: dict[str, jax.Ar
     dt = jnp.dtype(cfg.dtype)
     gmm = gmm_for(cfg)
     if FUSED_KEY in experts:
-        h_N2F = gmm(x_ND, experts[FUSED_KEY].astype(dt), group_sizes_E)
+        h_N2F = checkpoint_name(gmm(x_ND, experts[FUSED_KEY].astype(dt), group_sizes_E),
+                                "moe_gate_up")
         f = h_N2F.shape[-1] // 2
         return h_N2F[:, :f], h_N2F[:, f:]
-    return (gmm(x_ND, experts["w_gate_EDF"].astype(dt), group_sizes_E),
-            gmm(x_ND, experts["w_up_EDF"].astype(dt), group_sizes_E))
+    return (checkpoint_name(gmm(x_ND, experts["w_gate_EDF"].astype(dt), group_sizes_E),
+                            "moe_gate"),
+            checkpoint_name(gmm(x_ND, experts["w_up_EDF"].astype(dt), group_sizes_E), "moe_up"))
 
 
 def expert_ffn(x_ND: jax.Array | MXRows, group_sizes_E: jax.Array,
@@ -116,7 +125,8 @@ def _unfused_ffn(x_ND, group_sizes_E, experts, cfg: MoEConfig) -> jax.Array:
     dt = jnp.dtype(cfg.dtype)
     gate_NF, up_NF = gate_up(x_ND, group_sizes_E, experts, cfg)
     h_NF = kernels.swiglu_rows(gate_NF, up_NF, dt, backend=cfg.gmm_backend, generic=swiglu)
-    return gmm_for(cfg)(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E)
+    return checkpoint_name(gmm_for(cfg)(h_NF, experts["w_down_EFD"].astype(dt), group_sizes_E),
+                           "moe_down")
 
 
 def _plain_swiglu(x_ND, experts, cfg: MoEConfig) -> bool:

@@ -31,15 +31,19 @@ class RematModel(NamedTuple):
 
     keeps: frozenset[str] | None   # tensor kinds kept (plan/memory.Tensor.kind); None: all
     recomputes_layer: bool         # the layer's forward runs again in the backward pass
+    recomputes_attention: bool     # the attention core's forward runs again (implied by the above)
 
 
 # Each remat policy (config.REMAT_POLICIES): none saves everything; minimal keeps layer inputs
-# and matmul outputs (elementwise results are recomputed); full keeps layer inputs and
-# recomputes the layer; offload is full plus the `offload` tensors in host memory.
-REMAT = {"none": RematModel(None, False),
-         "minimal": RematModel(frozenset({"input", "dot", "expert_dot"}), False),
-         "full": RematModel(frozenset({"input"}), True),
-         "offload": RematModel(frozenset({"input"}), True)}
+# and the outputs of the projections and the experts' grouped matmuls (elementwise results are
+# recomputed, and so is the attention core: its products have batch dims and cuDNN's is a
+# custom call, neither of which the policy keeps, and a custom call's own residuals are never
+# kept, so its forward runs again in the backward pass); full keeps layer inputs and recomputes
+# the layer; offload is full plus the `offload` tensors in host memory.
+REMAT = {"none": RematModel(None, False, False),
+         "minimal": RematModel(frozenset({"input", "dot", "expert_dot"}), False, True),
+         "full": RematModel(frozenset({"input"}), True, True),
+         "offload": RematModel(frozenset({"input"}), True, True)}
 
 if set(PLANNED_DISPATCHER) != set(DISPATCHERS) or set(REMAT) != set(REMAT_POLICIES):
     raise ImportError(f"plan/layout.py models the dispatchers {tuple(PLANNED_DISPATCHER)} and "

@@ -30,7 +30,7 @@ class Tensor(NamedTuple):
     name: str
     elems: float       # per token
     nbytes: int        # per element
-    kind: str          # input | dot | elementwise | expert_dot | expert_elementwise
+    kind: str          # input | dot | attention | elementwise | expert_dot | expert_elementwise
 
 
 def attention_tensors(s: ModelConfig, b: int, naive_seq: int = 0) -> list[Tensor]:
@@ -53,12 +53,14 @@ def attention_tensors(s: ModelConfig, b: int, naive_seq: int = 0) -> list[Tensor
         t += [Tensor("query", h * kh, b, "dot"), Tensor("key", g * kh, b, "dot"),
               Tensor("value", g * kh, b, "dot"), Tensor("qk_rope", (h + g) * kh, b,
                                                         "elementwise")]
+    # the attention core's outputs (kind "attention"): products with batch dims, or a fused
+    # kernel's, which only `none` keeps
     if naive_seq:
         t += [Tensor("attn_scores", h * naive_seq, 4, "elementwise"),
-              Tensor("attn_probs", h * naive_seq, b, "dot")]
+              Tensor("attn_probs", h * naive_seq, b, "attention")]
     else:
-        t.append(Tensor("attn_lse", h, 4, "dot"))
-    t += [Tensor("attn_out", h * s.v_dim, b, "dot"), Tensor("out_proj", d, b, "dot")]
+        t.append(Tensor("attn_lse", h, 4, "attention"))
+    t += [Tensor("attn_out", h * s.v_dim, b, "attention"), Tensor("out_proj", d, b, "dot")]
     return t
 
 

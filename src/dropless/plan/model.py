@@ -47,8 +47,10 @@ def _rates(hw: HardwareProfile, cfg: PlanConfig) -> dict[str, float]:
 
 def _recompute_flops(cfg: PlanConfig, fwd: dict[str, float]) -> dict[str, float]:
     """Forward FLOPs per token recomputed in the backward pass of one layer."""
-    if not REMAT[cfg.run.remat].recomputes_layer:
-        return {k: 0.0 for k in fwd}
+    remat = REMAT[cfg.run.remat]
+    if not remat.recomputes_layer:
+        return {k: fwd[k] if k == "attention" and remat.recomputes_attention else 0.0
+                for k in fwd}
     out = dict(fwd)
     skip = {"query": ("query", "q_down"), "key": ("key",), "value": ("value",)}
     proj = ar.attention_proj_flops(cfg.model)

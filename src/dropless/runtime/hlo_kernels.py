@@ -24,8 +24,11 @@ Per launch:
     its async tuple), or for an in-place dynamic-update-slice / scatter the update's bytes;
   - FLOPs: 2 x (result elements) x (product of the lhs contracting dimensions) per dot (cuBLAS
     custom calls: the `dot_dimension_numbers` of their backend_config), 2 x (result
-    elements) x (kernel elements / output features) per convolution; elementwise FLOPs are 0,
-    and so are those of any other custom call (a cuDNN attention kernel is timed by its bytes);
+    elements) x (kernel elements / output features) per convolution; a custom call of the
+    grouped-matmul group (a Pallas/Mosaic kernel: `kernel_table.group` by name and scope)
+    2 x M x K x N of its rows operand and result (`_Walker.grouped_flops`: the useful FLOPs);
+    elementwise FLOPs are 0, and so are those of any other custom call (a cuDNN attention
+    kernel is timed by its bytes);
   - count: the product of the trip counts (`"known_trip_count":{"n":"K"}` in a while's
     backend_config) of the loops around it. A loop without a known count is counted once and
     its kernels carry a note saying so; its condition's kernels are then listed too (with a
@@ -273,6 +276,25 @@ class _Walker:
         return (2.0 * math.prod(dims(out)) * k,
                 _PRECISION.get(_dtype(self.shapes[instr.operands[0]]), None))
 
+    def grouped_flops(self, instr: Instr) -> tuple[float, str | None]:
+        """(FLOPs, precision) of a grouped-matmul custom call (a Pallas/Mosaic kernel) from its
+        shapes: its 2-D floating operand [M, K] with a 2-D result [M, N] (forward, dlhs:
+        2 M K N) or a 3-D result [G, A, B] (the weight gradient: 2 M A B); (0, None) for any
+        other shape. The useful FLOPs: tiles straddling two groups are not counted."""
+        rows = [self.shapes[o] for o in instr.operands
+                if _dtype(self.shapes[o]) in _PRECISION and len(dims(self.shapes[o])) == 2]
+        out = instr.shape if not instr.shape.startswith("(") else \
+            _split_top(instr.shape[1:-1])[0]
+        if not rows or _dtype(out) not in _PRECISION:
+            return 0.0, None
+        m, k = dims(rows[0])
+        res = dims(out)
+        if len(res) == 2 and res[0] == m:
+            return 2.0 * m * k * res[1], _PRECISION[_dtype(rows[0])]
+        if len(res) == 3:
+            return 2.0 * m * res[1] * res[2], _PRECISION[_dtype(rows[0])]
+        return 0.0, None
+
     def fused_flops(self, comp_name: str) -> tuple[float, str | None]:
         """FLOPs of the dots/convolutions in a fused computation and those it calls."""
         total, precision = 0.0, None
@@ -417,6 +439,9 @@ def _add(rows: dict, w: _Walker, instr: Instr, comp: str, count: int, note: str 
         target = re.search(r'custom_call_target="([^"]*)"', instr.attrs)
         what = target.group(1) if target else instr.op
         flops, precision = w.dot_flops(instr)
+        if not flops and instr.op == "custom-call" and \
+                group(instr.name, _scope(instr)) == "moe_gmm":
+            flops, precision = w.grouped_flops(instr)
     read, written = w.io_bytes(instr)
     scope = _scope(instr)
     rows[instr.name] = {"name": instr.name, "kind": what, "scope": scope,

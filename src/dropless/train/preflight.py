@@ -5,10 +5,11 @@ Two ways to know the bytes a step needs, and every report names the one used:
     allocated) and XLA's `memory_analysis()` of the executable: arguments + outputs - aliased
     (the donated state) + temporaries + code. Used on a GPU with a one-device mesh, and for an
     H100/H200 compile-only device (train/compile_only.py: `check(cfg, target="h100")`, which
-    the GPU leg's tests call). On a compile-only device the grouped matmul is compiled as
-    `ragged_dot` (Pallas kernels lower only with a GPU present), which XLA:GPU runs as a
-    zero-padded dense product, so its temporaries over-state the step's: a fit there is a fit;
-    the trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
+    the GPU leg's tests call). On a compile-only device the step holds the kernels `auto`
+    picks in this process (the grouped matmul's Pallas/Mosaic kernels, lowered for the named
+    GPU) except one: cuDNN's flash attention needs the cuDNN library to build, so the XLA
+    attention runs there (its S x S scores over-state the step's temporaries: a fit there is a
+    fit); the trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
   * `model`: the planner's memory model (`dropless.plan.memory.memory_per_device`, the same one
     `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
     in the model's weight dtype (float32 moments), activations in the compute dtype, and the
@@ -22,6 +23,7 @@ devices the mesh uses. DROPLESS_NO_PREFLIGHT=1 skips the check.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -90,10 +92,8 @@ def compiled(cfg: TrainConfig, device, *, compile_only: bool = False,
     step (e.g. to read its HLO text). Raises what the compile raises."""
     import jax
     import jax.numpy as jnp
+    from dropless.ops.gpu.triton_check import abstract_gpu_target
     from dropless.train import step as step_lib
-    if compile_only and cfg.model.moe is not None:
-        m = cfg.model
-        cfg = cfg.replace(model=m.replace(moe=m.moe.replace(gmm_backend="ragged_dot")))
     t0 = time.perf_counter()
     state = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
     opt = step_lib.make_optimizer(cfg, state["params"])
@@ -102,7 +102,10 @@ def compiled(cfg: TrainConfig, device, *, compile_only: bool = False,
     rows = cfg.per_device_batch_size * cfg.gradient_accumulation_steps
     batch = jax.ShapeDtypeStruct((rows, cfg.seq_len + 1), jnp.int32, sharding=sh)
     fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt), donate_argnums=0)
-    executable = fn.lower(state, batch).compile()
+    # a compile-only GPU is named to the kernels' lowering (Pallas reads the target GPU) by an
+    # abstract mesh, at trace time too
+    with abstract_gpu_target(device.device_kind) if compile_only else contextlib.nullcontext():
+        executable = fn.lower(state, batch).compile()
     if on_compiled is not None:
         on_compiled(executable)
     ma = executable.memory_analysis()
@@ -175,7 +178,7 @@ def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "",
     if fit["total"] <= limit:
         return fit
     big = max(PARTS, key=lambda k: fit[k])
-    how = ("by the step compiled for the device" if fit["method"] == "compiled"
+    how = ("by the compiled step" if fit["method"] == "compiled"
            else "by the planner's memory model")
     raise DoesNotFit(
         f"per_device_batch_size={cfg.per_device_batch_size} x seq_len={cfg.seq_len} "
@@ -185,7 +188,7 @@ def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "",
         + f") does not fit: {_fmt(fit['total'])} per device {how}, "
         f"{_fmt(limit)} available ({source}); the biggest term is {big} "
         f"({_fmt(fit[big])}). {_HINTS[big][0].upper() + _HINTS[big][1:]} "
-        "(DROPLESS_NO_PREFLIGHT=1 skips this check)")
+        "(DROPLESS_NO_PREFLIGHT=1 skips the check)")
 
 
 def summary(fit: dict) -> str:
