@@ -76,11 +76,11 @@ ALLOCATOR_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GpuOptions:
     """What `dropless bench gpu` runs: where gpu_bench.jsonl and the logs go, the sections (of
-    plan.SECTIONS, run in the order given), the grouped-matmul routings, the shape labels (None: all
-    of the table, plan.SHAPES or, in a dry run, plan.DRY_SHAPES), the training steps, the training
-    run's directory (None: a new temporary one), the config keys the train section sets over the
-    preset's run settings (`train_set`, (key, value) pairs: a variant), the whole check's deadline in seconds, the
-    sections' time caps overridden (section -> seconds), the faults injected (a section "gmm" or
+    plan.SECTIONS, run in the order given), the grouped-matmul routings, the shape labels (None:
+    all of the table, plan.SHAPES or, in a dry run, plan.DRY_SHAPES), the training steps, the
+    config keys the train section sets over the preset's run settings (`train_set`, (key,
+    value) pairs: a variant), the training run's directory (None: a new temporary one), the
+    whole check's deadline in seconds, the sections' time caps overridden (section -> seconds), the faults injected (a section "gmm" or
     one measurement "gmm:pallas_gpu" -> one of FAULT_KINDS) and `dry_run` (every section on CPU
     with tiny shapes; the dry run's budget and caps are plan.DRY_CAP_SCALE times longer)."""
     out_dir: str = "gpu_bench_out"

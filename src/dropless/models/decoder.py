@@ -90,9 +90,9 @@ def remat_policy(remat: str, cfg: ModelConfig):
     """The jax.checkpoint policy that remat policy `remat` names (config's
     REMAT_CHECKPOINT_POLICIES), None for "none". `minimal` also keeps the MoE layer's grouped
     matmul outputs (`moe.SAVED_NAMES`: custom calls, which the dots policy does not see), as
-    MaxText's `minimal` keeps its `mlpwi_0`, `mlpwi_1`, `mlpwo`; the offloading one moves the activations the
-    model's attention marks (AttentionSpec.offloaded) to pinned host memory. Raises ValueError
-    for an unknown name."""
+    MaxText's `minimal` keeps its `mlpwi_0`, `mlpwi_1`, `mlpwo`; the offloading one moves the
+    activations the model's attention marks (AttentionSpec.offloaded) to pinned host memory.
+    Raises ValueError for an unknown name."""
     if remat not in REMAT_CHECKPOINT_POLICIES:
         raise ValueError(f"remat={remat!r} must be one of {REMAT_POLICIES}")
     name = REMAT_CHECKPOINT_POLICIES[remat]

@@ -7,9 +7,10 @@ Two ways to know the bytes a step needs, and every report names the one used:
     H100/H200 compile-only device (train/compile_only.py: `check(cfg, target="h100")`, which
     the GPU leg's tests call). On a compile-only device the step holds the kernels `auto`
     picks in this process (the grouped matmul's Pallas/Mosaic kernels, lowered for the named
-    GPU) except one: cuDNN's flash attention needs the cuDNN library to build, so the XLA
-    attention runs there (its S x S scores over-state the step's temporaries: a fit there is a
-    fit); the trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
+    GPU) except one: cuDNN's flash attention is traced only with the cuDNN library loaded,
+    which a compile-only process lacks, so the XLA attention runs there (its S x S scores
+    over-state the step's temporaries: a fit there is a fit); the trainer's guards
+    (check_nan, overflow) are left out (a few scalars a parameter).
   * `model`: the planner's memory model (`dropless.plan.memory.memory_per_device`, the same one
     `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
     in the model's weight dtype (float32 moments), activations in the compute dtype, and the
