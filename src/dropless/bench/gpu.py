@@ -80,9 +80,10 @@ class GpuOptions:
     all of the table, plan.SHAPES or, in a dry run, plan.DRY_SHAPES), the training steps, the
     config keys the train section sets over the preset's run settings (`train_set`, (key,
     value) pairs: a variant), the training run's directory (None: a new temporary one), the
-    whole check's deadline in seconds, the sections' time caps overridden (section -> seconds), the faults injected (a section "gmm" or
-    one measurement "gmm:pallas_gpu" -> one of FAULT_KINDS) and `dry_run` (every section on CPU
-    with tiny shapes; the dry run's budget and caps are plan.DRY_CAP_SCALE times longer)."""
+    whole check's deadline in seconds, the sections' time caps overridden (section ->
+    seconds), the faults injected (a section "gmm" or one measurement "gmm:pallas_gpu" -> one
+    of FAULT_KINDS) and `dry_run` (every section on CPU with tiny shapes; the dry run's budget
+    and caps are plan.DRY_CAP_SCALE times longer)."""
     out_dir: str = "gpu_bench_out"
     sections: tuple[str, ...] = plan.SECTIONS
     routings: tuple[str, ...] = plan.ROUTINGS
