@@ -220,7 +220,7 @@ def test_reference_comparison_runs_and_stays_near_the_published_figure():
 
 def test_minimal_runs_the_attention_cores_forward_again_and_nothing_else():
     """remat=minimal keeps the projections' and the grouped matmuls' outputs (the trainer's
-    policy: tests/models/test_remat_saved.py), not the attention core's (products with batch
+    policy: tests/models/test_decoder_remat.py), not the attention core's (products with batch
     dims, or cuDNN's custom call, whose residuals jax never keeps): the planner executes the
     attention's FLOPs 4 times its forward (3 without remat), every other kind 3 times."""
     from dropless.plan.model import layer_times
