@@ -71,7 +71,7 @@ GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py tests/ops/gpu/test_p
                tests/ops/gpu/test_tokamax_tuned.py tests/ops/gpu/test_cudnn_ragged.py \
                tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py \
                tests/moe/dispatch/test_overlap_schedule.py tests/ops/test_attention.py \
-               tests/ops/gpu/test_cudnn_attention_lowering.py)
+               tests/ops/gpu/test_cudnn_attention_lowering.py tests/ops/gpu/test_cudnn_thd.py)
 GPU_COMPILE_TESTS := $(wildcard tests/*/test_*_gpu_compile.py tests/*/*/test_*_gpu_compile.py)
 setup-gpu-lowering:
 	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) setup

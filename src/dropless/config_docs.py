@@ -42,7 +42,7 @@ PROBES: dict[str, Any] = {
     "grain_train_files": "train.jsonl", "hf_eval_files": "eval.jsonl", "train_split": "train",
     "eval_split": "validation", "packing": True, "add_bos": True, "add_eos": True,
     "tokenizer_path": "tokenizer.json", "grain_worker_count": 1, "base_num_kv_heads": 16,
-    "routed_bias": False, "attention": "cudnn_flash_te",
+    "routed_bias": False, "attention": "cudnn_flash_te", "max_segments_per_seq": 32,
 }
 PROBE_CONTEXT = {"hf_path": "."}   # what hf_data_dir needs beside it
 

@@ -38,7 +38,7 @@ def _plan_json(flags: str, capsys) -> dict:
 
 @pytest.mark.parametrize("kind,profile,ran,impl", [
     (H100, "h100", "cudnn", "flash"), ("NVIDIA H200", "h200", "cudnn", "flash"),
-    (H100, "h100", "xla", "naive")])   # the attention the run ran, as the planner names it
+    (H100, "h100", "cudnn_thd", "flash"), (H100, "h100", "xla", "naive")])   # the attention the run ran, as the planner names it
 def test_the_prediction_is_dropless_plans_for_the_trained_config(cfg, capsys, kind, profile,
                                                                  ran, impl):
     assert (cfg.preset, cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (
@@ -130,11 +130,14 @@ def test_a_dry_runs_record_never_goes_into_the_file(tmp_path):
         gpu_train.append_calibration(_bench_file(tmp_path, {"event": "summary"}), out)
 
 
-@pytest.mark.parametrize("error,falls_back", [
-    (RuntimeError("INTERNAL: cuDNN graph failed to build: __cudnn$fmhaScaleBiasSoftmax"), True),
-    (RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 2.1G"), False)])
+@pytest.mark.parametrize("error,falls_back,kernel", [
+    (RuntimeError("INTERNAL: cuDNN graph failed to build: __cudnn$fmhaScaleBiasSoftmax"), True,
+     "cudnn"),
+    (RuntimeError("INTERNAL: cuDNN graph failed to build: __cudnn$fmhaSoftmax"), True,
+     "cudnn_thd"),
+    (RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 2.1G"), False, "cudnn")])
 def test_a_cudnn_attention_failure_is_recorded_and_the_model_trained_with_xla(
-        cfg, monkeypatch, error, falls_back):
+        cfg, monkeypatch, error, falls_back, kernel):
     import dropless.train.loop as loop
     import dropless.train.step as step
     ran: list = []
@@ -146,7 +149,7 @@ def test_a_cudnn_attention_failure_is_recorded_and_the_model_trained_with_xla(
         return "result"
     monkeypatch.setattr(loop, "train", fake_train)
     monkeypatch.setattr(step, "attention_kernel",
-                        lambda c: "cudnn" if c.model.attention_kernel == "auto" else "xla")
+                        lambda c: kernel if c.model.attention_kernel == "auto" else "xla")
     emitted: list = []
     emit = lambda rec, line=None: emitted.append(rec)  # noqa: E731
     if not falls_back:   # anything else is the section's error, as before
@@ -158,7 +161,7 @@ def test_a_cudnn_attention_failure_is_recorded_and_the_model_trained_with_xla(
     assert result == "result" and used.model.attention_kernel == "xla"
     assert used.run_name == "train-xla" and used.model.replace(attention_kernel="auto") == cfg.model
     (rec,) = emitted
-    assert rec["event"] == "attention_fallback" and (rec["from"], rec["to"]) == ("cudnn", "xla")
+    assert rec["event"] == "attention_fallback" and (rec["from"], rec["to"]) == (kernel, "xla")
     assert "cuDNN graph failed to build" in rec["reason"]
 
 

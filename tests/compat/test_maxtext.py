@@ -127,6 +127,10 @@ ONE_KEY_CASES = [
     ("attention", "cudnn_flash_te", {}, [("model.attention_kernel", "cudnn")], None),
     ("attention", "cudnn_flash_jax", {}, [("model.attention_kernel", "cudnn")], None),
     ("attention", "dot_product", {}, [("model.attention_kernel", "xla")], None),
+    ("max_segments_per_seq", 32, {}, [("model.max_segments_per_seq", 32)], None),
+    ("max_segments_per_seq", -1, {}, [], "max_segments_per_seq=-1 (no bound) keeps "
+     "model.max_segments_per_seq=32: cudnn_thd's segment form needs one (a batch with a row of "
+     "more documents takes the masked form)"),
     ("attention", "autoselected", {}, [("model.attention_kernel", "auto")], None),
     ("attention", "flash", {}, [("model.attention_kernel", "auto")],
      "attention=flash is model.attention_kernel=auto: cuDNN's flash attention on an NVIDIA GPU, "

@@ -112,6 +112,17 @@ def test_other_presets_round_trip(name):
         assert back.model.num_kv_heads == (cfg.model.num_kv_heads or cfg.model.num_heads)
 
 
+def test_cudnn_thd_is_transformer_engines_segments_with_their_bound():
+    cfg = _preset_config("deepseek3-test")
+    cfg = cfg.replace(model=cfg.model.replace(attention_kernel="cudnn_thd",
+                                              max_segments_per_seq=16))
+    pairs = dict(maxtext_out.items(cfg))
+    assert (pairs["attention"], pairs["max_segments_per_seq"]) == ("cudnn_flash_te", 16)
+    back = build_config([("preset", "tiny"), *pairs.items()])
+    assert (back.model.attention_kernel, back.model.max_segments_per_seq) == ("cudnn", 16)
+    assert "max_segments_per_seq" not in dict(maxtext_out.items(_preset_config("deepseek3-test")))
+
+
 @pytest.mark.parametrize("over,match", [
     ({"model.moe.gmm_backend": "native"},
      r"model.moe.gmm_backend='native' has no MaxText flag"),

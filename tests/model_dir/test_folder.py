@@ -166,6 +166,9 @@ def test_model_differences_names_each_field():
     a = get_preset("deepseek3-test")
     assert model_differences(a, a) == []
     assert model_differences(a, a.replace(dtype="bfloat16")) == []
+    # the attention kernel and its segment bound change no parameter
+    assert model_differences(a, a.replace(attention_kernel="cudnn_thd",
+                                          max_segments_per_seq=8)) == []
     b = a.replace(num_layers=4, moe=a.moe.replace(top_k=3))
     assert model_differences(a, b) == ["model.num_layers: 3 != 4", "model.moe.top_k: 2 != 3"]
 

@@ -121,8 +121,8 @@ def test_cudnn_asked_for_where_it_cannot_run_is_refused_in_one_line():
     assert str(e.value) == ("model.attention_kernel=cudnn: cuDNN flash attention needs an "
                             f"NVIDIA GPU; jax's default backend here is "
                             f"{jax.default_backend()!r}; use auto or xla")
-    with pytest.raises(att.KernelUnavailable, match=r"model.attention_kernel='flash' is not "
-                                                    r"one of \['auto', 'xla', 'cudnn'\]"):
+    with pytest.raises(att.KernelUnavailable, match=r"model.attention_kernel='flash' is not one "
+                                                    r"of \['auto', 'xla', 'cudnn', 'cudnn_thd'\]"):
         att.causal_attention(q, k, v, 0.3, kernel="flash")
     with pytest.raises(ValueError, match=r"q \(2, 8, 3, 8\), k \(2, 8, 2, 8\).* with H a "
                                          "multiple of G"):

@@ -67,11 +67,12 @@ def _fmt(v):
 
 def _attention_info() -> dict:
     """What the one-GPU preset's attention runs as here (`auto` at its run settings, packed
-    rows) and, where that is not cuDNN's flash attention, why not."""
+    rows) and, where cuDNN's flash attention cannot run through jax's public call
+    (`cudnn`) or through its own binding (`cudnn_thd`), why not."""
     import jax
 
     from dropless.config_file import build_config
-    from dropless.ops.gpu import cudnn_attention
+    from dropless.ops.gpu import cudnn_attention, cudnn_thd
     from dropless.train.step import attention_kernel
     cfg = build_config([("preset", "deepseek3-1gpu")])
     m, s = cfg.model, cfg.seq_len
@@ -79,7 +80,8 @@ def _attention_info() -> dict:
     q = jax.ShapeDtypeStruct(shape, m.dtype)
     v = jax.ShapeDtypeStruct(shape[:3] + (m.v_dim,), m.dtype)
     return {"attention_kernel_1gpu": attention_kernel(cfg),
-            "cudnn_attention_problem": cudnn_attention.problem(q, q, v, True)}
+            "cudnn_attention_problem": cudnn_attention.problem(q, q, v, True),
+            "cudnn_thd_problem": cudnn_thd.problem(q, q, v, True, m.max_segments_per_seq)}
 
 
 def info_section(emit: Emitter, spec: dict) -> None:

@@ -147,7 +147,7 @@ def plan_calibration(cfg, summary: dict, device_kind: str, *, dry_run: bool,
         return {"skipped": f"the planner has no profile for {device_kind!r} (known: "
                            f"{sorted(PROFILES)})"}
     hw = PROFILES[STAND_IN_PROFILE] if stand_in else hw
-    impl = "flash" if summary.get("attention_kernel") == "cudnn" else "naive"
+    impl = "flash" if summary.get("attention_kernel") in ("cudnn", "cudnn_thd") else "naive"
     plan = predict(PlanConfig(run=cfg, attention_impl=impl), hw, name=cfg.preset)
     predicted = plan["time"]["step_s"]
     flags = (f"--preset {cfg.preset} --hardware {hw.name} --seq {cfg.seq_len} "
@@ -214,10 +214,11 @@ def _train_or_fall_back(emit, cfg, progress):
         return train(cfg, progress=progress), cfg
     except Exception as e:  # noqa: BLE001 (re-raised unless it is cuDNN's attention)
         text = f"{type(e).__name__}: {e}"
-        if attention_kernel(cfg) != "cudnn" or not any(
+        ran = attention_kernel(cfg)
+        if ran not in ("cudnn", "cudnn_thd") or not any(
                 w in text.lower() for w in ("cudnn", "fmha")):
             raise
-        emit({"event": "attention_fallback", "from": "cudnn", "to": "xla",
+        emit({"event": "attention_fallback", "from": ran, "to": "xla",
               "reason": text[:2000]},
              f"cuDNN's flash attention failed ({text[:200]}); training again with the XLA one")
     cfg = cfg.replace(run_name="train-xla",

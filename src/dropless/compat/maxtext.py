@@ -226,6 +226,16 @@ def _attention_kernel(name: str, v: Any, given: Given) -> Pairs:
     return [("model.attention_kernel", ATTENTION_KERNELS[v])]
 
 
+def _max_segments_per_seq(name: str, v: Any, given: Given) -> Pairs:
+    n = _int(name, v)
+    if n <= 0:
+        given.notes.append(f"max_segments_per_seq={n} (no bound) keeps "
+                           "model.max_segments_per_seq=32: cudnn_thd's segment form needs one "
+                           "(a batch with a row of more documents takes the masked form)")
+        return []
+    return [("model.max_segments_per_seq", n)]
+
+
 def _hardware(name: str, v: Any, given: Given) -> Pairs:
     if v not in HARDWARE:
         raise ValueError(f"MaxText hardware={v!r} is not supported; known: {HARDWARE}")
@@ -432,6 +442,7 @@ SPECIAL_TRANSLATORS: dict[str, Translator] = {
     "decoder_block": _decoder_block, "base_num_kv_heads": _base_num_kv_heads, "routed_bias": _routed_bias,
     "enable_checkpointing": _enable_checkpointing, "te_moe_block": _te_moe_block,
     "hardware": _hardware, "prefuse_moe_weights": _prefuse_moe_weights,
+    "max_segments_per_seq": _max_segments_per_seq,
     "dataset_type": _dataset_type, "hf_path": _hf_path, "hf_data_dir": _hf_data_dir,
     "hf_train_files": _data_files("data"), "grain_train_files": _data_files("data"),
     "hf_eval_files": _data_files("eval_data"), "train_split": _train_split,

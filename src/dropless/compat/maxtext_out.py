@@ -81,18 +81,22 @@ def _attention(cfg: TrainConfig) -> list[tuple[str, Any]]:
     as query heads (its configs/models/deepseek3-*.yml); MHA is `global` with GQA's kv heads
     and head_dim."""
     m = cfg.model
-    kernel = ("attention", _kernel(m.attention_kernel))
+    kernel = [("attention", _kernel(m.attention_kernel))]
+    if m.attention_kernel == "cudnn_thd":   # Transformer Engine's segments: MaxText's bound
+        kernel.append(("max_segments_per_seq", m.max_segments_per_seq))
     if m.attention == "mla":
-        return [("attention_type", "mla"), kernel, ("decoder_block", "deepseek"),
+        return [("attention_type", "mla"), *kernel, ("decoder_block", "deepseek"),
                 ("base_num_kv_heads", m.num_heads)]
-    return [("attention_type", "global"), kernel,
+    return [("attention_type", "global"), *kernel,
             ("base_num_kv_heads", m.num_kv_heads or m.num_heads),
             ("head_dim", m.head_dim or m.d_model // m.num_heads)]
 
 
 def _kernel(ours: str) -> str:
     """MaxText's attention for our attention_kernel: the first name that translates to it
-    (cudnn: cudnn_flash_te, MaxText's GPU flash attention)."""
+    (cudnn: cudnn_flash_te, MaxText's GPU flash attention; cudnn_thd: cudnn_flash_te too, which
+    takes packed rows as cuDNN's segments with max_segments_per_seq as cudnn_thd does)."""
+    ours = "cudnn" if ours == "cudnn_thd" else ours
     return next(n for n, k in ATTENTION_KERNELS.items() if k == ours)
 
 

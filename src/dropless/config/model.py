@@ -45,7 +45,14 @@ class ModelConfig:
     attention_kernel: str = described(
         "auto", doc="the attention core: auto (cuDNN's flash attention on an NVIDIA GPU where "
                     "it takes the operands, bfloat16; else xla), xla (the S x S scores in "
-                    "float32), or cudnn (refused in one line where it cannot run)")
+                    "float32), cudnn, or cudnn_thd (the same kernel through jax's own cuDNN "
+                    "binding: MLA's value head dim unpadded, packed rows as cuDNN's segments, "
+                    "Hopper and cuDNN >= 9.10); a kernel named that cannot run is refused in "
+                    "one line")
+    max_segments_per_seq: int = described(
+        32, doc="cudnn_thd: the runs of equal segment id (documents) a packed row may hold in "
+                "cuDNN's segment form; a batch with a row of more takes the masked form "
+                "(MaxText's max_segments_per_seq)")
     first_k_dense: int = described(
         0, doc="the first this many layers are dense, the rest MoE (where layer_pattern is \"\")")
     layer_pattern: str = described(
@@ -117,6 +124,8 @@ class ModelConfig:
                                  "mtp_depth"), allow_zero=True)
         _one_of(c, self, "attention", ATTENTION_KINDS)
         _one_of(c, self, "attention_kernel", ATTENTION_KERNELS)
+        if not (type(self.max_segments_per_seq) is int and self.max_segments_per_seq >= 2):
+            _fail(c, "max_segments_per_seq", self.max_segments_per_seq, "must be an int >= 2")
         if self.first_k_dense > self.num_layers:
             _fail(c, "first_k_dense", self.first_k_dense,
                   f"must be <= num_layers={self.num_layers}")

@@ -36,7 +36,7 @@ MESH_AXES = ("data", "fsdp", "expert")   # the mesh axes, in mesh order
 ATTENTION_KINDS = ("mla", "mha")
 # the attention core's kernels (ops/attention.py): auto = cuDNN's flash attention where it takes
 # the operands (an NVIDIA GPU, bfloat16), else xla (the S x S scores in float32)
-ATTENTION_KERNELS = ("auto", "xla", "cudnn")
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "cudnn_thd")
 ROPE_TYPES = ("default", "yarn")
 LAYER_KINDS = {"D": "dense", "M": "moe"}
 # Each remat policy -> the jax.checkpoint_policies policy it is (None: no rematerialisation);

@@ -113,8 +113,8 @@ def apply_rope(x_BSHR: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def kernel_for(cfg: ModelConfig, seq_len: int, packed: bool) -> str:
-    """What the attention core runs as for `cfg` at `seq_len` in this process, "cudnn" or
-    "xla" (packed: rows carry segment ids). Raises ops.attention.KernelUnavailable where
+    """What the attention core runs as for `cfg` at `seq_len` in this process, "cudnn",
+    "cudnn_thd" or "xla" (packed: rows carry segment ids). Raises ops.attention.KernelUnavailable where
     cfg.attention_kernel names a kernel that cannot run here, as tracing the model would."""
     dt = jnp.dtype(cfg.dtype)
     g = cfg.kv_heads if cfg.attention == "mha" else cfg.num_heads
@@ -122,7 +122,8 @@ def kernel_for(cfg: ModelConfig, seq_len: int, packed: bool) -> str:
     def shape(heads: int, dim: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((1, seq_len, heads, dim), dt)
     return attention_chosen(cfg.attention_kernel, shape(cfg.num_heads, cfg.qk_head_dim),
-                            shape(g, cfg.qk_head_dim), shape(g, cfg.v_dim), packed)
+                            shape(g, cfg.qk_head_dim), shape(g, cfg.v_dim), packed,
+                            cfg.max_segments_per_seq)
 
 
 def _dot(x: jax.Array, w: jax.Array, spec: str) -> jax.Array:
@@ -180,7 +181,8 @@ def mla(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     k_BSHK = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope_BS1R, k_nope.shape[:-1] + (r,))],
                              axis=-1)
     out_BSHV = causal_attention(q_BSHK, k_BSHK, v_BSHV, mla_softmax_scale(cfg), segment_ids_BS,
-                                kernel=cfg.attention_kernel)
+                                kernel=cfg.attention_kernel,
+                                max_segments=cfg.max_segments_per_seq)
     return _dot(out_BSHV, p["wo_HVD"], "bshv,hvd->bsd")
 
 
@@ -215,7 +217,8 @@ def mha(p: dict[str, jax.Array], x_BSD: jax.Array, cfg: ModelConfig,
     q_BSHK = apply_rope(q_BSHK, cos, sin)
     k_BSGK = apply_rope(k_BSGK, cos, sin)
     out = causal_attention(q_BSHK, k_BSGK, v_BSGK, 1.0 / math.sqrt(cfg.mha_head_dim),
-                           segment_ids_BS, kernel=cfg.attention_kernel)
+                           segment_ids_BS, kernel=cfg.attention_kernel,
+                           max_segments=cfg.max_segments_per_seq)
     return _dot(out, p["wo_HKD"], "bshk,hkd->bsd")
 
 

@@ -3,31 +3,36 @@
 Legend: B batch, S sequence, H query heads, G key/value heads (H a multiple of G), K query/key
 head dim, V value head dim.
 
-  kernel   what runs                                                 where
-  xla      the S x S scores and softmax in float32, materialised:    everywhere (the reference)
-           `causal_attention_xla`
-  cudnn    cuDNN's fused flash attention through                      CUDA, bfloat16/float16,
-           `jax.nn.dot_product_attention(implementation="cudnn")`     head dims cuDNN takes
-           (ops/gpu/cudnn_attention.py): the scores never leave
-           on-chip memory, the causal half is skipped
-  auto     cudnn where it takes the operands, else xla
+  kernel     what runs                                               where
+  xla        the S x S scores and softmax in float32, materialised:  everywhere (the reference)
+             `causal_attention_xla`
+  cudnn      cuDNN's fused flash attention through                   CUDA, bfloat16/float16,
+             `jax.nn.dot_product_attention(implementation="cudnn")`  head dims cuDNN takes
+             (ops/gpu/cudnn_attention.py): the scores never leave
+             on-chip memory, the causal half is skipped
+  cudnn_thd  the same kernel through jax's own cuDNN binding          as cudnn, from Hopper,
+             (ops/gpu/cudnn_thd.py): MLA's value head dim as it is,  cuDNN >= 9.10
+             packed rows as cuDNN's segments (up to `max_segments`
+             runs a row; a batch with more takes the masked form),
+             no S x S mask made or read
+  auto       cudnn where it takes the operands, else xla
 
 The model (models/attention.py) asks for `ModelConfig.attention_kernel` and never names a
 platform: `auto` is decided when the caller is lowered (`jax.lax.platform_dependent`), and the
 cuDNN branch is traced only in a process whose default backend is a CUDA GPU, since tracing it
-asks the loaded cuDNN and the device for their versions. `cudnn` asked for by name where it
-cannot run raises one line saying why (`KernelUnavailable`).
+asks the loaded cuDNN and the device for their versions. `cudnn` or `cudnn_thd` asked for by
+name where it cannot run raises one line saying why (`KernelUnavailable`).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from dropless.ops.gpu import cudnn_attention
+from dropless.ops.gpu import cudnn_attention, cudnn_thd
 
 # the names config.ATTENTION_KERNELS lists for model.attention_kernel (tests/ops/test_attention.py
 # checks they are the same)
-KERNELS = ("auto", "xla", "cudnn")
+KERNELS = ("auto", "xla", "cudnn", "cudnn_thd")
 
 
 class KernelUnavailable(ValueError):
@@ -70,21 +75,26 @@ def _check_shapes(q_BSHK, k_BSGK, v_BSGV) -> None:
                          "multiple of G")
 
 
-def problem(kernel: str, q_BSHK, k_BSGK, v_BSGV, segments: bool = False) -> str | None:
+def problem(kernel: str, q_BSHK, k_BSGK, v_BSGV, segments: bool = False,
+            max_segments: int = 32) -> str | None:
     """Why `kernel` cannot run on these operands (with a segment mask where `segments`) in this
     process (None: it can). `auto` and `xla` always can."""
     if kernel not in KERNELS:
         return f"model.attention_kernel={kernel!r} is not one of {list(KERNELS)}"
     if kernel == "cudnn":
         why = cudnn_attention.problem(q_BSHK, k_BSGK, v_BSGV, segments)
-        return None if why is None else f"model.attention_kernel=cudnn: {why}; use auto or xla"
-    return None
+    elif kernel == "cudnn_thd":
+        why = cudnn_thd.problem(q_BSHK, k_BSGK, v_BSGV, segments, max_segments)
+    else:
+        return None
+    return None if why is None else f"model.attention_kernel={kernel}: {why}; use auto or xla"
 
 
-def chosen(kernel: str, q_BSHK, k_BSGK, v_BSGV, segments: bool = False) -> str:
-    """The kernel `kernel` runs as at these operands in this process: "cudnn" (on a CUDA device)
-    or "xla". Raises KernelUnavailable as `causal_attention` does."""
-    why = problem(kernel, q_BSHK, k_BSGK, v_BSGV, segments)
+def chosen(kernel: str, q_BSHK, k_BSGK, v_BSGV, segments: bool = False,
+           max_segments: int = 32) -> str:
+    """The kernel `kernel` runs as at these operands in this process: "cudnn" or "cudnn_thd"
+    (on a CUDA device) or "xla". Raises KernelUnavailable as `causal_attention` does."""
+    why = problem(kernel, q_BSHK, k_BSGK, v_BSGV, segments, max_segments)
     if why is not None:
         raise KernelUnavailable(why)
     if kernel == "auto":
@@ -94,19 +104,24 @@ def chosen(kernel: str, q_BSHK, k_BSGK, v_BSGV, segments: bool = False) -> str:
 
 
 def causal_attention(q_BSHK: jax.Array, k_BSGK: jax.Array, v_BSGV: jax.Array, scale: float,
-                     segment_ids_BS: jax.Array | None = None, *, kernel: str = "auto"
-                     ) -> jax.Array:
+                     segment_ids_BS: jax.Array | None = None, *, kernel: str = "auto",
+                     max_segments: int = 32) -> jax.Array:
     """softmax(q k^T * scale + mask) v with the causal (and, given segment ids, same-segment)
-    mask of `attention_mask`; [B, S, H, V] in v's dtype. `kernel`: see the module docstring.
-    Raises ValueError for mismatched shapes and KernelUnavailable for `cudnn` where it cannot
-    run."""
+    mask of `attention_mask`; [B, S, H, V] in v's dtype. `kernel`: see the module docstring;
+    `max_segments`: the runs of equal segment id a row may hold in `cudnn_thd`'s fast form
+    (the segment ids must be runs, as the data packers make them). Raises ValueError for
+    mismatched shapes and KernelUnavailable for `cudnn` / `cudnn_thd` where it cannot run."""
     _check_shapes(q_BSHK, k_BSGK, v_BSGV)
-    if chosen(kernel, q_BSHK, k_BSGK, v_BSGV, segment_ids_BS is not None) == "xla":
+    which = chosen(kernel, q_BSHK, k_BSGK, v_BSGV, segment_ids_BS is not None, max_segments)
+    if which == "xla":
         return causal_attention_xla(q_BSHK, k_BSGK, v_BSGV, scale, segment_ids_BS)
     operands = (q_BSHK, k_BSGK, v_BSGV) + ((segment_ids_BS,) if segment_ids_BS is not None
                                            else ())
 
     def on_cuda(q, k, v, *seg):
+        if which == "cudnn_thd":
+            return cudnn_thd.causal_attention(q, k, v, scale, seg[0] if seg else None,
+                                              max_segments=max_segments)
         return cudnn_attention.causal_attention(q, k, v, scale, seg[0] if seg else None)
 
     def elsewhere(q, k, v, *seg):

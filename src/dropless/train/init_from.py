@@ -17,7 +17,8 @@ from dropless.model_dir import cast_like, load_dropless, parse_spec
 
 # fields that do not change the parameter tree (dtypes are cast, the layout is converted; the
 # init fields say only how random weights would start)
-_FREE_FIELDS = ("dtype", "weight_dtype", "mtp_loss_coef", "moe", "scan_layers", *INIT_FIELDS)
+_FREE_FIELDS = ("dtype", "weight_dtype", "mtp_loss_coef", "moe", "scan_layers",
+                "attention_kernel", "max_segments_per_seq", *INIT_FIELDS)
 _MOE_SHAPE_FIELDS = ("num_experts", "d_ff", "num_shared_experts", "top_k", "score_func",
                      "n_groups", "topk_groups", "routed_scaling_factor", "norm_topk_prob")
 

@@ -18,28 +18,10 @@ import jax.numpy as jnp
 import pytest
 
 from dropless.ops import attention as att
-from dropless.ops.gpu import cudnn_attention as cudnn
+from tests._support.cudnn_h100 import (bf16_operands, cuda_text, cudnn_calls,
+                                       h100)  # noqa: F401 (a fixture)
 
 fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
-
-
-@pytest.fixture
-def h100(monkeypatch):
-    """jax's device and cuDNN questions answered as on an H100 with cuDNN 9.19; ours too."""
-    monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91900)
-    monkeypatch.setattr(fused, "check_compute_capability", lambda cap: (9, 0) >= tuple(
-        int(x) for x in cap.split(".")))
-    monkeypatch.setattr(fused, "is_cuda_compute_capability_equal", lambda cap: cap == "9.0")
-    monkeypatch.setattr(cudnn, "_gpu", lambda: (None, (9, 0)))
-    monkeypatch.setattr(cudnn, "cudnn_version", lambda: (9, 19, 0))
-
-
-def _cuda_text(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
-def _calls(text: str) -> set[str]:
-    return set(re.findall(r"__cudnn\$fmha[A-Za-z]*", text))
 
 
 def _scores(text: str, b: int, h: int, s: int) -> bool:
@@ -53,19 +35,15 @@ def _scores(text: str, b: int, h: int, s: int) -> bool:
 @pytest.mark.parametrize("shape", [(16, 16, 96, 64), (8, 8, 192, 128), (8, 2, 128, 128)])
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_cudnn_form_lowers_forward_and_backward(h100, shape, packed):
-    h, g, k, v = shape
-    b, s = 2, 256
-    q = jnp.zeros((b, s, h, k), jnp.bfloat16)
-    kk = jnp.zeros((b, s, g, k), jnp.bfloat16)
-    vv = jnp.zeros((b, s, g, v), jnp.bfloat16)
-    seg = jnp.ones((b, s), jnp.int32) if packed else None
+    (h, g, k, v), (b, s) = shape, (2, 256)
+    q, kk, vv, seg = bf16_operands(shape, packed, b, s)
     assert att.chosen("auto", q, kk, vv, packed) == "cudnn"
 
     def loss(q, kk, vv):
         return jnp.sum(att.causal_attention(q, kk, vv, 0.1, seg).astype(jnp.float32))
-    text = _cuda_text(jax.grad(loss, (0, 1, 2)), q, kk, vv)
+    text = cuda_text(jax.grad(loss, (0, 1, 2)), q, kk, vv)
     kind = "ScaleBiasSoftmax" if packed else "Softmax"   # packed: the segment mask as a bias
-    assert _calls(text) == {f"__cudnn$fmha{kind}", f"__cudnn$fmha{kind}Backward"}
+    assert cudnn_calls(text) == {f"__cudnn$fmha{kind}", f"__cudnn$fmha{kind}Backward"}
     assert not _scores(text, b, h, s)
 
 
@@ -78,13 +56,13 @@ def test_a_model_lowered_for_cuda_runs_cudnn_attention_in_every_layer(h100):
     s = 64
     tokens = jnp.zeros((2, s), jnp.int32)
     seg = jnp.ones((2, s), jnp.int32)
-    text = _cuda_text(lambda p, t: decoder.forward(p, t, cfg, segment_ids_BS=seg), params, tokens)
+    text = cuda_text(lambda p, t: decoder.forward(p, t, cfg, segment_ids_BS=seg), params, tokens)
     assert len(re.findall(r"__cudnn\$fmhaScaleBiasSoftmax\(", text)) == cfg.num_layers
     assert not _scores(text, 2, cfg.num_heads, s)
     # the same model with the reference asked for materialises the scores
     ref = cfg.replace(attention_kernel="xla")
-    text = _cuda_text(lambda p, t: decoder.forward(p, t, ref, segment_ids_BS=seg), params, tokens)
-    assert not _calls(text) and _scores(text, 2, cfg.num_heads, s)
+    text = cuda_text(lambda p, t: decoder.forward(p, t, ref, segment_ids_BS=seg), params, tokens)
+    assert not cudnn_calls(text) and _scores(text, 2, cfg.num_heads, s)
 
 
 def test_what_jaxs_own_checks_refuse_leaves_auto_on_the_reference(h100, monkeypatch):
@@ -99,5 +77,5 @@ def test_what_jaxs_own_checks_refuse_leaves_auto_on_the_reference(h100, monkeypa
     with pytest.raises(att.KernelUnavailable, match=r"model.attention_kernel=cudnn: jax: "
                        r"NotImplementedError: Unsupported sequence length Q 256, KV 256\."):
         att.chosen("cudnn", q, q, q, True)
-    text = _cuda_text(lambda q: att.causal_attention(q, q, q, 0.1), q)
-    assert not _calls(text)
+    text = cuda_text(lambda q: att.causal_attention(q, q, q, 0.1), q)
+    assert not cudnn_calls(text)

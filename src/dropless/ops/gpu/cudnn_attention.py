@@ -86,18 +86,19 @@ def problem(q_BSHK, k_BSGK, v_BSGV, segments: bool = False) -> str | None:
     return why if why is not None else traced_problem(q_BSHK, k_BSGK, v_BSGV, segments)
 
 
-def traced_problem(q_BSHK, k_BSGK, v_BSGV, segments: bool) -> str | None:
-    """What jax's cuDNN binding refuses when this form's forward and backward are traced at
-    these shapes (abstractly: nothing runs), as "jax: <its words>"; None when it takes them.
-    Its checks (head dims, layouts, the device's compute capability, the cuDNN version, a bias
-    in training) run in Python at trace time, so a rule of a jax release that `problem_for`
-    does not know still leaves `auto` on the XLA attention rather than failing the step."""
+def traced_problem(q_BSHK, k_BSGK, v_BSGV, segments: bool, attention=None) -> str | None:
+    """What jax's cuDNN binding refuses when this form's (or `attention`'s, a function of (q,
+    k, v, scale, segment ids) that calls it) forward and backward are traced at these shapes
+    (abstractly: nothing runs), as "jax: <its words>"; None when it takes them. Its checks
+    (head dims, layouts, the device's compute capability, the cuDNN version, a bias in
+    training) run in Python at trace time, so a rule of a jax release that `problem_for` does
+    not know still leaves `auto` on the XLA attention rather than failing the step."""
     b, s = q_BSHK.shape[:2]
     seg = jax.ShapeDtypeStruct((b, s), jnp.int32) if segments else None
+    attention = attention or causal_attention
 
     def loss(q, k, v, *sg):
-        return jnp.sum(causal_attention(q, k, v, 1.0, sg[0] if sg else None)
-                       .astype(jnp.float32))
+        return jnp.sum(attention(q, k, v, 1.0, sg[0] if sg else None).astype(jnp.float32))
     args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (q_BSHK, k_BSGK, v_BSGV)]
     try:
         jax.eval_shape(jax.grad(loss, (0, 1, 2)), *args, *([seg] if seg is not None else []))
