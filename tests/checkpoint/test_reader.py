@@ -68,6 +68,10 @@ MALFORMED = {
     "next-batch-a-bool": (_meta_edit("next_batch", True), "bad-meta", "not an int"),
     "corpus-a-list": (_meta_edit("corpus", [1, 2]), "bad-meta", "corpus entry that is a list"),
     "hashes-a-list": (_meta_edit("hashes", ["x"]), "bad-meta", "hashes entry"),
+    "next-sample-negative": (_meta_edit("next_sample", -1), "bad-meta", "next_sample='-1'"),
+    "global-batch-zero": (_meta_edit("global_batch_size", 0), "bad-meta",
+                          "global_batch_size='0', not an int >= 1"),
+    "data-order-a-list": (_meta_edit("data_order", [32]), "bad-meta", "data_order entry"),
     "meta-a-list": (lambda s: (s / "meta" / "metadata").write_text("[1]"), "bad-meta",
                     "not a JSON object"),
     "checkpoint-metadata-empty-object": (

@@ -113,6 +113,22 @@ def test_prefetch_gives_the_batches_of_building_them_in_turn(docs):
         ahead.close()
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_loader_started_on_a_sample_builds_the_rows_from_there(docs, prefetch):
+    # a resume with another global batch: batch 5 of 3 rows begins at sample 22
+    toks, ends = _stream(docs)
+    a = loader.Addressing(loader.as_stream(toks, ends), seq_len=S, packing="documents", seed=1)
+    ld = loader.Loader(a, batch_size=3, prefetch=prefetch, start=5, first_sample=22)
+    try:
+        for i in range(5, 9):
+            assert ld.sample_of(i) == 22 + 3 * (i - 5)
+            for x, y in zip(ld.next(), a.rows(range(ld.sample_of(i), ld.sample_of(i) + 3))):
+                np.testing.assert_array_equal(x, y)
+    finally:
+        ld.close()
+    assert loader.Loader(a, batch_size=3, start=5).sample_of(6) == 18   # the run's own numbering
+
+
 def test_an_error_while_prefetching_is_raised_by_the_batch_that_hit_it(tmp_path, docs):
     p = tmp_path / "t.bin"
     np.concatenate(docs).astype(np.uint16).tofile(p)

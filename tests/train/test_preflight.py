@@ -1,7 +1,8 @@
 """The memory pre-flight on CPU (train/preflight.py): which method it uses, the start-up line,
-and a config that cannot fit refused before anything is allocated or written (the library call
-and `dropless train`, one line, exit 2). The compiled-step method on H100/H200 compile-only
-devices is tested in test_preflight_gpu_compile.py (the GPU leg)."""
+a compiled step's figure and refusal, and a config that cannot fit refused before anything is
+allocated or written (the library call and `dropless train`, one line, exit 2). The trainer's
+one compile read by the pre-flight is tested in test_loop_compile.py; the compiled-step method
+on H100/H200 compile-only devices in test_preflight_gpu_compile.py (the GPU leg)."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,36 @@ def test_on_cpu_the_planner_model_is_used_and_reported(tmp_path):
     assert fit["limit"] == 24 * 2 ** 30 and fit["source"] == "test"
     line = preflight.summary(fit)
     assert "by the planner's memory model" in line and "24.00 GiB (test)" in line
+
+
+def test_the_trainer_reads_a_compiled_step_on_one_gpu_only(tmp_path, monkeypatch):
+    one, eight = mini(tmp_path), mini(tmp_path, **{"mesh.data": 8})
+    assert preflight.COMPILED_PLATFORMS == ("gpu",)
+    assert not preflight.reads_compiled(one) and not preflight.reads_compiled(eight)  # a CPU
+    monkeypatch.setattr(preflight, "COMPILED_PLATFORMS", ("gpu", "cpu"))
+    assert preflight.reads_compiled(one) and not preflight.reads_compiled(eight)
+
+
+def test_a_compiled_step_is_measured_by_its_memory_analysis(tmp_path):
+    import jax
+    import jax.numpy as jnp
+    cfg = mini(tmp_path)
+    # a donated 1 MiB state: the output (1 MiB) reuses it, the 4 KiB argument is not donated
+    f = jax.jit(lambda s, x: s * 2 + jnp.sum(x), donate_argnums=0)
+    exe = f.lower(jax.ShapeDtypeStruct((2 ** 18,), jnp.float32),
+                  jax.ShapeDtypeStruct((1024,), jnp.float32)).compile()
+    ma = exe.memory_analysis()
+    want = (ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
+            + ma.temp_size_in_bytes + ma.generated_code_size_in_bytes)
+    assert ma.alias_size_in_bytes == 2 ** 20 and want >= 2 ** 20 + 4096
+    fit = preflight.check(cfg, executable=exe, compile_s=1.5, limit=2 ** 30, source="test")
+    assert fit["method"] == "compiled" and fit["total"] == want
+    assert fit["compiled"] == {**preflight.analysis(exe), "compile_s": 1.5}
+    assert fit["model_total"] == preflight.estimate(cfg)["total"]
+    assert "by the compiled step's memory analysis" in preflight.summary(fit)
+    with pytest.raises(preflight.DoesNotFit, match=r"does not fit: 0\.00 GiB per device by "
+                       r"the compiled step, 0\.00 GiB available \(a 1 MiB test device\)"):
+        preflight.check(cfg, executable=exe, limit=2 ** 20, source="a 1 MiB test device")
 
 
 def test_the_trainer_reports_it_at_start_up(tmp_path):

@@ -4,7 +4,8 @@ and the structural checks that find a damaged step before any of its data is rea
 A step directory written by `checkpoint.save` looks like this (orbax, one process):
 
     <step>/_CHECKPOINT_METADATA            JSON, orbax's record of the step
-    <step>/meta/metadata                   JSON: next_batch, corpus, and `hashes`
+    <step>/meta/metadata                   JSON: the data position (train/resume.position),
+                                           corpus, and `hashes`
     <step>/state/_METADATA                 JSON: the tree of arrays
     <step>/state/manifest.ocdbt            the root of the array store
     <step>/state/ocdbt.process_<i>/manifest.ocdbt, .../d/<chunk>   the array bytes
@@ -126,6 +127,7 @@ def _object(path: Path) -> dict:
 def meta_problem(meta: Any) -> str | None:
     """What is wrong with a step's JSON record (`meta/metadata`), None when it is one the
     trainer wrote: an object with an int `next_batch` >= 0, a `corpus` object and, when present,
+    an int `next_sample` >= 0, an int `global_batch_size` >= 1, a `data_order` object and
     `hashes` mapping paths to hex strings."""
     if not isinstance(meta, dict) or not meta:
         return f"is not a JSON object with next_batch and corpus (it holds {type(meta).__name__})"
@@ -136,6 +138,13 @@ def meta_problem(meta: Any) -> str | None:
         return f"has next_batch={str(nb)[:40]!r}, not an int >= 0"
     if not isinstance(meta["corpus"], dict):
         return f"has a corpus entry that is a {type(meta['corpus']).__name__}, not an object"
+    for key, least in (("next_sample", 0), ("global_batch_size", 1)):
+        v = meta.get(key, least)
+        if type(v) is not int or v < least:
+            return f"has {key}={str(v)[:40]!r}, not an int >= {least}"
+    if not isinstance(meta.get("data_order", {}), dict):
+        return (f"has a data_order entry that is a {type(meta['data_order']).__name__}, "
+                "not an object")
     hashes = meta.get("hashes")
     if hashes is not None and not (isinstance(hashes, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in hashes.items())):

@@ -3,8 +3,10 @@ process that holds it, and produced ahead of the step by a background thread.
 
 Legend: B rows (global batch), S sequence length, R rows of this process, Q pieces (pad).
 
-Addressing (`config.PACKINGS`); sample g = index * B + j of the run is item perm_e[g mod n] of
-an epoch of n items, e = g // n, perm_e seeded by (seed, e) as data.corpus.batch_at does:
+Addressing (`config.PACKINGS`); sample g = index * B + j of the run (g = first + (index - start)
+* B + j for a Loader started at batch `start` on sample `first`: a resume with another global
+batch continues at the first sample not trained on) is item perm_e[g mod n] of an epoch of n
+items, e = g // n, perm_e seeded by (seed, e) as data.corpus.batch_at does:
 - "stream": items are windows of S + 1 tokens at multiples of S over the token stream
   (`corpus.batch_at`'s windows, `batch.from_windows`): bitwise the batches runs made before
   packing.
@@ -19,9 +21,9 @@ an epoch of n items, e = g // n, perm_e seeded by (seed, e) as data.corpus.batch
   target inside the document is trained once); a row holds one piece's inputs and targets,
   then PAD_ID with segment id 0 and loss mask 0. Positions restart at 0 in each row.
 
-A batch is a pure function of (data, seed, index, packing, B, S): the process count only
-decides who builds which rows, so a resume on another number of processes with the same
-global batch continues with exactly the batches the first run would have had.
+A batch is a pure function of (data, seed, packing, S, B, its first sample number): the process
+count only decides who builds which rows, so a resume on another number of processes with the
+same global batch continues with exactly the batches the first run would have had.
 """
 from __future__ import annotations
 
@@ -181,7 +183,8 @@ def place(tree, sharding, batch_size: int, blocks: tuple[tuple[int, int], ...]):
 class Loader:
     """Batches `start`, `start` + 1, ... of a run: this process's rows of each
     (`process_rows`; `rows`), turned into the step's input by `to_step` and placed on
-    `sharding`.
+    `sharding`. Batch `start` begins at sample `first_sample` (default `start` x `batch_size`,
+    the run's own numbering).
 
     With `prefetch` > 0 a background thread builds up to `prefetch` batches ahead of `next()`;
     an error there (a changed data file, DataChanged) is raised by the `next()` that would have
@@ -189,9 +192,12 @@ class Loader:
     """
 
     def __init__(self, addressing: Addressing, *, batch_size: int, sharding=None,
-                 prefetch: int = 0, start: int = 0, to_step: Callable[[Batch], Any] = lambda b: b):
+                 prefetch: int = 0, start: int = 0, first_sample: int | None = None,
+                 to_step: Callable[[Batch], Any] = lambda b: b):
         self.addr, self.b, self.sharding, self.to_step = addressing, batch_size, sharding, to_step
         self.rows = process_rows(sharding, batch_size)
+        self.start = start
+        self.first_sample = start * batch_size if first_sample is None else first_sample
         self.next_index = start
         self.wait_s: dict[int, float] = {}
         self._q: queue.Queue | None = None
@@ -204,9 +210,13 @@ class Loader:
 
     def build(self, index: int):
         """Batch `index`, built now: the step's input, placed."""
-        base = index * self.b
+        base = self.sample_of(index)
         local = self.addr.rows([base + r for lo, hi in self.rows for r in range(lo, hi)])
         return place(self.to_step(local), self.sharding, self.b, self.rows)
+
+    def sample_of(self, index: int) -> int:
+        """The sample number batch `index` begins at."""
+        return self.first_sample + (index - self.start) * self.b
 
     def _produce(self, index: int) -> None:
         while not self._stop.is_set():

@@ -4,10 +4,13 @@ One function, `train(cfg)`, used by `dropless train`; everything it computes is 
 RUN_DIR/metrics.jsonl (one JSON object per line: a "start" record, "step" records, "eval"
 records and an "end" record, or a "stopped" record when a signal ended the run early).
 
-Order of work, so that a refused run changes nothing: the memory pre-flight (preflight.py), the
-run directory (rundir.py: unique, locked), the resume decision (resume.py: nothing to do, other
-data, LR schedule) and the checkpoint's shapes (checkpoint.check_compatible) all come before the
-first write; a new run that fails before its first step removes its directory; a resumed run
+Order of work, so that a refused run changes nothing: the memory pre-flight by the planner's
+model (preflight.py; on a CPU or a mesh of several devices), the run directory (rundir.py:
+unique, locked), the resume decision (resume.py: nothing to do, other data, LR schedule), the
+step's one compile (on abstract arguments, nothing allocated) with the memory pre-flight by its
+memory analysis (on a GPU, one device), then the state's allocation and the checkpoint's shapes
+(checkpoint.check_compatible) all come before the first write; the step compiled there is the
+step that runs; a new run that fails before its first step removes its directory; a resumed run
 rewrites config.json only once its first step is done. A checkpoint that fails to restore or
 verify (integrity.py) is skipped for the newest intact one, and only once that one is restored
 are the damaged steps moved aside, a torn metrics.jsonl healed and the fall-back recorded.
@@ -37,6 +40,7 @@ from dropless.parallel.mesh import batch_sharding, train_mesh
 from dropless.parallel.sharding import state_shardings
 from dropless import checkpoint as ckpt
 from dropless.data import corpus as data_lib
+from dropless.data.batch import from_windows
 from dropless.data import loader as loader_lib
 from dropless.data import sft as sft_lib
 from dropless.data.shards import DataChanged
@@ -49,7 +53,7 @@ from dropless.train.outputs import Evaluator, MetricsWriter, Scalars
 from dropless.train.overflow import OverflowGuard
 from dropless.train import step as step_lib
 from dropless.train.progress import Progress, Timed
-from dropless.train.resume import plan_resume, restore_newest
+from dropless.train.resume import plan_resume, position, restore_newest
 from dropless.train.rundir import RunDir, heal_metrics, open_run_dir
 from dropless.train.signals import StopRequest, stop_on_signals
 
@@ -126,16 +130,16 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
     holds the run directory.
     """
     step_lib.attention_kernel(cfg)   # one asked for that cannot run here: refused before all
-    fit = preflight.check(cfg)
+    # the planner's model is checked now, before anything; the compiled step where the step
+    # is compiled, before anything is allocated (_compile)
+    fit = None if preflight.reads_compiled(cfg) else preflight.check(cfg)
     with stop_on_signals(stop) as stop:
         run = stop.open_undoable(functools.partial(open_run_dir, cfg), _startup_exit_words)
         prog = progress or Progress(echo)
         try:
             with ckpt.quiet_orbax_errors():
-                result = _run(cfg, run, prog, stop, stop_at, fit, resume=resume,
-                              strict=strict_resume)
-            result.preflight = fit
-            return result
+                return _run(cfg, run, prog, stop, stop_at, fit, resume=resume,
+                            strict=strict_resume)
         except BaseException:
             if run.steps_done == 0:
                 run.discard()            # removes only a directory this call created
@@ -201,18 +205,22 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
     replan = functools.partial(plan_resume, cfg, out_dir, corpus.fingerprint(), stop_at=stop_at,
                                echo=prog.line, resume=resume, strict=strict)
     plan = replan()
-    if plan.nothing_to_do:
-        return RunResult(out_dir, {}, {}, plan.start, nothing_to_do=True)
-    prog.line(preflight.summary(fit))   # (a run with nothing to do says that alone)
+    if plan.nothing_to_do:   # (says that alone, compiles nothing)
+        return RunResult(out_dir, {}, {}, plan.start, nothing_to_do=True, preflight=fit or {})
     cfg, start = plan.cfg, plan.start
+    mesh = train_mesh(cfg.mesh)   # the MoE layer sees any mesh of > 1 device (see train_mesh)
+    writer = MetricsWriter(out_dir / "metrics.jsonl", prog.line)   # (refuses a bad path)
+    # the one compile, on abstract arguments: before anything is allocated or written (a
+    # resumed run's directory too), so the memory pre-flight can still refuse the run
+    step_fn, gmm, compile_s, fit, opt, guards = _compile(cfg, mesh, prog, fit)
+    prog.line(preflight.summary(fit))
     if run.created:
         run.write_json("config.json", to_dict(cfg))
-    mesh = train_mesh(cfg.mesh)   # the MoE layer sees any mesh of > 1 device (see train_mesh)
     moe = cfg.model.moe
     fpt = flops_per_token(cfg.model, cfg.seq_len,
                           capacity_factor=moe.capacity_factor if moe else None)
     counts = param_counts(cfg.model)
-    state, opt = step_lib.init_state(cfg)
+    state, _ = step_lib.init_state(cfg)   # (its optimizer is `opt`: make_optimizer of cfg)
     if cfg.init_from:   # fine-tuning: start from existing weights (see train/init_from.py)
         from dropless.train.init_from import initial_params
         state["params"] = initial_params(cfg, announce=prog.line)
@@ -233,27 +241,25 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
             _set_aside(plan, saver, out_dir, prog)
         for note in plan.notes:
             prog.line(note)
-        # committed on one device too, as a restored state is: a fresh run and its resume then
-        # lower to the same step (the persistent compilation cache serves the resume)
+        # placed as the step was compiled for (_abstract_inputs): committed on one device
         shard = state_shardings(state, mesh)
         state = jax.device_put(state, jax.devices()[0] if shard is None else shard)
-        # never apply a non-finite step (check_nan) nor an overflowing one (overflow="error");
-        # the first guard wraps the step, the next wraps that
-        guards = (NonFiniteGuard(cfg, opt=opt, mesh=mesh), OverflowGuard(cfg))
         state = guards_lib.attach_all(guards, state)
         peak, peak_source = machine.peak_flops_per_device(cfg.model.dtype)
         ctx = _Ctx(cfg=cfg, opt=opt, mesh=mesh, out_dir=out_dir, corpus=corpus, counts=counts,
                    fpt=fpt, peak=peak, peak_source=peak_source, bshard=batch_sharding(mesh),
                    prog=prog, stop=stop, saver=saver, run=run, guards=guards,
-                   writer=MetricsWriter(out_dir / "metrics.jsonl", prog.line),
-                   evaluator=Evaluator(cfg, corpus, mesh, prog),
+                   writer=writer, evaluator=Evaluator(cfg, corpus, mesh, prog),
                    tb=Scalars(out_dir), config_json=to_dict(cfg),
-                   loader=(batches := _loader(cfg, corpus, batch_sharding(mesh), start)))
+                   loader=(batches := _loader(cfg, corpus, batch_sharding(mesh), start,
+                                              plan.first_sample)))
         prog.line(_header(ctx, start))
-        step_fn, batch0, compile_s, gmm = _compile(ctx, state, start)
+        batch0 = ctx.loader.next()
         ctx.writer.record(*_start_record(ctx, compile_s, start, gmm))
         stop.begin_steps()        # start-up is over: a signal now stops after a step
-        return _loop(ctx, state, step_fn, batch0, start, stop_at)
+        result = _loop(ctx, state, step_fn, batch0, start, stop_at)
+        result.preflight = fit
+        return result
     except BaseException:
         saver.close()
         raise
@@ -287,17 +293,48 @@ def _set_aside(plan, saver: ckpt.Saver, out_dir: Path, prog: Progress) -> None:
         {"event": "fallback", "resumed_from": plan.latest, "damaged": moved})
 
 
-def _compile(ctx: _Ctx, state, start: int):
-    """(the compiled step, wrapped by the guards; step start+1's batch; compile seconds; what
-    its grouped matmuls ran as: a kernel `auto` chose that fails to compile or run falls back,
-    ops/gmm/fallback.py)."""
-    fn = functools.partial(step_lib.train_step, cfg=ctx.cfg, opt=ctx.opt, mesh=ctx.mesh)
-    fn = guards_lib.wrap_all(ctx.guards, fn)
-    batch0 = ctx.loader.next()
-    with Timed(ctx.prog, "compiling (first step)", "compiled") as t:
-        step_fn, gmm = compile_auto(fn, state, batch0, what="train step",
-                                    jit_kwargs={"donate_argnums": 0})
-    return step_fn, batch0, t.seconds, gmm
+def _compile(cfg: TrainConfig, mesh, prog: Progress, fit: dict | None):
+    """The run's step, compiled once on abstract arguments (`_abstract_inputs`: nothing is
+    allocated) and checked against the device's memory: (the compiled step, wrapped by the
+    guards, its state donated; what its grouped matmuls ran as (a kernel `auto` chose that
+    fails to compile or run falls back, ops/gmm/fallback.py); compile seconds; the memory
+    pre-flight: `fit` (the planner's model, checked already) or, where it is None, the
+    compiled step's memory analysis (preflight.check(executable=...)); the optimizer; the
+    guards). Raises preflight.DoesNotFit for a step that cannot fit."""
+    like = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
+    opt = step_lib.make_optimizer(cfg, like["params"])   # the one init_state makes
+    # never apply a non-finite step (check_nan) nor an overflowing one (overflow="error");
+    # the first guard wraps the step, the next wraps that
+    guards = (NonFiniteGuard(cfg, opt=opt, mesh=mesh), OverflowGuard(cfg))
+    fn = functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=mesh)
+    fn = guards_lib.wrap_all(guards, fn)
+    with Timed(prog, "compiling (first step)", "compiled") as t:
+        step_fn, gmm = compile_auto(fn, *_abstract_inputs(cfg, like, guards, mesh),
+                                    what="train step", jit_kwargs={"donate_argnums": 0})
+    if fit is None:
+        fit = preflight.check(cfg, executable=step_fn, compile_s=t.seconds)
+    return step_fn, gmm, t.seconds, fit, opt, guards
+
+
+def _abstract_inputs(cfg: TrainConfig, like, guards, mesh):
+    """(state, batch) as ShapeDtypeStructs placed as the run places them: the state (`like`,
+    init_state's shapes) committed to the first device, or on `state_shardings` over a mesh
+    (a fresh and a restored state alike, so both lower to the same step), plus the guards'
+    entries as `attach_all` adds them (uncommitted); the batch as the loader hands it, a
+    data.batch.Batch of [B, S] (host arrays on one device, `batch_sharding` over a mesh)."""
+    shard = state_shardings(like, mesh)
+    if shard is None:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shard = jax.tree.map(lambda _: one, like)
+    placed = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          like, shard)
+    guarded = jax.eval_shape(lambda s: guards_lib.attach_all(guards, s), like)
+    state = {k: placed.get(k, v) for k, v in guarded.items()}
+    bshard = batch_sharding(mesh)
+    rows = from_windows(np.zeros((cfg.global_batch_size, cfg.seq_len + 1), np.int32))
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=bshard),
+                         rows)
+    return state, batch
 
 
 def _peak_words(peak: float | None, source: str) -> str:
@@ -329,8 +366,8 @@ def _start_record(ctx: _Ctx, compile_s: float, start: int, gmm=None) -> tuple[di
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Ctx:
-    """What compiling the step and the loop read besides the state: config, optimizer, mesh,
-    run directory, outputs, stop request; built once, before the step is compiled."""
+    """What the loop reads besides the state: config, optimizer, mesh, run directory, outputs,
+    stop request; built once, after the step is compiled and the state placed."""
 
     cfg: TrainConfig
     opt: Any                          # the optimizer (train/step.make_optimizer)
@@ -354,7 +391,9 @@ class _Ctx:
     loader: loader_lib.Loader         # the run's batches, from `start` on, built ahead
 
     def meta(self, step: int) -> dict:
-        return {"next_batch": step, "corpus": self.corpus.fingerprint()}
+        """The record saved beside checkpoint `step`: the data position and the corpus."""
+        return {**position(self.cfg, step, self.loader.sample_of(step)),
+                "corpus": self.corpus.fingerprint()}
 
 
 def _loop(ctx: _Ctx, state, step_fn, batch0, start: int, stop_at: int | None) -> RunResult:
@@ -412,9 +451,10 @@ def _read_metrics(m: dict) -> dict:
     return jax.device_get(m)
 
 
-def _loader(cfg: TrainConfig, corpus, sharding, start: int) -> loader_lib.Loader:
-    """The run's batches from step start+1 on (0-based index `start`), as the step takes them,
-    on the batch sharding, `cfg.prefetch` ahead."""
+def _loader(cfg: TrainConfig, corpus, sharding, start: int,
+            first_sample: int) -> loader_lib.Loader:
+    """The run's batches from step start+1 on (0-based index `start`, beginning at sample
+    `first_sample`), as the step takes them, on the batch sharding, `cfg.prefetch` ahead."""
     if isinstance(corpus, sft_lib.SftCorpus):
         addr = sft_lib.Addressing(corpus.train, seq_len=cfg.seq_len, seed=cfg.seed,
                                   packing=cfg.packing, completion_only=cfg.sft_completion_only)
@@ -422,7 +462,7 @@ def _loader(cfg: TrainConfig, corpus, sharding, start: int) -> loader_lib.Loader
         addr = loader_lib.Addressing(loader_lib.as_stream(corpus.train_TOK, corpus.train_ends_D),
                                      seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed)
     return loader_lib.Loader(addr, batch_size=cfg.global_batch_size, sharding=sharding,
-                             prefetch=cfg.prefetch, start=start)
+                             prefetch=cfg.prefetch, start=start, first_sample=first_sample)
 
 
 def _data_changed(ctx: _Ctx, state, done: int, e: DataChanged) -> DataChanged:

@@ -1,30 +1,41 @@
 """Pre-flight: refuse a training config that cannot fit in device memory, before any allocation.
 
 Two ways to know the bytes a step needs, and every report names the one used:
-  * `compiled`: the train step compiled for the device with abstract inputs (nothing is
-    allocated) and XLA's `memory_analysis()` of the executable: arguments + outputs - aliased
-    (the donated state) + temporaries + code. Used on a GPU with a one-device mesh, and for an
-    H100/H200 compile-only device (train/compile_only.py: `check(cfg, target="h100")`, which
-    the GPU leg's tests call). On a compile-only device the step holds the kernels `auto`
-    picks in this process (the grouped matmul's Pallas/Mosaic kernels, lowered for the named
-    GPU) except one: cuDNN's flash attention is traced only with the cuDNN library loaded,
-    which a compile-only process lacks, so the XLA attention runs there (its S x S scores
-    over-state the step's temporaries: a fit there is a fit); the trainer's guards
-    (check_nan, overflow) are left out (a few scalars a parameter).
+  * `compiled`: XLA's `memory_analysis()` of the compiled train step (`analysis`: arguments +
+    outputs - aliased (the donated state) + temporaries + code), compiled on abstract inputs,
+    so nothing is allocated. The trainer (train/loop.py) reads it from the one compile of the
+    step it runs (guards, mesh, donation, the grouped-matmul kernel fallbacks), made before the
+    state is initialised, a checkpoint restored or a resumed run's directory touched, and runs
+    that executable: `check(cfg, executable=...)`. It does so on a GPU with a one-device mesh
+    (`reads_compiled`; the platforms are `COMPILED_PLATFORMS`). For an H100/H200 compile-only
+    device (train/compile_only.py: `check(cfg, target="h100")`, which `dropless plan
+    --compile-for` and the GPU leg's tests call) the step is compiled here alone (`compiled`):
+    it holds the kernels `auto` picks in this process (the grouped matmul's Pallas/Mosaic
+    kernels, lowered for the named GPU) except one: cuDNN's flash attention is traced only with
+    the cuDNN library loaded, which a compile-only process lacks, so the XLA attention runs
+    there (its S x S scores over-state the step's temporaries: a fit there is a fit); the
+    trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
   * `model`: the planner's memory model (`dropless.plan.memory.memory_per_device`, the same one
     `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
     in the model's weight dtype (float32 moments), activations in the compute dtype, and the
     attention the run runs (`step.attention_kernel`): cuDNN's flash attention as the planner's
-    `flash`, the XLA reference as `naive` (the S x S scores are materialised).
-    Used on a CPU, on a mesh of several devices, and where the compile fails.
+    `flash`, the XLA reference as `naive` (the S x S scores are materialised). The trainer
+    checks it first thing, before the run directory is made or the data read, on a CPU and on
+    a mesh of several devices. Not the compiled figure on a CPU: XLA:CPU's executable (other
+    fusions, no cuDNN attention) says no more about a GPU's step than the model does, its limit
+    (host RAM) is shared with the rest of the process, and the model refuses an oversized
+    config in a second where the compiled figure needs the data read and the step compiled.
+    The trainer's path is the same on every platform (one compile on abstract inputs, then
+    allocate, then run that executable); tests/train/test_loop_compile.py runs it on a CPU with
+    "cpu" in COMPILED_PLATFORMS.
 The device's memory is what JAX reports (`bytes_limit`) on an accelerator, the kind's memory x
 the profile's usable fraction (`machine.PROFILES[kind].usable_memory_fraction`) for a
 compile-only device and, on a CPU, the host's RAM (or its cgroup limit) shared by the host
-devices the mesh uses. DROPLESS_NO_PREFLIGHT=1 skips the check.
+devices the mesh uses. DROPLESS_NO_PREFLIGHT=1 skips the check (the trainer still compiles its
+step, once).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
@@ -32,6 +43,7 @@ import time
 from dropless.config import TrainConfig
 
 GiB = 2 ** 30
+COMPILED_PLATFORMS = ("gpu",)   # where the trainer reads its compiled step (module docstring)
 _HINTS = {
     "parameters": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "gradients": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
@@ -78,19 +90,18 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
     dt = lambda d: d if d in DTYPE_BYTES else "float32"   # noqa: E731 (float64 -> 4 bytes)
     run = cfg.replace(model=m.replace(dtype=dt(m.dtype), weight_dtype=dt(m.weight_dtype)))
     from dropless.train.step import attention_kernel
-    impl = "flash" if attention_kernel(cfg) == "cudnn" else "naive"
+    impl = "flash" if attention_kernel(cfg) in ("cudnn", "cudnn_thd") else "naive"
     plan = PlanConfig(run=run, optimizer_dtype=dt(m.weight_dtype), attention_impl=impl)
     mem = memory_per_device(plan, PROFILES["h100"])  # hardware: only for `usable`
     return {k: float(mem[k]) for k in PARTS + ("total",)}
 
 
-def compiled(cfg: TrainConfig, device, *, compile_only: bool = False,
-             on_compiled=None) -> dict[str, float]:
-    """Bytes the train step compiled for `device` (one device; a real one or a compile-only one
-    with `compile_only`) holds at once, by XLA's memory analysis: {"arguments", "outputs",
-    "aliased", "temp", "code", "total", "compile_s"}. Nothing is allocated: the state and the
-    batch are abstract. `on_compiled(executable)`, when given, is called with the compiled
-    step (e.g. to read its HLO text). Raises what the compile raises."""
+def compiled(cfg: TrainConfig, device, *, on_compiled=None) -> dict[str, float]:
+    """Bytes the train step compiled for the compile-only GPU `device` (train/compile_only.py)
+    holds at once, by XLA's memory analysis (`analysis`) and the compile's seconds: {"arguments",
+    "outputs", "aliased", "temp", "code", "total", "compile_s"}. Nothing is allocated: the state
+    and the batch are abstract. `on_compiled(executable)`, when given, is called with the
+    compiled step (e.g. to read its HLO text). Raises what the compile raises."""
     import jax
     import jax.numpy as jnp
     from dropless.ops.gpu.triton_check import abstract_gpu_target
@@ -105,10 +116,17 @@ def compiled(cfg: TrainConfig, device, *, compile_only: bool = False,
     fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt), donate_argnums=0)
     # a compile-only GPU is named to the kernels' lowering (Pallas reads the target GPU) by an
     # abstract mesh, at trace time too
-    with abstract_gpu_target(device.device_kind) if compile_only else contextlib.nullcontext():
+    with abstract_gpu_target(device.device_kind):
         executable = fn.lower(state, batch).compile()
     if on_compiled is not None:
         on_compiled(executable)
+    return {**analysis(executable), "compile_s": time.perf_counter() - t0}
+
+
+def analysis(executable) -> dict[str, float]:
+    """Bytes a compiled step (a jax.stages.Compiled) holds at once on its device, by XLA's
+    memory analysis: {"arguments", "outputs", "aliased", "temp", "code", "total"}, total =
+    arguments + outputs - aliased (the donated inputs the outputs reuse) + temp + code."""
     ma = executable.memory_analysis()
     out = {"arguments": float(ma.argument_size_in_bytes),
            "outputs": float(ma.output_size_in_bytes), "aliased": float(ma.alias_size_in_bytes),
@@ -116,7 +134,6 @@ def compiled(cfg: TrainConfig, device, *, compile_only: bool = False,
            "code": float(ma.generated_code_size_in_bytes)}
     out["total"] = (out["arguments"] + out["outputs"] - out["aliased"] + out["temp"]
                     + out["code"])
-    out["compile_s"] = time.perf_counter() - t0
     return out
 
 
@@ -129,50 +146,47 @@ def target_limit(kind: str) -> tuple[float, str]:
             f"{NAMES[kind]} {_fmt(MEMORY_BYTES[kind])} x {frac} usable, compile-only")
 
 
-def _gpu_device(cfg: TrainConfig):
-    """The device the trainer's step runs on when it can be compiled for alone (a GPU, a
-    one-device mesh), else None."""
+def reads_compiled(cfg: TrainConfig) -> bool:
+    """Whether the trainer checks `cfg` by its compiled step (`check(cfg, executable=...)`, at
+    its one compile) rather than by the planner's model (`check(cfg)`, first thing): a
+    one-device mesh on a platform in COMPILED_PLATFORMS."""
     import jax
-    dev = jax.local_devices()[0]
-    if dev.platform == "gpu" and cfg.mesh.num_devices == 1:
-        return dev
-    return None
+    return (cfg.mesh.num_devices == 1
+            and jax.local_devices()[0].platform in COMPILED_PLATFORMS)
 
 
-def measure(cfg: TrainConfig, *, target: str | None = None, on_compiled=None) -> dict:
+def measure(cfg: TrainConfig, *, target: str | None = None, on_compiled=None,
+            executable=None, compile_s: float | None = None) -> dict:
     """The bytes `cfg`'s step needs per device and how they were found: the estimate's parts
-    plus "method" ("compiled" or "model"), "total", and with a compile its memory analysis
-    ("compiled") or why none was made ("note"). `target`: compile for a compile-only H100/H200
-    ("h100"/"h200"; ValueError when the jax CUDA plugin is missing) instead of this machine's
-    device. `on_compiled`: passed to `compiled`."""
+    plus "method" ("compiled" or "model"), "total", and with a compiled step its memory
+    analysis ("compiled"). `executable`: the step the caller compiled for its device (the
+    trainer's), read by `analysis` (`compile_s`: its compile seconds, kept in "compiled");
+    `target`: else compile one here for a compile-only H100/H200 ("h100"/"h200"; ValueError
+    when the jax CUDA plugin is missing), `on_compiled` passed to `compiled`. Neither: the
+    planner's model, nothing compiled."""
     est = estimate(cfg)
     est.update(method="model", model_total=est["total"])
-    if target is not None:
+    if executable is not None:
+        c = {**analysis(executable), "compile_s": compile_s}
+    elif target is not None:
         from dropless.train.compile_only import devices
-        dev, only = devices(target, 1)[0], True
+        c = compiled(cfg, devices(target, 1)[0], on_compiled=on_compiled)
     else:
-        dev, only = _gpu_device(cfg), False
-    if dev is None:
         return est
-    try:
-        c = compiled(cfg, dev, compile_only=only, on_compiled=on_compiled)
-    except Exception as e:  # noqa: BLE001 - the compile is a better estimate, not a must
-        if target is not None:
-            raise
-        return {**est, "note": f"compile for the check failed ({type(e).__name__}); "
-                               "the planner's memory model was used"}
     return {**est, "method": "compiled", "total": c["total"], "compiled": c}
 
 
 def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "",
-          target: str | None = None, on_compiled=None) -> dict:
-    """`measure(cfg)` with "limit" and "source" (the device's usable bytes and where that
+          target: str | None = None, on_compiled=None, executable=None,
+          compile_s: float | None = None) -> dict:
+    """`measure(cfg, ...)` with "limit" and "source" (the device's usable bytes and where that
     number came from), or DoesNotFit naming the method, the biggest term and what to change.
     Compiles nothing and checks nothing with DROPLESS_NO_PREFLIGHT=1. `on_compiled`: passed to
-    `compiled` (called only where the step is compiled)."""
+    `compiled` (called only where the step is compiled here, with `target`)."""
     if os.environ.get("DROPLESS_NO_PREFLIGHT") == "1":
         return {**estimate(cfg), "method": "skipped"}
-    fit = measure(cfg, target=target, on_compiled=on_compiled)
+    fit = measure(cfg, target=target, on_compiled=on_compiled, executable=executable,
+                  compile_s=compile_s)
     if limit is None:
         limit, source = target_limit(target) if target else device_memory(cfg)
     fit.update(limit=limit, source=source)
@@ -200,5 +214,4 @@ def summary(fit: dict) -> str:
            else "the planner's memory model")
     spare = fit["limit"] - fit["total"]
     return (f"  memory: {_fmt(fit['total'])} per device of {_fmt(fit['limit'])} "
-            f"({fit['source']}), {_fmt(spare)} to spare, by {how}"
-            + (f"; {fit['note']}" if fit.get("note") else ""))
+            f"({fit['source']}), {_fmt(spare)} to spare, by {how}")

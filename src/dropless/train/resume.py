@@ -16,6 +16,16 @@ falls back further when a step's files fail to read or verify, and the loop move
 steps aside (`checkpoint.set_aside`) once the older step has been restored and verified; with
 `strict` a damaged newest step refuses the resume instead. A resume asked for (`--resume`) over a directory with no intact checkpoint is
 refused: it would otherwise start again from step 1 inside the old run.
+
+The data position is decided here alone (`data_position`). A checkpoint records the batch index
+and the sample number the run continues at, the global batch it was trained with and the data
+order (`ORDER_KEYS`: seq_len, packing, seed; `position` writes them). A resume with another
+global batch (per_device_batch_size, gradient_accumulation_steps, mesh) continues at that sample
+number, so no sample is trained twice or skipped, and says so in one line; one with another
+data order is refused in one line: the same sample number names other rows there, and the
+run's weights can start a new run instead (init_from=RUN_DIR). A checkpoint written before the
+record held the sample number gets it from the run's config.json (next_batch x its global
+batch).
 """
 from __future__ import annotations
 
@@ -29,11 +39,15 @@ from dropless import checkpoint as ckpt
 from dropless.checkpoint import integrity
 
 
+ORDER_KEYS = ("seq_len", "packing", "seed")   # what decides which rows a sample number names
+
+
 @dataclasses.dataclass(frozen=True)
 class ResumePlan:
     cfg: TrainConfig                 # the config to run (lr_decay_steps possibly pinned)
     latest: int | None               # the checkpoint to restore, None = fresh start
     start: int                       # the next batch index
+    first_sample: int                # the sample number batch `start` begins at
     nothing_to_do: bool
     saved: dict | None               # the run's config.json as saved, None if absent
     notes: tuple[str, ...] = ()      # to print once every check has passed
@@ -118,14 +132,14 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
     if latest is None:
         if resume or damaged:
             raise _no_checkpoint(run_dir, damaged)
-        return ResumePlan(cfg, None, 0, False, saved)
+        return ResumePlan(cfg, None, 0, 0, False, saved)
     end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
     if latest >= end:
         also = "".join(f" ({d.text()}; it is left in place)" for d in damaged)
         echo(f"nothing to do: {run_dir} has a checkpoint at step {latest} and the run stops at "
              f"step {end}; pass steps=N with N > {latest} to train further.{also} "
              "Nothing was changed.")
-        return ResumePlan(cfg, latest, latest, True, saved, damaged=tuple(damaged))
+        return ResumePlan(cfg, latest, latest, 0, True, saved, damaged=tuple(damaged))
     meta = ckpt.read_meta(run_dir / "checkpoints", latest)   # its types checked by inspect
     if meta["corpus"] != corpus_fingerprint:
         was, now = meta["corpus"], corpus_fingerprint
@@ -136,9 +150,48 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
                          "override) or start a new run")
     start = int(meta["next_batch"])
     notes: list[str] = []
+    first = data_position(cfg, meta, saved, step=latest, run_dir=run_dir, echo=notes.append)
     if saved is not None:
         cfg = _schedule(cfg, saved, start, notes.append)
-    return ResumePlan(cfg, latest, start, False, saved, tuple(notes), tuple(damaged))
+    return ResumePlan(cfg, latest, start, first, False, saved, tuple(notes), tuple(damaged))
+
+
+def position(cfg: TrainConfig, next_batch: int, next_sample: int) -> dict:
+    """A checkpoint's record of where the data stands (read back by `data_position`)."""
+    return {"next_batch": next_batch, "next_sample": next_sample,
+            "global_batch_size": cfg.global_batch_size,
+            "data_order": {k: getattr(cfg, k) for k in ORDER_KEYS}}
+
+
+def data_position(cfg: TrainConfig, meta: dict, saved: dict | None, *, step: int,
+                  run_dir: Path, echo: Callable[[str], Any]) -> int:
+    """The sample number the resume of checkpoint `step` (its record `meta`; `saved`: the run's
+    config.json) continues at under `cfg`. Raises ValueError when `cfg` orders the data
+    otherwise than the checkpoint; says in one line to `echo` when the global batch changed."""
+    old_cfg = None
+    if saved is not None and not ("next_sample" in meta and "data_order" in meta):
+        from dropless.model_dir.run_config import from_dict
+        old_cfg = from_dict(saved)
+    order = meta.get("data_order") or (
+        {k: getattr(old_cfg, k) for k in ORDER_KEYS} if old_cfg is not None else {})
+    for k in ORDER_KEYS:
+        if k in order and order[k] != getattr(cfg, k):
+            raise ValueError(
+                f"{k}={getattr(cfg, k)!r}: the run's checkpoint {step} was trained with "
+                f"{k}={order[k]!r}, and under another {k} its data position names other rows "
+                "(some data would be trained twice, some skipped); nothing was changed. "
+                f"Resume with {k}={order[k]!r}, or start a new run from its weights: "
+                f"init_from={run_dir}")
+    batch = meta.get("global_batch_size")
+    if batch is None:
+        batch = old_cfg.global_batch_size if old_cfg is not None else cfg.global_batch_size
+    first = meta.get("next_sample")
+    if first is None:
+        first = int(meta["next_batch"]) * batch
+    if batch != cfg.global_batch_size:
+        echo(f"  global batch {cfg.global_batch_size} rows (was {batch}): the data continues "
+             f"at sample {first:,}, the first the run has not trained on")
+    return int(first)
 
 
 def restore_newest(plan: ResumePlan, replan: Callable[..., ResumePlan],
