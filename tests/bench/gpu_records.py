@@ -18,7 +18,8 @@ SHAPES = {s.label: s for s in (*shapes.SHAPES, *gpu_plan.DRY_SHAPES)}
 def info(device_kind: str = "NVIDIA H200", *, dry_run: bool = False,
          commit: str = "abc1234") -> dict:
     return {"attention_kernel_1gpu": "cudnn", "auto_on_this_platform": "tokamax",
-            "cores": 16, "cudnn_attention_problem": None, "cpu": "Intel(R) Xeon(R) Processor",
+            "cores": 16, "cudnn_attention_problem": None, "cudnn_thd_problem": None,
+            "cpu": "Intel(R) Xeon(R) Processor",
             "cublas_jax": 120900, "cudnn_jax": 91900, "cudnn_jax_build": 91900,
             "cudnn_torch": 91900, "device_count": 1, "device_kind": device_kind,
             "dry_run": dry_run, "git_commit": commit,
