@@ -89,6 +89,7 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     assert info["auto_on_this_platform"] == "native" and info["device_kind"] == "cpu"
     assert info["attention_kernel_1gpu"] == "xla"
     assert "needs an NVIDIA GPU" in info["cudnn_attention_problem"]
+    assert "needs an NVIDIA GPU" in info["cudnn_thd_problem"]
     # no CUDA here: the versions are recorded as absent, not guessed
     assert info["cudnn_jax"] is None and info["cudnn_torch"] is None
     assert "pallas_gpu" in info["gmm_usable"] and "tokamax" in info["gmm_unusable"]
