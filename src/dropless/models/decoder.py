@@ -28,7 +28,7 @@ from dropless import moe as moe_lib
 from dropless.config import REMAT_CHECKPOINT_POLICIES, REMAT_POLICIES, ModelConfig
 from dropless.models.attention import ATTENTION, rms_norm, rope_at, rope_tables
 from dropless.models.init import initializer
-from dropless.models.scan import run_layers, stack_layers
+from dropless.models.scan import PER_LAYER, SCANNED, run_layers, stack_layers
 from dropless.moe.ffn import Draw, init_swiglu_ffn, swiglu_ffn
 from dropless.parallel.mesh import AnyMesh
 
@@ -142,6 +142,31 @@ def ffn_residual(p: Params, h: jax.Array, *, cfg: ModelConfig, mesh: AnyMesh | N
         return h + swiglu_ffn(p["ffn"], z, z.dtype).astype(z.dtype), {}
 
 
+def compute_weights(blocks: Any, cfg: ModelConfig) -> Any:
+    """`blocks` (a block, a list of blocks or of stacked runs) with every matmul weight in the
+    dtype its matmul reads it in: the MoE layer's (`cfg.moe.dtype`) inside "moe", else
+    `cfg.dtype`. A matmul weight is a leaf whose name starts with "w", outside the router
+    (whose logits are float32); norms and biases are left as they are, and so is a weight the
+    cast would not narrow (float32 compute: nothing changes).
+
+    Every use casts its weight to that dtype anyway (`.astype(dt)`, once per weight in a
+    block), so the values are the same bit for bit; cast here, once a step before the blocks
+    run, the rematerialised backward pass does not cast every weight again, and scanned runs
+    slice bfloat16 stacks instead of float32 ones. The float32 gradient is the cast's, as
+    before. The cost: the narrowed copies live through the step (2 bytes a parameter of the
+    blocks in bfloat16)."""
+    def view(path, leaf):
+        keys = [getattr(k, "key", None) for k in path]
+        name = keys[-1] if keys and isinstance(keys[-1], str) else ""
+        if not name.startswith("w") or "router" in keys:
+            return leaf
+        dt = jnp.dtype(cfg.moe.dtype if "moe" in keys and cfg.moe is not None else cfg.dtype)
+        narrows = (jnp.issubdtype(leaf.dtype, jnp.floating)
+                   and dt.itemsize < jnp.dtype(leaf.dtype).itemsize)
+        return leaf.astype(dt) if narrows else leaf
+    return jax.tree_util.tree_map_with_path(view, blocks)
+
+
 def _block_fn(cfg: ModelConfig, mesh: AnyMesh | None, remat: str):
     policy = remat_policy(remat, cfg)
     fn = functools.partial(block, cfg=cfg, mesh=mesh)
@@ -190,7 +215,36 @@ def logits_from_hidden(params: Params, h_BSD: jax.Array, norm_w_D: jax.Array,
     """Final norm and output head (the embedding, transposed, when tied); float32 logits."""
     z = rms_norm(h_BSD, norm_w_D, cfg.norm_eps)
     w_DV = params["embed"]["w_VD"].T if cfg.tie_embeddings else params["lm_head"]["w_DV"]
-    return jnp.dot(z, w_DV.astype(z.dtype), preferred_element_type=jnp.float32)
+    if z.dtype == jnp.float32:
+        return jnp.dot(z, w_DV.astype(z.dtype), preferred_element_type=jnp.float32)
+    return head_logits(z, w_DV.astype(z.dtype))
+
+
+@jax.custom_vjp
+def head_logits(z_BSD: jax.Array, w_DV: jax.Array) -> jax.Array:
+    """z @ w with float32 accumulation -> float32 logits [B, S, V], for z and w in a narrower
+    compute dtype. Its backward pass rounds the logits' float32 cotangent to the compute dtype
+    before its two products, as every other product's backward does (attention's `_dot`):
+    autodiff would hand both products a float32 operand, and a GPU runs them, each as big as
+    the forward's, at float32 rate, reading the [B, S, V] cotangent at 4 bytes an element.
+    (MaxText and transformers compute the logits themselves in bfloat16; the forward here keeps
+    them float32.) Each product accumulates in float32 and is rounded once, as autodiff's."""
+    return jnp.dot(z_BSD, w_DV, preferred_element_type=jnp.float32)
+
+
+def _head_fwd(z_BSD, w_DV):
+    return head_logits(z_BSD, w_DV), (z_BSD, w_DV)
+
+
+def _head_bwd(res, g_BSV):
+    z_BSD, w_DV = res
+    g_BSV = g_BSV.astype(z_BSD.dtype)
+    d_z = jnp.einsum("bsv,dv->bsd", g_BSV, w_DV, preferred_element_type=jnp.float32)
+    d_w = jnp.einsum("bsd,bsv->dv", z_BSD, g_BSV, preferred_element_type=jnp.float32)
+    return d_z.astype(z_BSD.dtype), d_w.astype(w_DV.dtype)
+
+
+head_logits.defvjp(_head_fwd, _head_bwd)
 
 
 def rope_for(tokens_BS: jax.Array, cfg: ModelConfig, positions_BS: jax.Array | None = None
@@ -237,7 +291,8 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *,
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_for(tokens_BS, cfg, positions_BS)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
-    x, auxes = run_layers(params, x, _block_fn(cfg, mesh, remat), cos, sin, segment_ids_BS)
+    layers = {k: compute_weights(params[k], cfg) for k in (PER_LAYER, SCANNED) if k in params}
+    x, auxes = run_layers(layers, x, _block_fn(cfg, mesh, remat), cos, sin, segment_ids_BS)
     logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
     return logits, x, _merge_aux(auxes)
 
@@ -265,7 +320,7 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
         cat = jnp.concatenate([rms_norm(h_BSD, m["hidden_norm_D"], cfg.norm_eps),
                                rms_norm(e, m["embed_norm_D"], cfg.norm_eps)], axis=-1)
         h_BSD = jnp.dot(cat, m["proj_2DD"].astype(dt), preferred_element_type=dt)
-        h_BSD, aux = fn(m["block"], h_BSD, cos, sin, segment_ids_BS)
+        h_BSD, aux = fn(compute_weights(m["block"], cfg), h_BSD, cos, sin, segment_ids_BS)
         if aux:
             auxes.append(aux)
         out.append(logits_from_hidden(params, h_BSD, m["out_norm_D"], cfg))

@@ -13,7 +13,8 @@ through `inv` instead (and vice versa), which XLA runs much faster than a scatte
 `combine` is the layer's way back: y_TD[t] = sum_k weights_TK[t, k] * y_ND[inv_N[t*K + k]].
 The sort, the row gathers of `permute` and `combine` and their gradients are capabilities of
 the platform (`dropless.ops.kernels`, which chooses each kernel when the caller is lowered);
-`sort_by_expert_reference` and `combine_reference` are their XLA forms, the tests' references.
+`sort_by_expert_reference` (XLA's sort) and `combine_reference` (the definition, differentiated
+by jax) are the tests' references.
 """
 from __future__ import annotations
 
@@ -64,8 +65,9 @@ def combine(y_ND: jax.Array, weights_TK: jax.Array, order_N: jax.Array,
 
 def combine_reference(y_ND: jax.Array, weights_TK: jax.Array, order_N: jax.Array,
                       inv_N: jax.Array) -> jax.Array:
-    """`combine` by XLA: unpermute, then the weighted sum over the K choices in float32."""
-    return kernels.combine_xla(y_ND, weights_TK, order_N, inv_N)
+    """`combine` as its definition (unpermute, then the weighted sum over the K choices in
+    float32), differentiated by jax."""
+    return kernels.combine_autodiff(y_ND, weights_TK, order_N, inv_N)
 
 
 class Aligned(NamedTuple):

@@ -181,13 +181,44 @@ def combine(y_ND: jax.Array, weights_TK: jax.Array, order_N: jax.Array,
                             y_ND, weights_TK, order_N, inv_N)
 
 
-def combine_xla(y_ND: jax.Array, weights_TK: jax.Array, order_N: jax.Array,
-                inv_N: jax.Array) -> jax.Array:
-    """`combine` by XLA: unpermute_rows, then the weighted sum over the K choices in float32
-    (the weights rounded to the rows' dtype first)."""
+def combine_autodiff(y_ND: jax.Array, weights_TK: jax.Array, order_N: jax.Array,
+                     inv_N: jax.Array) -> jax.Array:
+    """`combine` as its definition, differentiated by jax: unpermute_rows, then the weighted
+    sum over the K choices in float32 (the weights rounded to the rows' dtype first). The
+    tests' reference for `combine_xla`."""
     y_TKD = unpermute_rows(y_ND, order_N, inv_N, weights_TK.shape[1])
     return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(y_TKD.dtype),
                       preferred_element_type=jnp.float32)
+
+
+@jax.custom_vjp
+def combine_xla(y_ND: jax.Array, weights_TK: jax.Array, order_N: jax.Array,
+                inv_N: jax.Array) -> jax.Array:
+    """`combine` by XLA: `combine_autodiff`'s values, with a gradient of two gathers that each
+    read what they need where it lies: d_y_ND[i] = w[j] * dy_TD[j // K] straight from the
+    tokens' cotangents (j = order_N[i]; autodiff writes the weighted [T, K, D] cotangent and
+    gathers it again), d_weights from the rows gathered into the dot."""
+    return combine_autodiff(y_ND, weights_TK, order_N, inv_N)
+
+
+def _combine_xla_fwd(y_ND, weights_TK, order_N, inv_N):
+    return combine_xla(y_ND, weights_TK, order_N, inv_N), (y_ND, weights_TK, order_N, inv_N)
+
+
+def _combine_xla_bwd(res, dy_TD):
+    y_ND, weights_TK, order_N, inv_N = res
+    t, k = weights_TK.shape
+    w_N = jnp.take(weights_TK.astype(y_ND.dtype).reshape(-1), order_N, mode=IN_RANGE)
+    dy_ND = jnp.take(dy_TD, order_N // k, axis=0, mode=IN_RANGE)
+    # each product rounded once to the rows' dtype, as autodiff's transposed dot rounds it
+    d_ND = (dy_ND * w_N[:, None].astype(dy_TD.dtype)).astype(y_ND.dtype)
+    y_TKD = jnp.take(y_ND, inv_N, axis=0, mode=IN_RANGE).reshape(t, k, -1)
+    d_TK = jnp.einsum("td,tkd->tk", dy_TD, y_TKD, preferred_element_type=jnp.float32)
+    # rounded to the rows' dtype (the weights' cast), then to the weights' own
+    return d_ND, d_TK.astype(y_ND.dtype).astype(weights_TK.dtype), None, None
+
+
+combine_xla.defvjp(_combine_xla_fwd, _combine_xla_bwd)
 
 
 @jax.custom_vjp

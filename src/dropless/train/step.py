@@ -89,14 +89,26 @@ def new_state(params, opt: optax.GradientTransformation, rng: jax.Array) -> Stat
             "step": jnp.zeros((), jnp.int32), "rng": rng}
 
 
+def token_nll(logits_BSV: jax.Array, targets_BS: jax.Array) -> jax.Array:
+    """-log softmax(logits)[target] per position: optax's
+    `softmax_cross_entropy_with_integer_labels` (logsumexp minus the target's logit), the same
+    arithmetic and the same bits, with the target's logit picked by a compare against the
+    vocabulary's iota (a sum of one logit and zeros) instead of a gather.
+    The gradient is then one elementwise pass over the logits (softmax minus the one-hot, which
+    a consumer may read in another dtype in the same pass); a gather's gradient is a
+    scatter-add into a float32 [B, S, V] array that XLA writes out first."""
+    vocab = lax.broadcasted_iota(jnp.int32, logits_BSV.shape, logits_BSV.ndim - 1)
+    picked = jnp.sum(jnp.where(vocab == targets_BS[..., None], logits_BSV, 0.0), axis=-1)
+    return jax.nn.logsumexp(logits_BSV, axis=-1) - picked
+
+
 def cross_entropy(logits_BSV: jax.Array, targets_BS: jax.Array,
                   mask_BS: jax.Array | None = None, total: jax.Array | None = None
                   ) -> jax.Array:
     """Mean token cross-entropy in float32 (over mask when given). `total`: divide the summed
     (masked) cross-entropy by this count instead of this batch's own (a micro-batch's share of
     a larger batch's mean)."""
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits_BSV.astype(jnp.float32),
-                                                          targets_BS)
+    nll = token_nll(logits_BSV.astype(jnp.float32), targets_BS)
     if total is not None:
         return jnp.sum(nll if mask_BS is None else nll * mask_BS) / jnp.maximum(total, 1)
     if mask_BS is None:
