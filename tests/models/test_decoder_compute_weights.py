@@ -17,6 +17,8 @@ from dropless import moe as moe_lib
 from dropless.config import ModelConfig, MoEConfig
 from dropless.models import decoder
 
+from tests._support.jaxpr_walk import traced
+
 
 def _cfg(attention: str = "mla", *, scan: bool = False, prefuse: bool = False, mtp: int = 0,
          tie: bool = False, dtype: str = "bfloat16", moe_dtype: str | None = None) -> ModelConfig:
@@ -116,34 +118,15 @@ def test_float32_compute_changes_nothing():
         assert a is b
 
 
-def _subjaxprs(eqn):
-    """The jaxprs inside an equation's parameters (scan, checkpoint, custom_vjp, pjit bodies)."""
-    for v in eqn.params.values():
-        for x in v if isinstance(v, (tuple, list)) else (v,):
-            if hasattr(x, "eqns"):
-                yield x
-            elif hasattr(x, "jaxpr") and hasattr(x.jaxpr, "eqns"):
-                yield x.jaxpr
-
-
 def _weight_casts(cfg: ModelConfig, remat: str) -> int:
     """convert_element_type equations in the gradient's jaxpr (nested ones included) that take a
     float32 array of the expert weights' shape to bfloat16."""
     shape = (cfg.moe.num_experts, cfg.moe.d_model, cfg.moe.d_ff)
-    jaxpr = jax.make_jaxpr(jax.grad(_loss(cfg, remat)))(_params(cfg))
-
-    def count(jp) -> int:
-        n = 0
-        for eqn in jp.eqns:
-            if (eqn.primitive.name == "convert_element_type"
-                    and eqn.invars[0].aval.shape[-3:] == shape
-                    and eqn.invars[0].aval.dtype == jnp.float32
-                    and eqn.outvars[0].aval.dtype == jnp.bfloat16):
-                n += 1
-            for sub in _subjaxprs(eqn):
-                n += count(sub)
-        return n
-    return count(jaxpr.jaxpr)
+    return sum(eqn.primitive.name == "convert_element_type"
+               and eqn.invars[0].aval.shape[-3:] == shape
+               and eqn.invars[0].aval.dtype == jnp.float32
+               and eqn.outvars[0].aval.dtype == jnp.bfloat16
+               for eqn in traced(jax.grad(_loss(cfg, remat)), _params(cfg)))
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])

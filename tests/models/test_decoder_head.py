@@ -12,6 +12,8 @@ import pytest
 from dropless.config import ModelConfig
 from dropless.models import decoder
 
+from tests._support.jaxpr_walk import equations
+
 B, S, D, V = 2, 5, 16, 48
 
 
@@ -54,16 +56,9 @@ def test_gradients_against_float64_with_the_cotangent_rounded():
 def _float32_products(jaxpr, size: int) -> int:
     """dot_general equations (nested bodies included) with a float32 operand of `size`
     elements."""
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += (eqn.primitive.name == "dot_general"
-              and any(v.aval.dtype == jnp.float32 and v.aval.size == size for v in eqn.invars))
-        for v in eqn.params.values():
-            for x in v if isinstance(v, (tuple, list)) else (v,):
-                inner = getattr(x, "jaxpr", x)
-                if hasattr(inner, "eqns"):
-                    n += _float32_products(inner, size)
-    return n
+    return sum(eqn.primitive.name == "dot_general"
+               and any(v.aval.dtype == jnp.float32 and v.aval.size == size for v in eqn.invars)
+               for eqn in equations(jaxpr))
 
 
 @pytest.mark.parametrize("tie", [False, True])

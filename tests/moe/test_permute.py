@@ -12,6 +12,8 @@ import pytest
 
 from dropless.moe import permute as perm
 
+from tests._support.jaxpr_walk import equations
+
 
 def test_hand_worked_example():
     # from the module docstring: T=3, K=2, E=3
@@ -156,17 +158,10 @@ def _computed(jaxpr, size: int) -> int:
     elements ([T, K, D] in some order) by arithmetic (not by moving rows: gathers, reshapes,
     calls)."""
     moves = {"gather", "reshape", "custom_vjp_call", "custom_vjp_call_jaxpr", "pjit", "jit"}
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += (eqn.primitive.name not in moves
-              and any(len(getattr(v.aval, "shape", ())) == 3 and v.aval.size == size
-                      for v in eqn.outvars))
-        for v in eqn.params.values():
-            for x in v if isinstance(v, (tuple, list)) else (v,):
-                inner = getattr(x, "jaxpr", x)
-                if hasattr(inner, "eqns"):
-                    n += _computed(inner, size)
-    return n
+    return sum(eqn.primitive.name not in moves
+               and any(len(getattr(v.aval, "shape", ())) == 3 and v.aval.size == size
+                       for v in eqn.outvars)
+               for eqn in equations(jaxpr))
 
 
 def test_xla_combine_gradient_never_forms_the_weighted_token_choices():

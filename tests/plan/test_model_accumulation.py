@@ -63,8 +63,8 @@ def test_without_accumulation_the_plan_is_one_micro_batch_and_no_accumulator():
     r = predict(cfg, hw)
     mem = r["memory"]
     assert mem["grad_accumulator"] == 0.0
-    parts = ("parameters", "gradients", "optimizer_state", "gathered_weights", "activations",
-             "layer_workspace", "logits", "ep_buffers")
+    parts = ("parameters", "gradients", "optimizer_state", "gathered_weights",
+             "compute_weights", "activations", "layer_workspace", "logits", "ep_buffers")
     assert mem["total"] == sum(mem[p] for p in parts)   # exact: adding 0.0 changes nothing
     assert r["time"]["step_s"] == sum(r["time"]["exposed_s"].values())
     explicit = predict(cfg.replace_run(gradient_accumulation_steps=1), hw)
@@ -112,7 +112,8 @@ def test_memory_is_one_micro_batch_plus_a_float32_accumulator(name):
     one = predict(cfg, hw)["memory"]
     many = predict(cfg.replace_run(gradient_accumulation_steps=K), hw)["memory"]
     for part in ("parameters", "gradients", "optimizer_state", "gathered_weights",
-                 "activations", "layer_workspace", "logits", "ep_buffers", "host_offloaded"):
+                 "compute_weights", "activations", "layer_workspace", "logits", "ep_buffers",
+                 "host_offloaded"):
         assert many[part] == one[part], part
     # one float32 value per parameter the device holds, whatever the weights' dtype
     assert many["grad_accumulator"] == memory.sharded_params(cfg) * 4 > 0

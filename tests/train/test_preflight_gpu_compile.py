@@ -6,7 +6,7 @@ deliberately oversized config (batch 16, no remat) is refused by the H200 before
 allocated; accumulating 4 micro-batches costs about one gradient buffer more.
 
 Each device is checked against its own memory: XLA schedules the step for the memory the target
-declares (jax 0.11.2: 53.07 GiB on the H100, 53.15 on the H200). Four compiles of the whole
+declares (jax 0.11.2: 54.00 GiB on the H100, 54.02 on the H200). Four compiles of the whole
 16-layer preset (its MoE layers scanned: one body compiled), about 30 s each on an idle 2-core
 machine. The compiled bytes are checked against an independent floor: the arguments are
 exactly the float32 parameters and two Adam moments (`models.arithmetic.param_counts` x 12
@@ -94,7 +94,7 @@ def test_preset_fits_by_the_compiled_step(fits, kind):
 def test_the_planners_memory_model_is_near_the_compiled_step(fits):
     """The planner's memory model of the same step (`dropless plan`'s, with the attention the
     compiled step runs: the XLA one, `naive`) against XLA's analysis of the executable, within
-    10% (jax 0.11.2: 55.7 against 53.07 GiB). remat=minimal keeps no S x S tensor of the XLA
+    10% (jax 0.11.2: 58.75 against 54.00 GiB). remat=minimal keeps no S x S tensor of the XLA
     attention (its products have batch dims), nor runs the grouped matmuls twice."""
     fit = fits["h100"]
     assert fit["model_total"] == pytest.approx(fit["total"], rel=0.10), (
@@ -105,8 +105,8 @@ def test_accumulation_adds_one_gradient_buffer_not_activations(fits):
     """gradient_accumulation_steps=4 at the preset's batch (a step of 4 x 4 sequences): the
     compiled H100 step holds one micro-batch's activations at a time. Beyond the one-pass step
     it costs at most the float32 accumulator (4 bytes a parameter) and one more float32 copy of
-    the weights in the loop's state (jax 0.11.2: 60.94 against 53.07 GiB, the accumulator's
-    6.26 GiB and 1.6 more), nothing like three more micro-batches' activations."""
+    the weights in the loop's state (jax 0.11.2: 60.28 against 54.00 GiB, the accumulator's
+    6.26 GiB and 0.02 more), nothing like three more micro-batches' activations."""
     fit = preflight.check(_cfg(gradient_accumulation_steps=4), target="h100")
     n = param_counts(get_preset("deepseek3-1gpu"))["total"]
     one = fits["h100"]

@@ -36,7 +36,8 @@ def format_plan(r: dict) -> str:
              "Memory per device (GiB):"]
     rows = [{"part": k, "GiB": mem[k] / GiB} for k in
             ("parameters", "gradients", "grad_accumulator", "optimizer_state", "gathered_weights",
-             "activations", "layer_workspace", "logits", "ep_buffers", "total")]
+             "compute_weights", "activations", "layer_workspace", "logits", "ep_buffers",
+             "total")]
     lines += ["  " + x for x in format_table(rows, ["part", "GiB"]).splitlines()]
     lines += [f"  host (offloaded activations): {mem['host_offloaded'] / GiB:.1f} GiB",
               f"  verdict: {verdict(mem)}", "",

@@ -51,6 +51,7 @@ _HINTS = {
                         "gradient_accumulation_steps=1 with a per_device_batch_size that fits",
     "optimizer_state": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "gathered_weights": "use a smaller model",
+    "compute_weights": "use a smaller model or shard it (mesh.fsdp, mesh.expert)",
     "activations": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps), "
                    "or set remat=full",
     "layer_workspace": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps)",
