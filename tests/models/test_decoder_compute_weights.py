@@ -136,3 +136,17 @@ def test_the_backward_pass_casts_no_weight_again(scan, remat, monkeypatch):
     assert _weight_casts(cfg, remat) == 2            # gate and up: [E, D, F]; once each
     monkeypatch.setattr(decoder, "compute_weights", lambda blocks, cfg: blocks)
     assert _weight_casts(cfg, remat) == 4            # and again in the rematerialised pass
+
+
+def test_only_one_device_casts_once():
+    """Across devices the cast's gradient would be reduced in bfloat16 (the GPU-leg
+    tests/train/test_step_accumulation_gpu_compile.py checks the float32 all-reduce)."""
+    from jax.sharding import Mesh
+    from dropless.parallel.mesh import NodeMesh
+    one = Mesh(np.array(jax.devices()[:1]), ("data",))
+    assert decoder.casts_weights_once(None) and decoder.casts_weights_once(one)
+    assert decoder.casts_weights_once(NodeMesh(one))
+    if jax.device_count() >= 4:
+        four = Mesh(np.array(jax.devices()[:4]), ("data",))
+        assert not decoder.casts_weights_once(four)
+        assert not decoder.casts_weights_once(NodeMesh(four))

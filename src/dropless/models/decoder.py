@@ -151,8 +151,8 @@ def compute_weights(blocks: Any, cfg: ModelConfig) -> Any:
 
     Every use casts its weight to that dtype anyway (`.astype(dt)`, once per weight in a
     block), so the values are the same bit for bit; cast here, once a step before the blocks
-    run, the rematerialised backward pass does not cast every weight again, and scanned runs
-    slice bfloat16 stacks instead of float32 ones. The float32 gradient is the cast's, as
+    run (on one device: `casts_weights_once`), the rematerialised backward pass does not cast
+    every weight again, and scanned runs slice bfloat16 stacks instead of float32 ones. The float32 gradient is the cast's, as
     before. The cost: the narrowed copies live through the step (2 bytes a parameter of the
     blocks in bfloat16)."""
     def view(path, leaf):
@@ -165,6 +165,18 @@ def compute_weights(blocks: Any, cfg: ModelConfig) -> Any:
                    and dt.itemsize < jnp.dtype(leaf.dtype).itemsize)
         return leaf.astype(dt) if narrows else leaf
     return jax.tree_util.tree_map_with_path(view, blocks)
+
+
+def casts_weights_once(mesh: AnyMesh | None) -> bool:
+    """Whether `forward` casts the blocks' weights once a step (`compute_weights`): on one
+    device (no mesh, as the trainer runs one, or a mesh of one). Across devices the cast's
+    gradient would be summed over the replicas (or reduce-scattered over FSDP) in the compute
+    dtype: XLA:GPU reduces the bfloat16 weight gradient before the cast back (4 compile-only
+    H100s, jax 0.11.2: tests/train/test_step_accumulation_gpu_compile.py), where each use's
+    cast keeps that sum in float32."""
+    if mesh is None:
+        return True
+    return getattr(mesh, "mesh", mesh).size == 1
 
 
 def _block_fn(cfg: ModelConfig, mesh: AnyMesh | None, remat: str):
@@ -291,7 +303,9 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *,
     dt = jnp.dtype(cfg.dtype)
     cos, sin = rope_for(tokens_BS, cfg, positions_BS)
     x = params["embed"]["w_VD"][tokens_BS].astype(dt)
-    layers = {k: compute_weights(params[k], cfg) for k in (PER_LAYER, SCANNED) if k in params}
+    once = casts_weights_once(mesh)
+    layers = {k: compute_weights(params[k], cfg) if once else params[k]
+              for k in (PER_LAYER, SCANNED) if k in params}
     x, auxes = run_layers(layers, x, _block_fn(cfg, mesh, remat), cos, sin, segment_ids_BS)
     logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
     return logits, x, _merge_aux(auxes)
@@ -320,7 +334,8 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
         cat = jnp.concatenate([rms_norm(h_BSD, m["hidden_norm_D"], cfg.norm_eps),
                                rms_norm(e, m["embed_norm_D"], cfg.norm_eps)], axis=-1)
         h_BSD = jnp.dot(cat, m["proj_2DD"].astype(dt), preferred_element_type=dt)
-        h_BSD, aux = fn(compute_weights(m["block"], cfg), h_BSD, cos, sin, segment_ids_BS)
+        block = compute_weights(m["block"], cfg) if casts_weights_once(mesh) else m["block"]
+        h_BSD, aux = fn(block, h_BSD, cos, sin, segment_ids_BS)
         if aux:
             auxes.append(aux)
         out.append(logits_from_hidden(params, h_BSD, m["out_norm_D"], cfg))

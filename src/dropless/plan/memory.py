@@ -145,8 +145,8 @@ def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     `master_weights`) are sharded: expert weights over ep x fsdp, the rest over fsdp x ep (or
     fsdp). `gathered_weights` holds two layers' worth of all-gathered weights (the layer being
     computed and the one prefetched). `compute_weights`: where the compute dtype is narrower
-    than the weights', the blocks' weights cast to it once a step, alive through it
-    (`models.decoder.compute_weights`). With gradient accumulation (`cfg.accumulation` > 1) the
+    than the weights' and the plan is one device, the blocks' weights cast to it once a step,
+    alive through it (`models.decoder.compute_weights`, `casts_weights_once`). With gradient accumulation (`cfg.accumulation` > 1) the
     step's float32 sum of the micro-batches' gradients, the scan's carry, is `grad_accumulator`
     (beside `gradients`, one micro-batch's; 0 without accumulation). The rest is one
     micro-batch's (`micro_tokens_per_device`) whatever the accumulation: `activations` are the
@@ -167,7 +167,8 @@ def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
                   (sum(moe_l.values()) - moe_l["routed_experts"]
                    + moe_l["routed_experts"] / ep) if moe_l else 0)
     out["gathered_weights"] = 2 * biggest * ab
-    out["compute_weights"] = compute_weight_params(cfg) * ab if ab < wb else 0.0
+    one_device = cfg.mesh.num_devices == 1
+    out["compute_weights"] = compute_weight_params(cfg) * ab if ab < wb and one_device else 0.0
     ns = naive_seq(cfg)
     layers = [(s.num_layers - s.num_moe_layers, layer_tensors(s, ab, False, ns))]
     if s.num_moe_layers:
