@@ -66,7 +66,7 @@ def dry_run(tmp_path_factory):
             rc = bench_gpu.run(_args(dry_run=True, out_dir=str(out), shapes=("dry/G2",),
                                      routings=("uniform",), train_dir=str(out / "train"),
                                      # a variant of the preset, as --train-set gives one
-                                     train_set=(("model.scan_layers", False),),
+                                     train_set=(("model.scan_layers", True),),
                                      caps={"moe": 65},   # plans moe's fwd out
                                      faults={"gmm:ragged_dot": "raise",
                                              "moe:tokamax": "compile",
@@ -136,7 +136,7 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     summary = [r for r in by["train"] if r.get("event") == "summary"][0]
     assert [r["step"] for r in steps] == [1, 2] and summary["median_step_time_s"] > 0
     assert summary["attention_kernel"] == "xla"   # the run's start record says which ran
-    assert summary["train_set"] == {"model.scan_layers": False}
+    assert summary["train_set"] == {"model.scan_layers": True}
     # the planner's prediction beside the measured step: on the CPU, which has no planner
     # profile, a stand-in H200's, said so, and never committable
     (cal,) = [r for r in by["train"] if r.get("event") == "plan_calibration"]
@@ -146,7 +146,7 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     assert rec["error"] == pytest.approx(rec["predicted_s"] / rec["measured_s"] - 1)
     from dropless.bench import gpu_train
     assert rec["hardware"] == gpu_train.STAND_IN_PROFILE and gpu_train.committable(rec)
-    assert rec["plan_flags"].endswith(" model.scan_layers=false")   # the variant, as planned
+    assert rec["plan_flags"].endswith(" model.scan_layers=true")   # the variant, as planned
     # the tests section collects the GPU tests that exist (it cannot run them without a GPU)
     assert "tests collected" in ends["tests"]["collected"] and ends["tests"]["selected"] > 50
     assert {p.name for p in out.iterdir()} == {

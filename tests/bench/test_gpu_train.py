@@ -170,14 +170,14 @@ def test_a_variant_sets_keys_over_the_run_settings_and_the_section_keeps_its_own
     planned with the run (its flags name it where `dropless plan` has no flag of its own);
     the section's own keys stay the section's."""
     spec = {"train_steps": 20, "dry_run": False,
-            "train_set": [["per_device_batch_size", 2], ["model.scan_layers", False]]}
+            "train_set": [["per_device_batch_size", 2], ["model.scan_layers", True]]}
     var = build_config(gpu_train._items(spec, tmp_path))
-    assert var.per_device_batch_size == 2 and var.model.scan_layers is False
+    assert var.per_device_batch_size == 2 and var.model.scan_layers is True
     assert var.steps == 20 and var.run_name == "train"
     rec = gpu_train.plan_calibration(var, MEASURED, H100, dry_run=False,
                                      train_set=spec["train_set"])
     assert "--per-device-batch 2 " in rec["plan_flags"]
-    assert rec["plan_flags"].endswith(" model.scan_layers=false")
+    assert rec["plan_flags"].endswith(" model.scan_layers=true")
     with pytest.raises(ValueError, match="the train section sets run_name itself"):
         gpu_train.check_train_set([("run_name", "x")])
     gpu_train.check_train_set([("model.scan_layers", False)])      # taken

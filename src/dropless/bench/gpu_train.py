@@ -43,7 +43,7 @@ PROFILE_STEPS = 3
 STAND_IN_PROFILE = "h200"
 CALIBRATION_FILE = "benchmarks/results/plan_calibration.jsonl"
 # the dry run's model: the preset's features (MLA with q low-rank, a dense first layer, routed +
-# shared experts, grouped sigmoid routing with the bias, the scan layout, bf16 on f32) at a size
+# shared experts, grouped sigmoid routing with the bias, the layer layout, bf16 on f32) at a size
 # a CPU compiles in seconds
 DRY_MODEL = {"model.vocab_size": 256, "model.d_model": 64, "model.moe.d_model": 64,
              "model.d_ff": 128, "model.moe.d_ff": 32, "model.num_layers": 3,

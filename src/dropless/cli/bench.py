@@ -159,7 +159,7 @@ def _gpu_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-steps", type=int, default=d.train_steps)
     p.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config key the train section's run sets over the preset's run "
-                        "settings (repeatable), e.g. model.scan_layers=false or "
+                        "settings (repeatable), e.g. model.scan_layers=true or "
                         "gradient_accumulation_steps=4: a variant to measure")
     p.add_argument("--train-dir", default=None,
                    help="the training run's directory (default: a new temporary one, so OUT_DIR "

@@ -152,9 +152,9 @@ def compute_weights(blocks: Any, cfg: ModelConfig) -> Any:
     Every use casts its weight to that dtype anyway (`.astype(dt)`, once per weight in a
     block), so the values are the same bit for bit; cast here, once a step before the blocks
     run (on one device: `casts_weights_once`), the rematerialised backward pass does not cast
-    every weight again, and scanned runs slice bfloat16 stacks instead of float32 ones. The float32 gradient is the cast's, as
-    before. The cost: the narrowed copies live through the step (2 bytes a parameter of the
-    blocks in bfloat16)."""
+    every weight again, and scanned runs slice bfloat16 stacks instead of float32 ones. The
+    float32 gradient is the cast's, as before. The cost: the narrowed copies live through the
+    step (2 bytes a parameter of the blocks in bfloat16)."""
     def view(path, leaf):
         keys = [getattr(k, "key", None) for k in path]
         name = keys[-1] if keys and isinstance(keys[-1], str) else ""
