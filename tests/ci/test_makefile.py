@@ -158,3 +158,22 @@ def test_the_gpu_compile_tests_run_on_the_gpu_machines_jax_only():
                     if p != Path(__file__) and "require_plugin(" in p.read_text()}
     assert needs_plugin and needs_plugin <= set(old)
     assert all((ROOT / f).is_file() for f in old)
+
+
+@pytest.mark.parametrize("found", [True, False], ids=["gpu-leg-runs", "no-python312"])
+def test_the_main_leg_leaves_the_device_checks_dry_run_to_the_gpu_leg(project, found):
+    """tests/bench/test_gpu.py (the device check's dry run, minutes) runs in the GPU leg, on the
+    GPU machines' JAX; the main leg runs it only where no Python 3.12 is found for that leg."""
+    real_python(project / ".venv/bin/python")
+    (project / ".venv/.installed").touch()
+    finder = project / ".ci/find_python312"
+    finder.parent.mkdir()
+    finder.write_text("#!/bin/sh\n" + ("echo /usr/bin/python3.12\n" if found
+                                       else "echo 'no Python 3.12 found' >&2\nexit 1\n"))
+    finder.chmod(0o755)
+    r = make(project, "-n", "test-main", f"PYTHON={sys.executable}")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "-m pytest" in ln).rstrip()
+    assert line.endswith("--dist loadfile" + (" --ignore=tests/bench/test_gpu.py" if found
+                                              else "")), line
+    assert "tests/bench/test_gpu.py" in _gpu_leg_commands()[".venv-jax011"]

@@ -1,9 +1,9 @@
 """`dropless plan --compile-for h100`: the planned step compiled for a compile-only H100 (the jax
 CUDA plugin; train/compile_only.py) prints the bytes the trainer's pre-flight finds
-(`train.preflight.check(run, target="h100")`, compiled here a second time as the reference),
+(`train.preflight.check(run, target="h100")` on the run the test builds itself, the reference),
 under the planner's own estimate; a config that cannot fit is refused in one line naming the
 model, the sizes and what to change (exit 2); a plan of several devices is refused before any
-compile. deepseek3-test at sequence 256 keeps the three compiles to seconds each (the
+compile. deepseek3-test at sequence 256 keeps the two compiles to seconds each (the
 deepseek3-1gpu preset's fit on both devices is tests/train/test_preflight_gpu_compile.py).
 """
 from __future__ import annotations
@@ -30,6 +30,14 @@ def _gib(b: float) -> str:
     return f"{b / 2 ** 30:.2f} GiB"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def shared_compiles():
+    """The CLI's compile and the reference's, of the same run: once (a CLI that built another
+    run than `build_plan` gives the reference compiles anew, and the figures differ)."""
+    with cuda_compile.compiled_once() as done:
+        yield done
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory) -> tuple[int, str, dict]:
     """One `dropless plan ... --compile-for h100`: its status, its text and its --out JSON."""
@@ -40,14 +48,16 @@ def planned(tmp_path_factory) -> tuple[int, str, dict]:
     return rc, buf.getvalue(), json.loads(out.read_text())
 
 
-def test_plan_prints_the_preflight_compiled_bytes(planned):
+def test_plan_prints_the_preflight_compiled_bytes(planned, shared_compiles):
     rc, text, result = planned
     assert rc == 0
     p = argparse.ArgumentParser()
     add_arguments(p)
     run = build_plan(settings(p.parse_args(ARGV))).plan.run
     assert run.seq_len == 256 and run.mesh.num_devices == 1
-    ref = preflight.check(run, target="h100")          # the reference: its own compile
+    ref = preflight.check(run, target="h100")          # the reference
+    # the CLI compiled the very run the test built (one compile for both: an equal config)
+    assert [cfg for cfg, _ in shared_compiles] == [run]
     got = result["compiled_memory"]
     assert got["method"] == ref["method"] == "compiled" and got["target"] == "h100"
     for key in ("arguments", "outputs", "aliased", "temp", "code", "total"):

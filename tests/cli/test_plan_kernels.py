@@ -1,7 +1,7 @@
 """`dropless plan --kernels` on the CPU: its refusals (one line, exit 2, nothing compiled) and
 the table glue (`kernel_records`, `format_kernels`) on a jitted CPU function's HLO, checked
 against `runtime.hlo_kernels` directly. The end-to-end run on the deepseek3-1gpu preset compiled
-for an H100 is tests/cli/test_plan_kernels_gpu_compile.py (the GPU leg).
+for an H100 is tests/train/test_preflight_gpu_compile.py (the GPU leg).
 """
 from __future__ import annotations
 

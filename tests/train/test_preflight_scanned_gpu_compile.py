@@ -1,7 +1,7 @@
 """The memory pre-flight as XLA:GPU compiles the step of deepseek3-1gpu at its run settings
 (`presets.RUN_SETTINGS`: sequence 4096, batch 4, remat=minimal) with its layers scanned
 (`model.scan_layers=true`; the preset ships unrolled: test_preflight_gpu_compile.py), for
-compile-only devices from the jax CUDA plugin: the layout the planner's memory model describes
+compile-only devices from the jax CUDA plugin: the planner's memory model of the scanned layout
 (stacked activations and gradients alive together) is within 10% of it; accumulating 4
 micro-batches costs about one gradient buffer more; a deliberately oversized config (batch 16,
 no remat) is refused by the H200 before anything is allocated. The scanned layout compiles one
@@ -37,8 +37,9 @@ def scanned() -> dict:
 
 def test_the_planners_memory_model_is_near_the_compiled_step(scanned):
     """The planner's memory model of the same step (`dropless plan`'s, with the attention the
-    compiled step runs: the XLA one, `naive`) against XLA's analysis of the executable, within
-    10% (jax 0.11.2: 58.75 against 54.00 GiB). remat=minimal keeps no S x S tensor of the XLA
+    compiled step runs: the XLA one, `naive`; the scanned layout's rule, plan/memory.py)
+    against XLA's analysis of the executable, within 10% (jax 0.11.2: 58.75 against 54.00
+    GiB). remat=minimal keeps no S x S tensor of the XLA
     attention (its products have batch dims), nor runs the grouped matmuls twice."""
     assert scanned["method"] == "compiled" and scanned["total"] < scanned["limit"]
     assert scanned["model_total"] == pytest.approx(scanned["total"], rel=0.10), (

@@ -4,11 +4,28 @@ Legend as in dropless.models.arithmetic; T tokens per device in one forward and 
 (one micro-batch, `PlanConfig.micro_tokens_per_device`), b bytes per activation element.
 
 Activations are a catalogue of the tensors one layer produces per token (name, elements,
-bytes, kind). The run's remat policy decides which are kept for the backward pass
-(`plan.layout.REMAT`: none keeps every tensor, minimal layer inputs and matmul outputs, full
-and offload layer inputs only; the `offload` tensors (query, value) go to host memory).
-Tensors on the expert side of a dispatch live in static receive buffers, so they scale with
-`ragged_buffer_factor`.
+bytes, kind), in two blocks (attention, feed-forward). The run's remat policy decides which are
+kept for the backward pass (`plan.layout.REMAT`: none keeps every tensor, minimal layer inputs
+and matmul outputs, full and offload layer inputs only; the `offload` tensors (query, value) go
+to host memory). Tensors on the expert side of a dispatch live in static receive buffers, so
+they scale with `ragged_buffer_factor`.
+
+The peak of a step is the state (`weight_memory`: parameters, optimizer state, the gathered
+and cast weights, the accumulator) plus what its backward pass holds at once, which depends on
+the layer layout (`ModelConfig.scan_layers`):
+  * scanned: the scan's stacked kept activations of all layers and its stacked gradients of
+    all parameters (`gradients`) are alive together, with one layer's workspace (its whole set
+    of tensors recomputed, and their gradients: twice the largest layer's,
+    `Activations.layer`) and the output head's `logits` (bf16, and float32 for the loss).
+  * unrolled: each layer's kept activations are freed as its backward pass writes its
+    gradients, so the backward holds, at its start, every layer's kept activations and only
+    the embedding's and head's gradients, and at its end all gradients and one layer's
+    activations; the peak is the larger end (`unrolled_gradients`: `gradients` is what the
+    gradients add beyond the activations). The backward runs one block at a time:
+    `layer_workspace` is the largest block's tensors and their gradients
+    (`workspace_bytes_per_token`, `Activations.block`), and the head's logits, freed before
+    the last layer's backward begins, count only where they exceed it (`logits` is that
+    excess). Measured against XLA's compiled step: tests/train/test_preflight*_gpu_compile.py.
 """
 from __future__ import annotations
 
@@ -86,8 +103,16 @@ def ffn_tensors(s: ModelConfig, b: int, moe: bool) -> list[Tensor]:
     return t
 
 
+def block_tensors(s: ModelConfig, b: int, moe: bool, naive_seq: int = 0
+                  ) -> tuple[list[Tensor], list[Tensor]]:
+    """One layer's activations per token as its two blocks: (attention, feed-forward)."""
+    return attention_tensors(s, b, naive_seq), ffn_tensors(s, b, moe)
+
+
 def layer_tensors(s: ModelConfig, b: int, moe: bool, naive_seq: int = 0) -> list[Tensor]:
-    return attention_tensors(s, b, naive_seq) + ffn_tensors(s, b, moe)
+    """One layer's activations per token: its attention block's, then its feed-forward's."""
+    attention, ffn = block_tensors(s, b, moe, naive_seq)
+    return attention + ffn
 
 
 def naive_seq(cfg: PlanConfig) -> int:
@@ -115,6 +140,15 @@ def all_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
     return sum(_scale(t, factor) for t in tensors)
 
 
+def workspace_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
+    """Bytes per token one block's backward pass holds at once: its tensors and their
+    gradients (twice its whole set), less the naive attention's probabilities once: of its four
+    S x S products (scores, probabilities and their gradients) three are alive together, the
+    softmax's backward consuming the probabilities' gradient as it writes the scores'."""
+    probs = sum(_scale(t, factor) for t in tensors if t.name == "attn_probs")
+    return 2 * all_bytes_per_token(tensors, factor) - probs
+
+
 def weight_split(s: ModelConfig) -> tuple[float, float]:
     """(routed-expert parameters, everything else), MTP modules included."""
     c = param_counts(s)
@@ -138,27 +172,26 @@ def compute_weight_params(cfg: PlanConfig) -> float:
     return sharded_params(cfg) - (c["embedding"] + c["lm_head"]) / cfg.non_expert_shards
 
 
-def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
-    """Bytes per device by part, the total, the device's usable memory and the verdict.
+def casts_weights_once(cfg: PlanConfig) -> bool:
+    """Whether the blocks' weights are cast to a narrower compute dtype once a step
+    (`models.decoder.casts_weights_once`: a one-device plan)."""
+    return cfg.activation_bytes < cfg.weight_bytes and cfg.mesh.num_devices == 1
 
-    Weights, gradients and Adam states (2 moments, plus a float32 master copy when
-    `master_weights`) are sharded: expert weights over ep x fsdp, the rest over fsdp x ep (or
-    fsdp). `gathered_weights` holds two layers' worth of all-gathered weights (the layer being
-    computed and the one prefetched). `compute_weights`: where the compute dtype is narrower
-    than the weights' and the plan is one device, the blocks' weights cast to it once a step,
-    alive through it (`models.decoder.compute_weights`, `casts_weights_once`). With gradient accumulation (`cfg.accumulation` > 1) the
-    step's float32 sum of the micro-batches' gradients, the scan's carry, is `grad_accumulator`
-    (beside `gradients`, one micro-batch's; 0 without accumulation). The rest is one
-    micro-batch's (`micro_tokens_per_device`) whatever the accumulation: `activations` are the
-    kept tensors of all layers, `layer_workspace` one layer's full set (recomputed, with its
-    gradients) during backward, `logits` the output head's logits in bf16 plus float32 for the
-    loss, `ep_buffers` the dispatch/combine send and receive buffers of one layer.
-    """
+
+def weight_memory(cfg: PlanConfig) -> dict[str, float]:
+    """Bytes per device of the weights' parts.
+
+    `parameters`, `gradients` (all of them, in the weights' dtype) and `optimizer_state` (2
+    Adam moments, plus a float32 master copy when `master_weights`) are sharded: expert weights
+    over ep x fsdp, the rest over fsdp x ep (or fsdp). `gathered_weights` holds two layers'
+    worth of all-gathered weights (the layer being computed and the one prefetched).
+    `compute_weights`: where the blocks' weights are cast once a step (`casts_weights_once`),
+    the cast copies, alive through the step. With gradient accumulation (`cfg.accumulation` >
+    1) `grad_accumulator` is the step's float32 sum of the micro-batches' gradients, the
+    accumulation scan's carry (0 without accumulation; `gradients` are one micro-batch's)."""
     s, ep = cfg.model, cfg.mesh.expert
     wb, ob, ab = cfg.weight_bytes, cfg.optimizer_bytes, cfg.activation_bytes
     params = sharded_params(cfg)
-    t = cfg.micro_tokens_per_device
-    f = s.moe.ragged_buffer_factor if s.moe is not None and ep > 1 else 1.0
     out = {"parameters": params * wb, "gradients": params * wb,
            "grad_accumulator": params * ACCUMULATOR_BYTES if cfg.accumulation > 1 else 0.0,
            "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
@@ -167,25 +200,74 @@ def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
                   (sum(moe_l.values()) - moe_l["routed_experts"]
                    + moe_l["routed_experts"] / ep) if moe_l else 0)
     out["gathered_weights"] = 2 * biggest * ab
-    one_device = cfg.mesh.num_devices == 1
-    out["compute_weights"] = compute_weight_params(cfg) * ab if ab < wb and one_device else 0.0
+    out["compute_weights"] = compute_weight_params(cfg) * ab if casts_weights_once(cfg) else 0.0
+    return out
+
+
+class Activations(NamedTuple):
+    """One micro-batch's activation bytes per device."""
+    kept: float    # every layer's tensors kept for the backward pass, on the device
+    host: float    # the same, offloaded to host memory
+    layer: float   # twice the largest layer's whole set (its tensors and their gradients)
+    block: float   # the largest block's (attention or feed-forward) workspace_bytes_per_token
+
+
+def activation_memory(cfg: PlanConfig) -> Activations:
+    """The activations of one micro-batch (`micro_tokens_per_device`) as `Activations`."""
+    s, ab, t = cfg.model, cfg.activation_bytes, cfg.micro_tokens_per_device
+    f = s.moe.ragged_buffer_factor if s.moe is not None and cfg.mesh.expert > 1 else 1.0
     ns = naive_seq(cfg)
-    layers = [(s.num_layers - s.num_moe_layers, layer_tensors(s, ab, False, ns))]
+    kinds = [(s.num_layers - s.num_moe_layers, False)]
     if s.num_moe_layers:
-        layers.append((s.num_moe_layers + s.mtp_depth, layer_tensors(s, ab, True, ns)))
-    dev = host = work = 0.0
-    for count, tensors in layers:
-        d_, h_ = saved_bytes_per_token(tensors, cfg.run.remat, cfg.offloaded, f)
-        dev += count * d_ * t
+        kinds.append((s.num_moe_layers + s.mtp_depth, True))
+    kept = host = layer = block = 0.0
+    for count, moe in kinds:
+        blocks = block_tensors(s, ab, moe, ns)
+        d_, h_ = saved_bytes_per_token(blocks[0] + blocks[1], cfg.run.remat, cfg.offloaded, f)
+        kept += count * d_ * t
         host += count * h_ * t
-        work = max(work, 2 * all_bytes_per_token(tensors, f) * t)
-    out["activations"] = dev
-    out["layer_workspace"] = work
-    out["logits"] = float(t * s.vocab_size * (ab + 4) * (1 + s.mtp_depth))
-    out["ep_buffers"] = comm.ep_buffer_bytes(cfg) if s.moe is not None and ep > 1 else 0.0
+        layer = max(layer, 2 * all_bytes_per_token(blocks[0] + blocks[1], f) * t)
+        block = max(block, *(workspace_bytes_per_token(b_, f) * t for b_ in blocks))
+    return Activations(kept, host, layer, block)
+
+
+def unrolled_gradients(cfg: PlanConfig, kept: float) -> float:
+    """Gradient bytes an unrolled step holds at its peak beyond the `kept` activations: the
+    embedding's and the output head's, written before the layers' backward pass, and what the
+    layers' exceed the activations they replace. Where the blocks' weights are cast once
+    (`casts_weights_once`), a block's gradients come in the compute dtype as its cast weights
+    die, in their place: nothing to add."""
+    blocks = compute_weight_params(cfg)
+    head = (sharded_params(cfg) - blocks) * cfg.weight_bytes
+    written = 0.0 if casts_weights_once(cfg) else blocks * cfg.weight_bytes
+    return head + max(0.0, written - kept)
+
+
+def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
+    """Bytes per device by part, their sum (`total`), the device's usable memory and whether
+    the total fits, for the model's layer layout as the module docstring describes.
+
+    The parts: `weight_memory`'s, then one micro-batch's (`micro_tokens_per_device`) whatever
+    the accumulation: `activations` (`Activations.kept`), `layer_workspace`, `logits` and
+    `ep_buffers` (the dispatch/combine send and receive buffers of one layer). `gradients` and
+    `logits` are what the layout holds of them at its peak (module docstring).
+    `host_offloaded` is the offloaded activations' host bytes, outside the total."""
+    s = cfg.model
+    out = weight_memory(cfg)
+    act = activation_memory(cfg)
+    logits = float(cfg.micro_tokens_per_device * s.vocab_size * (cfg.activation_bytes + 4)
+                   * (1 + s.mtp_depth))
+    out["activations"] = act.kept
+    if s.scan_layers:
+        out.update(layer_workspace=act.layer, logits=logits)
+    else:
+        out.update(gradients=unrolled_gradients(cfg, act.kept), layer_workspace=act.block,
+                   logits=max(0.0, logits - act.block))
+    out["ep_buffers"] = (comm.ep_buffer_bytes(cfg) if s.moe is not None and cfg.mesh.expert > 1
+                         else 0.0)
     total = sum(out.values())
     usable = hw.usable_memory
-    out.update(total=total, host_offloaded=host, device_memory=hw.hbm_bytes, usable=usable,
+    out.update(total=total, host_offloaded=act.host, device_memory=hw.hbm_bytes, usable=usable,
                fits=total <= usable, headroom=usable - total)
     return out
 
