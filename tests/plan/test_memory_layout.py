@@ -110,3 +110,13 @@ def test_the_total_is_the_sum_of_the_parts(scan):
     m = _memory(scan, "minimal", "float32")
     assert m["total"] == sum(_parts(m).values())
     assert m["fits"] and m["headroom"] == m["usable"] - m["total"]
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_the_plan_names_the_layout_its_memory_follows(scan):
+    from dropless.plan.model import predict
+    from dropless.plan.report import format_plan
+    result = predict(plan_of(DENSE.replace(scan_layers=scan), seq=8), get_profile("h100"))
+    assert result["layout"]["scan_layers"] is scan
+    layout_line = format_plan(result).splitlines()[1]
+    assert layout_line.endswith(", layers scanned" if scan else ", layers unrolled")

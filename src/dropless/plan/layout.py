@@ -285,7 +285,8 @@ def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
     """The plan under the names `dropless plan` shows (its flags and the `layout` of its JSON):
     gpus, fsdp, ep, data, per_device_batch, seq_len, gradient_accumulation_steps, remat, the
     MoE layer's gmm_quantization, dispatcher (as planned), ragged_buffer_factor and
-    ep_comm_overlap_chunks, the dtypes and the planner's settings."""
+    ep_comm_overlap_chunks, the dtypes, scan_layers (the layer layout, which the memory model
+    follows) and the planner's settings."""
     m, moe, model = cfg.mesh, cfg.moe, cfg.model
     return {"gpus": m.num_devices, "fsdp": m.fsdp, "ep": m.expert, "data": m.data,
             "per_device_batch": cfg.run.per_device_batch_size, "seq_len": cfg.run.seq_len,
@@ -299,6 +300,7 @@ def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
             "ep_comm_overlap_chunks": moe.ep_comm_overlap_chunks if moe is not None else 1,
             "weight_dtype": model.weight_dtype,
             "optimizer_dtype": cfg.optimizer_dtype, "activation_dtype": model.dtype,
-            "master_weights": cfg.master_weights, "devices_per_node": cfg.devices_per_node,
+            "master_weights": cfg.master_weights, "scan_layers": model.scan_layers,
+            "devices_per_node": cfg.devices_per_node,
             "gmm_tile": cfg.gmm_tile, "shard_non_expert_over_ep": cfg.shard_non_expert_over_ep,
             "attention_impl": cfg.attention_impl}

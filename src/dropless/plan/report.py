@@ -32,7 +32,8 @@ def format_plan(r: dict) -> str:
              f"{lay['gmm_quantization']}, dispatcher {lay['dispatcher']}"
              f"{' + dedup' if lay['dedup'] else ''}, buffer factor "
              f"{lay['ragged_buffer_factor']}, overlap {lay['overlap']}"
-             f"{_chunked(lay['ep_comm_overlap_chunks'])}", "",
+             f"{_chunked(lay['ep_comm_overlap_chunks'])}, layers "
+             f"{'scanned' if lay['scan_layers'] else 'unrolled'}", "",
              "Memory per device (GiB):"]
     rows = [{"part": k, "GiB": mem[k] / GiB} for k in
             ("parameters", "gradients", "grad_accumulator", "optimizer_state", "gathered_weights",
