@@ -106,3 +106,29 @@ def test_one_device_routing_rounds_and_stats_hand_counted():
     assert float(aux["overflow_rows"]) == 8 * 7
     assert float(aux["buffer_headroom"]) == pytest.approx(1 - 8)
     assert float(aux["sufficient_buffer_factor"]) == pytest.approx(8.0)
+
+
+def test_a_local_batch_whose_round_accounting_needs_rounding_matches_one_device():
+    """16384 tokens a device over EP 4 of 64 experts, top-8, factor 2.0 (deepseek3-1gpu's batch
+    of 4 x 4096 on four GPUs): the budget is rounded so its int32 accounting fits
+    (send_plan.make_budget; the plan itself at DeepSeek-V3's layout: test_send_plan.py). Every
+    token on the first peer's experts, the costliest routing for that accounting, takes several
+    rounds, and the layer equals the single-device layer, outputs and gradients."""
+    e, k, d, f, t = 64, 8, 4, 4, 16384 * 4
+    mesh = make_mesh(MeshConfig(expert=4), jax.devices()[:4])
+    cfg = MoEConfig(num_experts=e, top_k=k, d_model=d, d_ff=f, gmm_backend="ragged_dot",
+                    dispatcher="a2a", ragged_buffer_factor=2.0)
+    params = layer.init_params(jax.random.key(0), cfg)
+    params["router"]["bias_E"] = jnp.asarray([5.0] * (e // 4) + [0.0] * (3 * e // 4),
+                                             jnp.float32)
+    x = jax.random.normal(jax.random.key(1), (t, d), jnp.float32)
+    (_, (y, aux)), grads = jax.jit(jax.value_and_grad(
+        lambda p, x: _loss(p, x, cfg, mesh), argnums=(0, 1), has_aux=True))(
+        shard_params(params, mesh), x)
+    (_, (y_ref, _)), grads_ref = jax.jit(jax.value_and_grad(
+        lambda p, x: _loss(p, x, cfg, None), argnums=(0, 1), has_aux=True))(params, x)
+    np.testing.assert_allclose(y, y_ref, **TOL)
+    for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+        np.testing.assert_allclose(got, ref, **TOL)
+    assert float(aux["dropped_rows"]) == 0 and float(aux["rows_routed"]) == t * k
+    assert int(aux["rounds"]) > 1, aux["rounds"]

@@ -74,6 +74,58 @@ def test_make_budget():
         64 * (1 - np.prod([(56 - i) / (64 - i) for i in range(8)])))
 
 
+# (T, K, E, P, factor) where T x max(Be, J*Br) / gcd(Br, Be) of the unrounded budget passes
+# 2^31: DeepSeek-V3's reference layout (6 x 4096 tokens a device, EP 8 of 256 experts),
+# deepseek3-1gpu's batch at EP 4, a long local batch
+LARGE = [(24576, 8, 256, 8, 2.0), (16384, 8, 64, 4, 2.0), (16384, 8, 64, 4, 1.5),
+         (196608, 8, 256, 8, 2.0)]
+
+
+@pytest.mark.parametrize("t,k,e,peers,factor", LARGE)
+def test_a_large_batchs_budget_is_rounded_so_the_int32_accounting_fits(t, k, e, peers, factor):
+    """Br and Be rounded up to a multiple of a small power of two (their gcd grows): the worst
+    cumulative cost, every row on one peer with J entries, is under 2^31; the budget is under
+    0.5% over factor x the balanced load."""
+    j = sp.slots_per_row(k, e // peers)
+    br = np.ceil(factor * sp.expected_rows_per_peer(t, k, e, peers))
+    be = np.ceil(factor * t * k / peers)
+    assert t * max(be, j * br) / np.gcd(int(br), int(be)) >= 2**31   # the case at hand
+    b = sp.make_budget(t, k, e, peers, factor)
+    base, per_entry, _ = b.units
+    assert t * max(base, j * per_entry) < 2**31
+    assert br <= b.rows < br * 1.005 and be <= b.entries < be * 1.005
+
+
+@pytest.mark.parametrize("routing", ["uniform", "one_peer"])
+def test_the_reference_layouts_plan_counts_its_costs_without_wrapping(routing):
+    """make_plan at DeepSeek-V3's reference layout (24576 tokens, top-8 of 256 experts, EP 8),
+    against the same accounting in int64 numpy: uniform routing, and the worst case (every
+    token's 8 choices on peer 0): no cumulative cost wraps, every row's round is the exact
+    one, within the budget's max_rounds and its slots."""
+    t, k, e, peers = 24576, 8, 256, 8
+    rng = np.random.default_rng(0)
+    if routing == "uniform":
+        ids = np.stack([rng.permutation(e)[:k] for _ in range(t)])
+    else:
+        ids = np.stack([rng.permutation(e // peers)[:k] for _ in range(t)])
+    b = sp.make_budget(t, k, e, peers, 2.0)
+    plan = sp.make_plan(jnp.asarray(ids, jnp.int32), peers, e // peers, b)
+    base, per_entry, per_round = b.units
+    entries = np.stack([(ids // (e // peers) == p).sum(1) for p in range(peers)], 1)
+    cost = np.where(entries > 0, np.maximum(base, entries.astype(np.int64) * per_entry), 0)
+    cum = np.cumsum(cost, axis=0)
+    assert cum.max() < 2**31
+    np.testing.assert_array_equal(np.asarray(plan.cost_P), cum[-1])
+    rounds = np.where(entries > 0, (cum - 1) // per_round, 0)
+    np.testing.assert_array_equal(np.asarray(plan.round_TP), rounds)
+    assert rounds.max() < b.max_rounds
+    hit = entries > 0
+    for r in range(rounds.max() + 1):
+        here = hit & (rounds == r)
+        assert (here.sum(0) <= b.row_chunk).all()
+        assert (np.where(here, entries, 0).sum(0) <= b.entry_chunk).all()
+
+
 @settings(max_examples=12, deadline=None)
 @given(st.data())
 def test_every_choice_travels_exactly_once_within_buffers(data):

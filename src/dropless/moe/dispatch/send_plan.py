@@ -95,23 +95,35 @@ def make_budget(num_tokens: int, top_k: int, num_experts: int, num_peers: int,
     """Br = factor x the balanced deduplicated rows per peer, Be = factor x T*K/P entries.
 
     With Br >= T and Be >= T*J (a peer can never get more) one round always suffices and the
-    buffers are exactly T rows and T*J entries.
+    buffers are exactly T rows and T*J entries. A peer's cumulative row cost (`make_plan`, int32)
+    reaches T x max(Be, J*Br) / gcd(Br, Be) when every row goes to it with J entries; where that
+    passes 2^31 (large T: DeepSeek-V3's 6 x 4096 tokens a device at EP 8), Br and Be are rounded
+    up to a multiple of the smallest power of two q that brings it under, so gcd >= q (the
+    buffers grow by less than q slots a peer).
     """
     t = num_tokens
     j = slots_per_row(top_k, num_experts // num_peers)
     br = max(1, math.ceil(factor * expected_rows_per_peer(t, top_k, num_experts, num_peers)))
     be = max(1, math.ceil(factor * t * top_k / num_peers))
+    q = 1
+    while q <= max(br, be):
+        budget = _budget(t, j, -(-br // q) * q, -(-be // q) * q)
+        base, per_entry, _ = budget.units
+        if t * max(base, j * per_entry) < 2**31:
+            return budget
+        q *= 2
+    raise ValueError(f"{t} local tokens overflow the int32 round accounting at "
+                     f"ragged_buffer_factor={factor}; use more devices or a larger factor")
+
+
+def _budget(t: int, j: int, br: int, be: int) -> Budget:
+    """The Budget of Br = `br` rows and Be = `be` entries a peer per round (T = t, J = j)."""
     if br >= t and be >= t * j:
         return Budget(t, t * j, t, t * j, 1)
     cr = min(t, br + -(-j * br // be))
     ce = min(t * j, be + max(-(-be // br), j))
     worst = t * max(be, j * br)                  # every row to one peer with J entries
-    budget = Budget(br, be, cr, ce, -(-worst // (br * be)))
-    base, per_entry, _ = budget.units
-    if t * max(base, j * per_entry) >= 2**31:
-        raise ValueError(f"{t} local tokens overflow the int32 round accounting at "
-                         f"ragged_buffer_factor={factor}; use more devices or a larger factor")
-    return budget
+    return Budget(br, be, cr, ce, -(-worst // (br * be)))
 
 
 def make_plan(ids_TK: jax.Array, num_peers: int, experts_per_peer: int,
