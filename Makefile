@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml $(STALE)
 	@if [ -e $(VENV) ] && [ "$(VENV_VERSION)" != "$(PY_VERSION)" ]; then echo "make: $(VENV) was made by Python $(or $(VENV_VERSION),that no longer runs), not $(PYTHON) ($(PY_VERSION)): recreating it"; rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,report,mkl]'
+	$(PY) -m pip install -q --no-compile -e '.[test,report,mkl]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -76,13 +76,22 @@ GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py tests/ops/gpu/test_p
                tests/moe/dispatch/test_overlap_schedule.py tests/ops/test_attention.py \
                tests/ops/gpu/test_cudnn_attention_lowering.py tests/ops/gpu/test_cudnn_thd.py)
 GPU_COMPILE_TESTS := $(wildcard tests/*/test_*_gpu_compile.py tests/*/*/test_*_gpu_compile.py)
+# The files xdist hands out first (.ci/jax_leg keeps the command line's order: the longest
+# first, so the leg's two workers finish together rather than one waiting on the other's last
+# long file); the others follow in the lists' order.
+GPU_LONGEST := $(wildcard tests/train/test_preflight_gpu_compile.py \
+                 tests/train/test_preflight_scanned_gpu_compile.py tests/bench/test_gpu.py \
+                 tests/train/test_step_accumulation_gpu_compile.py \
+                 tests/ops/gpu/test_mosaic_gpu_compile.py tests/moe/dispatch/test_overlap_schedule.py \
+                 tests/cli/test_plan_gpu_compile.py tests/train/test_preflight_mesh_gpu_compile.py)
+longest_first = $(filter $(1),$(GPU_LONGEST)) $(filter-out $(GPU_LONGEST),$(1))
 setup-gpu-lowering:
 	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) setup
 	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) setup
 
 test-gpu-lowering:
-	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) test $(GPU_TESTS) $(GPU_COMPILE_TESTS)
-	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) test $(GPU_TESTS)
+	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) test $(call longest_first,$(GPU_TESTS) $(GPU_COMPILE_TESTS))
+	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) test $(call longest_first,$(GPU_TESTS))
 
 clean:
 	rm -rf $(VENV) .venv-jax011 .venv-jaxnew .pytest_cache .hypothesis

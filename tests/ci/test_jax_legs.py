@@ -80,7 +80,8 @@ def test_the_leg_runs_the_files_it_is_given_and_no_others(tmp_path):
     r = _run([str(ROOT / ".ci/jax_leg"), str(venv), "0.11.2", "test", "tests/a.py", "tests/b c.py"],
              env)
     assert r.returncode == 0, r.stderr
-    assert log.read_text().splitlines() == ["required -n 2 --dist loadfile tests/a.py tests/b c.py"]
+    assert log.read_text().splitlines() == [
+        "required -n 2 --dist loadfile --no-loadscope-reorder tests/a.py tests/b c.py"]
     # no files is a mistake in the Makefile, not "run everything"
     r = _run([str(ROOT / ".ci/jax_leg"), str(venv), "0.11.2", "test"], env)
     assert r.returncode == 2 and r.stderr.startswith("ci: error: ") and "no test files" in r.stderr
