@@ -2,9 +2,10 @@
 CUDA plugin; train/compile_only.py) prints the bytes the trainer's pre-flight finds
 (`train.preflight.check(run, target="h100")` on the run the test builds itself, the reference),
 under the planner's own estimate; a config that cannot fit is refused in one line naming the
-model, the sizes and what to change (exit 2); a plan of several devices is refused before any
-compile. deepseek3-test at sequence 256 keeps the two compiles to seconds each (the
-deepseek3-1gpu preset's fit on both devices is tests/train/test_preflight_gpu_compile.py).
+model, the sizes and what to change (exit 2); a plan over several nodes (mesh.dcn_* > 1) is
+refused before any compile (a mesh on one host: tests/train/test_preflight_mesh_gpu_compile.py).
+deepseek3-test at sequence 256 keeps the two compiles to seconds each (the deepseek3-1gpu
+preset's fit on both devices is tests/train/test_preflight_gpu_compile.py).
 """
 from __future__ import annotations
 
@@ -74,27 +75,29 @@ def test_plan_prints_the_preflight_compiled_bytes(planned, shared_compiles):
 
 
 def test_a_config_that_cannot_fit_is_refused_in_one_line(capsys):
-    # sequence 32768, batch 8, no remat: the trainer's attention holds B x H x S x S float32
-    # scores, 8 x 4 x 32768^2 x 4 bytes = 128 GiB, past the H100's 72.8 usable
-    argv = ["--preset", "deepseek3-test", "--hardware", "h100", "--seq", "32768",
-            "--per-device-batch", "8", "--remat", "none", "--compile-for", "h100"]
+    # sequence 32768, batch 16, no remat: the trainer's attention holds B x H x S x S float32
+    # scores, 16 x 4 x 32768^2 x 4 bytes = 256 GiB, past the H200's 129.2 usable (the larger
+    # device; the H100 refuses a mesh's shard of it in test_preflight_mesh_gpu_compile.py)
+    argv = ["--preset", "deepseek3-test", "--hardware", "h200", "--seq", "32768",
+            "--per-device-batch", "16", "--remat", "none", "--compile-for", "h200"]
     assert main(["plan", *argv]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert err.startswith("dropless: error: --compile-for h100: deepseek3-test: "
-                          "per_device_batch_size=8 x seq_len=32768 (remat=none) does not fit: ")
+    assert err.startswith("dropless: error: --compile-for h200: deepseek3-test: "
+                          "per_device_batch_size=16 x seq_len=32768 (remat=none) does not fit: ")
     assert "by the compiled step" in err and "GiB available" in err
     assert "Lower seq_len or per_device_batch_size" in err
 
 
-def test_a_plan_of_several_devices_is_refused_before_compiling(capsys):
-    assert main(["plan", "--preset", "deepseek3-test", "--gpus", "8", "--compile-for",
-                 "h200"]) == 2
+def test_a_plan_over_several_nodes_is_refused_before_compiling(capsys):
+    # the compile-only devices are one host's (topology 1x1xN): a mesh with dcn_* > 1 is not
+    assert main(["plan", "--preset", "deepseek3-test", "--gpus", "16", "--data", "2", "--fsdp",
+                 "8", "mesh.dcn_data=2", "--compile-for", "h200"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == (
-        "dropless: error: --compile-for h200 compiles the step for one device; this plan spans "
-        "8 (mesh.data x mesh.fsdp x mesh.expert): plan one GPU (--gpus 1) or leave "
-        "--compile-for out\n")
+        "dropless: error: --compile-for h200: deepseek3-test: the compile-only pre-flight "
+        "compiles a mesh on one host; this one spans 2 nodes (mesh.dcn_data x mesh.dcn_fsdp x "
+        "mesh.dcn_expert = 2 x 1 x 1): set the dcn_* sizes to 1 to check one node's layout\n")
 
 
 def test_with_the_preflight_switched_off_the_line_says_nothing_was_compiled(capsys,

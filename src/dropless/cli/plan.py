@@ -81,10 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", action="store_true",
                    help="the planner beside the reference's DeepSeek-V3 671B / GB300 figures")
     p.add_argument("--compile-for", choices=COMPILE_TARGETS, default=None,
-                   help="also compile the one-device train step for a compile-only H100 or "
-                        "H200 (the jax CUDA plugin; no GPU needed) and print the bytes XLA's "
-                        "memory analysis says it holds beside the planner's estimate; a "
-                        "config that does not fit is refused (exit 2)")
+                   help="also compile the train step for compile-only H100s or H200s (the "
+                        "jax CUDA plugin; no GPU needed), one or the plan's mesh on one host, "
+                        "and print the bytes per device XLA's memory analysis says it holds "
+                        "beside the planner's estimate; a config that does not fit is "
+                        "refused (exit 2)")
     p.add_argument("--kernels", action="store_true",
                    help="with --compile-for: list the compiled step's kernels with a predicted "
                         "(roofline, not measured) time each and by group; --out then writes "
@@ -201,36 +202,34 @@ def _check_plugin(kind: str) -> None:
 
 
 def compiled_memory(cfg, name: str, kind: str, on_compiled=None) -> dict:
-    """The planned run's train step compiled for a compile-only `kind` device by the trainer's
-    pre-flight (`train.preflight.check(run, target=kind)`): its dict plus "target" and "jax".
-    Raises ValueError for a plan of more than one device (the pre-flight compiles a one-device
-    step) and, naming the model, when the step does not fit (`preflight.DoesNotFit`).
-    `on_compiled(executable)`: see `preflight.compiled`."""
+    """The planned run's train step compiled for compile-only `kind` devices by the trainer's
+    pre-flight (`train.preflight.check(run, target=kind)`: one device, or the run's mesh on one
+    host): its dict, one device's bytes, plus "target", "devices" (the mesh's device count)
+    and "jax". Raises ValueError naming the model for a mesh the pre-flight does not compile
+    (several nodes: `preflight.target_devices`) and when the step does not fit
+    (`preflight.DoesNotFit`). `on_compiled(executable)`: see `preflight.compiled`."""
     import jax
     from dropless.train import preflight
-    n = cfg.run.mesh.num_devices
-    if n != 1:
-        raise ValueError(f"--compile-for {kind} compiles the step for one device; this plan "
-                         f"spans {n} (mesh.data x mesh.fsdp x mesh.expert): plan one GPU "
-                         "(--gpus 1) or leave --compile-for out")
     # the compile-only devices come from the CUDA plugin's topology factory, which is not
     # registered once the CUDA platform has been started (train/compile_only.py); nothing of
     # the plan runs on a device, so the process keeps to the CPU platform
     jax.config.update("jax_platforms", "cpu")
     try:
         fit = preflight.check(cfg.run, target=kind, on_compiled=on_compiled)
-    except preflight.DoesNotFit as e:
+    except ValueError as e:     # preflight.DoesNotFit, or a mesh it does not compile
         raise ValueError(f"--compile-for {kind}: {name}: {e}") from None
-    return {**fit, "target": kind, "jax": jax.__version__}
+    return {**fit, "target": kind, "devices": cfg.run.mesh.num_devices, "jax": jax.__version__}
 
 
 def _with_compiled_line(text: str, fit: dict) -> str:
     """The plan's text with the compiled step's memory under the planner's verdict."""
     from dropless.train import preflight
+    n = fit.get("devices", 1)
+    target = fit["target"] if n == 1 else f"{n} x {fit['target']}"
     if fit.get("method") == "skipped":
-        line = f"  not compiled for {fit['target']}: DROPLESS_NO_PREFLIGHT=1 skips the check"
+        line = f"  not compiled for {target}: DROPLESS_NO_PREFLIGHT=1 skips the check"
     else:
-        line = (f"  compiled for {fit['target']} (jax {fit['jax']}):"
+        line = (f"  compiled for {target} (jax {fit['jax']}):"
                 + preflight.summary(fit)[len("  memory:"):])
     lines = text.split("\n")
     at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("  verdict:")), len(lines))

@@ -7,14 +7,17 @@ Two ways to know the bytes a step needs, and every report names the one used:
     step it runs (guards, mesh, donation, the grouped-matmul kernel fallbacks), made before the
     state is initialised, a checkpoint restored or a resumed run's directory touched, and runs
     that executable: `check(cfg, executable=...)`. It does so on a GPU with a one-device mesh
-    (`reads_compiled`; the platforms are `COMPILED_PLATFORMS`). For an H100/H200 compile-only
-    device (train/compile_only.py: `check(cfg, target="h100")`, which `dropless plan
+    (`reads_compiled`; the platforms are `COMPILED_PLATFORMS`). For H100/H200 compile-only
+    devices (train/compile_only.py: `check(cfg, target="h100")`, which `dropless plan
     --compile-for` and the GPU leg's tests call) the step is compiled here alone (`compiled`):
-    it holds the kernels `auto` picks in this process (the grouped matmul's Pallas/Mosaic
-    kernels, lowered for the named GPU) except one: cuDNN's flash attention is traced only with
-    the cuDNN library loaded, which a compile-only process lacks, so the XLA attention runs
-    there (its S x S scores over-state the step's temporaries: a fit there is a fit); the
-    trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
+    for one device, or for the config's mesh on one host (`target_devices`: N compile-only
+    devices, topology 1x1xN; a mesh over several nodes, dcn_* > 1, is refused), with the
+    trainer's mesh, state and batch placements and its dispatcher, the figures one device's.
+    It holds the kernels `auto` picks in this process (the grouped matmul's Pallas/Mosaic
+    kernels, lowered for the named GPU: `_gpu_target`) except one: cuDNN's flash attention is
+    traced only with the cuDNN library loaded, which a compile-only process lacks, so the XLA
+    attention runs there (its S x S scores over-state the step's temporaries: a fit there is a
+    fit); the trainer's guards (check_nan, overflow) are left out (a few scalars a parameter).
   * `model`: the planner's memory model (`dropless.plan.memory.memory_per_device`, the same one
     `dropless plan` prints) applied to the trainer's layout: weights, gradients and Adam moments
     in the model's weight dtype (float32 moments), activations in the compute dtype, and the
@@ -98,30 +101,90 @@ def estimate(cfg: TrainConfig) -> dict[str, float]:
 
 
 def compiled(cfg: TrainConfig, device, *, on_compiled=None) -> dict[str, float]:
-    """Bytes the train step compiled for the compile-only GPU `device` (train/compile_only.py)
-    holds at once, by XLA's memory analysis (`analysis`) and the compile's seconds: {"arguments",
-    "outputs", "aliased", "temp", "code", "total", "compile_s"}. Nothing is allocated: the state
-    and the batch are abstract. `on_compiled(executable)`, when given, is called with the
-    compiled step (e.g. to read its HLO text). Raises what the compile raises."""
+    """Bytes the train step compiled for compile-only GPUs (train/compile_only.py) holds at once
+    on one device, by XLA's memory analysis (`analysis`) and the compile's seconds: {"arguments",
+    "outputs", "aliased", "temp", "code", "total", "compile_s"}. `device`: one compile-only GPU
+    (a one-device step, as the trainer's on one device), or a tuple of cfg.mesh.num_devices of
+    them (`target_devices`): the trainer's mesh over them, the state on `state_shardings`, the
+    batch on `batch_sharding`, as the trainer places them. Nothing is allocated: the state and
+    the batch are abstract. `on_compiled(executable)`, when given, is called with the compiled
+    step (e.g. to read its HLO text). Raises what the compile raises."""
     import jax
-    import jax.numpy as jnp
-    from dropless.ops.gpu.triton_check import abstract_gpu_target
     from dropless.train import step as step_lib
     t0 = time.perf_counter()
-    state = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
-    opt = step_lib.make_optimizer(cfg, state["params"])
-    sh = jax.sharding.SingleDeviceSharding(device)
-    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), state)
-    rows = cfg.per_device_batch_size * cfg.gradient_accumulation_steps
-    batch = jax.ShapeDtypeStruct((rows, cfg.seq_len + 1), jnp.int32, sharding=sh)
-    fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt), donate_argnums=0)
-    # a compile-only GPU is named to the kernels' lowering (Pallas reads the target GPU) by an
-    # abstract mesh, at trace time too
-    with abstract_gpu_target(device.device_kind):
+    devs = tuple(device) if isinstance(device, (tuple, list)) else (device,)
+    like = jax.eval_shape(lambda: step_lib.init_state(cfg)[0])
+    opt = step_lib.make_optimizer(cfg, like["params"])
+    mesh, state, batch = _abstract_inputs(cfg, like, devs)
+    fn = jax.jit(functools.partial(step_lib.train_step, cfg=cfg, opt=opt, mesh=mesh),
+                 donate_argnums=0)
+    with _gpu_target(cfg, mesh, devs):
         executable = fn.lower(state, batch).compile()
     if on_compiled is not None:
         on_compiled(executable)
     return {**analysis(executable), "compile_s": time.perf_counter() - t0}
+
+
+def _abstract_inputs(cfg: TrainConfig, like, devs: tuple):
+    """(mesh, state, batch) as the trainer places them (train/loop.py), on the devices `devs`:
+    one device: no mesh, everything on it; several: `parallel.mesh.train_mesh`'s mesh over
+    `devs`, the state on `state_shardings`, the [global batch, S + 1] tokens on
+    `batch_sharding`."""
+    import jax
+    import jax.numpy as jnp
+    from dropless.parallel.mesh import NodeMesh, batch_sharding, make_mesh
+    from dropless.parallel.sharding import state_shardings
+    if len(devs) == 1:
+        mesh, one = None, jax.sharding.SingleDeviceSharding(devs[0])
+        shard, bshard = jax.tree.map(lambda _: one, like), one
+    else:
+        mesh = NodeMesh(make_mesh(cfg.mesh, devs), devices_per_node=cfg.mesh.devices_per_node)
+        shard, bshard = state_shardings(like, mesh), batch_sharding(mesh)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         like, shard)
+    batch = jax.ShapeDtypeStruct((cfg.global_batch_size, cfg.seq_len + 1), jnp.int32,
+                                 sharding=bshard)
+    return mesh, state, batch
+
+
+def _gpu_target(cfg: TrainConfig, mesh, devs: tuple):
+    """The context the step is lowered in, so that the kernels' lowering (Pallas' Triton
+    lowering, `ops.gmm.winners.device_kind`) knows the target GPU: they read the context's
+    abstract mesh, else this process's default device (the CPU here). One device: an abstract
+    one-device mesh naming its kind (`triton_check.abstract_gpu_target`), at trace time too.
+    A mesh whose MoE layers run in the dispatcher's shard_map: none. The shard_map's mesh is of
+    the compile-only GPUs and names them in its body, where every grouped matmul runs; a
+    context mesh would make the dispatcher's probe of ragged_all_to_all fail (its own mesh is
+    another), and `auto` dispatch would pick a2a, not the ragged_a2a the trainer runs on a
+    GPU. A mesh with `dispatcher=local` (the grouped matmuls outside any shard_map): the
+    mesh's own abstract mesh, which names the GPU."""
+    import contextlib
+
+    import jax
+    from dropless.moe.dispatch.registry import LOCAL
+    from dropless.ops.gpu.triton_check import abstract_gpu_target
+    if mesh is None:
+        return abstract_gpu_target(devs[0].device_kind)
+    moe = cfg.model.moe
+    if moe is not None and moe.dispatcher == LOCAL:
+        return jax.sharding.use_abstract_mesh(mesh.mesh.abstract_mesh)
+    return contextlib.nullcontext()
+
+
+def target_devices(cfg: TrainConfig, kind: str):
+    """The compile-only devices of `kind` `cfg`'s step is compiled for by `measure(target=)`:
+    one device, or the tuple of the mesh's on one host (topology 1x1xN). Raises ValueError for
+    a mesh over several nodes (mesh.dcn_* > 1) and as `compile_only.devices` does."""
+    from dropless.train.compile_only import devices
+    m = cfg.mesh
+    if m.num_nodes > 1:
+        raise ValueError(
+            f"the compile-only pre-flight compiles a mesh on one host; this one spans "
+            f"{m.num_nodes} nodes (mesh.dcn_data x mesh.dcn_fsdp x mesh.dcn_expert = "
+            f"{' x '.join(map(str, m.dcn_shape))}): set the dcn_* sizes to 1 to check one "
+            "node's layout")
+    devs = devices(kind, m.num_devices)
+    return devs[0] if len(devs) == 1 else devs
 
 
 def analysis(executable) -> dict[str, float]:
@@ -162,16 +225,16 @@ def measure(cfg: TrainConfig, *, target: str | None = None, on_compiled=None,
     plus "method" ("compiled" or "model"), "total", and with a compiled step its memory
     analysis ("compiled"). `executable`: the step the caller compiled for its device (the
     trainer's), read by `analysis` (`compile_s`: its compile seconds, kept in "compiled");
-    `target`: else compile one here for a compile-only H100/H200 ("h100"/"h200"; ValueError
-    when the jax CUDA plugin is missing), `on_compiled` passed to `compiled`. Neither: the
-    planner's model, nothing compiled."""
+    `target`: else compile one here for compile-only H100s/H200s ("h100"/"h200"), one or the
+    mesh's (`target_devices`; ValueError when the jax CUDA plugin is missing or the mesh spans
+    several nodes), `on_compiled` passed to `compiled`. Neither: the planner's model, nothing
+    compiled. Every figure is one device's."""
     est = estimate(cfg)
     est.update(method="model", model_total=est["total"])
     if executable is not None:
         c = {**analysis(executable), "compile_s": compile_s}
     elif target is not None:
-        from dropless.train.compile_only import devices
-        c = compiled(cfg, devices(target, 1)[0], on_compiled=on_compiled)
+        c = compiled(cfg, target_devices(cfg, target), on_compiled=on_compiled)
     else:
         return est
     return {**est, "method": "compiled", "total": c["total"], "compiled": c}
@@ -201,6 +264,8 @@ def check(cfg: TrainConfig, *, limit: float | None = None, source: str = "",
         f"(remat={cfg.remat}"
         + (f", gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
            if cfg.gradient_accumulation_steps > 1 else "")
+        + (f", mesh data={cfg.mesh.data} x fsdp={cfg.mesh.fsdp} x expert={cfg.mesh.expert}"
+           if cfg.mesh.num_devices > 1 else "")
         + f") does not fit: {_fmt(fit['total'])} per device {how}, "
         f"{_fmt(limit)} available ({source}); the biggest term is {big} "
         f"({_fmt(fit[big])}). {_HINTS[big][0].upper() + _HINTS[big][1:]} "
