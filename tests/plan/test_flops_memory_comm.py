@@ -78,11 +78,13 @@ def test_parameter_memory_hand_count():
     model = TINY.replace(dtype="bfloat16", weight_dtype="float32")
     cfg = plan_of(model, fsdp=2, ep=2, seq=8, optimizer_dtype="float32")
     m = memory.memory_per_device(cfg, hw)
-    experts = 4 * 3 * 8 * 6           # one MoE layer
-    rest = 80 + 80 + 8 + 592 + 964 - experts
-    per_dev = experts / 4 + rest / 4  # both sharded over 4 devices
+    experts = 4 * 3 * 8 * 6           # one MoE layer's routed experts: over expert x fsdp
+    replicated = 8 + 2 * 16 + 8 * 4 + 4   # final norm, the layers' norms, router and bias
+    rest = 80 + 80 + 8 + 592 + 964 - experts - replicated   # over fsdp alone
+    per_dev = experts / 4 + rest / 2 + replicated
+    assert per_dev == 756
     assert m["parameters"] == pytest.approx(per_dev * 4)
-    assert m["optimizer_state"] == pytest.approx(per_dev * 8)
+    assert m["optimizer_state"] == pytest.approx((per_dev - 4) * 8)   # the bias: no moments
 
 
 def test_expected_devices_hand_case():
@@ -133,7 +135,8 @@ def test_ring_bytes_and_groups():
     g = groups(cfg, hw)
     assert (g["expert"].inner, g["expert"].outer) == (8, 1)
     assert (g["fsdp"].inner, g["fsdp"].outer) == (8, 2)
-    assert (g["fsdp_all"].inner, g["fsdp_all"].outer) == (64, 2)
+    # a non-expert shard's replicas: the 8 devices of the expert axis (data = 1), in one node
+    assert (g["replicas"].size, g["replicas"].inner, g["replicas"].outer) == (8, 8, 1)
     # 16 devices, 8 per node, 2 nodes: all-gather of 160 bytes
     rb = comm.ring_bytes(160.0, group(16, 8, 64))
     assert rb == {"intra": 160 * 7 / 8, "inter": 160 * 1 / 16}
@@ -175,10 +178,14 @@ def test_parameter_memory_matches_the_trainers_arrays(name):
     plan = plan_of(cfg, seq=16)   # the model's own weight dtype
     m = memory.memory_per_device(plan, get_profile("h100"))
     assert m["parameters"] == real
-    # sharded 4 ways (fsdp 2 x ep 2): a quarter each
-    m4 = memory.memory_per_device(plan.replace_run(mesh=MeshConfig(fsdp=2, expert=2)),
-                                  get_profile("h100"))
-    assert m4["parameters"] == pytest.approx(real / 4)
+    # fsdp 2 x ep 2: each array's shard as the trainer places it (parallel.sharding)
+    from dropless.parallel import make_mesh, param_shardings
+    mesh = MeshConfig(fsdp=2, expert=2)
+    placed = param_shardings(shapes, make_mesh(mesh, jax.devices()[:4]))
+    leaves = zip(jax.tree_util.tree_leaves(shapes), jax.tree_util.tree_leaves(placed))
+    local = sum(math.prod(p.shard_shape(x.shape)) * x.dtype.itemsize for x, p in leaves)
+    m4 = memory.memory_per_device(plan.replace_run(mesh=mesh), get_profile("h100"))
+    assert m4["parameters"] == local
 
 
 def test_ep_rows_match_the_measured_a2a_dispatcher():

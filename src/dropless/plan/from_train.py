@@ -27,8 +27,7 @@ PLAN_DEFAULTS = (("preset", "deepseek3-671b"), ("per_device_batch_size", 1), ("s
 # Settings no TrainConfig carries: the hardware profile, the device count (`mesh_on_devices`)
 # and the PlanConfig fields of the planner's own.
 PLANNER_KEYS = ("hardware", "gpus", "offload", "dedup", "overlap", "optimizer_dtype",
-                "master_weights", "devices_per_node", "gmm_tile", "shard_non_expert_over_ep",
-                "attention_impl")
+                "master_weights", "devices_per_node", "gmm_tile", "attention_impl")
 # The trainer's keys of the mesh axis sizes, by the planner's flag names.
 MESH_KEYS = {"data": "mesh.data", "fsdp": "mesh.fsdp", "ep": "mesh.expert"}
 

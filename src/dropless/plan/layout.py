@@ -3,9 +3,10 @@ the remat policy) on a cluster, and the settings only the planner has.
 
 Mesh axes are laid out innermost first: `expert` (stride 1), then `fsdp`, then `data`, so the
 EP group of a device is its nearest neighbours and stays inside one NVLink domain whenever
-`expert <= node size`. Non-expert weights are FSDP-sharded over fsdp x expert (MaxText's
-rules put the `expert` mesh axis into the FSDP axes of non-MoE weights); expert weights are
-split over `expert` by expert and over `fsdp` within each expert.
+`expert <= node size`. Weights are placed as the trainer places them (`weight_shards`, read
+from `parallel.mesh.LOGICAL_RULES`): the routed experts split over `expert` by expert and over
+`fsdp` within each expert, the other matrices over `fsdp` alone (whole on every device of an
+expert-only mesh), norms and the router whole everywhere; the `data` axis replicates them all.
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
-from dropless.config import (DISPATCHERS, REMAT_POLICIES, MeshConfig, MoEConfig, ModelConfig,
-                             TrainConfig, scalar_fields, scalar_type_error)
+from dropless.config import (DISPATCHERS, MESH_AXES, REMAT_POLICIES, MeshConfig, MoEConfig,
+                             ModelConfig, TrainConfig, scalar_fields, scalar_type_error)
 from dropless.machine import HardwareProfile
+from dropless.parallel.mesh import LOGICAL_RULES
 
 # The trainer's dispatcher (config.DISPATCHERS) -> the planner's model of it: "auto" is
 # ragged_a2a on GPUs; "local" (no expert axis) moves nothing, so any model will do; node_a2a's
@@ -88,7 +90,6 @@ class PlanConfig:
     master_weights: bool = False     # an extra float32 copy of the weights in the optimizer
     devices_per_node: int = 0
     gmm_tile: int = 128              # rows per grouped-GEMM tile (per-expert padding)
-    shard_non_expert_over_ep: bool = True
     attention_impl: str = "flash"    # naive: full S x S scores materialised, half masked away
 
     def __post_init__(self) -> None:
@@ -184,11 +185,27 @@ class PlanConfig:
     def optimizer_bytes(self) -> int:
         return DTYPE_BYTES[self.optimizer_dtype]
 
-    @property
-    def non_expert_shards(self) -> int:
-        """Devices a non-expert weight is split over: fsdp x expert, or fsdp alone."""
-        m = self.mesh
-        return m.fsdp * m.expert if self.shard_non_expert_over_ep else m.fsdp
+
+
+# The planner's parameter groups -> the logical axes their dims carry in the trainer's
+# placement table (parallel/sharding.py PARAM_AXES): the routed experts' `expert` and `embed`
+# dims; the other matrices' one FSDP dim (`embed`, `vocab`, `q_lora` or `kv_lora`, all one
+# rule); norm vectors and the router none. A dim that a mesh axis does not divide is replicated
+# by the trainer and counted as split here (the presets' dims divide their meshes).
+WEIGHT_GROUPS: dict[str, tuple[str, ...]] = {"experts": ("expert", "embed"),
+                                              "sharded": ("embed",), "replicated": ()}
+FSDP_LOGICAL = "embed"   # the dim a layer all-gathers before it computes
+
+
+def weight_shards(mesh: MeshConfig, group: str, *, gathered: bool = False) -> int:
+    """Devices one weight of `group` (`WEIGHT_GROUPS`) is split over on `mesh`: the product of
+    the sizes of the mesh axes `parallel.mesh.LOGICAL_RULES` maps its logical axes to, as
+    `parallel.sharding.state_shardings` places parameters, gradients and Adam moments. With
+    `gathered`, the layer's all-gathered copy: its FSDP dim whole. Raises KeyError for an
+    unknown group."""
+    sizes = dict(zip(MESH_AXES, mesh.shape))
+    logical = [a for a in WEIGHT_GROUPS[group] if not (gathered and a == FSDP_LOGICAL)]
+    return math.prod(sizes[m] for m in {m for a in logical for m in LOGICAL_RULES[a]})
 
 
 def node_limit(cfg: PlanConfig) -> int:
@@ -270,15 +287,16 @@ def group(size: int, stride: int, node: int) -> Group:
 
 
 def groups(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, Group]:
-    """The collective groups of the layout: expert, fsdp (expert weights), fsdp_all (non-expert
-    weights), data (gradient all-reduce across replicas)."""
+    """The collective groups of the layout (the trainer's placement, `weight_shards`): expert
+    (dispatch and combine); fsdp (the all-gathers and reduce-scatters of every sharded weight:
+    the experts' and the other matrices' FSDP dim is the same fsdp axis); data (the expert
+    weights' gradient all-reduce across their replicas, the data axis); replicas (the other
+    weights' gradient all-reduce: every device of the same fsdp index, data x expert)."""
     node = node_size(cfg, hw)
     m = cfg.mesh
-    return {"expert": group(m.expert, 1, node),
-            "fsdp": group(m.fsdp, m.expert, node),
-            "fsdp_all": group(cfg.non_expert_shards, 1 if cfg.shard_non_expert_over_ep
-                              else m.expert, node),
-            "data": group(m.data, m.expert * m.fsdp, node)}
+    expert, data = group(m.expert, 1, node), group(m.data, m.expert * m.fsdp, node)
+    return {"expert": expert, "fsdp": group(m.fsdp, m.expert, node), "data": data,
+            "replicas": Group(m.data * m.expert, 1, expert.inner * data.inner)}
 
 
 def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
@@ -302,5 +320,4 @@ def flat_settings(cfg: PlanConfig) -> dict[str, Any]:
             "optimizer_dtype": cfg.optimizer_dtype, "activation_dtype": model.dtype,
             "master_weights": cfg.master_weights, "scan_layers": model.scan_layers,
             "devices_per_node": cfg.devices_per_node,
-            "gmm_tile": cfg.gmm_tile, "shard_non_expert_over_ep": cfg.shard_non_expert_over_ep,
-            "attention_impl": cfg.attention_impl}
+            "gmm_tile": cfg.gmm_tile, "attention_impl": cfg.attention_impl}

@@ -33,9 +33,10 @@ from typing import NamedTuple
 
 from dropless.config import ModelConfig
 from dropless.machine import HardwareProfile
-from dropless.models.arithmetic import layer_params, param_counts
+from dropless.models.arithmetic import (attention_matmul_params, attention_params, layer_params,
+                                       param_counts)
 from dropless.plan import comm
-from dropless.plan.layout import REMAT, PlanConfig
+from dropless.plan.layout import REMAT, PlanConfig, weight_shards
 
 GiB = 2 ** 30
 # Gradient accumulation adds up the micro-batches' gradients in float32 (TrainConfig's
@@ -149,27 +150,44 @@ def workspace_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
     return 2 * all_bytes_per_token(tensors, factor) - probs
 
 
-def weight_split(s: ModelConfig) -> tuple[float, float]:
-    """(routed-expert parameters, everything else), MTP modules included."""
+def weight_groups(s: ModelConfig) -> dict[str, float]:
+    """Parameters by placement group (`plan.layout.WEIGHT_GROUPS`), MTP modules included:
+    `experts` (the routed experts), `replicated` (norm vectors, the router's weights and bias)
+    and `sharded` (everything else: attention and dense or shared-expert matrices, embedding,
+    head, MTP projections)."""
     c = param_counts(s)
-    mtp_experts = s.mtp_depth * (layer_params(s, True)["routed_experts"] if s.moe is not None
-                                 else 0)
-    experts = c["routed_experts"] + mtp_experts
-    return experts, c["total"] + c["mtp"] - experts
+    attn_norms = (sum(attention_params(s).values())
+                  - sum(attention_matmul_params(s).values()))
+    moe_l = layer_params(s, True) if s.moe is not None else None
+    mtp_layer = moe_l or layer_params(s, False)
+    experts = c["routed_experts"] + s.mtp_depth * (moe_l["routed_experts"] if moe_l else 0)
+    replicated = (c["norms"] + c["router"] + s.num_layers * attn_norms
+                  + s.mtp_depth * (3 * s.d_model + mtp_layer["norms"]
+                                   + mtp_layer.get("router", 0) + attn_norms))
+    return {"experts": experts, "replicated": replicated,
+            "sharded": c["total"] + c["mtp"] - experts - replicated}
 
 
 def sharded_params(cfg: PlanConfig) -> float:
-    """Parameters one device holds: expert weights split over expert x fsdp, the rest over
-    `non_expert_shards`."""
-    experts, rest = weight_split(cfg.model)
-    return experts / (cfg.mesh.expert * cfg.mesh.fsdp) + rest / cfg.non_expert_shards
+    """Parameters one device holds, each group split as the trainer places it
+    (`plan.layout.weight_shards`): the routed experts over expert x fsdp, the other matrices
+    over fsdp, norms and the router whole."""
+    return sum(n / weight_shards(cfg.mesh, g) for g, n in weight_groups(cfg.model).items())
+
+
+def frozen_params(s: ModelConfig) -> int:
+    """Parameters without optimizer state: the router biases (MTP modules' too), which the
+    trainer's AdamW leaves to aux-loss-free balancing; whole on every device (`replicated`)."""
+    return param_counts(s)["router_bias"] + (s.mtp_depth * s.moe.num_experts
+                                             if s.moe is not None else 0)
 
 
 def compute_weight_params(cfg: PlanConfig) -> float:
     """Parameters of the decoder blocks (and MTP modules) one device holds: what
     `models.decoder.compute_weights` casts; the embedding and the output head are not cast."""
     c = param_counts(cfg.model)
-    return sharded_params(cfg) - (c["embedding"] + c["lm_head"]) / cfg.non_expert_shards
+    return (sharded_params(cfg)
+            - (c["embedding"] + c["lm_head"]) / weight_shards(cfg.mesh, "sharded"))
 
 
 def casts_weights_once(cfg: PlanConfig) -> bool:
@@ -182,23 +200,27 @@ def weight_memory(cfg: PlanConfig) -> dict[str, float]:
     """Bytes per device of the weights' parts.
 
     `parameters`, `gradients` (all of them, in the weights' dtype) and `optimizer_state` (2
-    Adam moments, plus a float32 master copy when `master_weights`) are sharded: expert weights
-    over ep x fsdp, the rest over fsdp x ep (or fsdp). `gathered_weights` holds two layers'
-    worth of all-gathered weights (the layer being computed and the one prefetched).
-    `compute_weights`: where the blocks' weights are cast once a step (`casts_weights_once`),
-    the cast copies, alive through the step. With gradient accumulation (`cfg.accumulation` >
-    1) `grad_accumulator` is the step's float32 sum of the micro-batches' gradients, the
-    accumulation scan's carry (0 without accumulation; `gradients` are one micro-batch's)."""
-    s, ep = cfg.model, cfg.mesh.expert
+    Adam moments, plus a float32 master copy when `master_weights`, of every parameter but the
+    `frozen_params`) are split as the trainer places them (`sharded_params`).
+    `gathered_weights` holds two layers' worth of all-gathered weights (the layer being
+    computed and the one prefetched: its FSDP dims whole, its routed experts the device's
+    own). `compute_weights`: where the blocks' weights are cast once a
+    step (`casts_weights_once`), the cast copies, alive through the step. With gradient
+    accumulation (`cfg.accumulation` > 1) `grad_accumulator` is the step's float32 sum of the
+    micro-batches' gradients, the accumulation scan's carry (0 without accumulation;
+    `gradients` are one micro-batch's)."""
+    s = cfg.model
     wb, ob, ab = cfg.weight_bytes, cfg.optimizer_bytes, cfg.activation_bytes
     params = sharded_params(cfg)
     out = {"parameters": params * wb, "gradients": params * wb,
            "grad_accumulator": params * ACCUMULATOR_BYTES if cfg.accumulation > 1 else 0.0,
-           "optimizer_state": params * (2 * ob + (4 if cfg.master_weights else 0))}
+           "optimizer_state": (params - frozen_params(s))
+                              * (2 * ob + (4 if cfg.master_weights else 0))}
+    local = weight_shards(cfg.mesh, "experts", gathered=True)
     moe_l, dense_l = layer_params(s, True) if s.moe is not None else None, layer_params(s, False)
     biggest = max(sum(dense_l.values()),
                   (sum(moe_l.values()) - moe_l["routed_experts"]
-                   + moe_l["routed_experts"] / ep) if moe_l else 0)
+                   + moe_l["routed_experts"] / local) if moe_l else 0)
     out["gathered_weights"] = 2 * biggest * ab
     out["compute_weights"] = compute_weight_params(cfg) * ab if casts_weights_once(cfg) else 0.0
     return out

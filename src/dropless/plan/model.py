@@ -7,7 +7,8 @@ Per layer (dense and MoE separately, then times their counts):
   fsdp      = all-gather forward + all-gather backward + reduce-scatter of the layer's weights
   ep        = dispatch/combine transfers (4, or 6 when the layer is recomputed)
   offload   = offloaded activations written to host in forward and read back in backward
-  data      = all-reduce of the layer's gradient shard across replicas
+  data      = all-reduce of the layer's gradient shards across their replicas (the experts'
+              over the data axis, the other weights' over data x expert, `groups`)
 A step with gradient accumulation (`gradient_accumulation_steps` k > 1) is k forward and
 backward passes over micro-batches (a lax.scan) and one optimizer update, with the collectives
 where XLA:GPU puts them (jax 0.11.2, tests/train/test_step_accumulation_gpu_compile.py): each
@@ -28,7 +29,7 @@ from dropless.machine import HardwareProfile
 from dropless.models import arithmetic as ar
 from dropless.models.arithmetic import KINDS, layer_params
 from dropless.plan import comm, flops, memory
-from dropless.plan.layout import REMAT, PlanConfig, flat_settings, groups, node_size
+from dropless.plan.layout import REMAT, Group, PlanConfig, flat_settings, groups, node_size
 from dropless.plan.overlap import chunks, ep_pipeline
 
 # Each activation byte is touched ~6 times by memory-bound kernels in a training step: written
@@ -72,6 +73,19 @@ def _layer_weight_bytes(cfg: PlanConfig, moe: bool, attention: bool = True
     return sum(p.values()) * b, experts / cfg.mesh.expert * b
 
 
+def gradient_all_reduces(rest_b: float, exp_b: float, g: dict[str, Group],
+                         grad_scale: float) -> list[tuple[float, Group]]:
+    """(bytes, group) of each all-reduce of one layer's gradient shards across their replicas
+    (`rest_b`, `exp_b`: the layer's gathered non-expert and local-expert bytes, `grad_scale`
+    the weight dtype's bytes over the compute dtype's): the experts' over `data`, the other
+    weights' over `replicas` (data x expert); one all-reduce of both without an expert axis,
+    where the two groups are the same devices."""
+    rest, experts = rest_b / g["fsdp"].size * grad_scale, exp_b / g["fsdp"].size * grad_scale
+    if g["replicas"].size == g["data"].size:
+        return [(rest + experts, g["data"])]
+    return [(rest, g["replicas"]), (experts, g["data"])]
+
+
 def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
                 attention: bool = True) -> dict[str, float]:
     """Seconds one layer spends in each part in one forward and backward pass (one
@@ -103,10 +117,10 @@ def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
     g = groups(cfg, hw)
     rest_b, exp_b = _layer_weight_bytes(cfg, moe, attention)
     grad_scale = cfg.weight_bytes / cfg.activation_bytes
-    out["fsdp"] = ((2 + grad_scale) * comm.collective_time(rest_b, g["fsdp_all"], hw)
+    out["fsdp"] = ((2 + grad_scale) * comm.collective_time(rest_b, g["fsdp"], hw)
                    + (2 + grad_scale) * comm.collective_time(exp_b, g["fsdp"], hw))
-    shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
-    out["data"] = 2 * comm.collective_time(shard, g["data"], hw)
+    out["data"] = sum(2 * comm.collective_time(b, grp, hw)
+                      for b, grp in gradient_all_reduces(rest_b, exp_b, g, grad_scale))
     # every chunk's dispatch and combine (plan/overlap.py; one chunk unless the layer is chunked)
     out["ep"] = ep_pipeline(cfg, hw, out["gmm"])["kernel_s"] if moe and ep > 1 else 0.0
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
@@ -232,14 +246,14 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
         if not count:
             continue
         rest_b, exp_b = _layer_weight_bytes(cfg, moe)
-        for full, grp in ((rest_b, g["fsdp_all"]), (exp_b, g["fsdp"])):
-            rb = comm.ring_bytes(full, grp)
+        for full in (rest_b, exp_b):
+            rb = comm.ring_bytes(full, g["fsdp"])
             for k in fsdp:
                 fsdp[k] += passes * count * (2 + grad_scale) * rb[k]
-        shard = (rest_b / g["fsdp_all"].size + exp_b / g["fsdp"].size) * grad_scale
-        rb = comm.ring_bytes(shard, g["data"])
-        for k in data:   # once a step: the sum of the micro-batches' gradients
-            data[k] += count * 2 * rb[k]
+        for shard, grp in gradient_all_reduces(rest_b, exp_b, g, grad_scale):
+            rb = comm.ring_bytes(shard, grp)
+            for k in data:   # once a step: the sum of the micro-batches' gradients
+                data[k] += count * 2 * rb[k]
     out["fsdp"], out["data"] = fsdp, data
     if s.moe is not None and ep > 1:
         n = comm.ep_transfers_per_layer(cfg) * n_moe * passes
