@@ -100,6 +100,18 @@ def test_a_plan_over_several_nodes_is_refused_before_compiling(capsys):
         "mesh.dcn_expert = 2 x 1 x 1): set the dcn_* sizes to 1 to check one node's layout\n")
 
 
+def test_a_plan_over_more_gpus_than_a_host_has_is_refused_before_compiling(capsys):
+    # 16 H100s planned as 2 nodes of 8 (the planner's node size) with no dcn_* axis: not
+    # compiled as one host of 16 (nor a cluster as one host of thousands)
+    assert main(["plan", "--preset", "deepseek3-test", "--hardware", "h100", "--gpus", "16",
+                 "--compile-for", "h100"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "dropless: error: --compile-for h100: deepseek3-test: the compile-only pre-flight "
+        "compiles a mesh on one host of at most 8 GPUs; this one has 16 (mesh.data x mesh.fsdp "
+        "x mesh.expert = 16 x 1 x 1): check one node's layout (--gpus 8 or fewer)\n")
+
+
 def test_with_the_preflight_switched_off_the_line_says_nothing_was_compiled(capsys,
                                                                            monkeypatch):
     monkeypatch.setenv("DROPLESS_NO_PREFLIGHT", "1")

@@ -27,6 +27,10 @@ platform_name: "CUDA"
 dnn_version_info {{ major: 9 minor: 1 }}
 device_description_str: "{name}"
 """
+# GPUs on one host of each kind (an HGX H100/H200 board): the most devices a compile-only step
+# is compiled for (`train.preflight.target_devices`), so a plan of a cluster is not compiled as
+# one impossible host of thousands of devices
+HOST_GPUS = {"h100": 8, "h200": 8}
 # bytes of device memory of each kind (what cudaMemGetInfo reports as total on the device)
 MEMORY_BYTES = {"h100": 84942979072, "h200": 150754820096}
 NAMES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}

@@ -174,8 +174,9 @@ def _gpu_target(cfg: TrainConfig, mesh, devs: tuple):
 def target_devices(cfg: TrainConfig, kind: str):
     """The compile-only devices of `kind` `cfg`'s step is compiled for by `measure(target=)`:
     one device, or the tuple of the mesh's on one host (topology 1x1xN). Raises ValueError for
-    a mesh over several nodes (mesh.dcn_* > 1) and as `compile_only.devices` does."""
-    from dropless.train.compile_only import devices
+    a mesh over several nodes (mesh.dcn_* > 1) or over more devices than one host of `kind` has
+    (`compile_only.HOST_GPUS`), and as `compile_only.devices` does."""
+    from dropless.train.compile_only import HOST_GPUS, devices
     m = cfg.mesh
     if m.num_nodes > 1:
         raise ValueError(
@@ -183,6 +184,13 @@ def target_devices(cfg: TrainConfig, kind: str):
             f"{m.num_nodes} nodes (mesh.dcn_data x mesh.dcn_fsdp x mesh.dcn_expert = "
             f"{' x '.join(map(str, m.dcn_shape))}): set the dcn_* sizes to 1 to check one "
             "node's layout")
+    host = HOST_GPUS.get(kind, 1)
+    if m.num_devices > host:
+        raise ValueError(
+            f"the compile-only pre-flight compiles a mesh on one host of at most {host} GPUs; "
+            f"this one has {m.num_devices} (mesh.data x mesh.fsdp x mesh.expert = "
+            f"{m.data} x {m.fsdp} x {m.expert}): check one node's layout (--gpus {host} or "
+            "fewer)")
     devs = devices(kind, m.num_devices)
     return devs[0] if len(devs) == 1 else devs
 
