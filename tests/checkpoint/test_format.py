@@ -1,6 +1,7 @@
 """`checkpoint.read_params`: the parameters of a step alone, against the full restore (the same
 arrays, bitwise), from a checkpoint written in either parameter layout, and refusing a damaged
-step as the full restore does; a run directory's weights load without optimizer state."""
+step as the full restore does; a run directory's weights load without optimizer state; a step
+written in another placement restores onto the trainer's."""
 import json
 import shutil
 
@@ -39,7 +40,7 @@ def _assert_bitwise(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         x, y = np.asarray(x), np.asarray(y)
         assert x.dtype == y.dtype and x.shape == y.shape
-        assert np.array_equal(x.view(np.uint8), y.view(np.uint8))
+        assert np.array_equal(np.atleast_1d(x).view(np.uint8), np.atleast_1d(y).view(np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,42 @@ def test_params_alone_in_the_other_layout(saved, flags):
     assert expert_layout(got) is ("fused" in flags)
     _assert_bitwise(got, _restore(d, 3, _like_state(cfg))[0]["params"])
     _assert_bitwise(_unconverted(got, flags), state["params"])
+
+
+def _fsdp_alone(spec):
+    """`spec` with `expert` left out of every dim that splits over more than it (the FSDP
+    dims of the non-expert weights): the placement before ZeRO-3 over fsdp x expert."""
+    from jax.sharding import PartitionSpec
+    return PartitionSpec(*[tuple(a for a in d if a != "expert") or None
+                           if isinstance(d, tuple) else d for d in spec])
+
+
+def test_a_step_written_in_another_placement_restores_onto_the_trainers(saved, tmp_path):
+    """The saved state placed on an expert 4 x fsdp 2 mesh with every non-expert matrix over
+    fsdp alone (whole on each expert rank), written, and restored with the trainer's
+    `state_shardings` on that mesh (those matrices over fsdp x expert): the same arrays,
+    bitwise, each on its target sharding."""
+    from jax.sharding import NamedSharding
+    from dropless.config import MeshConfig
+    from dropless.parallel.mesh import make_mesh
+    from dropless.parallel.sharding import state_shardings
+    _, state, _ = saved
+    mesh = make_mesh(MeshConfig(fsdp=2, expert=4), jax.devices()[:8])
+    target = state_shardings(state, mesh)
+    before = jax.tree.map(lambda t: NamedSharding(mesh, _fsdp_alone(t.spec)), target)
+    moved = [t for t, b in zip(jax.tree.leaves(target), jax.tree.leaves(before))
+             if t.spec != b.spec]
+    assert len(moved) > 10                          # attention, FFN, embedding, head, moments
+    mngr = ckpt.manager(tmp_path, keep=1, async_save=False)
+    ckpt.save(mngr, 3, jax.device_put(state, before), META)
+    mngr.wait_until_finished()
+    mngr.close()
+    like = jax.tree.map(lambda x, t: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=t),
+                        state, target)
+    got, _ = _restore(tmp_path, 3, like)
+    _assert_bitwise(got, state)
+    for x, t in zip(jax.tree.leaves(got), jax.tree.leaves(target)):
+        assert x.sharding.is_equivalent_to(t, x.ndim), (x.sharding, t)
 
 
 def _unconverted(params, flags):

@@ -1,8 +1,9 @@
 """The placement table (parallel/sharding.py): every parameter of every model has an entry; the
 dense FFN and the shared expert have their own; unknown paths are an error naming them; a whole
 train state places parameters and optimizer moments alike; and on 8-device host meshes the
-placement equals the trainer's earlier one (MoE weights by name, every other matrix FSDP on its
-largest divisible dim), written below as the oracle.
+placement equals MaxText's rule written out by hand as the oracle (routed experts: E over
+expert, D over fsdp; every other matrix ZeRO-3 over fsdp x expert on its FSDP dim, the shared
+experts' and dense FFN's by name, the others' largest divisible dim).
 
 Legend: D model dim, F hidden dim, E experts.
 """
@@ -106,7 +107,9 @@ def test_an_axis_that_does_not_divide_is_dropped():
         P("expert", "fsdp", None)
     assert logical_to_spec(("expert", "embed", "mlp"), mesh, shape=(6, 5, 4)) == \
         P(None, None, None)
-    assert logical_to_spec(("embed", "vocab"), mesh, shape=(4, 4)) == P("fsdp", None)  # once
+    # embed: fsdp, not expert (8 does not divide 4); vocab: not fsdp again (once), expert
+    assert logical_to_spec(("embed", "vocab"), mesh, shape=(4, 4)) == P("fsdp", "expert")
+    assert logical_to_spec(("embed", "mlp"), mesh, shape=(16, 4)) == P(("fsdp", "expert"), None)
 
 
 def test_state_shardings_split_params_and_moments():
@@ -122,20 +125,28 @@ def test_state_shardings_split_params_and_moments():
         specs["opt_state"], is_leaf=lambda x: isinstance(x, P))[0]
         if "mu" in jax.tree_util.keystr(k) and "layers" in jax.tree_util.keystr(k)]
     moe = specs["params"]["layers"][1]["moe"]
+    zero3 = ("fsdp", "expert")   # a non-expert weight's FSDP dim (MaxText's `embed` rule)
     assert moe["experts"]["w_gate_EDF"] == P("expert", "fsdp", None)
     assert moe["experts"]["w_down_EFD"] == P("expert", None, "fsdp")
+    assert moe["shared"]["w_gate_DF"] == P(zero3, None)
+    assert moe["shared"]["w_down_FD"] == P(None, zero3)
     assert moe["router"]["w_DE"] == P(None, None) and moe["router"]["bias_E"] == P(None)
-    assert specs["params"]["layers"][0]["attn"]["wq_a_DQ"] == P("fsdp", None)
-    assert P("expert", "fsdp", None) in mu and P("fsdp", None) in mu   # moments mirror params
+    assert specs["params"]["layers"][0]["attn"]["wq_a_DQ"] == P(zero3, None)
+    assert specs["params"]["embed"]["w_VD"] == P(zero3, None)
+    assert P("expert", "fsdp", None) in mu and P(zero3, None) in mu   # moments mirror params
     assert specs["step"] == P() and specs["rng"] == P()
     placed = jax.device_put(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), state),
                             sharding.state_shardings(state, mesh))
-    shard = placed["params"]["layers"][1]["moe"]["experts"]["w_gate_EDF"].addressable_shards[0]
+    layers = placed["params"]["layers"]
+    shard = layers[1]["moe"]["experts"]["w_gate_EDF"].addressable_shards[0]
     e, d, f = state["params"]["layers"][1]["moe"]["experts"]["w_gate_EDF"].shape
     assert shard.data.shape == (e // 2, d // 2, f)   # really split: experts over 2, D over 2
+    shard = layers[1]["moe"]["shared"]["w_gate_DF"].addressable_shards[0]
+    d, f = state["params"]["layers"][1]["moe"]["shared"]["w_gate_DF"].shape
+    assert shard.data.shape == (d // 4, f)           # D over fsdp 2 x expert 2
 
 
-# --- the trainer's earlier placement, as the oracle (parallel/sharding.leaf_spec until #19) ---
+# --- MaxText's placement written out by hand, as the oracle ---
 _MOE_NAMES = {"w_DE": (None, "router"), "bias_E": ("router",),
               "w_gate_EDF": ("expert", "embed", "mlp"), "w_up_EDF": ("expert", "embed", "mlp"),
               "w_gate_up_ED2F": ("expert", "embed", "mlp"),
@@ -143,21 +154,32 @@ _MOE_NAMES = {"w_DE": (None, "router"), "bias_E": ("router",),
               "w_up_DF": ("embed", "mlp"), "w_down_FD": ("mlp", "embed")}
 
 
-def _old_leaf_spec(name, shape, mesh):
+_BY_HAND = {"expert": ("expert",), "embed": ("fsdp", "expert"), "mlp": (), "router": ()}
+
+
+def _expected_spec(name, shape, mesh):
+    """A routed expert [E, ...]: E over expert, its model dim over fsdp (expert is taken);
+    a shared expert or dense FFN matrix: its model dim over fsdp x expert; any other matrix:
+    its largest dim that fsdp divides, over fsdp x expert (a mesh axis that does not divide
+    the dim left out); vectors and the router whole."""
     axes = _MOE_NAMES.get(name)
     if axes is not None and len(axes) == len(shape):
-        spec = logical_to_spec(axes, mesh)
-        if all(n % int(np.prod([mesh.shape[a] for a in
-                                (() if s is None else (s if isinstance(s, tuple) else (s,)))]))
-               == 0 for n, s in zip(shape, spec)):
-            return spec
+        used, spec = set(), []
+        for logical in axes:
+            kept = tuple(a for a in _BY_HAND.get(logical, ()) if a not in used)
+            used.update(kept)
+            spec.append(kept)
+        if all(n % int(np.prod([mesh.shape[a] for a in kept])) == 0
+               for n, kept in zip(shape, spec)):
+            return P(*[k or None for k in spec])
     fsdp = mesh.shape.get("fsdp", 1)
-    if len(shape) >= 2 and fsdp > 1:
-        dims = [i for i in range(len(shape)) if shape[i] % fsdp == 0]
-        if dims:
-            best = max(dims, key=lambda i: shape[i])
-            return P(*[("fsdp" if i == best else None) for i in range(len(shape))])
-    return P()
+    dims = [i for i in range(len(shape)) if shape[i] % fsdp == 0]
+    if len(shape) < 2 or not dims:
+        return P()
+    best = max(dims, key=lambda i: shape[i])
+    kept = ("fsdp",) + (("expert",) if shape[best] % (fsdp * mesh.shape["expert"]) == 0
+                        else ())
+    return P(*[(kept if i == best else None) for i in range(len(shape))])
 
 
 def _used_axes(spec, mesh):
@@ -172,7 +194,7 @@ def _used_axes(spec, mesh):
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_placement_equals_the_earlier_one_on_8_devices(preset):
+def test_placement_equals_maxtexts_on_8_devices(preset):
     """Every preset at its real shape (eval_shape), unrolled and scanned (the stacked layer
     dim unsharded), on three 8-device meshes."""
     for scan in (False, True):
@@ -184,7 +206,7 @@ def test_placement_equals_the_earlier_one_on_8_devices(preset):
                                          jax.tree.leaves(got)):
                 name, shape = str(keys[-1].key), tuple(leaf.shape)
                 stacked = keys[0].key == sharding.STACKED_GROUP
-                old = (P(None, *_old_leaf_spec(name, shape[1:], mesh)) if stacked
-                       else _old_leaf_spec(name, shape, mesh))
-                assert _used_axes(new.spec, mesh) == _used_axes(old, mesh), \
-                    (preset, scan, mc.shape, jax.tree_util.keystr(keys), new.spec, old)
+                want = (P(None, *_expected_spec(name, shape[1:], mesh)) if stacked
+                        else _expected_spec(name, shape, mesh))
+                assert _used_axes(new.spec, mesh) == _used_axes(want, mesh), \
+                    (preset, scan, mc.shape, jax.tree_util.keystr(keys), new.spec, want)

@@ -75,14 +75,15 @@ def test_buffer_factor_scales_expert_side_only():
 
 def test_parameter_memory_hand_count():
     hw = get_profile("h100")
-    model = TINY.replace(dtype="bfloat16", weight_dtype="float32")
+    # vocabulary 12: every FSDP dim divides fsdp x expert = 4, as the trainer needs to split it
+    model = TINY.replace(vocab_size=12, dtype="bfloat16", weight_dtype="float32")
     cfg = plan_of(model, fsdp=2, ep=2, seq=8, optimizer_dtype="float32")
     m = memory.memory_per_device(cfg, hw)
     experts = 4 * 3 * 8 * 6           # one MoE layer's routed experts: over expert x fsdp
     replicated = 8 + 2 * 16 + 8 * 4 + 4   # final norm, the layers' norms, router and bias
-    rest = 80 + 80 + 8 + 592 + 964 - experts - replicated   # over fsdp alone
-    per_dev = experts / 4 + rest / 2 + replicated
-    assert per_dev == 756
+    rest = 96 + 96 + 8 + 592 + 964 - experts - replicated   # over fsdp x expert too
+    per_dev = experts / 4 + rest / 4 + replicated
+    assert per_dev == 496
     assert m["parameters"] == pytest.approx(per_dev * 4)
     assert m["optimizer_state"] == pytest.approx((per_dev - 4) * 8)   # the bias: no moments
 
@@ -134,9 +135,13 @@ def test_ring_bytes_and_groups():
     assert node_size(cfg, get_profile("h100")) == 8
     g = groups(cfg, hw)
     assert (g["expert"].inner, g["expert"].outer) == (8, 1)
-    assert (g["fsdp"].inner, g["fsdp"].outer) == (8, 2)
-    # a non-expert shard's replicas: the 8 devices of the expert axis (data = 1), in one node
-    assert (g["replicas"].size, g["replicas"].inner, g["replicas"].outer) == (8, 8, 1)
+    # the routed experts' FSDP dim: fsdp 16 at stride 8, 8 of them in a node of 64
+    assert (g["experts_gather"].size, g["experts_gather"].inner) == (16, 8)
+    # the other matrices' FSDP dim: fsdp x expert, all 128 devices, 64 in a node
+    g_sharded = g["sharded_gather"]
+    assert (g_sharded.size, g_sharded.stride, g_sharded.inner, g_sharded.outer) == (128, 1, 64, 2)
+    # every gradient shard's replicas: the data axis (1 here), for experts and the others alike
+    assert g["experts_replicas"] == g["sharded_replicas"] == group(1, 128, 64)
     # 16 devices, 8 per node, 2 nodes: all-gather of 160 bytes
     rb = comm.ring_bytes(160.0, group(16, 8, 64))
     assert rb == {"intra": 160 * 7 / 8, "inter": 160 * 1 / 16}

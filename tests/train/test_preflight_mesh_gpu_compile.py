@@ -10,7 +10,8 @@ what this project does not write: the arguments XLA's memory analysis counts on 
 the state's bytes as a hand count shards them (below), and the HLO holds the GPU's
 grouped-matmul kernels inside the dispatcher's shard_map and the ragged all-to-all that `auto`
 dispatch runs on a GPU (a context mesh that broke its probe would have given plain
-all-to-alls: preflight._gpu_target). The one-device path: test_preflight_gpu_compile.py.
+all-to-alls: preflight._gpu_target), and its weights' all-gathers and reduce-scatters over the
+groups the planner charges. The one-device path: test_preflight_gpu_compile.py.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import argparse
 import contextlib
 import io
 import json
+import math
+import re
 
 import pytest
 
@@ -28,6 +31,7 @@ from dropless.runtime import hlo_kernels
 from dropless.train import preflight
 from tests._support import cuda_compile
 from tests._support.param_count import param_counts
+from tests.train.test_step_accumulation_gpu_compile import _shape_bytes
 
 cuda_compile.require_plugin()
 
@@ -89,8 +93,9 @@ def test_the_plan_prints_one_devices_compiled_bytes_of_the_mesh(planned):
 def test_the_arguments_are_one_devices_shard_of_the_state(planned):
     """Counted by hand from the parameters the model creates (tests/_support/param_count):
     routed experts [E, D, F] split over expert (2) and their model dim over fsdp (2); the
-    router and the norms whole on every device; every other weight split over fsdp on its
-    model or vocabulary dim (all of deepseek3-test's divide by 2). Each float32 parameter
+    router and the norms whole on every device; every other weight split over fsdp x expert
+    (4) on its model, vocabulary or latent dim (ZeRO-3, MaxText's rule; all of
+    deepseek3-test's divide by 4). Each float32 parameter
     comes with two float32 Adam moments (12 bytes); the batch is split over the 4 devices
     ([global 8 rows, S + 1] int32); the step counter, the key and the router-bias counters
     are a few hundred bytes."""
@@ -98,7 +103,7 @@ def test_the_arguments_are_one_devices_shard_of_the_state(planned):
     n = param_counts(run.model)
     whole = n["router"] + n["norms"]
     rest = n["total"] - n["routed_experts"] - whole
-    per_device = 12 * (n["routed_experts"] / 4 + rest / 2 + whole)
+    per_device = 12 * (n["routed_experts"] / 4 + rest / 4 + whole)
     batch = (8 // 4) * (256 + 1) * 4
     args = result["compiled_memory"]["compiled"]["arguments"]
     assert per_device + batch <= args <= per_device + batch + 4096, (args, per_device + batch)
@@ -115,6 +120,47 @@ def test_the_step_runs_the_gpus_grouped_matmuls_and_ragged_all_to_all(planned):
            and r["kind"] in (TRITON, MOSAIC)]
     assert len(gmm) == 9, gmm
     assert " ragged-all-to-all" in hlo
+
+
+def _group_size(groups: str, devices: int) -> int:
+    """Devices in one replica group of an HLO collective, as XLA spells it: named
+    (`mesh['data'=1,'fsdp'=2,'expert'=2] {'fsdp','expert'}`), iota (`[1,4]<=[4]`) or listed
+    (`{{0,1},{2,3}}`; `{}`: every device)."""
+    if m := re.match(r"mesh\[([^\]]*)\] \{([^}]*)\}", groups):
+        sizes = dict(p.split("=") for p in m.group(1).replace("'", "").split(","))
+        return math.prod(int(sizes[a]) for a in m.group(2).replace("'", "").split(","))
+    if m := re.match(r"\[(\d+),(\d+)\]<=", groups):
+        return int(m.group(2))
+    if m := re.match(r"\{\{([0-9,]*)\}", groups):
+        return len(m.group(1).split(","))
+    return devices
+
+
+def _bytes_by_group(hlo: str, op: str, devices: int) -> dict[int, int]:
+    """Result bytes of every `op` in `hlo`, by the size of its replica groups."""
+    out: dict[int, int] = {}
+    for m in re.finditer(rf"= (\S+|\(.*?\)) {op}(?:-start)?\((.*)", hlo):
+        groups = re.search(r"replica_groups=(mesh\[[^\]]*\] \{[^}]*\}|[^ ]*)", m.group(2))
+        size = _group_size(groups.group(1).rstrip(","), devices)
+        out[size] = out.get(size, 0) + _shape_bytes(m.group(1))
+    return out
+
+
+def test_the_non_expert_weights_gather_and_reduce_scatter_over_fsdp_x_expert(planned):
+    """The collective groups the planner charges (plan.layout.groups, from the placement), as
+    XLA:GPU compiled them: the non-expert matrices are all-gathered, and their gradients
+    reduce-scattered, over all four devices (fsdp 2 x expert 2), nothing over two; the routed
+    experts' model dim is gathered over fsdp's two. (`rest` counts the attention's norm
+    vectors, 128 parameters that stay whole: hence 0.99.)"""
+    _, _, _, run, hlo = planned
+    n = param_counts(run.model)
+    rest = n["total"] - n["routed_experts"] - n["router"] - n["norms"]
+    scattered = _bytes_by_group(hlo, "reduce-scatter", 4)
+    gathered = _bytes_by_group(hlo, "all-gather", 4)
+    # a float32 gradient shard of every non-expert matrix, a quarter of each: `rest` bytes
+    assert scattered.get(4, 0) >= 0.99 * rest and 2 not in scattered, (scattered, rest)
+    assert gathered.get(4, 0) >= 0.99 * 4 * rest, (gathered, rest)   # whole again, float32
+    assert gathered.get(2, 0) >= 4 * n["routed_experts"] // 2, (gathered, n["routed_experts"])
 
 
 def test_a_config_that_cannot_fit_a_device_of_the_mesh_is_refused_in_one_line(

@@ -18,14 +18,22 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from dropless.config import MESH_AXES, MeshConfig
 
+# ZeRO-3 over fsdp x expert, as MaxText's default logical_axis_rules shard `embed`, `q_lora`
+# and `kv_lora` over [..., 'fsdp', ..., 'expert'] (AI-Hypercomputer/maxtext,
+# src/MaxText/configs/base.yml): every weight's FSDP dim is split over fsdp x expert, so no
+# expert rank holds a whole copy of the attention, dense FFN, shared experts, embedding, head or
+# MTP. A routed expert [E, D, F] keeps `expert` on dim E, and `logical_to_spec` uses each mesh
+# axis once, so its D dim is split over fsdp alone. The gradients of the others are
+# reduce-scattered over fsdp x expert and all-reduced over `data` only.
+_FSDP = ("fsdp", "expert")
 # logical axis -> mesh axes carrying it (in order); axes absent from a mesh are skipped.
 LOGICAL_RULES: dict[str, tuple[str, ...]] = {
     "batch": MESH_AXES,                    # tokens are split over every axis (batch_axes)
     "expert": ("expert",),                 # expert weights: one slice of experts per EP rank
-    "embed": ("fsdp",),                    # model dim of weights: FSDP shards it
-    "vocab": ("fsdp",),                    # vocabulary dim of the embedding / head: FSDP
-    "q_lora": ("fsdp",),                   # MLA query latent dim (of wq_b): FSDP
-    "kv_lora": ("fsdp",),                  # MLA key/value latent dim (of wkv_b): FSDP
+    "embed": _FSDP,                        # model dim of weights: ZeRO-3 over fsdp x expert
+    "vocab": _FSDP,                        # vocabulary dim of the embedding / head
+    "q_lora": _FSDP,                       # MLA query latent dim (of wq_b)
+    "kv_lora": _FSDP,                      # MLA key/value latent dim (of wkv_b)
     "mlp": (),                             # hidden dim: not sharded (no tensor parallel)
     "heads": (),                           # attention heads: not sharded (no tensor parallel)
     "router": (),                          # router columns: replicated

@@ -30,7 +30,8 @@ from dropless.parallel.mesh import AnyMesh, jax_mesh, logical_to_spec
 STACKED_GROUP = "layer_runs"
 
 # One MoE layer's parameters (moe/layer.py). Expert weights split over `expert` (dim E) and
-# FSDP over `embed` (dim D); the router is small and stays replicated.
+# FSDP over `embed` (dim D: fsdp alone, `expert` being E's; LOGICAL_RULES); the shared experts'
+# `embed` over fsdp x expert, as every other matrix's; the router is small and stays replicated.
 MOE_LAYER_AXES: dict[str, tuple[str | None, ...]] = {
     "router/w_DE": (None, "router"),
     "router/bias_E": ("router",),

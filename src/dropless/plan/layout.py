@@ -5,8 +5,11 @@ Mesh axes are laid out innermost first: `expert` (stride 1), then `fsdp`, then `
 EP group of a device is its nearest neighbours and stays inside one NVLink domain whenever
 `expert <= node size`. Weights are placed as the trainer places them (`weight_shards`, read
 from `parallel.mesh.LOGICAL_RULES`): the routed experts split over `expert` by expert and over
-`fsdp` within each expert, the other matrices over `fsdp` alone (whole on every device of an
-expert-only mesh), norms and the router whole everywhere; the `data` axis replicates them all.
+`fsdp` within each expert, the other matrices over fsdp x expert (ZeRO-3, as MaxText), norms
+and the router whole everywhere; the `data` axis replicates them all. The collective groups
+(`groups`) follow from the same rule: a layer all-gathers (and its gradient reduce-scatters)
+a weight over the mesh axes of its FSDP dim, and the gradient shards are all-reduced over the
+mesh axes that split none of its dims.
 """
 from __future__ import annotations
 
@@ -197,15 +200,27 @@ WEIGHT_GROUPS: dict[str, tuple[str, ...]] = {"experts": ("expert", "embed"),
 FSDP_LOGICAL = "embed"   # the dim a layer all-gathers before it computes
 
 
+def weight_axes(group: str) -> dict[str, tuple[str, ...]]:
+    """The mesh axes each logical dim of a weight of `group` (`WEIGHT_GROUPS`) is split over, as
+    `parallel.mesh.logical_to_spec` assigns them from LOGICAL_RULES: earlier dims first, each
+    mesh axis once (the routed experts' `embed` dim: fsdp, `expert` being dim E's). Raises
+    KeyError for an unknown group."""
+    used: set[str] = set()
+    out = {}
+    for a in WEIGHT_GROUPS[group]:
+        out[a] = tuple(m for m in LOGICAL_RULES[a] if m in MESH_AXES and m not in used)
+        used.update(out[a])
+    return out
+
+
 def weight_shards(mesh: MeshConfig, group: str, *, gathered: bool = False) -> int:
     """Devices one weight of `group` (`WEIGHT_GROUPS`) is split over on `mesh`: the product of
-    the sizes of the mesh axes `parallel.mesh.LOGICAL_RULES` maps its logical axes to, as
-    `parallel.sharding.state_shardings` places parameters, gradients and Adam moments. With
-    `gathered`, the layer's all-gathered copy: its FSDP dim whole. Raises KeyError for an
-    unknown group."""
+    the sizes of the mesh axes `weight_axes` gives, as `parallel.sharding.state_shardings`
+    places parameters, gradients and Adam moments. With `gathered`, the layer's all-gathered
+    copy: its FSDP dim whole. Raises KeyError for an unknown group."""
     sizes = dict(zip(MESH_AXES, mesh.shape))
-    logical = [a for a in WEIGHT_GROUPS[group] if not (gathered and a == FSDP_LOGICAL)]
-    return math.prod(sizes[m] for m in {m for a in logical for m in LOGICAL_RULES[a]})
+    return math.prod(sizes[m] for a, axes in weight_axes(group).items()
+                     if not (gathered and a == FSDP_LOGICAL) for m in axes)
 
 
 def node_limit(cfg: PlanConfig) -> int:
@@ -286,17 +301,32 @@ def group(size: int, stride: int, node: int) -> Group:
     return Group(size, stride, math.gcd(size, per_node))
 
 
+def axes_group(mesh: MeshConfig, axes: tuple[str, ...], node: int) -> Group:
+    """The collective group of the devices that differ only in their index along `axes` (mesh
+    axes laid out innermost last, `expert` at stride 1): its size, its smallest stride and how
+    many of its devices share a node of `node` (each axis's own share, multiplied)."""
+    strides = {a: math.prod(mesh.shape[i + 1:]) for i, a in enumerate(MESH_AXES)}
+    sizes = dict(zip(MESH_AXES, mesh.shape))
+    parts = [group(sizes[a], strides[a], node) for a in axes]
+    return Group(math.prod(p.size for p in parts), min((p.stride for p in parts), default=1),
+                 math.prod(p.inner for p in parts))
+
+
 def groups(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, Group]:
-    """The collective groups of the layout (the trainer's placement, `weight_shards`): expert
-    (dispatch and combine); fsdp (the all-gathers and reduce-scatters of every sharded weight:
-    the experts' and the other matrices' FSDP dim is the same fsdp axis); data (the expert
-    weights' gradient all-reduce across their replicas, the data axis); replicas (the other
-    weights' gradient all-reduce: every device of the same fsdp index, data x expert)."""
-    node = node_size(cfg, hw)
-    m = cfg.mesh
-    expert, data = group(m.expert, 1, node), group(m.data, m.expert * m.fsdp, node)
-    return {"expert": expert, "fsdp": group(m.fsdp, m.expert, node), "data": data,
-            "replicas": Group(m.data * m.expert, 1, expert.inner * data.inner)}
+    """The collective groups of the layout, from the trainer's placement (`weight_axes`):
+    `expert` (dispatch and combine); for the routed experts (`experts_`) and the other matrices
+    (`sharded_`), `*_gather`, the mesh axes of the FSDP dim (the layer's all-gathers and its
+    gradient's reduce-scatter: fsdp for the experts, fsdp x expert for the others), and
+    `*_replicas`, the mesh axes splitting none of its dims (the gradient shards' all-reduce:
+    data for both)."""
+    node, m = node_size(cfg, hw), cfg.mesh
+    out = {"expert": axes_group(m, ("expert",), node)}
+    for w in ("experts", "sharded"):
+        dims = weight_axes(w)
+        split = {a for axes in dims.values() for a in axes}
+        out[f"{w}_gather"] = axes_group(m, dims[FSDP_LOGICAL], node)
+        out[f"{w}_replicas"] = axes_group(m, tuple(a for a in MESH_AXES if a not in split), node)
+    return out
 
 
 def flat_settings(cfg: PlanConfig) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def weight_groups(s: ModelConfig) -> dict[str, float]:
 def sharded_params(cfg: PlanConfig) -> float:
     """Parameters one device holds, each group split as the trainer places it
     (`plan.layout.weight_shards`): the routed experts over expert x fsdp, the other matrices
-    over fsdp, norms and the router whole."""
+    over fsdp x expert too (ZeRO-3 over both), norms and the router whole."""
     return sum(n / weight_shards(cfg.mesh, g) for g, n in weight_groups(cfg.model).items())
 
 

@@ -5,10 +5,11 @@ Per layer (dense and MoE separately, then times their counts):
   compute   = sum over kinds (gemm, gmm, attention) of executed FLOPs / (peak x efficiency)
               + elementwise bytes / HBM bandwidth
   fsdp      = all-gather forward + all-gather backward + reduce-scatter of the layer's weights
+              (the experts' over fsdp, the other weights' over fsdp x expert, `groups`)
   ep        = dispatch/combine transfers (4, or 6 when the layer is recomputed)
   offload   = offloaded activations written to host in forward and read back in backward
-  data      = all-reduce of the layer's gradient shards across their replicas (the experts'
-              over the data axis, the other weights' over data x expert, `groups`)
+  data      = all-reduce of the layer's gradient shards across their replicas (the mesh axes
+              that split none of a weight's dims: data, for the experts and the others alike)
 A step with gradient accumulation (`gradient_accumulation_steps` k > 1) is k forward and
 backward passes over micro-batches (a lax.scan) and one optimizer update, with the collectives
 where XLA:GPU puts them (jax 0.11.2, tests/train/test_step_accumulation_gpu_compile.py): each
@@ -77,13 +78,21 @@ def gradient_all_reduces(rest_b: float, exp_b: float, g: dict[str, Group],
                          grad_scale: float) -> list[tuple[float, Group]]:
     """(bytes, group) of each all-reduce of one layer's gradient shards across their replicas
     (`rest_b`, `exp_b`: the layer's gathered non-expert and local-expert bytes, `grad_scale`
-    the weight dtype's bytes over the compute dtype's): the experts' over `data`, the other
-    weights' over `replicas` (data x expert); one all-reduce of both without an expert axis,
-    where the two groups are the same devices."""
-    rest, experts = rest_b / g["fsdp"].size * grad_scale, exp_b / g["fsdp"].size * grad_scale
-    if g["replicas"].size == g["data"].size:
-        return [(rest + experts, g["data"])]
-    return [(rest, g["replicas"]), (experts, g["data"])]
+    the weight dtype's bytes over the compute dtype's): each shard (the gathered bytes over
+    its `*_gather` group) over its `*_replicas` group (`groups`); one all-reduce of both where
+    the two groups are the same devices."""
+    rest = rest_b / g["sharded_gather"].size * grad_scale
+    experts = exp_b / g["experts_gather"].size * grad_scale
+    if g["sharded_replicas"] == g["experts_replicas"]:
+        return [(rest + experts, g["experts_replicas"])]
+    return [(rest, g["sharded_replicas"]), (experts, g["experts_replicas"])]
+
+
+def fsdp_collectives(rest_b: float, exp_b: float, g: dict[str, Group]
+                     ) -> list[tuple[float, Group]]:
+    """(gathered bytes, group) of one layer's weight all-gathers and gradient reduce-scatters:
+    the non-expert weights' over `sharded_gather`, the local experts' over `experts_gather`."""
+    return [(rest_b, g["sharded_gather"]), (exp_b, g["experts_gather"])]
 
 
 def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
@@ -117,8 +126,8 @@ def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
     g = groups(cfg, hw)
     rest_b, exp_b = _layer_weight_bytes(cfg, moe, attention)
     grad_scale = cfg.weight_bytes / cfg.activation_bytes
-    out["fsdp"] = ((2 + grad_scale) * comm.collective_time(rest_b, g["fsdp"], hw)
-                   + (2 + grad_scale) * comm.collective_time(exp_b, g["fsdp"], hw))
+    out["fsdp"] = sum((2 + grad_scale) * comm.collective_time(b, grp, hw)
+                      for b, grp in fsdp_collectives(rest_b, exp_b, g))
     out["data"] = sum(2 * comm.collective_time(b, grp, hw)
                       for b, grp in gradient_all_reduces(rest_b, exp_b, g, grad_scale))
     # every chunk's dispatch and combine (plan/overlap.py; one chunk unless the layer is chunked)
@@ -246,8 +255,8 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
         if not count:
             continue
         rest_b, exp_b = _layer_weight_bytes(cfg, moe)
-        for full in (rest_b, exp_b):
-            rb = comm.ring_bytes(full, g["fsdp"])
+        for full, grp in fsdp_collectives(rest_b, exp_b, g):
+            rb = comm.ring_bytes(full, grp)
             for k in fsdp:
                 fsdp[k] += passes * count * (2 + grad_scale) * rb[k]
         for shard, grp in gradient_all_reduces(rest_b, exp_b, g, grad_scale):

@@ -24,8 +24,9 @@ def format_plan(r: dict) -> str:
     lay, mem, fl, by, tm = r["layout"], r["memory"], r["flops"], r["bytes"], r["time"]
     g = lay["groups"]
     lines = [f"{r['model']} on {lay['gpus']} x {r['hardware']}: data {lay['data']} x fsdp "
-             f"{lay['fsdp']} x ep {lay['ep']} ({lay['devices_per_node']} GPUs per node; fsdp "
-             f"group spans {g['fsdp']['nodes']} node(s), ep group {g['expert']['nodes']})",
+             f"{lay['fsdp']} x ep {lay['ep']} ({lay['devices_per_node']} GPUs per node; fsdp x ep "
+             f"group spans {g['sharded_gather']['nodes']} node(s), fsdp "
+             f"{g['experts_gather']['nodes']}, ep {g['expert']['nodes']})",
              f"  per-device batch {lay['per_device_batch']} x seq {lay['seq_len']}"
              f"{_accumulated(lay['gradient_accumulation_steps'])}, remat "
              f"{lay['remat']}, offload {','.join(lay['offload']) or 'none'}, gmm "

@@ -144,7 +144,8 @@ def test_param_specs_table():
     assert specs["experts"]["w_gate_EDF"] == PartitionSpec("expert", "fsdp", None)
     assert specs["experts"]["w_down_EFD"] == PartitionSpec("expert", None, "fsdp")
     assert specs["router"]["w_DE"] == PartitionSpec(None, None)
-    assert specs["shared"]["w_up_DF"] == PartitionSpec("fsdp", None)
+    # the shared expert is ZeRO-3 over fsdp x expert (D = 8 divides 2 x 4), outside the shard_map
+    assert specs["shared"]["w_up_DF"] == PartitionSpec(("fsdp", "expert"), None)
     assert logical_to_spec(("batch", None), mesh) == PartitionSpec(("data", "fsdp", "expert"),
                                                                     None)
     with pytest.raises(ValueError, match="'extra/w' has no entry in PARAM_AXES"):
