@@ -1,8 +1,8 @@
 """The trainer compiles its step once (train/loop.py `_compile`), on abstract arguments, before
 anything is allocated, and the memory pre-flight reads that executable where it reads a compiled
-step (train/preflight.py `reads_compiled`: a GPU with one device). Here on a CPU with "cpu" added
-to `preflight.COMPILED_PLATFORMS`, so the GPU's path runs: one compile of the train step
-(counted at `jax.stages.Lowered.compile` and as traces of `step.train_step`), its memory
+step (train/preflight.py `reads_compiled`: a GPU, one device or a mesh). Here on a CPU with
+"cpu" added to `preflight.COMPILED_PLATFORMS`, so the GPU's path runs: one compile of the train
+step (counted at `jax.stages.Lowered.compile` and as traces of `step.train_step`), its memory
 analysis is the pre-flight's figure (checked against the arithmetic written out here), and a
 step that does not fit is refused before the state is initialised or a checkpoint restored,
 leaving no new run directory and a resumed one byte-identical."""
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shutil
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from dropless import checkpoint as ckpt
@@ -113,6 +115,29 @@ def test_the_step_is_compiled_once_and_the_preflight_reads_it(tmp_path, gpu_path
     memory = [i for i, ln in enumerate(lines) if ln.startswith("  memory: ")]
     assert len(memory) == 1 and "by the compiled step's memory analysis" in lines[memory[0]]
     assert lines[memory[0] - 2] == "compiling (first step)..."   # read from that compile
+
+
+def test_on_a_mesh_the_preflight_reads_one_devices_share(tmp_path, gpu_path, compiles):
+    """On fsdp 2 x expert 2 the compiled step's arguments are one device's shards: XLA's
+    argument bytes equal the shard shapes of the executable's own input shardings, summed
+    here, and are less than half the whole state and batch."""
+    mesh = {"mesh.data": 1, "mesh.fsdp": 2, "mesh.expert": 2}
+    res = train(mini(tmp_path, steps=1, checkpoint_every=0, eval_every=10, **mesh), **QUIET)
+    (executable,) = compiles["compiled"]
+    fit = res.preflight
+    assert fit["method"] == "compiled" and res.losses
+    infos = jax.tree.leaves(executable.args_info)
+    shardings = jax.tree.leaves(executable.input_shardings)
+    assert len(infos) == len(shardings)
+    nbytes = lambda shape, dtype: math.prod(shape) * jnp.dtype(dtype).itemsize  # noqa: E731
+    shard = sum(nbytes(s.shard_shape(a.shape), a.dtype) for a, s in zip(infos, shardings))
+    whole = sum(nbytes(a.shape, a.dtype) for a in infos)
+    assert {len(s.device_set) for s in shardings} == {4}
+    assert fit["compiled"]["arguments"] == shard < whole / 2
+    ma = executable.memory_analysis()
+    assert fit["total"] == (ma.argument_size_in_bytes + ma.output_size_in_bytes
+                            - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+                            + ma.generated_code_size_in_bytes)
 
 
 @pytest.mark.parametrize("how", ["model", "skipped"])

@@ -5,10 +5,10 @@ RUN_DIR/metrics.jsonl (one JSON object per line: a "start" record, "step" record
 records and an "end" record, or a "stopped" record when a signal ended the run early).
 
 Order of work, so that a refused run changes nothing: the memory pre-flight by the planner's
-model (preflight.py; on a CPU or a mesh of several devices), the run directory (rundir.py:
+model (preflight.py; on a CPU), the run directory (rundir.py:
 unique, locked), the resume decision (resume.py: nothing to do, other data, LR schedule), the
 step's one compile (on abstract arguments, nothing allocated) with the memory pre-flight by its
-memory analysis (on a GPU, one device), then the state's allocation and the checkpoint's shapes
+memory analysis (on a GPU), then the state's allocation and the checkpoint's shapes
 (checkpoint.check_compatible) all come before the first write; the step compiled there is the
 step that runs; a new run that fails before its first step removes its directory; a resumed run
 rewrites config.json only once its first step is done. A checkpoint that fails to restore or

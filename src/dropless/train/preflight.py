@@ -6,8 +6,10 @@ Two ways to know the bytes a step needs, and every report names the one used:
     so nothing is allocated. The trainer (train/loop.py) reads it from the one compile of the
     step it runs (guards, mesh, donation, the grouped-matmul kernel fallbacks), made before the
     state is initialised, a checkpoint restored or a resumed run's directory touched, and runs
-    that executable: `check(cfg, executable=...)`. It does so on a GPU with a one-device mesh
-    (`reads_compiled`; the platforms are `COMPILED_PLATFORMS`). For H100/H200 compile-only
+    that executable: `check(cfg, executable=...)`. It does so on a GPU, on one device or a mesh
+    (`reads_compiled`; the platforms are `COMPILED_PLATFORMS`): the executable of a mesh's step
+    is one device's program (XLA partitions it before the analysis), so its figures are one
+    device's, as they are for compile-only devices. For H100/H200 compile-only
     devices (train/compile_only.py: `check(cfg, target="h100")`, which `dropless plan
     --compile-for` and the GPU leg's tests call) the step is compiled here alone (`compiled`):
     for one device, or for the config's mesh on one host (`target_devices`: N compile-only
@@ -23,11 +25,11 @@ Two ways to know the bytes a step needs, and every report names the one used:
     in the model's weight dtype (float32 moments), activations in the compute dtype, and the
     attention the run runs (`step.attention_kernel`): cuDNN's flash attention as the planner's
     `flash`, the XLA reference as `naive` (the S x S scores are materialised). The trainer
-    checks it first thing, before the run directory is made or the data read, on a CPU and on
-    a mesh of several devices. Not the compiled figure on a CPU: XLA:CPU's executable (other
-    fusions, no cuDNN attention) says no more about a GPU's step than the model does, its limit
-    (host RAM) is shared with the rest of the process, and the model refuses an oversized
-    config in a second where the compiled figure needs the data read and the step compiled.
+    checks it first thing, before the run directory is made or the data read, on a CPU. Not
+    the compiled figure on a CPU: XLA:CPU's executable (other fusions, no cuDNN attention)
+    says no more about a GPU's step than the model does, its limit (host RAM) is shared with
+    the rest of the process, and the model refuses an oversized config in a second where the
+    compiled figure needs the data read and the step compiled.
     The trainer's path is the same on every platform (one compile on abstract inputs, then
     allocate, then run that executable); tests/train/test_loop_compile.py runs it on a CPU with
     "cpu" in COMPILED_PLATFORMS.
@@ -220,11 +222,10 @@ def target_limit(kind: str) -> tuple[float, str]:
 
 def reads_compiled(cfg: TrainConfig) -> bool:
     """Whether the trainer checks `cfg` by its compiled step (`check(cfg, executable=...)`, at
-    its one compile) rather than by the planner's model (`check(cfg)`, first thing): a
-    one-device mesh on a platform in COMPILED_PLATFORMS."""
+    its one compile) rather than by the planner's model (`check(cfg)`, first thing): a platform
+    in COMPILED_PLATFORMS, on one device or a mesh (one device's figures either way)."""
     import jax
-    return (cfg.mesh.num_devices == 1
-            and jax.local_devices()[0].platform in COMPILED_PLATFORMS)
+    return jax.local_devices()[0].platform in COMPILED_PLATFORMS
 
 
 def measure(cfg: TrainConfig, *, target: str | None = None, on_compiled=None,
