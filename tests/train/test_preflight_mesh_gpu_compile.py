@@ -146,19 +146,25 @@ def _bytes_by_group(hlo: str, op: str, devices: int) -> dict[int, int]:
     return out
 
 
-def test_the_non_expert_weights_gather_and_reduce_scatter_over_fsdp_x_expert(planned):
+def test_the_weights_gather_and_reduce_scatter_over_the_groups_the_planner_charges(planned):
     """The collective groups the planner charges (plan.layout.groups, from the placement), as
     XLA:GPU compiled them: the non-expert matrices are all-gathered, and their gradients
-    reduce-scattered, over all four devices (fsdp 2 x expert 2), nothing over two; the routed
-    experts' model dim is gathered over fsdp's two. (`rest` counts the attention's norm
-    vectors, 128 parameters that stay whole: hence 0.99.)"""
+    reduce-scattered, over all four devices (fsdp 2 x expert 2); the routed experts' model dim
+    is gathered over fsdp's two and their gradients reduce-scattered there (gathered inside
+    the dispatcher's shard_map: taken whole at its boundary, they were all-reduced over fsdp,
+    twice the bytes, then sliced). No gradient is all-reduced over two devices (data is 1).
+    (`rest` counts the attention's norm vectors, 128 parameters that stay whole: hence 0.99.)"""
     _, _, _, run, hlo = planned
     n = param_counts(run.model)
     rest = n["total"] - n["routed_experts"] - n["router"] - n["norms"]
     scattered = _bytes_by_group(hlo, "reduce-scatter", 4)
     gathered = _bytes_by_group(hlo, "all-gather", 4)
+    reduced = _bytes_by_group(hlo, "all-reduce", 4)
     # a float32 gradient shard of every non-expert matrix, a quarter of each: `rest` bytes
-    assert scattered.get(4, 0) >= 0.99 * rest and 2 not in scattered, (scattered, rest)
+    assert scattered.get(4, 0) >= 0.99 * rest, (scattered, rest)
+    # a float32 shard of the routed experts' gradient: half of one expert rank's half
+    assert scattered.get(2, 0) >= n["routed_experts"], (scattered, n["routed_experts"])
+    assert 2 not in reduced, reduced
     assert gathered.get(4, 0) >= 0.99 * 4 * rest, (gathered, rest)   # whole again, float32
     assert gathered.get(2, 0) >= 4 * n["routed_experts"] // 2, (gathered, n["routed_experts"])
 

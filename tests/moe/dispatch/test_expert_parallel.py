@@ -8,6 +8,7 @@ that skewed routing overflows the a2a chunks and must take extra rounds.
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ import pytest
 from dropless import MoEConfig
 from dropless.config import MeshConfig
 from dropless.moe import layer
+from dropless.moe.dispatch import expert_parallel as ep
 from dropless.parallel import make_mesh, shard_params
 
 E, K, D, F, T = 16, 2, 8, 16, 64
@@ -132,3 +134,51 @@ def test_a_local_batch_whose_round_accounting_needs_rounding_matches_one_device(
         np.testing.assert_allclose(got, ref, **TOL)
     assert float(aux["dropped_rows"]) == 0 and float(aux["rows_routed"]) == t * k
     assert int(aux["rounds"]) > 1, aux["rounds"]
+
+
+def _collective_shapes(hlo: str, op: str) -> list[str]:
+    """The result shapes of every `op` in compiled HLO text (a tuple's elements each), layouts
+    dropped."""
+    found = re.finditer(rf"= (\([^)]*\)|\S+) {op}(?:-start)?\(", hlo)
+    return sorted(re.sub(r"\{[^}]*\}|/\*[^*]*\*/", "", one).strip()
+                  for m in found for one in m.group(1).strip("()").split(", "))
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "a2a"])
+def test_on_fsdp_the_experts_gradients_are_reduce_scattered_not_all_reduced(dispatcher):
+    """FSDP 2 x EP 4: each device holds 4 experts with D split in two, as `shard_params`
+    places them; the dispatcher's shard_map takes them so (`expert_weight_specs`) and gathers
+    D inside, so XLA's compiled gradient reduce-scatters each expert weight over fsdp to that
+    shard, [4, D/2, F] and [4, F, D/2], and all-reduces no expert-sized array. (Values: the
+    fsdp2xep4 case of test_expert_parallel_matches_single_device.)"""
+    mesh, step = _step(_cfg(dispatcher), "fsdp2xep4")
+    params, x = _inputs("uniform")
+    placed = shard_params(params, mesh)
+    specs = ep.expert_weight_specs(placed["experts"], ep.make_context(_cfg(dispatcher), mesh,
+                                                                      T, jnp.float32))
+    for k, w in placed["experts"].items():
+        assert w.sharding.spec == specs[k][0], (k, w.sharding.spec, specs[k])
+    hlo = step.lower(placed, x).compile().as_text()
+    shard = {f"f32[{E // 4},{D // 2},{F}]", f"f32[{E // 4},{F},{D // 2}]"}
+    assert shard <= set(_collective_shapes(hlo, "reduce-scatter"))   # allgather: + tokens
+    whole = {f"f32[{E // 4},{D},{F}]", f"f32[{E // 4},{F},{D}]"}
+    assert not whole & set(_collective_shapes(hlo, "all-reduce"))
+
+
+def test_the_boundary_takes_an_expert_weight_whole_over_fsdp_only_where_it_must():
+    """fsdp 4 x expert 2: D = 8 splits over fsdp; D = 6 does not (shard_params keeps it whole
+    too), nor does a key outside the placement table; fsdp 1 gathers nothing."""
+    def specs(mesh_cfg, d, keys=("w_gate_EDF", "w_down_EFD")):
+        mesh = make_mesh(mesh_cfg)
+        cfg = MoEConfig(num_experts=E, top_k=K, d_model=d, d_ff=F)
+        ws = {k: jnp.zeros((E, d, F) if k.endswith("EDF") else (E, F, d)) for k in keys}
+        return ep.expert_weight_specs(ws, ep.make_context(cfg, mesh, T, jnp.float32))
+
+    P = jax.sharding.PartitionSpec
+    assert specs(MeshConfig(fsdp=4, expert=2), 8) == {
+        "w_gate_EDF": (P("expert", "fsdp", None), 1), "w_down_EFD": (P("expert", None, "fsdp"), 2)}
+    assert specs(MeshConfig(fsdp=4, expert=2), 6) == {
+        "w_gate_EDF": (P("expert"), None), "w_down_EFD": (P("expert"), None)}
+    assert specs(MeshConfig(fsdp=4, expert=2), 8, ("w_mine_EDF",)) == {
+        "w_mine_EDF": (P("expert"), None)}
+    assert specs(MeshConfig(data=4, expert=2), 8)["w_gate_EDF"] == (P("expert"), None)

@@ -37,6 +37,9 @@ from dropless.moe.dispatch.send_plan import SendPlan
 from dropless.moe.experts import dropless_experts, expert_ffn
 from dropless.moe.router import Routing, expert_counts
 from dropless.parallel.mesh import AnyMesh, jax_mesh
+from dropless.parallel.sharding import MOE_LAYER_AXES
+
+FSDP_AXIS = "fsdp"
 
 
 def _one_round(r, x_TD, w_TK, experts, state, spec: DispatcherSpec, ctx: EPContext):
@@ -148,6 +151,40 @@ def _per_device(x_TD, w_TK, ids_TK, experts, *, spec: DispatcherSpec, ctx: EPCon
     return y_TD, _stats(state, rounds, spec, ctx)
 
 
+def expert_weight_specs(experts: dict[str, jax.Array], ctx: EPContext
+                        ) -> dict[str, tuple[PartitionSpec, int | None]]:
+    """Each routed expert weight's PartitionSpec at the shard_map boundary, and the dim the
+    body all-gathers over fsdp (None: none). The spec is the trainer's placement
+    (parallel.sharding, MOE_LAYER_AXES): E over the expert axis, the model dim D over fsdp
+    where fsdp divides it. Gathering D inside the shard_map makes the gradient's transpose a
+    reduce-scatter over fsdp (lax.all_gather's transpose is psum_scatter); taken whole over
+    fsdp at the boundary, the gradient would be all-reduced over fsdp and then sliced.
+    A key outside MOE_LAYER_AXES (a bench's own weights) is taken whole over fsdp."""
+    names = dict(zip(ctx.all_axes, ctx.mesh_shape))
+    fsdp = names.get(FSDP_AXIS, 1)
+    out = {}
+    for k, w in experts.items():
+        axes = MOE_LAYER_AXES.get(f"experts/{k}", ())
+        d = axes.index("embed") if "embed" in axes and len(axes) == w.ndim else None
+        if fsdp == 1 or d is None or w.shape[d] % fsdp:
+            out[k] = (PartitionSpec(ctx.expert_axis), None)
+        else:
+            dims = [ctx.expert_axis] + [None] * (w.ndim - 1)
+            dims[d] = FSDP_AXIS
+            out[k] = (PartitionSpec(*dims), d)
+    return out
+
+
+def _gathering(body, gather_dims: dict[str, int | None]):
+    """`body` with the expert weights' fsdp slices all-gathered (tiled) on entry."""
+    def run(x_TD, w_TK, ids_TK, experts):
+        experts = {k: w if gather_dims[k] is None
+                   else lax.all_gather(w, FSDP_AXIS, axis=gather_dims[k], tiled=True)
+                   for k, w in experts.items()}
+        return body(x_TD, w_TK, ids_TK, experts)
+    return run
+
+
 def _platform_dependent(*args, default, per_platform):
     return lax.platform_dependent(*args, default=default, **per_platform)
 
@@ -157,7 +194,8 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     """The routed experts of the MoE layer, expert-parallel over `mesh`'s `expert` axis.
 
     x_TD [T, D] and the routing are split over all mesh axes (tokens); experts [E, ...] over
-    `expert`. Returns (y_TD f32, tokens_per_expert_E, aux) where aux holds the traffic stats
+    `expert`, their model dim over fsdp (`expert_weight_specs`: gathered inside, so their
+    gradients are reduce-scattered over fsdp). Returns (y_TD f32, tokens_per_expert_E, aux) where aux holds the traffic stats
     (rows_sent, padding_rows, rounds, buffer_headroom, overflow_rows, dropped_rows,
     sufficient_buffer_factor, rows/bytes intra- and inter-node, with and without dedup).
     The nodes are `mesh`'s: a NodeMesh's node size (parallel.mesh); a plain Mesh is one node.
@@ -177,7 +215,8 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
     ctx = make_context(cfg, mesh, chunk_tokens(x_TD.shape[0], jax_mesh(mesh).size, chunks),
                        x_TD.dtype)
     tok = PartitionSpec(ctx.all_axes)
-    exp_specs = {k: PartitionSpec(ctx.expert_axis) for k in experts}
+    placed = expert_weight_specs(experts, ctx)
+    exp_specs = {k: spec for k, (spec, _) in placed.items()}
     body = functools.partial(_per_device, spec=spec, ctx=ctx)
     choices = platform_choices(cfg.dispatcher, num_nodes=num_nodes)
     if len(set(choices.values())) > 1:
@@ -189,7 +228,8 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
         per_platform = {p: bodies[n] for p, n in choices.items() if n != choices["cpu"]}
         body = functools.partial(_platform_dependent, default=bodies[choices["cpu"]],
                                  per_platform=per_platform)
-    fn = jax.shard_map(chunked(body, chunks), mesh=jax_mesh(mesh),
+    gathered = _gathering(chunked(body, chunks), {k: d for k, (_, d) in placed.items()})
+    fn = jax.shard_map(gathered, mesh=jax_mesh(mesh),
                        in_specs=(tok, tok, tok, exp_specs),
                        out_specs=(tok, PartitionSpec()), check_vma=False)
     y_TD, stats = fn(x_TD, routing.weights_TK, routing.ids_TK, experts)
