@@ -87,12 +87,25 @@ TRAINER_CASES = [(MOE, m) for m in BY_HAND if math.prod(m) > 1] + [
     (MOE.replace(scan_layers=True), (1, 2, 2)),
     # MLA with a query latent, its norm vectors, MTP: deepseek3-test
     (get_preset("deepseek3-test"), (1, 1, 8)), (get_preset("deepseek3-test"), (1, 2, 4)),
-    (get_preset("deepseek3-test"), (2, 4, 1)), (get_preset("deepseek3-test"), (1, 8, 1))]
+    (get_preset("deepseek3-test"), (2, 4, 1)), (get_preset("deepseek3-test"), (1, 8, 1)),
+    # dims a mesh axis does not divide, which the trainer keeps whole over that axis: the
+    # vocabulary 18 over fsdp 4 (whole) and fsdp 2 x expert 2 (over fsdp alone); d 6 (every
+    # matrix's FSDP dim, the experts' too) over fsdp 4; MLA's vocabulary 260 and key/value
+    # latent 36 over fsdp 8 (whole) and fsdp 2 x expert 4 (over fsdp), query latent 40 split
+    (MOE.replace(vocab_size=18), (1, 4, 1)), (MOE.replace(vocab_size=18), (1, 2, 2)),
+    (model_config(vocab_size=16, d_model=6, num_layers=2, first_k_dense=1, num_heads=2,
+                  num_kv_heads=1, head_dim=4, d_ff=16, attention="mha", num_experts=4, top_k=2,
+                  moe_d_ff=4, num_shared_experts=1), (1, 4, 1)),
+    (get_preset("deepseek3-test").replace(vocab_size=260, q_lora_rank=40, kv_lora_rank=36),
+     (1, 8, 1)),
+    (get_preset("deepseek3-test").replace(vocab_size=260, q_lora_rank=40, kv_lora_rank=36),
+     (1, 2, 4))]
 
 
 @pytest.mark.parametrize("model, mesh", TRAINER_CASES,
                          ids=[f"{'mha' if m.attention == 'mha' else 'mla'}"
                               f"{'-scan' if m.scan_layers else ''}-{'x'.join(map(str, mesh))}"
+                              f"-v{m.vocab_size}-d{m.d_model}"
                               for m, mesh in TRAINER_CASES])
 def test_parameter_and_moment_bytes_match_the_trainers_placement(model, mesh):
     """The planner's per-device parameter and Adam moment bytes against `state_shardings`

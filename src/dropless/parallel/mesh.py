@@ -169,6 +169,22 @@ def batch_axes(mesh: AnyMesh) -> tuple[str, ...]:
     return tuple(jax_mesh(mesh).axis_names)
 
 
+def split_axes(axes: Sequence[str], sizes: dict[str, int], length: int | None,
+               used: set[str]) -> tuple[str, ...]:
+    """The mesh axes (of `axes`, in order) one array dim of `length` is split over: each axis
+    not in `used` (an array uses a mesh axis once) that divides what the axes kept before it
+    leave of the dim (any, for length None). THE rule for a dim a mesh axis does not divide:
+    `logical_to_spec` places parameters by it, and the planner counts their shards by it."""
+    kept, size = [], 1
+    for a in axes:
+        n = sizes[a]
+        if a in used or (length is not None and length % (size * n)):
+            continue
+        kept.append(a)
+        size *= n
+    return tuple(kept)
+
+
 def logical_to_spec(logical: Sequence[str | None], mesh: AnyMesh,
                     shape: Sequence[int] | None = None) -> PartitionSpec:
     """PartitionSpec for an array whose dims have these logical axis names (None: replicated).
@@ -188,13 +204,8 @@ def logical_to_spec(logical: Sequence[str | None], mesh: AnyMesh,
             raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(LOGICAL_RULES)}")
         axes = tuple(batch_axes(mesh)) if name == "batch" else tuple(
             a for a in LOGICAL_RULES[name] if a in mesh.axis_names)
-        kept, size = [], 1
-        for a in axes:
-            n = int(mesh.shape[a])
-            if a in used or (shape is not None and shape[i] % (size * n)):
-                continue
-            kept.append(a)
-            size *= n
+        kept = split_axes(axes, {a: int(n) for a, n in mesh.shape.items()},
+                          None if shape is None else shape[i], used)
         used.update(kept)
         dims.append(tuple(kept) if len(kept) > 1 else (kept[0] if kept else None))
     return PartitionSpec(*dims)

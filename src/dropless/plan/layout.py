@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from dropless.config import (DISPATCHERS, MESH_AXES, REMAT_POLICIES, MeshConfig, MoEConfig,
                              ModelConfig, TrainConfig, scalar_fields, scalar_type_error)
 from dropless.machine import HardwareProfile
-from dropless.parallel.mesh import LOGICAL_RULES
+from dropless.parallel.mesh import LOGICAL_RULES, split_axes
 
 # The trainer's dispatcher (config.DISPATCHERS) -> the planner's model of it: "auto" is
 # ragged_a2a on GPUs; "local" (no expert axis) moves nothing, so any model will do; node_a2a's
@@ -194,32 +194,41 @@ class PlanConfig:
 # placement table (parallel/sharding.py PARAM_AXES): the routed experts' `expert` and `embed`
 # dims; the other matrices' one FSDP dim (`embed`, `vocab`, `q_lora` or `kv_lora`, all one
 # rule); norm vectors and the router none. A dim that a mesh axis does not divide is replicated
-# by the trainer and counted as split here (the presets' dims divide their meshes).
+# over it by the trainer (`parallel.mesh.split_axes`); `weight_shards` given the dim's length
+# counts it so (the memory model does); the collective groups (`groups`) are the rule's for
+# dims every axis divides.
 WEIGHT_GROUPS: dict[str, tuple[str, ...]] = {"experts": ("expert", "embed"),
                                               "sharded": ("embed",), "replicated": ()}
 FSDP_LOGICAL = "embed"   # the dim a layer all-gathers before it computes
 
 
-def weight_axes(group: str) -> dict[str, tuple[str, ...]]:
+def weight_axes(group: str, mesh: MeshConfig | None = None,
+                length: int | None = None) -> dict[str, tuple[str, ...]]:
     """The mesh axes each logical dim of a weight of `group` (`WEIGHT_GROUPS`) is split over, as
     `parallel.mesh.logical_to_spec` assigns them from LOGICAL_RULES: earlier dims first, each
-    mesh axis once (the routed experts' `embed` dim: fsdp, `expert` being dim E's). Raises
-    KeyError for an unknown group."""
+    mesh axis once (the routed experts' `embed` dim: fsdp, `expert` being dim E's). With `mesh`
+    and `length` (of the FSDP dim), an axis that does not divide it is dropped, as the trainer
+    drops it (`parallel.mesh.split_axes`; E always divides: make_context refuses a mesh it
+    does not). Raises KeyError for an unknown group."""
+    sizes = dict(zip(MESH_AXES, mesh.shape)) if mesh is not None else dict.fromkeys(MESH_AXES, 1)
     used: set[str] = set()
     out = {}
     for a in WEIGHT_GROUPS[group]:
-        out[a] = tuple(m for m in LOGICAL_RULES[a] if m in MESH_AXES and m not in used)
+        rule = tuple(m for m in LOGICAL_RULES[a] if m in MESH_AXES)
+        out[a] = split_axes(rule, sizes, length if a == FSDP_LOGICAL else None, used)
         used.update(out[a])
     return out
 
 
-def weight_shards(mesh: MeshConfig, group: str, *, gathered: bool = False) -> int:
+def weight_shards(mesh: MeshConfig, group: str, *, gathered: bool = False,
+                  length: int | None = None) -> int:
     """Devices one weight of `group` (`WEIGHT_GROUPS`) is split over on `mesh`: the product of
     the sizes of the mesh axes `weight_axes` gives, as `parallel.sharding.state_shardings`
-    places parameters, gradients and Adam moments. With `gathered`, the layer's all-gathered
-    copy: its FSDP dim whole. Raises KeyError for an unknown group."""
+    places parameters, gradients and Adam moments; `length`: its FSDP dim's, so that an axis
+    that does not divide it is not counted (None: every axis divides). With `gathered`, the
+    layer's all-gathered copy: its FSDP dim whole. Raises KeyError for an unknown group."""
     sizes = dict(zip(MESH_AXES, mesh.shape))
-    return math.prod(sizes[m] for a, axes in weight_axes(group).items()
+    return math.prod(sizes[m] for a, axes in weight_axes(group, mesh, length).items()
                      if not (gathered and a == FSDP_LOGICAL) for m in axes)
 
 

@@ -168,11 +168,35 @@ def weight_groups(s: ModelConfig) -> dict[str, float]:
             "sharded": c["total"] + c["mtp"] - experts - replicated}
 
 
+def sharded_lengths(s: ModelConfig) -> dict[int, float]:
+    """The `sharded` group's parameters (`weight_groups`) by the length of their FSDP dim
+    (parallel/sharding.py PARAM_AXES): the vocabulary's (embedding and head), MLA's query and
+    key/value latent ranks (wq_b, wkv_b), 2D (the MTP projections) and the model dim (every
+    other matrix)."""
+    c, d = param_counts(s), s.d_model
+    attn, blocks = attention_params(s), s.num_layers + s.mtp_depth
+    out = {s.vocab_size: float(c["embedding"] + c["lm_head"])}
+    if s.attention != "mha":
+        if s.q_lora_rank:
+            out[s.q_lora_rank] = out.get(s.q_lora_rank, 0.0) + blocks * attn["query"]
+        out[s.kv_lora_rank] = out.get(s.kv_lora_rank, 0.0) + blocks * (attn["key"]
+                                                                        + attn["value"])
+    if s.mtp_depth:
+        out[2 * d] = out.get(2 * d, 0.0) + s.mtp_depth * 2 * d * d
+    out[d] = out.get(d, 0.0) + weight_groups(s)["sharded"] - sum(out.values())
+    return out
+
+
 def sharded_params(cfg: PlanConfig) -> float:
     """Parameters one device holds, each group split as the trainer places it
     (`plan.layout.weight_shards`): the routed experts over expert x fsdp, the other matrices
-    over fsdp x expert too (ZeRO-3 over both), norms and the router whole."""
-    return sum(n / weight_shards(cfg.mesh, g) for g, n in weight_groups(cfg.model).items())
+    over fsdp x expert too (ZeRO-3 over both), norms and the router whole; a dim a mesh axis
+    does not divide is whole over that axis (`sharded_lengths`)."""
+    s, m = cfg.model, cfg.mesh
+    g = weight_groups(s)
+    return (g["replicated"] + g["experts"] / weight_shards(m, "experts", length=s.d_model)
+            + sum(n / weight_shards(m, "sharded", length=k)
+                  for k, n in sharded_lengths(s).items()))
 
 
 def frozen_params(s: ModelConfig) -> int:
@@ -186,8 +210,8 @@ def compute_weight_params(cfg: PlanConfig) -> float:
     """Parameters of the decoder blocks (and MTP modules) one device holds: what
     `models.decoder.compute_weights` casts; the embedding and the output head are not cast."""
     c = param_counts(cfg.model)
-    return (sharded_params(cfg)
-            - (c["embedding"] + c["lm_head"]) / weight_shards(cfg.mesh, "sharded"))
+    return (sharded_params(cfg) - (c["embedding"] + c["lm_head"])
+            / weight_shards(cfg.mesh, "sharded", length=cfg.model.vocab_size))
 
 
 def casts_weights_once(cfg: PlanConfig) -> bool:
