@@ -36,7 +36,7 @@ from dropless.moe.dispatch.registry import (DISPATCHERS, LOCAL, DispatcherSpec,
 from dropless.moe.dispatch.send_plan import SendPlan
 from dropless.moe.experts import dropless_experts, expert_ffn
 from dropless.moe.router import Routing, expert_counts
-from dropless.parallel.mesh import AnyMesh, jax_mesh
+from dropless.parallel.mesh import LOGICAL_RULES, AnyMesh, jax_mesh, split_axes
 from dropless.parallel.sharding import MOE_LAYER_AXES
 
 FSDP_AXIS = "fsdp"
@@ -156,17 +156,22 @@ def expert_weight_specs(experts: dict[str, jax.Array], ctx: EPContext
     """Each routed expert weight's PartitionSpec at the shard_map boundary, and the dim the
     body all-gathers over fsdp (None: none). The spec is the trainer's placement
     (parallel.sharding, MOE_LAYER_AXES): E over the expert axis, the model dim D over fsdp
-    where fsdp divides it. Gathering D inside the shard_map makes the gradient's transpose a
-    reduce-scatter over fsdp (lax.all_gather's transpose is psum_scatter); taken whole over
-    fsdp at the boundary, the gradient would be all-reduced over fsdp and then sliced.
+    where fsdp divides it (parallel.mesh.split_axes, the rule that places it). Gathering D
+    inside the shard_map makes the gradient's transpose a reduce-scatter over fsdp
+    (lax.all_gather's transpose is psum_scatter); taken whole over fsdp at the boundary, the
+    gradient would be all-reduced over fsdp and then sliced.
     A key outside MOE_LAYER_AXES (a bench's own weights) is taken whole over fsdp."""
-    names = dict(zip(ctx.all_axes, ctx.mesh_shape))
-    fsdp = names.get(FSDP_AXIS, 1)
+    sizes = dict(zip(ctx.all_axes, ctx.mesh_shape))
+    # D's mesh axes by the trainer's rule (parallel.mesh.split_axes), E's already used
+    rule = [a for a in LOGICAL_RULES["embed"] if a in sizes and sizes[a] > 1]
+    used = {ctx.expert_axis} if isinstance(ctx.expert_axis, str) else set(ctx.expert_axis)
     out = {}
     for k, w in experts.items():
         axes = MOE_LAYER_AXES.get(f"experts/{k}", ())
         d = axes.index("embed") if "embed" in axes and len(axes) == w.ndim else None
-        if fsdp == 1 or d is None or w.shape[d] % fsdp:
+        kept = () if d is None else split_axes(rule, sizes, w.shape[d], used)
+        assert set(kept) <= {FSDP_AXIS}, kept   # the body gathers over fsdp alone
+        if not kept:
             out[k] = (PartitionSpec(ctx.expert_axis), None)
         else:
             dims = [ctx.expert_axis] + [None] * (w.ndim - 1)
@@ -195,9 +200,10 @@ def expert_parallel_experts(x_TD: jax.Array, routing: Routing, experts: dict[str
 
     x_TD [T, D] and the routing are split over all mesh axes (tokens); experts [E, ...] over
     `expert`, their model dim over fsdp (`expert_weight_specs`: gathered inside, so their
-    gradients are reduce-scattered over fsdp). Returns (y_TD f32, tokens_per_expert_E, aux) where aux holds the traffic stats
-    (rows_sent, padding_rows, rounds, buffer_headroom, overflow_rows, dropped_rows,
-    sufficient_buffer_factor, rows/bytes intra- and inter-node, with and without dedup).
+    gradients are reduce-scattered over fsdp). Returns (y_TD f32, tokens_per_expert_E, aux)
+    where aux holds the traffic stats (rows_sent, padding_rows, rounds, buffer_headroom,
+    overflow_rows, dropped_rows, sufficient_buffer_factor, rows/bytes intra- and inter-node,
+    with and without dedup).
     The nodes are `mesh`'s: a NodeMesh's node size (parallel.mesh); a plain Mesh is one node.
     Raises ValueError for a bad mesh, token count or dispatcher (see make_context).
     """
