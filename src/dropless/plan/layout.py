@@ -194,9 +194,8 @@ class PlanConfig:
 # placement table (parallel/sharding.py PARAM_AXES): the routed experts' `expert` and `embed`
 # dims; the other matrices' one FSDP dim (`embed`, `vocab`, `q_lora` or `kv_lora`, all one
 # rule); norm vectors and the router none. A dim that a mesh axis does not divide is replicated
-# over it by the trainer (`parallel.mesh.split_axes`); `weight_shards` given the dim's length
-# counts it so (the memory model does); the collective groups (`groups`) are the rule's for
-# dims every axis divides.
+# over it by the trainer (`parallel.mesh.split_axes`); given the dim's length, `weight_shards`
+# (memory) and `weight_collective_groups` (collectives) count it so.
 WEIGHT_GROUPS: dict[str, tuple[str, ...]] = {"experts": ("expert", "embed"),
                                               "sharded": ("embed",), "replicated": ()}
 FSDP_LOGICAL = "embed"   # the dim a layer all-gathers before it computes
@@ -321,20 +320,29 @@ def axes_group(mesh: MeshConfig, axes: tuple[str, ...], node: int) -> Group:
                  math.prod(p.inner for p in parts))
 
 
-def groups(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, Group]:
-    """The collective groups of the layout, from the trainer's placement (`weight_axes`):
-    `expert` (dispatch and combine); for the routed experts (`experts_`) and the other matrices
-    (`sharded_`), `*_gather`, the mesh axes of the FSDP dim (the layer's all-gathers and its
-    gradient's reduce-scatter: fsdp for the experts, fsdp x expert for the others), and
-    `*_replicas`, the mesh axes splitting none of its dims (the gradient shards' all-reduce:
-    data for both)."""
+def weight_collective_groups(cfg: PlanConfig, hw: HardwareProfile, group: str,
+                             length: int | None = None) -> tuple[Group, Group]:
+    """(gather, replicas) of a weight of `group` (`WEIGHT_GROUPS`) whose FSDP dim has `length`
+    (None: every axis divides it), from the trainer's placement (`weight_axes`): `gather`, the
+    mesh axes of its FSDP dim (the layer's all-gathers and its gradient's reduce-scatter: fsdp
+    for the experts, fsdp x expert for the others, an axis that does not divide the dim
+    dropped; none for the replicated weights), `replicas`, the mesh axes splitting none of its
+    dims (its gradient shard's all-reduce: data, plus any axis dropped from its FSDP dim; every
+    axis for the replicated weights)."""
     node, m = node_size(cfg, hw), cfg.mesh
-    out = {"expert": axes_group(m, ("expert",), node)}
+    dims = weight_axes(group, m, length)
+    split = {a for axes in dims.values() for a in axes}
+    return (axes_group(m, dims.get(FSDP_LOGICAL, ()), node),
+            axes_group(m, tuple(a for a in MESH_AXES if a not in split), node))
+
+
+def groups(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, Group]:
+    """The collective groups of the layout: `expert` (dispatch and combine) and, for the
+    routed experts (`experts_`) and the other matrices (`sharded_`) whose FSDP dim every axis
+    divides, `*_gather` and `*_replicas` (`weight_collective_groups`)."""
+    out = {"expert": axes_group(cfg.mesh, ("expert",), node_size(cfg, hw))}
     for w in ("experts", "sharded"):
-        dims = weight_axes(w)
-        split = {a for axes in dims.values() for a in axes}
-        out[f"{w}_gather"] = axes_group(m, dims[FSDP_LOGICAL], node)
-        out[f"{w}_replicas"] = axes_group(m, tuple(a for a in MESH_AXES if a not in split), node)
+        out[f"{w}_gather"], out[f"{w}_replicas"] = weight_collective_groups(cfg, hw, w)
     return out
 
 

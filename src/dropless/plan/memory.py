@@ -168,22 +168,50 @@ def weight_groups(s: ModelConfig) -> dict[str, float]:
             "sharded": c["total"] + c["mtp"] - experts - replicated}
 
 
+def layer_weight_lengths(s: ModelConfig, moe: bool, attention: bool = True
+                         ) -> dict[tuple[str, int | None], float]:
+    """One layer's parameters by placement group (`plan.layout.WEIGHT_GROUPS`) and the length
+    of their FSDP dim (parallel/sharding.py PARAM_AXES; None for the replicated ones, which
+    have none): the routed experts' (D), MLA's query and key/value latent ranks (wq_b, wkv_b),
+    the model dim (every other matrix); the norm vectors and the router replicated.
+    `attention=False`: the feed-forward / MoE block alone (no attention, no norms)."""
+    d, p = s.d_model, layer_params(s, moe)
+    out: dict[tuple[str, int | None], float] = {}
+
+    def add(key, n):
+        if n:
+            out[key] = out.get(key, 0.0) + n
+    add(("experts", d), p.get("routed_experts", 0))
+    add(("replicated", None), p.get("router", 0))
+    add(("sharded", d), p.get("dense_ffn", 0) + p.get("shared_experts", 0))
+    if not attention:
+        return out
+    matmuls = attention_matmul_params(s)
+    add(("replicated", None), p["norms"] + sum(attention_params(s).values())
+        - sum(matmuls.values()))
+    for k, n in matmuls.items():
+        mla = s.attention != "mha"
+        length = (s.q_lora_rank if mla and k == "query" and s.q_lora_rank
+                  else s.kv_lora_rank if mla and k in ("key", "value") else d)
+        add(("sharded", length), n)
+    return out
+
+
 def sharded_lengths(s: ModelConfig) -> dict[int, float]:
-    """The `sharded` group's parameters (`weight_groups`) by the length of their FSDP dim
-    (parallel/sharding.py PARAM_AXES): the vocabulary's (embedding and head), MLA's query and
-    key/value latent ranks (wq_b, wkv_b), 2D (the MTP projections) and the model dim (every
-    other matrix)."""
-    c, d = param_counts(s), s.d_model
-    attn, blocks = attention_params(s), s.num_layers + s.mtp_depth
+    """The `sharded` group's parameters (`weight_groups`) by the length of their FSDP dim:
+    the vocabulary's (embedding and head), every block's (`layer_weight_lengths`, the MTP
+    modules' included) and 2D (the MTP projections)."""
+    d = s.d_model
+    c = param_counts(s)
     out = {s.vocab_size: float(c["embedding"] + c["lm_head"])}
-    if s.attention != "mha":
-        if s.q_lora_rank:
-            out[s.q_lora_rank] = out.get(s.q_lora_rank, 0.0) + blocks * attn["query"]
-        out[s.kv_lora_rank] = out.get(s.kv_lora_rank, 0.0) + blocks * (attn["key"]
-                                                                        + attn["value"])
+    blocks = [s.is_moe_layer(i) for i in range(s.num_layers)]
+    blocks += [s.moe is not None] * s.mtp_depth
+    for moe in blocks:
+        for (group, length), n in layer_weight_lengths(s, moe).items():
+            if group == "sharded":
+                out[length] = out.get(length, 0.0) + n
     if s.mtp_depth:
         out[2 * d] = out.get(2 * d, 0.0) + s.mtp_depth * 2 * d * d
-    out[d] = out.get(d, 0.0) + weight_groups(s)["sharded"] - sum(out.values())
     return out
 
 

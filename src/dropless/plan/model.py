@@ -5,11 +5,13 @@ Per layer (dense and MoE separately, then times their counts):
   compute   = sum over kinds (gemm, gmm, attention) of executed FLOPs / (peak x efficiency)
               + elementwise bytes / HBM bandwidth
   fsdp      = all-gather forward + all-gather backward + reduce-scatter of the layer's weights
-              (the experts' over fsdp, the other weights' over fsdp x expert, `groups`)
+              (the experts' over fsdp, the other matrices' over fsdp x expert, an axis that
+              does not divide a matrix's FSDP dim left out: layout.weight_collective_groups)
   ep        = dispatch/combine transfers (4, or 6 when the layer is recomputed)
   offload   = offloaded activations written to host in forward and read back in backward
   data      = all-reduce of the layer's gradient shards across their replicas (the mesh axes
-              that split none of a weight's dims: data, for the experts and the others alike)
+              that split none of a weight's dims: data for the experts and the others alike,
+              every axis for the norms and the router)
 A step with gradient accumulation (`gradient_accumulation_steps` k > 1) is k forward and
 backward passes over micro-batches (a lax.scan) and one optimizer update, with the collectives
 where XLA:GPU puts them (jax 0.11.2, tests/train/test_step_accumulation_gpu_compile.py): each
@@ -28,9 +30,10 @@ from __future__ import annotations
 
 from dropless.machine import HardwareProfile
 from dropless.models import arithmetic as ar
-from dropless.models.arithmetic import KINDS, layer_params
+from dropless.models.arithmetic import KINDS
 from dropless.plan import comm, flops, memory
-from dropless.plan.layout import REMAT, Group, PlanConfig, flat_settings, groups, node_size
+from dropless.plan.layout import (REMAT, Group, PlanConfig, flat_settings, groups, node_size,
+                                  weight_collective_groups)
 from dropless.plan.overlap import chunks, ep_pipeline
 
 # Each activation byte is touched ~6 times by memory-bound kernels in a training step: written
@@ -63,36 +66,42 @@ def _recompute_flops(cfg: PlanConfig, fwd: dict[str, float]) -> dict[str, float]
 
 
 def _layer_weight_bytes(cfg: PlanConfig, moe: bool, attention: bool = True
-                        ) -> tuple[float, float]:
-    """(non-expert bytes, local-expert bytes) one layer all-gathers, in the compute dtype."""
-    b = cfg.activation_bytes
-    p = layer_params(cfg.model, moe)
-    experts = p.pop("routed_experts", 0)
-    if not attention:
-        p.pop("attention")
-        p.pop("norms")
-    return sum(p.values()) * b, experts / cfg.mesh.expert * b
+                        ) -> dict[tuple[str, int | None], float]:
+    """{(placement group, FSDP dim length): bytes} of one layer's weights in the compute dtype
+    (`memory.layer_weight_lengths`), the routed experts' the local ones (E / ep)."""
+    b, ep = cfg.activation_bytes, cfg.mesh.expert
+    return {(w, n): p * b / (ep if w == "experts" else 1)
+            for (w, n), p in memory.layer_weight_lengths(cfg.model, moe, attention).items()}
 
 
-def gradient_all_reduces(rest_b: float, exp_b: float, g: dict[str, Group],
-                         grad_scale: float) -> list[tuple[float, Group]]:
+def fsdp_collectives(layer_b: dict[tuple[str, int | None], float], cfg: PlanConfig,
+                     hw: HardwareProfile) -> list[tuple[float, Group]]:
+    """(gathered bytes, group) of one layer's weight all-gathers and gradient reduce-scatters
+    (`layer_b`: `_layer_weight_bytes`): one a placement group and gather group, the local
+    experts' over their `gather` group, the other matrices' over theirs
+    (`layout.weight_collective_groups`, by the length of their FSDP dim); the replicated weights
+    are not gathered."""
+    out: dict[tuple[str, Group], float] = {}
+    for (w, n), b in layer_b.items():
+        gather = weight_collective_groups(cfg, hw, w, n)[0]
+        if gather.size > 1:
+            out[w, gather] = out.get((w, gather), 0.0) + b
+    return [(b, g) for (_, g), b in out.items()]
+
+
+def gradient_all_reduces(layer_b: dict[tuple[str, int | None], float], cfg: PlanConfig,
+                         hw: HardwareProfile, grad_scale: float) -> list[tuple[float, Group]]:
     """(bytes, group) of each all-reduce of one layer's gradient shards across their replicas
-    (`rest_b`, `exp_b`: the layer's gathered non-expert and local-expert bytes, `grad_scale`
-    the weight dtype's bytes over the compute dtype's): each shard (the gathered bytes over
-    its `*_gather` group) over its `*_replicas` group (`groups`); one all-reduce of both where
-    the two groups are the same devices."""
-    rest = rest_b / g["sharded_gather"].size * grad_scale
-    experts = exp_b / g["experts_gather"].size * grad_scale
-    if g["sharded_replicas"] == g["experts_replicas"]:
-        return [(rest + experts, g["experts_replicas"])]
-    return [(rest, g["sharded_replicas"]), (experts, g["experts_replicas"])]
-
-
-def fsdp_collectives(rest_b: float, exp_b: float, g: dict[str, Group]
-                     ) -> list[tuple[float, Group]]:
-    """(gathered bytes, group) of one layer's weight all-gathers and gradient reduce-scatters:
-    the non-expert weights' over `sharded_gather`, the local experts' over `experts_gather`."""
-    return [(rest_b, g["sharded_gather"]), (exp_b, g["experts_gather"])]
+    (`layer_b`: `_layer_weight_bytes`, `grad_scale` the weight dtype's bytes over the compute
+    dtype's): each weight's shard (its bytes over its `gather` group) over its `replicas` group
+    (`layout.weight_collective_groups`; the replicated weights whole, over every device), one
+    all-reduce a replicas group."""
+    out: dict[Group, float] = {}
+    for (w, n), b in layer_b.items():
+        gather, replicas = weight_collective_groups(cfg, hw, w, n)
+        if replicas.size > 1:
+            out[replicas] = out.get(replicas, 0.0) + b / gather.size * grad_scale
+    return [(b, g) for g, b in out.items()]
 
 
 def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
@@ -123,13 +132,12 @@ def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
                else memory.ffn_tensors(s, ab, moe))
     out["elementwise"] = (ELEMENTWISE_PASSES * memory.all_bytes_per_token(tensors, 1.0) * t
                           / (hw.hbm_bw * hw.hbm_efficiency))
-    g = groups(cfg, hw)
-    rest_b, exp_b = _layer_weight_bytes(cfg, moe, attention)
+    layer_b = _layer_weight_bytes(cfg, moe, attention)
     grad_scale = cfg.weight_bytes / cfg.activation_bytes
     out["fsdp"] = sum((2 + grad_scale) * comm.collective_time(b, grp, hw)
-                      for b, grp in fsdp_collectives(rest_b, exp_b, g))
+                      for b, grp in fsdp_collectives(layer_b, cfg, hw))
     out["data"] = sum(2 * comm.collective_time(b, grp, hw)
-                      for b, grp in gradient_all_reduces(rest_b, exp_b, g, grad_scale))
+                      for b, grp in gradient_all_reduces(layer_b, cfg, hw, grad_scale))
     # every chunk's dispatch and combine (plan/overlap.py; one chunk unless the layer is chunked)
     out["ep"] = ep_pipeline(cfg, hw, out["gmm"])["kernel_s"] if moe and ep > 1 else 0.0
     host = sum(x.elems * x.nbytes for x in tensors if x.name in cfg.offloaded)
@@ -245,7 +253,6 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
     each micro-batch's, `cfg.accumulation` times, but the replicas' gradient reduction once
     (`ep_rows_per_token` and the wire format's per-dispatch figures stay one dispatch's)."""
     s, ep, passes = cfg.model, cfg.mesh.expert, cfg.accumulation
-    g = groups(cfg, hw)
     out: dict = {}
     fsdp = {"intra": 0.0, "inter": 0.0}
     data = {"intra": 0.0, "inter": 0.0}
@@ -254,12 +261,12 @@ def bytes_per_step(cfg: PlanConfig, hw: HardwareProfile) -> dict:
     for count, moe in ((s.num_layers - s.num_moe_layers, False), (n_moe, True)):
         if not count:
             continue
-        rest_b, exp_b = _layer_weight_bytes(cfg, moe)
-        for full, grp in fsdp_collectives(rest_b, exp_b, g):
+        layer_b = _layer_weight_bytes(cfg, moe)
+        for full, grp in fsdp_collectives(layer_b, cfg, hw):
             rb = comm.ring_bytes(full, grp)
             for k in fsdp:
                 fsdp[k] += passes * count * (2 + grad_scale) * rb[k]
-        for shard, grp in gradient_all_reduces(rest_b, exp_b, g, grad_scale):
+        for shard, grp in gradient_all_reduces(layer_b, cfg, hw, grad_scale):
             rb = comm.ring_bytes(shard, grp)
             for k in data:   # once a step: the sum of the micro-batches' gradients
                 data[k] += count * 2 * rb[k]
