@@ -150,24 +150,6 @@ def workspace_bytes_per_token(tensors: list[Tensor], factor: float) -> float:
     return 2 * all_bytes_per_token(tensors, factor) - probs
 
 
-def weight_groups(s: ModelConfig) -> dict[str, float]:
-    """Parameters by placement group (`plan.layout.WEIGHT_GROUPS`), MTP modules included:
-    `experts` (the routed experts), `replicated` (norm vectors, the router's weights and bias)
-    and `sharded` (everything else: attention and dense or shared-expert matrices, embedding,
-    head, MTP projections)."""
-    c = param_counts(s)
-    attn_norms = (sum(attention_params(s).values())
-                  - sum(attention_matmul_params(s).values()))
-    moe_l = layer_params(s, True) if s.moe is not None else None
-    mtp_layer = moe_l or layer_params(s, False)
-    experts = c["routed_experts"] + s.mtp_depth * (moe_l["routed_experts"] if moe_l else 0)
-    replicated = (c["norms"] + c["router"] + s.num_layers * attn_norms
-                  + s.mtp_depth * (3 * s.d_model + mtp_layer["norms"]
-                                   + mtp_layer.get("router", 0) + attn_norms))
-    return {"experts": experts, "replicated": replicated,
-            "sharded": c["total"] + c["mtp"] - experts - replicated}
-
-
 def layer_weight_lengths(s: ModelConfig, moe: bool, attention: bool = True
                          ) -> dict[tuple[str, int | None], float]:
     """One layer's parameters by placement group (`plan.layout.WEIGHT_GROUPS`) and the length
@@ -197,22 +179,38 @@ def layer_weight_lengths(s: ModelConfig, moe: bool, attention: bool = True
     return out
 
 
-def sharded_lengths(s: ModelConfig) -> dict[int, float]:
-    """The `sharded` group's parameters (`weight_groups`) by the length of their FSDP dim:
-    the vocabulary's (embedding and head), every block's (`layer_weight_lengths`, the MTP
-    modules' included) and 2D (the MTP projections)."""
-    d = s.d_model
-    c = param_counts(s)
-    out = {s.vocab_size: float(c["embedding"] + c["lm_head"])}
-    blocks = [s.is_moe_layer(i) for i in range(s.num_layers)]
-    blocks += [s.moe is not None] * s.mtp_depth
-    for moe in blocks:
-        for (group, length), n in layer_weight_lengths(s, moe).items():
-            if group == "sharded":
-                out[length] = out.get(length, 0.0) + n
-    if s.mtp_depth:
-        out[2 * d] = out.get(2 * d, 0.0) + s.mtp_depth * 2 * d * d
+def weight_groups(s: ModelConfig) -> dict[str, float]:
+    """Parameters by placement group (`plan.layout.WEIGHT_GROUPS`), MTP modules included:
+    `experts` (the routed experts), `replicated` (norm vectors, the router's weights and bias)
+    and `sharded` (everything else: attention and dense or shared-expert matrices, embedding,
+    head, MTP projections)."""
+    out = dict.fromkeys(("experts", "replicated", "sharded"), 0.0)
+    for (group, _), n in block_weight_lengths(s).items():
+        out[group] += n
     return out
+
+
+def block_weight_lengths(s: ModelConfig) -> dict[tuple[str, int | None], float]:
+    """The whole model's parameters keyed as `layer_weight_lengths` keys one layer's: every
+    block's (the MTP modules' included), the final norm and the MTP modules' three norms
+    (replicated), the vocabulary's (embedding and head) and 2D (the MTP projections)."""
+    d, c = s.d_model, param_counts(s)
+    out = {("sharded", s.vocab_size): float(c["embedding"] + c["lm_head"]),
+           ("replicated", None): float(d + s.mtp_depth * 3 * d)}
+    if s.mtp_depth:
+        out["sharded", 2 * d] = float(s.mtp_depth * 2 * d * d)
+    blocks = [s.is_moe_layer(i) for i in range(s.num_layers)]
+    for moe in blocks + [s.moe is not None] * s.mtp_depth:
+        for key, n in layer_weight_lengths(s, moe).items():
+            out[key] = out.get(key, 0.0) + n
+    return out
+
+
+def sharded_lengths(s: ModelConfig) -> dict[int, float]:
+    """The `sharded` group's parameters (`weight_groups`) by the length of their FSDP dim
+    (`block_weight_lengths`)."""
+    return {length: n for (group, length), n in block_weight_lengths(s).items()
+            if group == "sharded"}
 
 
 def sharded_params(cfg: PlanConfig) -> float:
