@@ -8,6 +8,10 @@ removed; an empty newer step folder. A resume over each falls back to step 2, sa
 line, moves the damaged step to checkpoints/damaged/ (never deletes it), records a "fallback"
 event, and trains steps 3.. bitwise as the uninterrupted run did; with --strict-resume it is
 refused in one line and the run directory is byte-identical.
+
+A refusal read from the run's files before anything is computed (a damaged step's metadata, no
+checkpoint, a folder that is not a run, a `report`) runs in-process; a resume that trains, and a
+refusal that needs the arrays' hashes (it reads them), run `dropless` in a subprocess.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from tests._support.fault import Fault, Result, snapshot
 from tests._support.train_mini import MINI, TEXT
 
 RUN = "run"
+STEPS = 4   # the steps of the trained run (its learning-rate schedule's horizon)
 
 
 def build_run(dest: Path, env: dict) -> None:
@@ -28,7 +33,7 @@ def build_run(dest: Path, env: dict) -> None:
     import sys
     (dest / "corpus.txt").write_text(TEXT)
     items = dict(MINI, data=str(dest / "corpus.txt"), run_dir=str(dest), run_name=RUN,
-                 steps=4, checkpoint_every=2, keep_checkpoints=5, time_kernels=False)
+                 steps=STEPS, checkpoint_every=2, keep_checkpoints=5, time_kernels=False)
     subprocess.run([sys.executable, "-m", "dropless.cli", "train"]
                    + [f"{k}={v}" for k, v in items.items()],
                    env=env, check=True, capture_output=True, timeout=600)
@@ -149,7 +154,7 @@ ROWS = [
     Fault("ckpt-strict-corrupt-meta", _resume("--strict-resume"), rc=2,
           setup=_setup(DAMAGE["corrupt-meta"]),
           words=("--strict-resume", "checkpoint 4", "checkpoints/4/meta/metadata"),
-          unchanged=(RUN,)),
+          unchanged=(RUN,), in_process=True),
     Fault("ckpt-strict-next-batch-not-an-int", _resume("--strict-resume"), rc=2,
           setup=_setup(lambda s: _meta(s, next_batch="4")), in_process=True,
           words=("--strict-resume", "checkpoint 4", "next_batch='4'", "not an int"),
@@ -161,23 +166,27 @@ ROWS = [
     Fault("ckpt-every-step-damaged", _resume(), rc=2,
           setup=_setup(DAMAGE["corrupt-meta"], steps=(4, 2)),
           words=("no intact checkpoint", "checkpoint 4", "checkpoint 2", "init_from="),
-          unchanged=(RUN,)),
+          unchanged=(RUN,), in_process=True),
     Fault("ckpt-resume-without-checkpoints", _resume(), rc=2,
           setup=lambda case, a: (a.copy("ckpt-run", case),
                                  shutil.rmtree(case / RUN / "checkpoints")),
-          words=("has no checkpoint", "drop --resume", "init_from="), unchanged=(RUN,)),
+          words=("has no checkpoint", "drop --resume", "init_from="), unchanged=(RUN,),
+          in_process=True),
     Fault("ckpt-resume-a-model-directory", lambda case: ["train", "--resume", case / "model"],
           rc=2, setup=lambda case, a: _model_dir(case / "model"),
-          words=("not a training run", "init_from=", "drop --resume"), unchanged=("model",)),
+          words=("not a training run", "init_from=", "drop --resume"), unchanged=("model",),
+          in_process=True),
     Fault("ckpt-torn-metrics-healed", _resume(), rc=0,
           setup=lambda case, a: _tear(a.copy("ckpt-run", case) / RUN),
           words=("cut a torn last line", "last complete record"),
           check=lambda case, res: _healed(case / RUN)),
     Fault("ckpt-report-reads-past-a-torn-line", lambda case: ["report", case / "r"], rc=0,
-          setup=lambda case, a: _torn_report(case / "r"), words=("line 3", "skipped")),
+          setup=lambda case, a: _torn_report(case / "r"), words=("line 3", "skipped"),
+          in_process=True),
     Fault("ckpt-report-run-without-steps", lambda case: ["report", case / "r"], rc=2,
           setup=lambda case, a: _no_steps(case / "r"),
-          words=("no step records", "metrics.jsonl", "no plots"), unchanged=("r",)),
+          words=("no step records", "metrics.jsonl", "no plots"), unchanged=("r",),
+          in_process=True),
 ]
 
 

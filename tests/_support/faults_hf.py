@@ -1,6 +1,8 @@
 """Fault rows: broken Hugging Face checkpoints, each through
 `dropless convert BAD OUT`: exit 2, one line naming the file and the key or tensor, the source
-folder unchanged and nothing written."""
+folder unchanged and nothing written. In-process (refused from config.json and the safetensors
+headers), except the two refused while weights are read, after `hf.load` has made a random key
+(a JAX computation)."""
 import json
 import shutil
 from pathlib import Path
@@ -140,9 +142,11 @@ def _drop(key):
     return lambda c: c.pop(key)
 
 
-def _row(id_, setup, words, src="bad", unchanged=("bad", "out")):
+def _row(id_, setup, words, src="bad", unchanged=("bad", "out"), in_process=True):
+    """A refused `convert`; in-process unless the refusal comes after a JAX computation (see
+    `fault.Fault`)."""
     return Fault(id_, ["convert", src, "out"], rc=2, words=words, setup=setup,
-                 unchanged=unchanged)
+                 unchanged=unchanged, in_process=in_process)
 
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
@@ -153,9 +157,10 @@ ROWS = [
     _row("hf-truncated-header", _file("qwen3_moe", _truncate("model.safetensors", keep=60)),
          ("model.safetensors", "header", "truncated")),
     _row("hf-int32-weight", _file("qwen3_moe", _int32_weight),
-         ("model.safetensors", Q_PROJ, "I32", "expected a float")),
+         ("model.safetensors", Q_PROJ, "I32", "expected a float"), in_process=False),
     _row("hf-missing-tensor", _file("tf5/qwen3_moe", _drop_tensor),
-         ("model.layers.1.mlp.experts.3.up_proj.weight", "not in the checkpoint")),
+         ("model.layers.1.mlp.experts.3.up_proj.weight", "not in the checkpoint"),
+         in_process=False),
     _row("hf-rope-scaling-string", _config("deepseek_v3_yarn",
                                            lambda c: c.update(rope_scaling="yarn")),
          ("config.json", "rope_scaling='yarn'")),

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from tests._support import ckpt_damage
 from tests._support.fault import Fault, Result
+from tests._support.faults_ckpt import STEPS
 from tests._support.paths import HF_FIXTURES
+from tests._support.train_mini import MINI
 
 RUN = "run"
 MARKER = ".dropless-run"
@@ -226,9 +228,16 @@ def _run_and_text(case: Path, artifacts) -> None:
     (case / "d.txt").write_text("def f(x):\n    return x + 1\n" * 400)
 
 
+# the fine-tune keeps the trained run's batch and learning-rate schedule: its step is then the
+# program the run compiled (read from the persistent compilation cache), not a second compile;
+# which step init_from reads does not depend on them
+SAME_STEP = [f"{k}={MINI[k]}" for k in ("per_device_batch_size", "learning_rate",
+                                        "warmup_steps")] + [f"lr_decay_steps={STEPS}"]
+
 ROWS += [Fault("rundir-init-from-run-names-its-step",
                ["train", f"init_from={RUN}", "run_dir=runs", "run_name=ft", "steps=1",
-                "data=d.txt", "seq_len=32", "time_kernels=false", "eval_every=1"], rc=0,
+                "data=d.txt", "seq_len=32", "time_kernels=false", "eval_every=1", *SAME_STEP],
+               rc=0,
                setup=_run_and_text, unchanged=(RUN,),
                words=(f"init_from='{RUN}': read the parameters of step 4",
                       "newest intact checkpoint"))]

@@ -42,6 +42,15 @@ def _announce(line: str) -> None:
     print(f"dropless: {line}", file=sys.stderr, flush=True)
 
 
+def _model_config(spec: str, what: str):
+    """The ModelConfig of MODEL from its config.json alone (no weights read, nothing computed):
+    what `load_model` will return the weights of, its dtype aside."""
+    from dropless.model_dir import from_dict, hf_model_config, parse_spec, read_dropless_config
+    if parse_spec(spec).hf:
+        return hf_model_config(spec)
+    return from_dict(read_dropless_config(parse_spec(spec).folder, what=what)).model
+
+
 def run(args) -> int:
     """Arguments, tokenizer and prompt are checked before the model is read or compiled; errors
     are raised (ValueError: one line, exit 2, from `cli.main`)."""
@@ -58,12 +67,15 @@ def run(args) -> int:
         from dropless.models.generate import generate, memory_needed
         from dropless.runtime import environment
         what = f"dropless generate {args.model}"
+        # the buffer's memory depends on the model's shape alone: refused before the weights
+        # are read (a checkpoint of any size, or a run's fall-back that would move a step aside)
+        length = int(prompt.size) + args.max_new_tokens
+        environment.check_fits(memory_needed(_model_config(args.model, what), length),
+                               f"{what}: --max-new-tokens {args.max_new_tokens} after a "
+                               f"{prompt.size}-token prompt ({length} positions)",
+                               "lower --max-new-tokens")
         cfg, params = load_model(args.model, dtype=args.dtype, what=what, announce=_announce)
         check_fits(tok, cfg.vocab_size, what=what)
-        length = int(prompt.size) + args.max_new_tokens
-        environment.check_fits(memory_needed(cfg, length), f"{what}: --max-new-tokens "
-                               f"{args.max_new_tokens} after a {prompt.size}-token prompt "
-                               f"({length} positions)", "lower --max-new-tokens")
         ids = generate(cfg, params, prompt, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, seed=args.seed,
                        stop_ids=tuple(tok.stop_ids))
