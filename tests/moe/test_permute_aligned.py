@@ -4,6 +4,7 @@ forward and gradients, with empty experts, one expert taking every row and every
 non-multiple of the block; under an expert-parallel dispatcher; the grouped matmul's
 `group_alignment` checks and what an aligned backend is passed."""
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -49,31 +50,49 @@ def test_layout_against_loop(a, seed):
     e = int(rng.integers(1, 9))
     sizes = rng.integers(0, 12, e) * (rng.random(e) < 0.7)   # some experts empty
     n = int(sizes.sum()) + int(rng.integers(0, 5))            # rows past the sum (a buffer)
-    lay = perm.align_segments(jnp.asarray(sizes), n, a)
+    x = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+    lay, x_P, back = _layout_round_trip(jnp.asarray(sizes), x, n, a)
     src, dest = np_layout(sizes.tolist(), n, a)
     np.testing.assert_array_equal(np.where(lay.valid_P, lay.src_P, -1), src)
     np.testing.assert_array_equal(np.where(lay.valid_N, lay.dest_N, -1), dest)
     assert (np.asarray(lay.group_sizes_E) % a == 0).all()
-    x = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
-    x_P = perm.to_aligned(x, lay)
     np.testing.assert_array_equal(x_P[src < 0], 0)
-    np.testing.assert_array_equal(perm.from_aligned(x_P, lay)[: sizes.sum()], x[: sizes.sum()])
-    np.testing.assert_array_equal(perm.from_aligned(x_P, lay)[sizes.sum():], 0)
+    np.testing.assert_array_equal(back[: sizes.sum()], x[: sizes.sum()])
+    np.testing.assert_array_equal(back[sizes.sum():], 0)
 
 
-def _grads(cfg, params, x, fn, dy):
-    return jax.jit(jax.grad(lambda p, x: jnp.vdot(fn(p, x, cfg), dy), (0, 1)))(params, x)
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _layout_round_trip(sizes, x, n, a):
+    """align_segments, to_aligned and from_aligned as one program: every case has its own shapes,
+    so op by op each case compiled every primitive anew (the numbers are the same either way)."""
+    lay = perm.align_segments(sizes, n, a)
+    x_P = perm.to_aligned(x, lay)
+    return lay, x_P, perm.from_aligned(x_P, lay)
 
 
-def _layer(p, x, cfg):
-    return moe.apply(p, x, cfg)[0]
+@functools.lru_cache(maxsize=None)
+def _layer_fns(cfg):
+    """The layer's forward (y, aux) and its gradient (d params, d x of <y, dy>), jitted once per
+    config: the routing kinds differ only in the router's weights (traced), so the three kinds
+    of one (alignment, backend) share one compiled forward and gradient, and the unaligned
+    reference is compiled once per backend."""
+    fwd = jax.jit(lambda p, x: moe.apply(p, x, cfg))
+    grad = jax.jit(jax.grad(lambda p, x, dy: jnp.vdot(moe.apply(p, x, cfg)[0], dy), (0, 1)))
+    return fwd, grad
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _oracle_grads(p, x, ids, dy, cfg):
+    return jax.grad(lambda p, x: jnp.vdot(plain_moe(p, x, cfg, ids), dy), (0, 1))(p, x)
 
 
 def _routed(kind, params):
     """Router weights that route as `kind` says: empty experts, all rows on one pair, or every
     expert a non-multiple of the block (the default routing, checked)."""
     if kind == "empty":          # only experts 1, 3, 6 reachable
-        params["router"]["bias_E"] = jnp.full((8,), -1e3).at[jnp.array([1, 3, 6])].set(0.0)
+        # float32 spelled out: a weakly typed bias would be another jit signature (a recompile)
+        bias = jnp.full((8,), -1e3, jnp.float32)
+        params["router"]["bias_E"] = bias.at[jnp.array([1, 3, 6])].set(0.0)
     elif kind == "one_expert":   # expert 5 takes every token's first choice, expert 2 second
         params["router"]["w_DE"] = jnp.zeros_like(params["router"]["w_DE"])
         params["router"]["bias_E"] = jnp.zeros(8).at[5].set(1.0).at[2].set(0.5)
@@ -95,15 +114,18 @@ def test_layer_matches_oracle_and_unaligned(kind, a, backend):
         assert sorted(sizes.tolist())[-2:] == [27, 27]
     else:
         assert (sizes % a != 0).all(), sizes
-    y, aux = jax.jit(lambda p, x: moe.apply(p, x, cfg))(params, x)
+    (fwd, grad), (fwd0, grad0) = _layer_fns(cfg), _layer_fns(cfg0)
+    y, aux = fwd(params, x)
     np.testing.assert_array_equal(aux["tokens_per_expert"], sizes)   # the real sizes
-    oracle = lambda p, x, c: plain_moe(p, x, c, jnp.asarray(ids))
-    np.testing.assert_allclose(y, oracle(params, x, cfg), **TOL)
-    np.testing.assert_allclose(y, jax.jit(_layer, static_argnums=2)(params, x, cfg0), **SAME)
+    np.testing.assert_allclose(y, plain_moe(params, x, cfg, jnp.asarray(ids)), **TOL)
+    np.testing.assert_allclose(y, fwd0(params, x)[0], **SAME)
     dy = jax.random.normal(jax.random.key(5), y.shape)
-    got = _grads(cfg, params, x, _layer, dy)
-    for ref, tol in ((_grads(cfg, params, x, oracle, dy), TOL),
-                     (_grads(cfg0, params, x, _layer, dy), SAME)):
+    got = grad(params, x, dy)
+    # plain_moe reads only the scoring fields of the config, never the backend or the alignment:
+    # one oracle gradient program (the routing `ids` an argument) serves every case
+    oracle_cfg = dataclasses.replace(cfg0, gmm_backend="reference")
+    for ref, tol in ((_oracle_grads(params, x, jnp.asarray(ids), dy, oracle_cfg), TOL),
+                     (grad0(params, x, dy), SAME)):
         for (path, g), (_, r) in zip(jax.tree.leaves_with_path(got),
                                      jax.tree.leaves_with_path(ref)):
             if "bias_E" in jax.tree_util.keystr(path):

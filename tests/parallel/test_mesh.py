@@ -12,9 +12,13 @@ from dropless.parallel.sharding import state_shardings
 from dropless.data import corpus as data
 from dropless.train import step
 
-# deepseek3-test without its MTP module: compiling twice for 8 devices is the cost here
+# deepseek3-test without its MTP module and its second MoE layer (layers are unrolled, so each
+# costs its own compile): compiling twice for 8 devices is the cost here. One dense and one MoE
+# layer still place every kind of weight (MLA, dense FFN, router and its bias, routed and shared
+# experts) on the mesh and route every token through the dispatcher; a second MoE layer is the
+# same code again.
 MINI = {"preset": "deepseek3-test", "seq_len": 16, "model.moe.gmm_backend": "ragged_dot",
-        "model.mtp_depth": 0}
+        "model.mtp_depth": 0, "model.num_layers": 2}
 
 
 def first_step(cfg, batch):

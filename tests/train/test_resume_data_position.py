@@ -112,8 +112,10 @@ def test_a_checkpoint_without_the_sample_number_takes_it_from_config_json(tmp_pa
         train(_run(tmp_path, "old", 4, 2, seq_len=16), **QUIET)
     assert snapshot(run) == before
     lines = []
-    train(_run(tmp_path, "old", 3, 2), echo=lines.append)
-    assert samples == [8, 9]               # next_batch 2 x config.json's 4 rows
+    # 8 rows: the global batch the test above trains at, so its compiled step is reused; a
+    # position taken from the new batch (2 x 8) would start at 16, not 8
+    train(_run(tmp_path, "old", 3, 8), echo=lines.append)
+    assert samples == list(range(8, 16))   # next_batch 2 x config.json's 4 rows, then 8 rows
     assert any("(was 4): the data continues at sample 8" in x for x in lines), lines
 
 

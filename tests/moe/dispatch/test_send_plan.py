@@ -205,6 +205,21 @@ def test_fused_exchange_vjp_equals_autodiff(which):
     np.testing.assert_allclose(g_f, g_s, rtol=1e-6, atol=1e-6)
 
 
+@functools.lru_cache(maxsize=None)
+def _two_device_case():
+    """The routing of the test below, its inputs, and the single-device experts' output on them
+    (the same for every node size: computed once)."""
+    cfg = MoEConfig(num_experts=4, top_k=2, d_model=4, d_ff=8, gmm_backend="ragged_dot",
+                    dispatcher="a2a", ragged_buffer_factor=2.0)
+    ids = jnp.asarray([[2, 3], [1, 2], [0, 1], [3, 0]], jnp.int32)
+    w = jnp.asarray([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8], [0.7, 0.3]], jnp.float32)
+    routing = Routing(w, ids, jnp.zeros((4, 4)), jnp.zeros((4, 4)))
+    experts = init_params(jax.random.key(0), cfg)["experts"]
+    x = jax.random.normal(jax.random.key(1), (4, 4), jnp.float32)
+    ref = jax.jit(lambda x: dropless_experts(x, routing, experts, cfg))(x)
+    return cfg, routing, experts, x, ref
+
+
 @pytest.mark.parametrize("devices_per_node", [1, 2])
 def test_two_devices_two_experts_token_travels_once(devices_per_node):
     """2 devices x 2 experts (0,1 on device 0; 2,3 on device 1), K=2, 4 tokens, 2 per device:
@@ -212,18 +227,11 @@ def test_two_devices_two_experts_token_travels_once(devices_per_node):
                 token 1 -> experts 1,2: one row to device 0 (itself), one to device 1
       device 1: token 2 -> experts 0,1: ONE row to device 0; token 3 -> 3,0: one row each.
     Rows: 6 sent (8 routed); crossing devices: 4 (6 without dedup)."""
-    cfg = MoEConfig(num_experts=4, top_k=2, d_model=4, d_ff=8, gmm_backend="ragged_dot",
-                    dispatcher="a2a", ragged_buffer_factor=2.0)
+    cfg, routing, experts, x, (y_ref, sizes_ref) = _two_device_case()
     mesh = NodeMesh(make_mesh(MeshConfig(expert=2), devices=jax.devices()[:2]),
                     devices_per_node=devices_per_node)
-    ids = jnp.asarray([[2, 3], [1, 2], [0, 1], [3, 0]], jnp.int32)
-    w = jnp.asarray([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8], [0.7, 0.3]], jnp.float32)
-    routing = Routing(w, ids, jnp.zeros((4, 4)), jnp.zeros((4, 4)))
-    experts = init_params(jax.random.key(0), cfg)["experts"]
-    x = jax.random.normal(jax.random.key(1), (4, 4), jnp.float32)
     y, sizes, aux = jax.jit(lambda x: expert_parallel_experts(
         x, routing, experts, cfg, mesh))(x)
-    y_ref, sizes_ref = jax.jit(lambda x: dropless_experts(x, routing, experts, cfg))(x)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(sizes, sizes_ref)
     assert float(aux["rows_sent"]) == 6 and float(aux["rows_routed"]) == 8
