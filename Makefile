@@ -65,16 +65,18 @@ test-native-avx2: setup
 # pyproject.toml or its pin changes. Without Python 3.12 the leg is skipped with a message;
 # GPU_LEG=required (what .ci/run sets) makes that an error. $(wildcard): the files that exist.
 # GPU_TESTS run in both venvs. A test file named test_*_gpu_compile.py (GPU_COMPILE_TESTS: whole
-# programs and kernels compiled for a compile-only H100/H200, minutes each) runs in the jax 0.11.2
-# venv only, the JAX those machines run; the newest release gets the lowering tests.
+# programs and kernels compiled for a compile-only H100/H200, minutes each) and the device check's
+# dry run (DEVICE_CHECK_TESTS: it runs on the GPU machines' JAX only) run in the jax 0.11.2 venv
+# only, the JAX those machines run; the newest release gets the lowering tests.
 JAX_LEG_OLD := 0.11.2
 JAX_LEG_NEW := 0.12.0.1
 GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py tests/ops/gpu/test_pallas_gpu.py \
                tests/ops/gpu/test_pallas_gpu_aligned.py tests/ops/gpu/test_mosaic_gpu.py \
                tests/ops/gpu/test_tokamax_tuned.py tests/ops/gpu/test_cudnn_ragged.py \
-               tests/ops/gpu/test_tokamax_backend.py tests/bench/test_gpu.py \
+               tests/ops/gpu/test_tokamax_backend.py \
                tests/moe/dispatch/test_overlap_schedule.py tests/ops/test_attention.py \
                tests/ops/gpu/test_cudnn_attention_lowering.py tests/ops/gpu/test_cudnn_thd.py)
+DEVICE_CHECK_TESTS := $(wildcard tests/bench/test_gpu.py)
 GPU_COMPILE_TESTS := $(wildcard tests/*/test_*_gpu_compile.py tests/*/*/test_*_gpu_compile.py)
 # The files xdist hands out first (.ci/jax_leg keeps the command line's order: the longest
 # first, so the leg's two workers finish together rather than one waiting on the other's last
@@ -90,7 +92,7 @@ setup-gpu-lowering:
 	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) setup
 
 test-gpu-lowering:
-	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) test $(call longest_first,$(GPU_TESTS) $(GPU_COMPILE_TESTS))
+	.ci/jax_leg .venv-jax011 $(JAX_LEG_OLD) test $(call longest_first,$(GPU_TESTS) $(DEVICE_CHECK_TESTS) $(GPU_COMPILE_TESTS))
 	.ci/jax_leg .venv-jaxnew $(JAX_LEG_NEW) test $(call longest_first,$(GPU_TESTS))
 
 clean:
