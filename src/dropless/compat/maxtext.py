@@ -334,7 +334,11 @@ def _decoder_block(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _enable_checkpointing(name: str, v: Any, given: Given) -> Pairs:
-    return [] if _bool(name, v) else [("checkpoint_every", 0)]
+    if _bool(name, v):
+        return []
+    given.notes.append(f"enable_checkpointing={v} is checkpoint_every=0: no periodic checkpoints, "
+                       "but the last step (and a stopped run's) is saved so the run can resume")
+    return [("checkpoint_every", 0)]
 
 
 # --- data flags ----------------------------------------------------------------------------

@@ -95,7 +95,8 @@ class TrainConfig:
     run_name: str = described("", doc="the run directory's name; \"\" = a timestamped name")
     log_every: int = described(1, doc="steps between printed step lines")
     checkpoint_every: int = described(
-        100, doc="steps between checkpoints; 0 = no periodic checkpoints")
+        100, doc="steps between checkpoints; 0 = no periodic checkpoints (the last step, and a "
+        "stopped run's, are saved either way)")
     keep_checkpoints: int = described(3, doc="newest checkpoints kept; older ones are deleted")
     async_checkpoints: bool = described(
         True, doc="write checkpoints in the background while training goes on")
