@@ -137,6 +137,7 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     assert [r["step"] for r in steps] == [1, 2] and summary["median_step_time_s"] > 0
     assert summary["attention_kernel"] == "xla"   # the run's start record says which ran
     assert summary["train_set"] == {"model.scan_layers": True}
+    assert not [p for p in (out / "train").rglob("checkpoints/*") if p.name.isdigit()]
     # the planner's prediction beside the measured step: on the CPU, which has no planner
     # profile, a stand-in H200's, said so, and never committable
     (cal,) = [r for r in by["train"] if r.get("event") == "plan_calibration"]

@@ -31,6 +31,14 @@ def cfg():
     return build_config(gpu_train._items({"train_steps": 20, "dry_run": False}, Path("unused")))
 
 
+def test_the_section_writes_no_checkpoint(cfg):
+    """The preset's float32 weights and Adam moments (~20 GB) are not saved inside the section's
+    time cap, periodically or at the end; a --train-set cannot turn them back on."""
+    assert cfg.checkpoint_every == 0 and cfg.save_last_step is False
+    with pytest.raises(ValueError, match="the train section sets save_last_step itself"):
+        gpu_train.check_train_set([("save_last_step", "true")])
+
+
 def _plan_json(flags: str, capsys) -> dict:
     assert main(["plan", *flags.split(), "--json"]) == 0
     return json.loads(capsys.readouterr().out)

@@ -168,9 +168,9 @@ ONE_KEY_CASES = [
     ("attention_type", "global", {}, [("model.attention", "mha")], None),
     ("decoder_block", "deepseek", {}, [], "decoder_block=deepseek changes nothing: the "
      "architecture follows from the preset and the model keys"),
-    ("enable_checkpointing", False, {}, [("checkpoint_every", 0)], "enable_checkpointing=False "
-     "is checkpoint_every=0: no periodic checkpoints, but the last step (and a stopped run's) "
-     "is saved so the run can resume"),
+    ("enable_checkpointing", False, {}, [("checkpoint_every", 0), ("save_last_step", False)],
+     "enable_checkpointing=False is checkpoint_every=0 save_last_step=false: a run stopped by a "
+     "signal, a non-finite step or an overflow still saves its last good step, so it can resume"),
     ("enable_checkpointing", True, {}, [], None),
     ("ici_fsdp_parallelism", 8, {"dcn_fsdp_parallelism": 2},
      [("mesh.fsdp", 16), ("mesh.dcn_fsdp", 2)], None),

@@ -96,6 +96,20 @@ def test_resume_gives_bitwise_equal_losses(tmp_path, full_run, compilation_cache
         assert second.losses[s] == full.losses[s], (s, second.losses[s], full.losses[s])
 
 
+def test_without_the_last_steps_save_a_run_keeps_its_periodic_checkpoints(tmp_path, full_run):
+    """save_last_step=false: steps 1-5 train as the full run's (its 6-step schedule), only
+    checkpoint_every's step 4 is saved (not 5), and a resume continues from it."""
+    _, full = full_run
+    res = train(mini(tmp_path, steps=5, lr_decay_steps=6, run_name="nolast",
+                     save_last_step=False), echo=lambda s: None)
+    assert res.losses == {s: full.losses[s] for s in range(1, 6)}
+    assert sorted(int(p.name) for p in (res.run_dir / "checkpoints").iterdir()
+                  if p.name.isdigit()) == [2, 4]
+    assert set(res.eval_losses) == {2, 4, 5}
+    again = train(mini(tmp_path, steps=6, run_name="nolast"), echo=lambda s: None)
+    assert again.start_step == 4 and again.losses == {5: full.losses[5], 6: full.losses[6]}
+
+
 def test_killed_save_resumes_from_last_complete(tmp_path, full_run):
     cfg_full, full = full_run
     run = tmp_path / "runs" / "killed"

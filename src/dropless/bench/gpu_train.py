@@ -54,8 +54,8 @@ DRY_MODEL = {"model.vocab_size": 256, "model.d_model": 64, "model.moe.d_model": 
 
 
 # what the section sets itself: a --train-set of these keys is refused
-SECTION_KEYS = ("preset", "steps", "run_dir", "run_name", "checkpoint_every", "eval_every",
-                "eval_batches", "time_kernels", "profile_steps", "data", "resume")
+SECTION_KEYS = ("preset", "steps", "run_dir", "run_name", "checkpoint_every", "save_last_step",
+                "eval_every", "eval_batches", "time_kernels", "profile_steps", "data", "resume")
 
 
 def check_train_set(pairs) -> None:
@@ -78,7 +78,10 @@ def _items(spec: dict, out_dir: Path) -> list[tuple[str, object]]:
     items = [("preset", PRESET), *RUN_SETTINGS[PRESET].items(),
              *[tuple(kv) for kv in spec.get("train_set", [])],   # a variant: --train-set
              ("steps", spec["train_steps"]), ("run_dir", str(out_dir)), ("run_name", "train"),
-             ("checkpoint_every", 0), ("eval_every", 10**6), ("eval_batches", 1),
+             # no checkpoint: the preset's state (~20 GB of float32 weights and Adam moments)
+             # is not written to the GPU machine's disk inside the section's time
+             ("checkpoint_every", 0), ("save_last_step", False),
+             ("eval_every", 10**6), ("eval_batches", 1),
              ("time_kernels", False),   # the moe section times kernels
              ("profile_steps", PROFILE_STEPS)]
     if spec["dry_run"]:

@@ -336,9 +336,10 @@ def _decoder_block(name: str, v: Any, given: Given) -> Pairs:
 def _enable_checkpointing(name: str, v: Any, given: Given) -> Pairs:
     if _bool(name, v):
         return []
-    given.notes.append(f"enable_checkpointing={v} is checkpoint_every=0: no periodic checkpoints, "
-                       "but the last step (and a stopped run's) is saved so the run can resume")
-    return [("checkpoint_every", 0)]
+    given.notes.append(f"enable_checkpointing={v} is checkpoint_every=0 save_last_step=false: a "
+                       "run stopped by a signal, a non-finite step or an overflow still saves "
+                       "its last good step, so it can resume")
+    return [("checkpoint_every", 0), ("save_last_step", False)]
 
 
 # --- data flags ----------------------------------------------------------------------------

@@ -95,8 +95,12 @@ class TrainConfig:
     run_name: str = described("", doc="the run directory's name; \"\" = a timestamped name")
     log_every: int = described(1, doc="steps between printed step lines")
     checkpoint_every: int = described(
-        100, doc="steps between checkpoints; 0 = no periodic checkpoints (the last step, and a "
-        "stopped run's, are saved either way)")
+        100, doc="steps between checkpoints; 0 = no periodic checkpoints (the last step is "
+        "saved unless save_last_step=false)")
+    save_last_step: bool = described(
+        True, doc="checkpoint the run's last step; false: a finished run keeps only "
+        "checkpoint_every's (a run stopped by a signal, a non-finite step or an overflow still "
+        "saves its last good step)")
     keep_checkpoints: int = described(3, doc="newest checkpoints kept; older ones are deleted")
     async_checkpoints: bool = described(
         True, doc="write checkpoints in the background while training goes on")
@@ -145,7 +149,7 @@ class TrainConfig:
         if moe is not None and moe.num_experts % self.mesh.expert:
             _fail(c, "mesh.expert", self.mesh.expert,
                   f"must divide model.moe.num_experts={moe.num_experts}")
-        for name in ("distributed", "check_nan", "sft", "sft_completion_only"):
+        for name in ("distributed", "check_nan", "sft", "sft_completion_only", "save_last_step"):
             if not isinstance(getattr(self, name), bool):
                 _fail(c, name, getattr(self, name), "must be true or false")
         check_flags(self.xla_flags)

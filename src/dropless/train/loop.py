@@ -484,9 +484,10 @@ class _Due(NamedTuple):
 
 def _due(cfg: TrainConfig, n: int, end: int) -> _Due:
     """What step n (1-based) of a run ending at `end` is due for: the one place the
-    checkpoint and eval conditions are written (the last step does both)."""
+    checkpoint and eval conditions are written (the last step does both, its checkpoint unless
+    save_last_step=false)."""
     return _Due(checkpoint=bool(cfg.checkpoint_every and n % cfg.checkpoint_every == 0)
-                or n == end, eval=n % cfg.eval_every == 0 or n == end)
+                or (n == end and cfg.save_last_step), eval=n % cfg.eval_every == 0 or n == end)
 
 
 def _needs_state(ctx: _Ctx, n: int, end: int, profile: range) -> bool:
