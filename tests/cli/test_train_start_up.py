@@ -92,3 +92,12 @@ def test_the_step_line_says_what_an_mtp_loss_adds_up():
     assert "| loss 6.2100 (ce 5.0000 + 0.3 x mtp 4.0000 + MoE aux) |" in _fmt_step(rec, 0.3)
     plain = {k: v for k, v in rec.items() if k not in ("mtp_loss",)}
     assert "| loss 6.2100 |" in _fmt_step(plain, 0.3)
+
+
+def test_the_step_line_names_the_expert_load_only_where_the_decoder_has_moe_layers():
+    from dropless.train.loop import _fmt_step
+    rec = {"step": 3, "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 1.0,
+           "tflops_per_device": 0.0, "mfu": 0.25, "dropped_tokens": 0}
+    assert _fmt_step(rec).endswith("| MFU 25.0% | dropped 0")
+    moe = _fmt_step({**rec, "expert_load_max_over_mean": 2.345})
+    assert moe.endswith("| MFU 25.0% | load max/mean 2.35 | dropped 0")   # rounded, not cut

@@ -65,3 +65,31 @@ def test_stream_batch_is_bitwise_the_windows_step():
     assert m1["ce_loss"] == m2["ce_loss"]
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("mtp_depth", [1, 0])
+def test_a_decoder_of_dense_layers_only_trains(mtp_depth):
+    """first_k_dense = num_layers: no MoE layer in the decoder (a MoE config all the same). With
+    MTP its block's MoE layer is the model's only one and its router bias moves by the
+    aux-free rule from that block's own loads (bias + speed * sign(mean load - load),
+    recomputed here in NumPy); without MTP no expert metric exists and nothing else moves."""
+    from dropless.presets import get_preset
+    base = get_preset("deepseek3-test")
+    model = base.replace(first_k_dense=base.num_layers, mtp_depth=mtp_depth)
+    cfg = TrainConfig(model=model, per_device_batch_size=2, seq_len=16)
+    state, opt = step.init_state(cfg)
+    assert not any("moe" in blk for blk in state["params"]["layers"])
+    w = np.asarray(jax.random.randint(jax.random.key(1), (2, 17), 0, model.vocab_size), np.int32)
+    new, m = jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt))(state, w)
+    assert np.isfinite(float(m["loss"])) and "tokens_per_expert_LE" not in m
+    if mtp_depth == 0:
+        assert not any(k.startswith("mtp_") for k in m)
+        return
+    load = np.asarray(m["mtp_tokens_per_expert_LE"], np.float64)
+    assert load.shape == (1, model.moe.num_experts)
+    assert load.sum() == 2 * 16 * model.moe.top_k   # every position's top-k choices, none dropped
+    old = np.asarray(state["params"]["mtp"][0]["block"]["moe"]["router"]["bias_E"])
+    got = np.asarray(new["params"]["mtp"][0]["block"]["moe"]["router"]["bias_E"])
+    speed = model.moe.bias_update_speed
+    np.testing.assert_allclose(got, old + speed * np.sign(load[0].mean() - load[0]), rtol=1e-6)
+    assert not np.array_equal(got, old)

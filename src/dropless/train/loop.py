@@ -81,12 +81,12 @@ def _loss_words(r: dict, mtp_coef: float) -> str:
 
 def _fmt_step(r: dict, mtp_coef: float = 0.0) -> str:
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-    load = r.get("expert_load_max_over_mean")
+    load = r.get("expert_load_max_over_mean")   # None: no MoE layer in the decoder
+    load = "" if load is None else f"load max/mean {load:.2f} | "
     return (f"step {r['step']:>5} | {_loss_words(r, mtp_coef)} | "
             f"{r['step_time_s'] * 1e3:7.0f} ms | "
             f"{r['tokens_per_s']:8.0f} tok/s | {r['tflops_per_device']:.4f} TFLOPS/dev | "
-            f"MFU {mfu} | load max/mean {load if load is None else f'{load:.2f}'} | "
-            f"dropped {r['dropped_tokens']}")
+            f"MFU {mfu} | {load}dropped {r['dropped_tokens']}")
 
 
 def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,

@@ -228,7 +228,7 @@ def _update_biases(params, metrics, cfg: TrainConfig):
     if moe is None or moe.bias_update_speed == 0:
         return params
     params = jax.tree_util.tree_map(lambda x: x, params)  # shallow structural copy
-    rows = iter(metrics["tokens_per_expert_LE"])
+    rows = iter(metrics.get("tokens_per_expert_LE", []))
     for blk in params.get("layers", []):
         if "moe" in blk:
             r = blk["moe"]["router"]
