@@ -4,6 +4,7 @@ message, never reused; an unsupported $(PYTHON) is refused before anything is cr
 Fake interpreters (shell scripts printing what the Makefile's version probe prints) stand in for
 other Python versions; `make -n` shows what would run without installing anything.
 """
+import os
 import re
 import shutil
 import subprocess
@@ -38,9 +39,15 @@ def project(tmp_path):
     return tmp_path
 
 
+# what a make running these tests hands its children (`make test-main` from a shell vs. from
+# .ci/legs): the make under test starts from none of it, so the result is the same either way
+MAKE_ENV = {k: v for k, v in os.environ.items()
+            if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+
+
 def make(project, *args):
     return subprocess.run(["make", *args], cwd=project, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env=MAKE_ENV)
 
 
 def test_an_installed_venv_of_the_same_python_is_reused(project):
@@ -137,7 +144,7 @@ def test_make_test_runs_the_three_legs_through_the_leg_runner(project):
 def _gpu_leg_commands() -> dict[str, list[str]]:
     """What `make test-gpu-lowering` runs in this checkout: {venv: the test files it gets}."""
     r = subprocess.run(["make", "-n", "--no-print-directory", "test-gpu-lowering"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=MAKE_ENV)
     assert r.returncode == 0, r.stderr
     legs = {}
     for line in r.stdout.splitlines():

@@ -46,9 +46,10 @@ def _model_config(spec: str, what: str):
     """The ModelConfig of MODEL from its config.json alone (no weights read, nothing computed):
     what `load_model` will return the weights of, its dtype aside."""
     from dropless.model_dir import from_dict, hf_model_config, parse_spec, read_dropless_config
-    if parse_spec(spec).hf:
+    parsed = parse_spec(spec)
+    if parsed.hf:
         return hf_model_config(spec)
-    return from_dict(read_dropless_config(parse_spec(spec).folder, what=what)).model
+    return from_dict(read_dropless_config(parsed.folder, what=what)).model
 
 
 def run(args) -> int:
