@@ -6,17 +6,18 @@ with the transformers version of the running interpreter: 4.x writes tests/fixtu
     python3.11 -m venv /tmp/venv-tf4
     /tmp/venv-tf4/bin/pip install torch==2.14.1 transformers==4.57.6 safetensors numpy
     python3.11 -m venv /tmp/venv-tf5
-    /tmp/venv-tf5/bin/pip install torch==2.14.1 transformers==5.24.0 safetensors numpy
+    /tmp/venv-tf5/bin/pip install torch==2.14.1 transformers==5.25.0 safetensors numpy
     /tmp/venv-tf4/bin/python tools/make_hf_fixtures.py
     /tmp/venv-tf5/bin/python tools/make_hf_fixtures.py
 (`--counts-only`: only param_counts.json and transformers_defaults.json, for a new released
-config.)
+config.) torch's CPU wheel (2.13.0+cpu, https://download.pytorch.org/whl/cpu) writes the same bits
+as the 2.14.1 the 5.24.0 records name (the trajectory records name their torch).
 
 `--chat` writes only the chat-template fixture, tests/fixtures/chat/ (see `chat_fixtures`); it
-needs transformers and tokenizers, no torch:
+needs transformers, tokenizers and jinja2, no torch:
 
     python3.11 -m venv /tmp/venv-chat
-    /tmp/venv-chat/bin/pip install transformers==5.24.0 tokenizers
+    /tmp/venv-chat/bin/pip install transformers==5.25.0 tokenizers jinja2
     /tmp/venv-chat/bin/python tools/make_hf_fixtures.py --chat
 (and again with transformers==4.57.6: reference.json holds one entry per version)
 
@@ -39,7 +40,7 @@ index), plus
 Weights are random (seeded), norms and the router bias too, so a mapping mistake shows.
 `*_sliding/` folders hold only a config.json (a sliding window, which we refuse).
 
-Also written, merged over both versions:
+Also written, merged over the versions run (one entry each):
   * `released/param_counts.json`: transformers' parameter counts (model.parameters(), so
     buffers such as DeepSeek-V3's e_score_correction_bias are not counted) of every
     `released/*/config.json`, built on the meta device (no memory), per transformers version;
@@ -61,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import transformers
 
-try:   # the checkpoint fixtures need torch; --chat needs only transformers and tokenizers
+try:   # the checkpoint fixtures need torch; --chat only transformers, tokenizers and jinja2
     import torch
     from safetensors.torch import load_file, save_file
 except ImportError:

@@ -64,7 +64,7 @@ REFERENCE = Path(__file__).parent / "tokenizer_reference.json"
 
 
 def reference_tokenizer():
-    """train_tokenizer()'s result as committed in _tokenizer_reference.json (with transformers'
+    """train_tokenizer()'s result as committed in tokenizer_reference.json (with transformers'
     ids for it), so a tokenizers release that trains differently cannot move the reference."""
     from tokenizers import Tokenizer
     return Tokenizer.from_str(json.dumps(json.loads(REFERENCE.read_text())["tokenizer"]))

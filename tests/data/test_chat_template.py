@@ -1,6 +1,6 @@
 """data/chat_template.py against transformers (tests/fixtures/chat/reference.json, written by
-`tools/make_hf_fixtures.py --chat` with transformers 5.24.0 and 4.57.6: their renderings, ids and
-assistant masks for two real templates), and the environment's details on hand-written
+`tools/make_hf_fixtures.py --chat` with transformers 5.25.0, 5.24.0 and 4.57.6: their renderings,
+ids and assistant masks for two real templates), and the environment's details on hand-written
 templates."""
 import json
 from pathlib import Path
@@ -15,7 +15,7 @@ from dropless.data.tokenizer import HFTokenizer
 
 CHAT = Path(__file__).parents[1] / "fixtures" / "chat"
 VERSIONS = json.loads((CHAT / "reference.json").read_text(encoding="utf-8"))
-REFERENCE = VERSIONS["5.24.0"]
+REFERENCE = VERSIONS["5.25.0"]
 FOLDERS = ("qwen3_all_assistant", "deepseek_r1_distill")
 
 
@@ -29,10 +29,10 @@ def test_fixture_covers_both_mask_methods():
     tpls = {n: ct.read_chat_template(CHAT / n) for n in FOLDERS}
     assert tpls["qwen3_all_assistant"].has_generation_blocks
     assert not tpls["deepseek_r1_distill"].has_generation_blocks
-    assert sorted(VERSIONS) == ["4.57.6", "5.24.0"]   # the current release and the one before
+    assert sorted(VERSIONS) == ["4.57.6", "5.24.0", "5.25.0"]   # one 4.x, two 5.x releases
 
 
-@pytest.mark.parametrize("version", ["4.57.6", "5.24.0"])
+@pytest.mark.parametrize("version", ["4.57.6", "5.24.0", "5.25.0"])
 def test_text_ids_and_mask_equal_transformers(folder, version):
     name, tok, tpl = folder
     for case in VERSIONS[version][name]:

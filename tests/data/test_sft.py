@@ -55,7 +55,7 @@ def test_prompt_completion_special_tokens(folders):
 def test_chat_record_uses_the_folder_template():
     d = CHAT / "deepseek_r1_distill"
     tok, tpl = HFTokenizer(d / "tokenizer.json"), read_chat_template(d)
-    ref = json.loads((CHAT / "reference.json").read_text(encoding="utf-8"))["5.24.0"]
+    ref = json.loads((CHAT / "reference.json").read_text(encoding="utf-8"))["5.25.0"]
     case = ref["deepseek_r1_distill"][1]
     assert sft.template_for(tok) == tpl and sft.template_for(BYTE) is None
     data = sft.read_examples([("d.jsonl line 1", {"messages": case["messages"]})], tok=tok,

@@ -1,6 +1,6 @@
 """Tokenizers as users ship them: a real tokenizer.json built by the `tokenizers`
 library, its special tokens from tokenizer_config.json / generation_config.json, checked against
-transformers' own ids (committed in _tokenizer_reference.json: 4.57.6 and 5.24.0 agree) and
+transformers' own ids (committed in tokenizer_reference.json: 4.57.6, 5.24.0 and 5.25.0 agree) and
 against `tokenizers` directly; HF folders never fall back to bytes; eval / generate /
 init_from use the folder's tokenizer."""
 import json
@@ -45,7 +45,7 @@ def test_encodings_equal_transformers_and_tokenizers(name, folders):
     raw = Tokenizer.from_file(str(folders[name] / "tokenizer.json"))
     for text, want in zip(REF["texts"], REF["ids"][name]):
         got = tok.encode(text).tolist()
-        assert got == want, (name, text)                     # transformers 4.57.6 and 5.24.0
+        assert got == want, (name, text)                     # transformers 4.57.6, 5.24.0, 5.25.0
         assert got == raw.encode(text).ids                   # the tokenizers library itself
 
 

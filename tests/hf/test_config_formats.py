@@ -1,7 +1,7 @@
 """Both transformers config.json formats (4.x and 5.x, see dropless.hf.config_formats): the
 same model either way, contradictions between the two spellings refused naming both keys, every
 bad value refused naming file, key and value, defaults equal to transformers' own, and the
-config `hf.save` writes loads to the same model in transformers 4.57.6 and 5.24.0."""
+config `hf.save` writes loads to the same model in transformers 4.57.6, 5.24.0 and 5.25.0."""
 import copy
 import json
 import os
@@ -30,10 +30,10 @@ def model(hf_conf: dict):
 
 def test_defaults_are_transformers_defaults():
     """DEFAULTS (used for keys a config.json leaves out) equal the configuration classes'
-    defaults in both versions (recorded by tools/make_hf_fixtures.py)."""
+    defaults in every version (recorded by tools/make_hf_fixtures.py)."""
     recorded = json.loads((FIX / "transformers_defaults.json").read_text())
     for arch, defaults in DEFAULTS.items():
-        assert set(recorded[arch]) == {"4.57.6", "5.24.0"}
+        assert set(recorded[arch]) == {"4.57.6", "5.24.0", "5.25.0"}
         for version, theirs in recorded[arch].items():
             assert defaults == theirs, (arch, version)
 
@@ -157,7 +157,8 @@ def test_canonical_is_idempotent():
 def test_saved_config_is_the_one_checked_with_both_transformers(name):
     """The config.json hf.save writes for each fixture model is the one committed under
     saved_configs/, which tools/make_hf_fixtures.py loaded with the fixture weights in
-    transformers 4.57.6 and 5.24.0 and ran against the reference logits (save_compat.json).
+    transformers 4.57.6, 5.24.0 and 5.25.0 and ran against the reference logits
+    (save_compat.json).
     DROPLESS_WRITE_SAVED_CONFIGS=1 rewrites them (then rerun the tool in both venvs)."""
     cfg, lay = hf.read_config(FIX / name)
     ours = json.loads(json.dumps(cm.hf_config(cfg, lay)))
@@ -167,7 +168,7 @@ def test_saved_config_is_the_one_checked_with_both_transformers(name):
         path.write_text(json.dumps(ours, indent=2) + "\n")
     assert json.loads(path.read_text()) == ours
     compat = json.loads((FIX / "save_compat.json").read_text())[name]
-    assert set(compat) == {"4.57.6", "5.24.0"}
+    assert set(compat) == {"4.57.6", "5.24.0", "5.25.0"}
     for version, per_weights in compat.items():
         assert set(per_weights) == {"tf4", "tf5"}
         for weights, err in per_weights.items():

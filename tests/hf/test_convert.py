@@ -1,14 +1,15 @@
 """Hugging Face checkpoints against `transformers`, in logits and in gradients.
 
 The committed fixtures were written by tools/make_hf_fixtures.py with transformers 4.57.6
-(tests/fixtures/hf/<name>) and 5.24.0 (tests/fixtures/hf/tf5/<name>): random tiny checkpoints as
-`save_pretrained` wrote them, the logits transformers computed, and torch autograd's gradient
-of the mean next-token cross-entropy wrt every parameter (grads.safetensors, under the
-checkpoint's tensor names). Our loader + forward must reproduce both, for every architecture and
-variant (YaRN, MTP, FP8, q_lora none, layer pattern, head_dim != d/heads); save -> load must be
-bitwise; a deliberately wrong mapping must fail the comparison. One compile per variant: the
-loss, its gradient and the logits come from one jitted function, shared by both versions'
-checkpoints (they load to the same ModelConfig).
+(tests/fixtures/hf/<name>) and 5.25.0 (tests/fixtures/hf/tf5/<name>; 5.24.0 writes the same files
+but for the `transformers_version` they name): random tiny checkpoints as `save_pretrained` wrote
+them, the logits transformers computed, and torch autograd's gradient of the mean next-token
+cross-entropy wrt every parameter (grads.safetensors, under the checkpoint's tensor names). Our
+loader + forward must reproduce both, for every architecture and variant (YaRN, MTP, FP8, q_lora
+none, layer pattern, head_dim != d/heads); save -> load must be bitwise; a deliberately wrong
+mapping must fail the comparison. One compile per variant: the loss, its gradient and the logits
+come from one jitted function, shared by both versions' checkpoints (they load to the same
+ModelConfig).
 """
 import functools
 import json
@@ -27,7 +28,7 @@ from dropless.models.decoder import forward
 from tests._support.paths import HF_FIXTURES
 
 FIX = HF_FIXTURES
-VERSIONS = {"4.57": FIX, "5.24": FIX / "tf5"}
+VERSIONS = {"4.57": FIX, "5.25": FIX / "tf5"}
 NAMES = ["deepseek_v3_yarn", "deepseek_v3_plain", "deepseek_v3_fp8", "mixtral", "qwen3_moe"]
 CASES = [(v, n) for n in NAMES for v in VERSIONS]
 TOL = 1e-4          # logits, float32 both sides
@@ -116,6 +117,9 @@ def test_fixture_features():
         mix, _ = loaded(version, "mixtral")
         assert mix.rope_theta == 1e6 and mix.mha_head_dim * mix.num_heads != mix.d_model
         assert (VERSIONS[version] / "deepseek_v3_yarn" / "model.safetensors.index.json").is_file()
+        for name in NAMES:   # written by the version VERSIONS names
+            conf = json.loads((VERSIONS[version] / name / "config.json").read_text())
+            assert conf["transformers_version"].startswith(version + "."), (version, name)
     five = json.loads((FIX / "tf5" / "mixtral" / "config.json").read_text())
     assert "rope_parameters" in five and "rope_theta" not in five   # the 5.x format for real
     five = json.loads((FIX / "tf5" / "qwen3_moe" / "config.json").read_text())
@@ -126,7 +130,7 @@ def test_fixture_features():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_both_versions_load_to_the_same_model(name):
-    """The 4.57 and 5.24 checkpoints of one variant (different random weights) are the same
+    """The 4.57 and 5.25 checkpoints of one variant (different random weights) are the same
     ModelConfig, so one format cannot be read differently from the other."""
     assert hf.read_config(FIX / name) == hf.read_config(FIX / "tf5" / name)
 

@@ -12,7 +12,7 @@ or a list of {"name", "template"} of which "default" is used). The template sees
 `apply_chat_template` passes its `special_tokens_map`.
 
 The environment is transformers' (`utils/chat_template_utils._cached_compile_jinja_template`,
-transformers 5.24): jinja2's `ImmutableSandboxedEnvironment` with `trim_blocks` and
+transformers 5.24 and 5.25): jinja2's `ImmutableSandboxedEnvironment` with `trim_blocks` and
 `lstrip_blocks`, the `loopcontrols` extension and a `{% generation %}` block tag; `tojson` that
 does not escape HTML (json.dumps, ensure_ascii off); `raise_exception(msg)` raising
 `jinja2.TemplateError`; `strftime_now(fmt)` (the clock now: a template that reads it renders

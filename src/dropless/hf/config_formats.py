@@ -3,7 +3,7 @@ checked for its type before use.
 
 transformers 4.x and 5.x write the same model differently (read from their configuration
 classes, `transformers/models/{deepseek_v3,mixtral,qwen3_moe}/configuration_*.py` and
-`modeling_rope_utils.py`, 4.57.6 and 5.24.0):
+`modeling_rope_utils.py`, 4.57.6, 5.24.0 and 5.25.0):
 
 | what                | 4.x                                 | 5.x                                 |
 |---------------------|-------------------------------------|-------------------------------------|
@@ -20,9 +20,10 @@ takes `rope_scaling` over `rope_parameters` and `dtype` over `torch_dtype`).
 
 `Fields` reads the canonical dict: a required key that is missing, a value of the wrong type or
 a null where a number goes is a `BadConfig` naming the file, the key and the value. Missing
-optional keys take transformers' class defaults (`DEFAULTS`, the same in 4.57.6 and 5.24.0;
-tests/hf/test_config_formats.py checks them against tests/fixtures/hf/transformers_defaults.json,
-which tools/make_hf_fixtures.py writes from both versions).
+optional keys take transformers' class defaults (`DEFAULTS`, the same in 4.57.6, 5.24.0 and
+5.25.0; tests/hf/test_config_formats.py checks them against
+tests/fixtures/hf/transformers_defaults.json, which tools/make_hf_fixtures.py writes from each
+version).
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ DEEPSEEK, MIXTRAL, QWEN3 = "DeepseekV3ForCausalLM", "MixtralForCausalLM", "Qwen3
 ARCHITECTURES = (DEEPSEEK, MIXTRAL, QWEN3)
 MODEL_TYPES = {DEEPSEEK: "deepseek_v3", MIXTRAL: "mixtral", QWEN3: "qwen3_moe"}
 
-# transformers' defaults for the optional keys we read (4.57.6 == 5.24.0; Mixtral's RoPE base
-# is its `default_theta` / `rope_theta` default 1e6, the others 1e4)
+# transformers' defaults for the optional keys we read (4.57.6 == 5.24.0 == 5.25.0; Mixtral's
+# RoPE base is its `default_theta` / `rope_theta` default 1e6, the others 1e4)
 DEFAULTS: dict[str, dict[str, Any]] = {
     DEEPSEEK: {"n_shared_experts": 1, "routed_scaling_factor": 2.5,
                "q_lora_rank": 1536, "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
