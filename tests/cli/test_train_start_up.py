@@ -92,6 +92,10 @@ def test_the_step_line_says_what_an_mtp_loss_adds_up():
     assert "| loss 6.2100 (ce 5.0000 + 0.3 x mtp 4.0000 + MoE aux) |" in _fmt_step(rec, 0.3)
     plain = {k: v for k, v in rec.items() if k not in ("mtp_loss",)}
     assert "| loss 6.2100 |" in _fmt_step(plain, 0.3)
+    # a decoder of dense layers whose MTP block routes: its balance loss is in the objective
+    mtp_only = {**rec, "moe_loss": 0.0, "mtp_moe_loss": 0.01}
+    assert "+ 0.3 x mtp 4.0000 + MoE aux) |" in _fmt_step(mtp_only, 0.3)
+    assert "MoE aux" not in _fmt_step({**rec, "moe_loss": 0.0, "mtp_moe_loss": 0.0}, 0.3)
 
 
 def test_the_step_line_names_the_expert_load_only_where_the_decoder_has_moe_layers():

@@ -82,9 +82,14 @@ def test_a_decoder_of_dense_layers_only_trains(mtp_depth):
     w = np.asarray(jax.random.randint(jax.random.key(1), (2, 17), 0, model.vocab_size), np.int32)
     new, m = jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt))(state, w)
     assert np.isfinite(float(m["loss"])) and "tokens_per_expert_LE" not in m
+    assert float(m["moe_loss"]) == 0
     if mtp_depth == 0:
         assert not any(k.startswith("mtp_") for k in m)
         return
+    # the objective is the recorded terms: the MTP block's balance loss is its own metric
+    assert float(m["mtp_moe_loss"]) > 0
+    np.testing.assert_allclose(float(m["loss"]), float(
+        m["ce_loss"] + model.mtp_loss_coef * m["mtp_loss"] + m["mtp_moe_loss"]), rtol=1e-6)
     load = np.asarray(m["mtp_tokens_per_expert_LE"], np.float64)
     assert load.shape == (1, model.moe.num_experts)
     assert load.sum() == 2 * 16 * model.moe.top_k   # every position's top-k choices, none dropped

@@ -170,15 +170,14 @@ def test_balance_losses_are_each_micro_batchs_own_averaged():
     alone = [jax.device_get(loss(params_of(cfg1.model),
                                  jax.tree.map(lambda a, m=m: a[m::2], batch))[1])
              for m in range(2)]
-    for key in ("moe_loss", "seq_aux_loss", "load_balance_loss"):
+    for key in ("moe_loss", "mtp_moe_loss", "seq_aux_loss", "load_balance_loss"):
         np.testing.assert_allclose(m2[key], (alone[0][key] + alone[1][key]) / 2, rtol=2e-6,
                                    err_msg=key)
-    assert float(m2["moe_loss"]) > 0
-    np.testing.assert_allclose(
-        m2["loss"], m2["ce_loss"] + m2["moe_loss"] + cfg1.model.mtp_loss_coef * m2["mtp_loss"]
-        + sum(float(a["loss"] - a["ce_loss"] - a["moe_loss"]
-                    - cfg1.model.mtp_loss_coef * a["mtp_loss"]) for a in alone) / 2,
-        rtol=2e-6)
+    assert float(m2["moe_loss"]) > 0 and float(m2["mtp_moe_loss"]) > 0
+    for m in (m1, m2, *alone):   # the recorded terms add up to the objective
+        np.testing.assert_allclose(
+            m["loss"], m["ce_loss"] + m["moe_loss"] + cfg1.model.mtp_loss_coef * m["mtp_loss"]
+            + m["mtp_moe_loss"], rtol=2e-6)
 
 
 def test_on_a_mesh_the_accumulated_step_is_the_whole_batch_step():

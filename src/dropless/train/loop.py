@@ -74,7 +74,7 @@ def _loss_words(r: dict, mtp_coef: float) -> str:
     not read as the next-token loss alone."""
     if "mtp_loss" not in r:
         return f"loss {r['loss']:.4f}"
-    moe = " + MoE aux" if r.get("moe_loss") else ""
+    moe = " + MoE aux" if r.get("moe_loss") or r.get("mtp_moe_loss") else ""
     return (f"loss {r['loss']:.4f} (ce {r['ce_loss']:.4f} + {mtp_coef:g} x mtp "
             f"{r['mtp_loss']:.4f}{moe})")
 
@@ -93,7 +93,7 @@ def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
                   peak: float | None) -> dict:
     tokens = cfg.global_batch_size * cfg.seq_len
     rec = {"event": "step", "step": step, "step_time_s": dt}
-    for k in ("loss", "ce_loss", "moe_loss", "mtp_loss", "grad_norm", "lr",
+    for k in ("loss", "ce_loss", "moe_loss", "mtp_loss", "mtp_moe_loss", "grad_norm", "lr",
               "load_balance_loss", "seq_aux_loss", "z_loss"):
         if k in m:
             rec[k] = float(m[k])

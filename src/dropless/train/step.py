@@ -188,7 +188,8 @@ def target_counts(batch: Batch | jax.Array, cfg: TrainConfig) -> TargetCounts:
 
 def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | None = None,
             counts: TargetCounts | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed);
+    """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed:
+    the decoder's `moe_loss` and the MTP blocks' `mtp_moe_loss`, each a metric);
     the CE terms are means over the targets the loss mask counts (`step_inputs`).
     `mesh`: the trainer's (`parallel.mesh.train_mesh`: the mesh with its node size).
     `counts`: `batch` is one of `counts.micro_batches` micro-batches of a step whose batch
@@ -214,6 +215,7 @@ def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | 
                                         mtp_mask(x, k),
                                         None if counts is None else counts.mtp[k - 1]))
         metrics["mtp_loss"] = sum(losses) / len(losses)
+        metrics["mtp_moe_loss"] = mtp_aux["moe_loss"]   # the MTP blocks' own balance losses
         total = total + m.mtp_loss_coef * metrics["mtp_loss"] + share(mtp_aux["moe_loss"])
         for k in ("tokens_per_expert_LE", "dropped_rows_L", "sufficient_buffer_factor_L"):
             if k in mtp_aux:   # the MTP blocks' own MoE layers
