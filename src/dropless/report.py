@@ -124,8 +124,9 @@ def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
             "median_input_wait_s": med("input_wait_s") if any(
                 "input_wait_s" in r for r in body) else None,
             "median_mfu": med("mfu") if any(r.get("mfu") for r in body) else None,
-            "max_expert_load_max_over_mean": max(
-                (r.get("expert_load_max_over_mean", 0) for r in steps), default=None),
+            "max_expert_load_max_over_mean": max(   # None: no MoE layer in the decoder
+                (r["expert_load_max_over_mean"] for r in steps
+                 if r.get("expert_load_max_over_mean") is not None), default=None),
             "dropped_tokens": sum(r["dropped_tokens"] for r in steps)}
 
 

@@ -118,3 +118,14 @@ def test_a_one_step_run_draws_without_a_warning(tmp_path):
         warnings.simplefilter("error")          # matplotlib's singular-limits warning included
         paths = report.draw(tmp_path)
     assert [p.name for p in paths] == ["loss.png", "throughput.png", "expert_load.png"]
+
+
+def test_a_run_without_moe_layers_has_no_expert_load_not_zero(tmp_path):
+    """A decoder of dense layers records no expert load: the summary says none (null), not a
+    worst load of 0; with MoE layers it is the worst step's."""
+    base = {"event": "step", "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 4e3,
+            "tflops_per_device": 0.02, "dropped_tokens": 0}
+    dense = [{**base, "step": s} for s in (1, 2, 3)]
+    assert report.summary({"step": dense, "eval": []})["max_expert_load_max_over_mean"] is None
+    moe = [{**r, "expert_load_max_over_mean": v} for r, v in zip(dense, (1.5, 2.5, 2.0))]
+    assert report.summary({"step": moe, "eval": []})["max_expert_load_max_over_mean"] == 2.5
