@@ -16,8 +16,11 @@ from dropless import json_out
 # or null (numbers are ints or floats, NaN and infinities included; `step` is an int)
 FIELDS = {"step": {"step": False, "loss": False, "dropped_tokens": False, "step_time_s": True,
                    "tokens_per_s": True, "tflops_per_device": True, "mfu": True,
-                   "expert_load_max_over_mean": True},
+                   "expert_load_max_over_mean": True, "mtp_expert_load_max_over_mean": True},
           "eval": {"step": False, "eval_loss": False}}
+# a step record's expert-load tables, [layers][experts]: the decoder's MoE layers, and the MTP
+# blocks' own (one row a block) -> the label of a row in the heatmap
+LOAD_TABLES = {"tokens_per_expert": "MoE layer", "mtp_tokens_per_expert": "MTP block"}
 
 
 def _is_number(x) -> bool:
@@ -42,13 +45,14 @@ def check_record(path: Path, n: int, rec: dict) -> None:
             raise ValueError(f"{where} has {key}={str(value)[:60]!r}, not "
                              f"{'an int' if key == 'step' else 'a number'} (remove the line or "
                              "restore the file)")
-    load = rec.get("tokens_per_expert")
-    if rec.get("event") == "step" and load is not None and not (
-            isinstance(load, list) and load and all(isinstance(r, list) and r and
-                                                    len(r) == len(load[0]) and
-                                                    all(map(_is_number, r)) for r in load)):
-        raise ValueError(f"{where} has a tokens_per_expert that is not a table of numbers "
-                         "[layers][experts] (remove the line or restore the file)")
+    for key in LOAD_TABLES:
+        load = rec.get(key)
+        if rec.get("event") == "step" and load is not None and not (
+                isinstance(load, list) and load and all(isinstance(r, list) and r and
+                                                        len(r) == len(load[0]) and
+                                                        all(map(_is_number, r)) for r in load)):
+            raise ValueError(f"{where} has a {key} that is not a table of numbers "
+                             "[layers][experts] (remove the line or restore the file)")
 
 
 def _records(path: Path, skipped: list[str]):
@@ -78,22 +82,24 @@ def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
     (`check_record`) or whose expert-load table changes shape."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl")
+        raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl{_runs_inside(run_dir)}")
     out: dict[str, list[dict]] = {"start": [], "step": [], "eval": [], "end": []}
     steps: dict[int, dict] = {}
     evals: dict[int, dict] = {}
-    shape = None
+    shapes: dict[str, tuple] = {}   # load table -> ((layers, experts), first line)
     for n, rec in _records(path, [] if skipped is None else skipped):
         check_record(path, n, rec)
         ev = rec.get("event")
-        if ev == "step" and rec.get("tokens_per_expert") is not None:
-            here = (len(rec["tokens_per_expert"]), len(rec["tokens_per_expert"][0]))
+        for key in LOAD_TABLES:
+            if ev != "step" or rec.get(key) is None:
+                continue
+            here, shape = (len(rec[key]), len(rec[key][0])), shapes.get(key)
             if shape is not None and here != shape[0]:
-                raise ValueError(f"{path} line {n}: tokens_per_expert is {here[0]} x {here[1]} "
+                raise ValueError(f"{path} line {n}: {key} is {here[0]} x {here[1]} "
                                  f"(layers x experts), line {shape[1]}'s {shape[0][0]} x "
                                  f"{shape[0][1]}: two runs in one file? (remove the lines of "
                                  "the other)")
-            shape = shape or (here, n)
+            shapes.setdefault(key, (here, n))
         if ev == "step":
             steps[rec["step"]] = rec
         elif ev == "eval":
@@ -124,10 +130,29 @@ def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
             "median_input_wait_s": med("input_wait_s") if any(
                 "input_wait_s" in r for r in body) else None,
             "median_mfu": med("mfu") if any(r.get("mfu") for r in body) else None,
-            "max_expert_load_max_over_mean": max(   # None: no MoE layer in the decoder
-                (r["expert_load_max_over_mean"] for r in steps
-                 if r.get("expert_load_max_over_mean") is not None), default=None),
+            "max_expert_load_max_over_mean": _worst(steps, "expert_load_max_over_mean"),
+            "max_mtp_expert_load_max_over_mean": _worst(steps, "mtp_expert_load_max_over_mean"),
             "dropped_tokens": sum(r["dropped_tokens"] for r in steps)}
+
+
+def _runs_inside(folder: str | Path) -> str:
+    """Where `folder` holds runs (a `run_dir=` parent, runs/): words naming the newest, to be
+    named instead; else nothing."""
+    try:
+        runs = sorted((d for d in Path(folder).iterdir() if (d / "metrics.jsonl").is_file()),
+                      key=lambda d: (d / "metrics.jsonl").stat().st_mtime_ns)
+    except OSError:
+        return ""
+    if not runs:
+        return ""
+    return (f"; it holds {len(runs)} run{'s' * (len(runs) > 1)}: name one, e.g. the newest, "
+            f"{str(runs[-1])!r}")
+
+
+def _worst(steps: list[dict], key: str) -> float | None:
+    """The largest `key` over the step records; None where none holds one (no MoE layer in the
+    decoder, no MTP block that routes)."""
+    return max((r[key] for r in steps if r.get(key) is not None), default=None)
 
 
 def draw(run_dir: str | Path) -> list[Path]:
@@ -154,21 +179,34 @@ def draw(run_dir: str | Path) -> list[Path]:
 
     paths.append(_save(_throughput_figure(plt, steps), run_dir / "throughput.png"))
 
-    loads = [np.asarray(r["tokens_per_expert"], float) for r in steps if "tokens_per_expert" in r]
-    if loads:
-        arr = np.stack(loads)                     # [steps, layers, experts]
-        rel = arr / np.maximum(arr.mean(-1, keepdims=True), 1e-9)
-        fig, axes = plt.subplots(arr.shape[1], 1, figsize=(7, 1.8 * arr.shape[1] + .6),
+    panels = _load_panels(steps)
+    if panels:
+        fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.8 * len(panels) + .6),
                                  squeeze=False)
-        right = x[-1] if x[-1] > x[0] else x[0] + 1     # one step: a column of width 1
-        for li, a in enumerate(axes[:, 0]):
-            im = a.imshow(rel[:, li].T, aspect="auto", cmap="viridis",
-                          extent=(x[0], right, arr.shape[2] - .5, -.5))
-            a.set_ylabel(f"MoE layer {li}\nexpert")
+        for (label, sx, rel_SE), a in zip(panels, axes[:, 0]):
+            right = sx[-1] if sx[-1] > sx[0] else sx[0] + 1   # one step: a column of width 1
+            im = a.imshow(rel_SE.T, aspect="auto", cmap="viridis",
+                          extent=(sx[0], right, rel_SE.shape[1] - .5, -.5))
+            a.set_ylabel(f"{label}\nexpert")
             fig.colorbar(im, ax=a, label="load / mean")
         axes[-1, 0].set_xlabel("step")
         paths.append(_save(fig, run_dir / "expert_load.png"))
     return paths
+
+
+def _load_panels(steps: list[dict]) -> list[tuple[str, list[int], np.ndarray]]:
+    """One heatmap panel a row of each load table (`LOAD_TABLES`): (label, the steps that hold
+    the table, load / mean load [steps, experts])."""
+    panels = []
+    for key, label in LOAD_TABLES.items():
+        held = [r for r in steps if r.get(key) is not None]
+        if not held:
+            continue
+        arr = np.stack([np.asarray(r[key], float) for r in held])   # [steps, layers, experts]
+        rel = arr / np.maximum(arr.mean(-1, keepdims=True), 1e-9)
+        panels += [(f"{label} {li}", [r["step"] for r in held], rel[:, li])
+                   for li in range(arr.shape[1])]
+    return panels
 
 
 def _vocab_size(run_dir: Path) -> int | None:

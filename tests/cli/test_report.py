@@ -129,3 +129,50 @@ def test_a_run_without_moe_layers_has_no_expert_load_not_zero(tmp_path):
     assert report.summary({"step": dense, "eval": []})["max_expert_load_max_over_mean"] is None
     moe = [{**r, "expert_load_max_over_mean": v} for r, v in zip(dense, (1.5, 2.5, 2.0))]
     assert report.summary({"step": moe, "eval": []})["max_expert_load_max_over_mean"] == 2.5
+
+
+def test_the_mtp_blocks_expert_loads_are_summarised_checked_and_drawn(tmp_path):
+    """A dense decoder whose MTP block routes: its load table is the run's only one. The summary
+    names the MTP blocks' worst load apart from the decoder's (null), the heatmap draws a
+    panel a block, and a table that is not [blocks][experts] numbers is refused by line."""
+    pytest.importorskip("matplotlib")
+    base = {"event": "step", "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 4e3,
+            "tflops_per_device": 0.02, "dropped_tokens": 0}
+    recs = [{**base, "step": s, "mtp_expert_load_max_over_mean": v,
+             "mtp_tokens_per_expert": [[2, 6, 4, 4]]} for s, v in ((1, 1.5), (2, 3.0))]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, recs)) + "\n")
+    m = report.read_metrics(tmp_path)
+    s = report.summary(m)
+    assert s["max_expert_load_max_over_mean"] is None
+    assert s["max_mtp_expert_load_max_over_mean"] == 3.0
+    [(label, steps, rel)] = report._load_panels(m["step"])
+    assert label == "MTP block 0" and steps == [1, 2]
+    assert rel.tolist() == [[0.5, 1.5, 1.0, 1.0]] * 2       # load / mean load, a step a row
+    assert [p.name for p in report.draw(tmp_path)][-1] == "expert_load.png"
+    # with MoE layers too: the decoder's panels first, then the block's
+    both = [{**r, "tokens_per_expert": [[4, 4, 4, 4], [1, 7, 4, 4]]} for r in recs]
+    assert [p[0] for p in report._load_panels(both)] == ["MoE layer 0", "MoE layer 1",
+                                                         "MTP block 0"]
+    bad = {**recs[0], "mtp_tokens_per_expert": [[2, 6], [4]]}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=r"line 1: .*mtp_tokens_per_expert that is not a table"):
+        report.read_metrics(tmp_path)
+    other = {**recs[1], "mtp_tokens_per_expert": [[2, 6, 4, 4, 0, 0]]}
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, (recs[0], other))) + "\n")
+    with pytest.raises(ValueError, match=r"line 2: mtp_tokens_per_expert is 1 x 6 .*two runs"):
+        report.read_metrics(tmp_path)
+
+
+def test_a_folder_of_runs_is_refused_naming_the_newest_run(tmp_path):
+    """`dropless report runs/` (the parent the trainer makes runs in): one line that names the
+    run last written, by its metrics' time, not its name."""
+    for name, t in (("b-old", 1_000), ("a-new", 2_000)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("{}\n")
+        os.utime(tmp_path / name / "metrics.jsonl", (t, t))
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(ValueError, match=r"has no metrics.jsonl; it holds 2 runs: name one, "
+                                         r"e.g. the newest, '.*a-new'$"):
+        report.read_metrics(tmp_path)
+    with pytest.raises(ValueError, match=r"has no metrics.jsonl$"):
+        report.read_metrics(tmp_path / "notes")

@@ -105,3 +105,28 @@ def test_the_step_line_names_the_expert_load_only_where_the_decoder_has_moe_laye
     assert _fmt_step(rec).endswith("| MFU 25.0% | dropped 0")
     moe = _fmt_step({**rec, "expert_load_max_over_mean": 2.345})
     assert moe.endswith("| MFU 25.0% | load max/mean 2.35 | dropped 0")   # rounded, not cut
+    # a dense decoder whose MTP block routes: the block's load, named as the block's
+    mtp = _fmt_step({**rec, "mtp_expert_load_max_over_mean": 1.5})
+    assert mtp.endswith("| MFU 25.0% | mtp load max/mean 1.50 | dropped 0")
+    both = _fmt_step({**rec, "expert_load_max_over_mean": 2.0,
+                      "mtp_expert_load_max_over_mean": 1.5})
+    assert both.endswith("| load max/mean 2.00 | mtp load max/mean 1.50 | dropped 0")
+
+
+def test_the_step_record_holds_the_mtp_blocks_expert_loads():
+    """The MTP blocks' loads (which move their router biases) are written as a table of their
+    own beside the decoder's, with their worst max/mean."""
+    from dropless.config import TrainConfig
+    from dropless.presets import get_preset
+    from dropless.train.loop import _step_metrics
+    cfg = TrainConfig(model=get_preset("deepseek3-test"), per_device_batch_size=1, seq_len=8)
+    m = {"loss": 5.0, "dropped_tokens": 0, "tokens_per_expert_LE": [[2, 2, 2, 2]],
+         "mtp_tokens_per_expert_LE": [[1, 5, 1, 1]]}
+    rec = _step_metrics(m, step=1, dt=0.5, cfg=cfg, fpt={"model": 1.0, "executed": 1.0},
+                        peak=None)
+    assert rec["tokens_per_expert"] == [[2, 2, 2, 2]] and rec["expert_load_max_over_mean"] == 1
+    assert rec["mtp_tokens_per_expert"] == [[1, 5, 1, 1]]
+    assert rec["mtp_expert_load_max_over_mean"] == 2.5
+    assert "mtp_tokens_per_expert" not in _step_metrics(
+        {k: v for k, v in m.items() if not k.startswith("mtp")}, step=1, dt=0.5, cfg=cfg,
+        fpt={"model": 1.0, "executed": 1.0}, peak=None)

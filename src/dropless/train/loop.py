@@ -82,7 +82,9 @@ def _loss_words(r: dict, mtp_coef: float) -> str:
 def _fmt_step(r: dict, mtp_coef: float = 0.0) -> str:
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
     load = r.get("expert_load_max_over_mean")   # None: no MoE layer in the decoder
-    load = "" if load is None else f"load max/mean {load:.2f} | "
+    mtp = r.get("mtp_expert_load_max_over_mean")   # None: no MTP block routes
+    load = ("" if load is None else f"load max/mean {load:.2f} | ") + (
+        "" if mtp is None else f"mtp load max/mean {mtp:.2f} | ")
     return (f"step {r['step']:>5} | {_loss_words(r, mtp_coef)} | "
             f"{r['step_time_s'] * 1e3:7.0f} ms | "
             f"{r['tokens_per_s']:8.0f} tok/s | {r['tflops_per_device']:.4f} TFLOPS/dev | "
@@ -107,6 +109,11 @@ def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
         le = np.asarray(m["tokens_per_expert_LE"])
         rec.update(met.expert_load_summary(le))
         rec["tokens_per_expert"] = le.tolist()
+    if "mtp_tokens_per_expert_LE" in m:   # the MTP blocks' own MoE layers, one row a block
+        le = np.asarray(m["mtp_tokens_per_expert_LE"])
+        rec["mtp_expert_load_max_over_mean"] = met.expert_load_summary(le)[
+            "expert_load_max_over_mean"]
+        rec["mtp_tokens_per_expert"] = le.tolist()
     return rec
 
 
