@@ -279,3 +279,18 @@ def test_jsonl_is_read_by_the_one_reader_compressed_too(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl' line 2 has no 'text' field \(its fields: "
                                          r"body\); training reads the 'text' field"):
         data.text_documents(str(tmp_path / "bad.jsonl"))
+
+
+def test_a_text_folder_is_walked_as_prepare_walks_it(tmp_path):
+    """Training's folder reader follows links to folders and refuses a link to nothing, as
+    `data prepare` does (`readers.walk`); rglob skipped both without a word."""
+    from dropless.data.corpus import text_documents
+    (tmp_path / "d").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("alpha")
+    (tmp_path / "other" / "b.txt").write_text("beta")
+    (tmp_path / "d" / "linked").symlink_to(tmp_path / "other")
+    assert [t for _, t in text_documents(str(tmp_path / "d"))] == ["alpha", "beta"]
+    (tmp_path / "d" / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
+    with pytest.raises(ValueError, match=r"data='.*d': .*gone\.txt is a link to nothing"):
+        text_documents(str(tmp_path / "d"))

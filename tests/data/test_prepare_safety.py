@@ -241,3 +241,55 @@ def test_a_dictionary_encoded_string_column_is_read_as_strings(tmp_path):
     b = prepare(PrepareConfig(sources=(str(plain),), out=str(tmp_path / "o2"), workers=0,
                               eval_fraction=0), created_by="t")
     assert a.splits == b.splits
+
+
+@pytest.mark.parametrize("change", ["grow", "truncate"])
+def test_an_input_that_changes_while_read_is_refused_not_recorded(tmp_path, change):
+    """The manifest records each input's sha256 and size from before the read: a file appended
+    to (or cut) while it was read gave a dataset of other documents under that hash, reported
+    as a success (or a misleading 'invalid JSON' at the cut). Refused naming the file; what
+    the run wrote is removed (the same command on the new file starts afresh)."""
+    src, out = _src(tmp_path, n=300), tmp_path / "out"
+    original = src.read_bytes()
+
+    def edit(p):
+        if change == "grow":
+            with open(src, "a") as f:
+                f.write('{"text": "appended while prepare read the file"}\n' * 50)
+        else:
+            os.truncate(src, src.stat().st_size // 2 + 7)   # inside a line
+    with pytest.raises(ValueError, match=r"a\.jsonl changed while `data prepare` read it"):
+        prepare(_cfg(src, out), created_by="t", on_progress=edit)
+    assert not out.exists()
+    src.write_bytes(original)
+    m = prepare(_cfg(src, out), created_by="t")
+    assert m.sources[0].sha256 == mf.file_sha256(src)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "rewrite"])
+def test_a_finished_shard_damaged_before_the_resume_is_refused(tmp_path, damage):
+    """A resume kept the shards its state records without looking at them: one deleted, cut
+    or rewritten since gave a manifest naming a missing or other shard, reported as a success."""
+    src, out = _src(tmp_path, n=300), tmp_path / "out"
+
+    def stop(p):
+        if p.shards >= 2:
+            raise Killed
+    import dropless.data.prepare as prep
+    saved = prep.time.monotonic
+    prep.time.monotonic = iter(range(0, 10 ** 6, 1)).__next__
+    try:
+        with pytest.raises(Killed):
+            prepare(_cfg(src, out), created_by="t", on_progress=stop)
+    finally:
+        prep.time.monotonic = saved
+    shard = out / "train-00000.tokens"
+    if damage == "truncate":
+        os.truncate(shard, 10)
+    elif damage == "delete":
+        shard.unlink()
+    else:
+        shard.write_bytes(bytes(reversed(shard.read_bytes())))
+    with pytest.raises(ValueError, match=r"train-00000\.tokens.*since .* wrote it.*remove"):
+        prepare(_cfg(src, out), created_by="t")
+    assert not (out / mf.MANIFEST).exists()

@@ -117,6 +117,9 @@ BAD_LINES = [
     (b'{"text": "a"}\n{"text": \n', "x.jsonl line 2, column"),
     (b'[1]\n', "x.jsonl line 1 is a list, not a JSON object"),
     (b'{"text": "a"}\n{"text": "\xff"}\n', "x.jsonl line 2 is not valid UTF-8 at byte 10"),
+    # deeper than Python's parser recurses: a RecursionError (exit 1, no file named) before
+    (b'{"text": "a"}\n{"text": "b", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}\n",
+     "x.jsonl line 2 is nested deeper than"),
 ]
 
 
@@ -126,6 +129,32 @@ def test_bad_jsonl_records_are_named(tmp_path, data, words):
     with pytest.raises(ValueError) as e:
         _texts(tmp_path / "x.jsonl")
     assert words in str(e.value)
+
+
+def test_a_number_of_any_length_elsewhere_in_a_record_is_valid_json(tmp_path):
+    """JSON numbers have no length limit; Python's int() refuses above 4,300 digits with a
+    ValueError that named no file (and refused a valid record whose text was fine)."""
+    (tmp_path / "x.jsonl").write_bytes(b'{"text": "a", "id": ' + b"7" * 5000 + b'}\n')
+    assert _texts(tmp_path / "x.jsonl") == ["a"]
+    (f,) = readers.input_files(str(tmp_path / "x.jsonl"))
+    assert next(readers.records(f))[1]["id"] == (10 ** 5000 - 1) // 9 * 7
+
+
+def test_a_folder_reads_the_files_under_its_links_to_folders(tmp_path):
+    """A link to a folder is followed, as a glob's `**` follows it (pathlib's rglob did not:
+    the files under it were skipped without a word); a link back to a folder above it (an
+    endless tree) is refused naming it."""
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "data" / "sub" / "x.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "other" / "y.jsonl").write_text('{"text": "y"}\n')
+    (tmp_path / "data" / "linked").symlink_to(tmp_path / "other")
+    files = readers.input_files(str(tmp_path / "data"))
+    assert [f.name for f in files] == ["linked/y.jsonl", "sub/x.jsonl"]
+    assert _texts(tmp_path / "data") == ["y", "x"]
+    (tmp_path / "data" / "sub" / "loop").symlink_to(tmp_path / "data")
+    with pytest.raises(ValueError, match=r"sub/loop is a link to .*data, a folder above it"):
+        readers.input_files(str(tmp_path / "data"))
 
 
 def test_bad_columns_are_named(tmp_path):

@@ -174,3 +174,29 @@ def test_generate_stops_at_the_models_eos():
     first = int(full[3])
     stopped = generate(cfg, params, prompt, max_new_tokens=4, stop_ids=(first,))
     assert stopped.tolist() == full[:4].tolist()          # the stop token is kept, then done
+
+
+def test_the_vocabulary_spans_the_largest_id_not_the_count_of_tokens(tmp_path):
+    """`tokenizers` counts a vocabulary's entries; ids need not be dense (a WordLevel vocab
+    with a gap, added tokens placed high). The vocabulary a model and a shard dtype must hold
+    is the largest id + 1: counted, 70,000 would not fit the uint16 `data prepare` chose
+    (an OverflowError) and a model of 4 ids would pass `check_fits`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from dropless.data.prepare import PrepareConfig, prepare
+    raw = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "</s>": 2, "b": 70000},
+                                     unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert raw.get_vocab_size(with_added_tokens=True) == 4
+    d = write_folder(tmp_path / "gap", {"eos_token": "</s>"}, None, None, tok=raw)
+    tok = tl.HFTokenizer(d / "tokenizer.json")
+    assert tok.vocab_size == 70001
+    with pytest.raises(ValueError, match="70001 tokens, more than the model's vocab_size=256"):
+        tl.check_fits(tok, 256, what="m")
+    (tmp_path / "t.jsonl").write_text('{"text": "a b a"}\n')
+    m = prepare(PrepareConfig(sources=(str(tmp_path / "t.jsonl"),), out=str(tmp_path / "o"),
+                              tokenizer=str(d / "tokenizer.json"), workers=0, eval_fraction=0),
+                created_by="t")
+    assert (m.vocab_size, m.dtype) == (70001, "uint32")
+    ids = np.fromfile(tmp_path / "o" / m.splits["train"][0].tokens_file, "<u4")
+    assert ids.tolist() == [1, 70000, 1, 2]

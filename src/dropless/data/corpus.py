@@ -123,7 +123,7 @@ def _not_jsonl(source: str, path: Path, key: str = "data") -> ValueError:
 def _directory_files(path: Path, source: str, key: str = "data") -> list[Path]:
     """The files of a directory source that are read (text and JSONL, sorted); ValueError when
     there are none, saying what the directory holds instead."""
-    files = sorted(p for p in path.rglob("*")
+    files = sorted(p for p in readers.walk(path, f"{key}={source!r}")
                    if readers.kind_of(p) in ("text", "jsonl") and p.is_file())
     if files:
         return files

@@ -21,7 +21,9 @@ What each document becomes:
 Safety: one writer per output (`prepare_lock`, held for the whole run); each input is identified
 by the SHA-256 of its bytes, computed before any work; a file reached twice (named twice, a glob
 and a name, a link) is refused (`_refuse_repeated`); the resume state is written before the
-first token, so a run killed at any point resumes.
+first token, so a run killed at any point resumes; an input whose stat (size, mtime, inode)
+differs after its read from the one taken with its hash is refused (`_check_unchanged`), and a
+resume checks the finished shards it keeps (`_check_finished`).
 
 Shards: both splits' open shards are closed together ("a cut") after the document that brings
 either to `shard_tokens`, so shard boundaries depend only on the input and the settings. At each
@@ -303,8 +305,11 @@ class _Run:
             raise ValueError(f"{self.out} already holds a prepared dataset ({mf.MANIFEST}); "
                              "remove it or choose another output folder")
         # inputs are identified by their content: a rewritten file of the same size and time
-        # is another input
+        # is another input; the stat taken with the hash catches a change while it is read
+        self.identities = [_identity(f.path) for f in self.files]
         self.hashes = [mf.file_sha256(f.path) for f in self.files]
+        for fi in range(len(self.files)):
+            self._check_unchanged(fi)
         self.settings = self._settings()
         for st, h in zip(self.stats, self.hashes):
             st.sha256 = h
@@ -332,6 +337,37 @@ class _Run:
         self.shards = {s: [mf.Shard(**d) for d in state["shards"][s]] for s in mf.SPLITS}
         for st, d in zip(self.stats, state["stats"]):
             st.__dict__.update(d)
+        for s in mf.SPLITS:
+            for sh in self.shards[s]:
+                self._check_finished(sh)
+
+    def _check_finished(self, sh: mf.Shard) -> None:
+        """A shard the state records as finished must still be the one written (the manifest
+        will vouch for it): refused, naming it, when missing, cut or rewritten since."""
+        item = np.dtype(self.enc.dtype).itemsize
+        for name, size, sha in ((sh.tokens_file, sh.tokens * item, sh.sha256),
+                                (sh.docs_file, sh.documents * 8, sh.docs_sha256)):
+            path = self.out / name
+            problem = ("is missing" if not path.is_file() else
+                       f"holds {path.stat().st_size} bytes, not {size}"
+                       if path.stat().st_size != size else
+                       "has another sha256" if mf.file_sha256(path) != sha else None)
+            if problem:
+                raise ValueError(f"{path} {problem}: it changed since the interrupted `data "
+                                 f"prepare` wrote it; remove {self.out} to start again")
+
+    def _check_unchanged(self, fi: int) -> None:
+        """Input `fi` must be the file that was hashed, of the size found (no append, cut or
+        rewrite while this run reads it): ValueError naming it otherwise."""
+        f, was = self.files[fi], self.identities[fi]
+        try:
+            now = _identity(f.path)
+        except OSError as e:
+            now = (e.strerror,)
+        if now != was or was[0] != f.size:
+            raise ValueError(f"{f.path} changed while `data prepare` read it (size "
+                             f"{f.size} -> {now[0]} bytes, or rewritten); let it be written "
+                             "completely, then run the command again")
 
     def _remove_unrecorded(self) -> None:
         """Delete shard files no recorded shard names and temporary files (a killed run's)."""
@@ -402,15 +438,20 @@ class _Run:
         for fi in range(first, len(self.files)):
             f = self.files[fi]
             base = self.done_bytes
-            for chunk in readers.text_chunks(f, self.cfg.text_field,
-                                             start=start if fi == first else 0,
-                                             records_per_chunk=self.cfg.records_per_chunk):
-                job = _submit(pool, _encode_chunk, (f, chunk, self.cfg.text_field))
-                pending.append((fi, chunk.indices, base + chunk.bytes_done, job))
-                while len(pending) > 2 * max(1, self.cfg.workers):
+            try:
+                for chunk in readers.text_chunks(f, self.cfg.text_field,
+                                                 start=start if fi == first else 0,
+                                                 records_per_chunk=self.cfg.records_per_chunk):
+                    job = _submit(pool, _encode_chunk, (f, chunk, self.cfg.text_field))
+                    pending.append((fi, chunk.indices, base + chunk.bytes_done, job))
+                    while len(pending) > 2 * max(1, self.cfg.workers):
+                        self._consume(*pending.popleft())
+                while pending:
                     self._consume(*pending.popleft())
-            while pending:
-                self._consume(*pending.popleft())
+            except ValueError:
+                self._check_unchanged(fi)    # a line cut by a change is the change, not bad JSON
+                raise
+            self._check_unchanged(fi)
             self.done_bytes = base + f.size
 
     def _consume(self, fi: int, indices: list[int], bytes_done: int, job) -> None:
@@ -479,6 +520,12 @@ class _Run:
                                     skipped=st.skipped)
                           for f, st in zip(self.files, self.stats)),
             created_by=self.created_by)
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, inode, device) of a file: another value means another content."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
 
 def _refuse_repeated(groups) -> None:

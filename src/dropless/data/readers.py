@@ -1,13 +1,13 @@
 """Records from the files corpora come in: JSONL (plain, .gz, .zst), Parquet, Arrow (IPC file or
 stream, a `datasets.save_to_disk` folder) and text files, streamed (a file is never held whole).
 
-A source is `PATH[@WEIGHT]`: a file, a directory (every readable file under it, sorted by path;
-a `save_to_disk` folder: its Arrow files in its own order, a DatasetDict folder: its `train`
-split) or a glob (`data/*.parquet`, `**` recursive). `input_files` expands a source into
-`InputFile`s; each record of a file has an index (JSONL: its 0-based line number, blank lines
-skipped; Parquet / Arrow: its 0-based row; a text file is one record, index 0) and a `name`
-(`InputFile.name`: the path relative to the source's root) that, with the index, identifies a
-document stably wherever the data is moved (`identity`).
+A source is `PATH[@WEIGHT]`: a file, a directory (every readable file under it, through links to
+folders (`walk`), sorted by path; a `save_to_disk` folder: its Arrow files in its own order, a
+DatasetDict folder: its `train` split) or a glob (`data/*.parquet`, `**` recursive). `input_files`
+expands a source into `InputFile`s; each record of a file has an index (JSONL: its 0-based line
+number, blank lines skipped; Parquet / Arrow: its 0-based row; a text file is one record, index 0)
+and a `name` (`InputFile.name`: the path relative to the source's root) that, with the index,
+identifies a document stably wherever the data is moved (`identity`).
 
 Two ways to read:
 * `records(file)`: (index, record dict) for every record (SFT reads prompt / completion or
@@ -20,11 +20,13 @@ Errors are ValueErrors naming the file and the line or row (`where`).
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import glob
 import gzip
 import io
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -153,15 +155,35 @@ def json_object(path: Path) -> dict:
     return data
 
 
+def walk(folder: Path, what: str, above: frozenset = frozenset()) -> Iterator[Path]:
+    """Every path under `folder`, through links to folders too (as a glob's `**` goes; Python
+    3.11's rglob does not, which skipped their files silently). Raises ValueError, starting
+    with `what` (the argument that named the folder), naming a link to nothing, a link to a
+    folder above it (an endless tree) and a folder that cannot be listed."""
+    above = above | {os.path.realpath(folder)}
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as e:
+        raise ValueError(f"{what}: folder {folder} cannot be read ({e.strerror}); "
+                         "give this user access to it, or leave it out") from None
+    for p in entries:
+        if p.is_symlink() and not p.exists():
+            raise ValueError(f"{what}: {p} is a link to nothing (dangling or pointing at "
+                             "itself); remove it or fix its target")
+        yield p
+        if p.is_dir():
+            if os.path.realpath(p) in above:
+                raise ValueError(f"{what}: {p} is a link to {os.path.realpath(p)}, a "
+                                 "folder above it (the tree would never end); remove the link")
+            yield from walk(p, what, above)
+
+
 def _directory(folder: Path, root: Path, weight: float, spec: str) -> list[InputFile]:
     saved = _saved_dataset(folder, spec)
     if saved is not None:
         return [_file(p, root, weight, spec) for p in saved]
-    for p in folder.rglob("*"):
-        if p.is_symlink() and not p.exists():
-            raise ValueError(f"source {spec!r}: {p} is a link to nothing (dangling or "
-                             "pointing at itself); remove it or fix its target")
-    found = sorted((p for p in folder.rglob("*") if p.is_file() and kind_of(p) is not None),
+    found = sorted((p for p in walk(folder, f"source {spec!r}")
+                    if p.is_file() and kind_of(p) is not None),
                    key=lambda p: p.relative_to(folder).as_posix())
     if not found:
         raise ValueError(f"source {spec!r}: {folder} holds no file dropless reads (JSONL, "
@@ -230,6 +252,17 @@ def json_kind(value) -> str:
             dict: "an object"}.get(type(value), type(value).__name__)
 
 
+def _json_loads(line: str):
+    """json.loads, and a JSON integer of any length: int() refuses strings of more than
+    sys.get_int_max_str_digits() digits (a bare ValueError), while JSON sets no limit."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:    # an integer too long for int(str); Decimal -> int has no such limit
+        return json.loads(line, parse_int=lambda s: int(decimal.Decimal(s)))
+
+
 def parse_jsonl_line(raw: bytes, at: str, text_field: str | None = None) -> dict:
     """The JSON object of one raw JSONL line; ValueError naming `at` (file and line) for bytes
     that are not UTF-8, invalid JSON, or a value that is not an object (with `text_field`, the
@@ -240,9 +273,13 @@ def parse_jsonl_line(raw: bytes, at: str, text_field: str | None = None) -> dict
         raise ValueError(f"{at} is not valid UTF-8 at byte {e.start} of the line: {e.reason}"
                          ) from None
     try:
-        rec = json.loads(line)
+        rec = _json_loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"{at}, column {e.colno}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{at} is nested deeper than Python's JSON parser reads (about "
+                         f"{sys.getrecursionlimit()} levels of lists / objects); flatten or "
+                         "remove that record") from None
     if not isinstance(rec, dict):
         holding = f" with a {text_field!r} field" if text_field else ""
         raise ValueError(f"{at} is {json_kind(rec)}, not a JSON object{holding} (JSONL: one "

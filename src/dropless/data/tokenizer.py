@@ -108,6 +108,14 @@ def _flag(where: Path, key: str, value) -> bool | None:
     raise ValueError(f"{where}: {key}={value!r} must be true or false")
 
 
+def vocab_span(tok) -> int:
+    """The largest id of the `tokenizers.Tokenizer` `tok` + 1 (its added tokens included): what
+    an embedding table and a token dtype must hold. `get_vocab_size` counts the entries, which is
+    less where the ids have gaps (a vocab missing some ids, added tokens placed above it)."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+
+
 def special_tokens(tok, folder: Path) -> SpecialTokens:
     """BOS / EOS of the `tokenizers.Tokenizer` `tok` from the files in `folder` (module doc).
     Raises ValueError naming the file and key of a malformed or unknown special token."""
@@ -122,7 +130,7 @@ def special_tokens(tok, folder: Path) -> SpecialTokens:
     if eos is None:
         eos = stops[0] if stops else next(
             (tok.token_to_id(t) for t in EOS_NAMES if tok.token_to_id(t) is not None), None)
-    size = tok.get_vocab_size(with_added_tokens=True)
+    size = vocab_span(tok)
     for key, tid in (("bos", bos), ("eos", eos)) + tuple(("eos_token_id", s) for s in stops):
         if tid is not None and tid >= size:
             raise ValueError(f"{folder}: {key} id {tid} is outside the tokenizer's vocabulary "
@@ -145,7 +153,7 @@ class HFTokenizer:
             raise ValueError(f"tokenizer {path}: cannot be read by the tokenizers library "
                              f"({str(e).splitlines()[0][:200]})") from None
         self.special = special_tokens(self._tok, Path(path).parent)
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = vocab_span(self._tok)
         if self.special.eos_id is None:
             raise ValueError(f"tokenizer {path}: no end-of-sequence token (set eos_token in "
                              "tokenizer_config.json beside it)")
