@@ -163,7 +163,8 @@ ONE_KEY_CASES = [
     ("routed_bias", True, {}, [], None),
     ("routed_bias", "false", {}, [("model.moe.bias_update_speed", 0.0)], None),
     ("warmup_steps_fraction", 0.1, {"steps": 1000}, [("warmup_steps", 100)], None),
-    ("warmup_steps_fraction", 0.1, {}, [("warmup_steps", 30)], None),   # MaxText's 300 steps
+    # no steps given: the run's, TrainConfig's default (400), not another number
+    ("warmup_steps_fraction", 0.1, {}, [("warmup_steps", 40)], None),
     ("attention_type", "mla", {}, [("model.attention", "mla")], None),
     ("attention_type", "global", {}, [("model.attention", "mha")], None),
     ("decoder_block", "deepseek", {}, [], "decoder_block=deepseek changes nothing: the "
@@ -304,3 +305,29 @@ def test_a_tokenizer_folder_means_its_tokenizer_json(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     assert maxtext.translate([("tokenizer_path", str(tmp_path))]) == [
         ("tokenizer", str(tmp_path / "tokenizer.json"))]
+
+
+@pytest.mark.parametrize("items,message", [
+    ([("capacity_factor", "abc")], "MaxText capacity_factor='abc' must be a finite number"),
+    ([("capacity_factor", [1])], r"MaxText capacity_factor=\[1\] must be a finite number"),
+    ([("sparse_matmul", False), ("capacity_factor", float("nan"))],
+     "MaxText capacity_factor=nan must be a finite number"),   # was dropless, silently
+    ([("n_routing_groups", 2.5)], "MaxText n_routing_groups=2.5 must be an int"),  # was 2
+    ([("n_routing_groups", [8])], r"MaxText n_routing_groups=\[8\] must be an int"),
+    ([("topk_routing_group", "x")], "MaxText topk_routing_group='x' must be an int"),
+    ([("warmup_steps_fraction", float("inf"))],
+     "MaxText warmup_steps_fraction=inf must be a finite number"),
+    ([("warmup_steps_fraction", 2)], r"warmup_steps_fraction=2 must be a fraction of the "
+     r"steps in \[0, 1\]"),
+    ([("warmup_steps_fraction", 0.1), ("steps", "abc")],
+     "warmup_steps_fraction=0.1 is a fraction of steps, and steps='abc' is not an int"),
+    ([("routed_bias", False), ("routed_bias_update_rate", "abc")],
+     "MaxText routed_bias_update_rate='abc' must be a finite number"),
+    ([("remat_policy", ["full"])], r"MaxText remat_policy=\['full'\] is not supported"),
+    ([("attention", ["flash"])], r"MaxText attention=\['flash'\] is not supported"),
+])
+def test_a_bad_value_of_a_translated_flag_is_a_value_error_naming_it(items, message):
+    # each was a bare TypeError / OverflowError / int() message, or silently accepted
+    with pytest.raises(ValueError, match=message) as e:
+        build_config(items)
+    assert "\n" not in str(e.value)

@@ -110,8 +110,9 @@ def test_suggest_ranks_layouts_that_fit():
     (lambda: REF.replace(overlap="some"), "PlanConfig.overlap='some'"),
     (lambda: REF.replace_run(model=DSV3.replace(moe=None)),
      "PlanConfig.run.mesh.expert=8 needs an MoE model"),
-    (lambda: REF.replace_run(model=DSV3.replace(dtype="float64")),
-     "PlanConfig.run.model.dtype='float64' must be one of"),
+    (lambda: REF.replace_run(model=DSV3.replace(dtype="float64")),   # the config's refusal
+     "ModelConfig.dtype='float64' is not a model dtype (one of float32, bfloat16, float16; "
+     "float64 runs as float32 in JAX"),
 ])
 def test_bad_layouts_name_field_and_value(make, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(")):

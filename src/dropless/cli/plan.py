@@ -10,7 +10,7 @@ from dropless.config import GMM_QUANTIZATIONS, REMAT_POLICIES
 from dropless.machine import PRECISIONS, PROFILES
 from dropless.plan import report
 from dropless.plan.from_train import MESH_KEYS, build_plan
-from dropless.plan.layout import ATTENTION_IMPLS, MODELLED_DISPATCHERS, OVERLAPS
+from dropless.plan.layout import ATTENTION_IMPLS, MAX_DEVICES, MODELLED_DISPATCHERS, OVERLAPS
 from dropless.plan.model import predict
 from dropless.plan.sweep import SWEEP_AXES, suggest, sweep_gpus
 from dropless.presets import PRESETS
@@ -101,6 +101,9 @@ def _sweep_sizes(text: str) -> list[int]:
     for item in (x.strip() for x in text.split(",") if x.strip()):
         if not item.isdigit() or int(item) < 1:
             raise ValueError(f"--sweep-gpus {text!r}: {item!r} is not a positive number of GPUs")
+        if int(item) > MAX_DEVICES:
+            raise ValueError(f"--sweep-gpus {text!r}: {item} is more GPUs than the planner plans "
+                             f"({MAX_DEVICES}); sweep fewer")
         sizes.append(int(item))
     if not sizes:
         raise ValueError(f"--sweep-gpus {text!r} names no cluster size (e.g. 8,16,32)")

@@ -16,6 +16,10 @@ Semantics worth knowing:
   is ragged_dot on TPU (MaxText's behaviour there) and a grouped kernel on CUDA (docs/gpu.md).
   `use_tokamax_gmm: true` -> "tokamax" and wins over `megablox`, as in MaxText.
 - `n_routing_groups` / `topk_routing_group` of -1 mean "no groups".
+- `warmup_steps_fraction` (in [0, 1]) x the run's steps (TrainConfig's default when no key
+  gives them) -> warmup_steps.
+- A value a rule reads is checked as it is read (ints are ints, numbers finite), so a bad
+  one is a ValueError naming the flag, never silently truncated or compared as nan.
 - `routed_bias: true` is the aux-loss-free routing bias, updated at `routed_bias_update_rate`
   (model.moe.bias_update_speed); `false` keeps it at zero (speed 0).
 - `base_num_kv_heads` is GQA's key/value heads under `attention_type: global`; under `mla` it
@@ -51,10 +55,11 @@ Keys that are accepted but change nothing add a line to `notes` (printed once at
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dropless.config import MESH_AXES
+from dropless.config import MESH_AXES, TrainConfig
 from dropless.runtime import environment as env_lib
 from dropless.runtime import xla_flags as xf
 
@@ -179,6 +184,19 @@ def _int(name: str, v: Any) -> int:
     return int(v)
 
 
+def _float(name: str, v: Any) -> float:
+    """`v` (an int, a float or a string of one: PyYAML reads 1e-3 as a string) as a finite
+    float; ValueError naming `name` and `v` otherwise (nan and inf too: a translator compares
+    the value, and nan compares false with everything)."""
+    try:
+        f = float(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None
+    except ValueError:
+        f = None
+    if f is None or not math.isfinite(f):
+        raise ValueError(f"MaxText {name}={v!r} must be a finite number")
+    return f
+
+
 def _renamed(keys: tuple[str, ...]) -> Translator:
     return lambda name, v, given: [(key, v) for key in keys]
 
@@ -216,7 +234,7 @@ def _te_moe_block(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _attention_kernel(name: str, v: Any, given: Given) -> Pairs:
-    if v not in ATTENTION_KERNELS:
+    if not isinstance(v, str) or v not in ATTENTION_KERNELS:
         raise ValueError(f"MaxText attention={v!r} is not supported (training runs one of "
                          f"{list(ATTENTION_KERNELS)})")
     if v == "flash":
@@ -269,31 +287,47 @@ def _te_gmm_quantization(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _capacity_factor(name: str, v: Any, given: Given) -> Pairs:
-    drop = (not given.sparse) and float(v) > 0
-    if given.sparse and float(v) > 0:
+    factor = _float(name, v)
+    drop = (not given.sparse) and factor > 0
+    if given.sparse and factor > 0:
         given.notes.append(f"capacity_factor={v} changes nothing with sparse_matmul=true: the "
                            "grouped-matmul path is dropless")
-    return [("model.moe.capacity_factor", float(v) if drop else None)]
+    return [("model.moe.capacity_factor", factor if drop else None)]
 
 
 def _remat_policy(name: str, v: Any, given: Given) -> Pairs:
-    if v not in REMAT:
+    if not isinstance(v, str) or v not in REMAT:
         raise ValueError(f"MaxText remat_policy={v!r} is not supported; known: {sorted(REMAT)}")
     return [("remat", REMAT[v])]
 
 
 def _n_routing_groups(name: str, v: Any, given: Given) -> Pairs:
-    if int(v) <= 0:   # no groups: the group limit goes too
+    n = _int(name, v)
+    if n <= 0:   # no groups: the group limit goes too
         return [("model.moe.n_groups", 1), ("model.moe.topk_groups", 1)]
-    return [("model.moe.n_groups", int(v))]
+    return [("model.moe.n_groups", n)]
 
 
 def _topk_routing_group(name: str, v: Any, given: Given) -> Pairs:
-    return [("model.moe.topk_groups", 1 if int(v) <= 0 else int(v))]
+    n = _int(name, v)
+    return [("model.moe.topk_groups", 1 if n <= 0 else n)]
+
+
+# the steps a run trains for when no key says (TrainConfig's default): what a warmup fraction
+# is a fraction of then
+DEFAULT_STEPS = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "steps")
 
 
 def _warmup_steps_fraction(name: str, v: Any, given: Given) -> Pairs:
-    return [("warmup_steps", int(float(v) * int(given.seen.get("steps", 300))))]
+    """warmup_steps = fraction x the run's steps (those given, else TrainConfig's default)."""
+    fraction = _float(name, v)
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"MaxText {name}={v!r} must be a fraction of the steps in [0, 1]")
+    steps = given.seen.get("steps", DEFAULT_STEPS)
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise ValueError(f"MaxText {name}={v!r} is a fraction of steps, and steps={steps!r} "
+                         "is not an int")
+    return [("warmup_steps", int(fraction * steps))]
 
 
 def _attention_type(name: str, v: Any, given: Given) -> Pairs:
@@ -321,7 +355,7 @@ def _routed_bias(name: str, v: Any, given: Given) -> Pairs:
     if _bool(name, v):
         return []
     rate = given.seen.get("routed_bias_update_rate", 0.0)
-    if float(rate) != 0.0:
+    if _float("routed_bias_update_rate", rate) != 0.0:
         raise ValueError(f"MaxText routed_bias=false with routed_bias_update_rate={rate!r}: "
                          "a bias that is updated is on; set routed_bias=true or the rate to 0")
     return [("model.moe.bias_update_speed", 0.0)]

@@ -14,6 +14,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from dropless.config.names import MODEL_DTYPES
+
 
 def _fail(cls: str, field: str, value: Any, why: str) -> None:
     raise ValueError(f"{cls}.{field}={value!r} {why}")
@@ -100,9 +102,15 @@ def _one_of(cls: str, obj: Any, name: str, choices: tuple[str, ...]) -> None:
 
 
 def _check_dtype(cls: str, field: str, value: str) -> None:
+    """`value` is one of MODEL_DTYPES, by name (a numpy spelling such as 'half' is named as the
+    dtype it stands for)."""
+    if value in MODEL_DTYPES:
+        return
     try:
         dt = jnp.dtype(value)
     except TypeError:
-        _fail(cls, field, value, "is not a dtype name (try 'float32' or 'bfloat16')")
-    if not jnp.issubdtype(dt, jnp.floating):
-        _fail(cls, field, value, "must be a floating dtype")
+        _fail(cls, field, value, f"is not a dtype name (one of {', '.join(MODEL_DTYPES)})")
+    if dt.name in MODEL_DTYPES:
+        _fail(cls, field, value, f"must be spelled {dt.name!r}")
+    why = "; float64 runs as float32 in JAX" if dt.name == "float64" else ""
+    _fail(cls, field, value, f"is not a model dtype (one of {', '.join(MODEL_DTYPES)}{why})")

@@ -93,11 +93,13 @@ class ModelConfig:
     tie_embeddings: bool = described(
         False, doc="the output head is the embedding matrix (no separate lm_head)")
     mtp_depth: int = described(
-        0, doc="DeepSeek-V3 multi-token prediction modules; 0 = off")
+        0, doc="DeepSeek-V3 multi-token prediction modules (fewer than the run's seq_len); "
+               "0 = off")
     mtp_loss_coef: float = described(
         0.3, doc="weight of the mean MTP cross-entropy in the loss")
-    dtype: str = described("float32", doc="activations")
-    weight_dtype: str = described("float32", doc="stored weights")
+    dtype: str = described("float32", doc="activations: float32, bfloat16 or float16")
+    weight_dtype: str = described(
+        "float32", doc="stored weights: float32, bfloat16 or float16")
     # parameters then hold "layer_runs" instead of "layers"
     scan_layers: bool = described(
         False, doc="consecutive same-kind layers run under one jax.lax.scan over stacked "

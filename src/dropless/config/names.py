@@ -32,6 +32,10 @@ INIT_SCHEMES = ("fan_in", "normal", "maxtext", "legacy")
 INIT_FIELDS = ("init", "init_std", "head_init_std", "embed_init_std", "init_residual_scaling")
 
 MESH_AXES = ("data", "fsdp", "expert")   # the mesh axes, in mesh order
+# the dtypes a model's activations and stored weights may have (ModelConfig / MoEConfig dtype,
+# weight_dtype): float64 would run as float32 (JAX without jax_enable_x64) while the config said
+# float64, and float8 / int types are what gmm_quantization is for, not a model's dtype
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
 ATTENTION_KINDS = ("mla", "mha")
 # the attention core's kernels (ops/attention.py): auto = cuDNN's flash attention where it takes

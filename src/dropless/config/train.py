@@ -12,6 +12,10 @@ from dropless.runtime.environment import check_environment
 from dropless.runtime.xla_flags import RECIPES, check_flags
 
 
+# seeds jax.random.PRNGKey tells apart (it keeps the low 32 bits; 2**63 and up overflow it)
+SEED_LIMIT = 2 ** 32
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training run: the model, optimizer, data, parallelism, checkpoints and metrics.
@@ -49,7 +53,9 @@ class TrainConfig:
     adam_b2: float = described(0.95, doc="AdamW's beta2")
     adam_eps: float = described(1e-8, doc="AdamW's epsilon")
     grad_clip: float = described(1.0, doc="gradients clipped to this global norm; 0 = no clip")
-    seed: int = described(0, doc="seed of the initial weights and of the data order")
+    seed: int = described(
+        0, doc="seed of the initial weights and of the data order (< 2^32: the weights' PRNG "
+               "key holds 32 bits)")
     init_from: str = described(
         "", doc="start from these weights (fine-tuning): hf:DIR (a Hugging Face folder), a "
                 "`dropless convert` output or a run directory")
@@ -125,6 +131,13 @@ class TrainConfig:
         _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps",
                                  "lr_decay_steps"),
                        allow_zero=True)
+        if self.seed >= SEED_LIMIT:
+            _fail(c, "seed", self.seed, f"must be < 2**32 = {SEED_LIMIT} (jax.random.PRNGKey "
+                  f"keeps 32 bits: seed {SEED_LIMIT} would draw seed 0's weights)")
+        if self.model.mtp_depth >= self.seq_len:
+            _fail(c, "model.mtp_depth", self.model.mtp_depth,
+                  f"must be < seq_len={self.seq_len}: MTP depth k predicts the token k + 1 "
+                  "ahead, which a row of seq_len tokens holds for k < seq_len only")
         if not self.learning_rate > 0:
             _fail(c, "learning_rate", self.learning_rate, "must be > 0")
         if not 0 <= self.min_lr_ratio <= 1:

@@ -90,7 +90,11 @@ def split_settings(pairs: Iterable[tuple[str, Any]]) -> tuple[dict[str, Any], li
 
 
 def _offload(value: Any) -> tuple[str, ...]:
-    """'query,value' / [query, value] / 'none' -> the tuple PlanConfig takes."""
+    """'query,value' / [query, value] / 'none' -> the tuple PlanConfig takes. Raises ValueError
+    naming the key for a value that is neither a string nor a list."""
+    if value is not None and not isinstance(value, (str, list, tuple)):
+        raise ValueError(f"planner key 'offload': {value!r} must be a comma-separated string or "
+                         "a list of query, key, value (or 'none')")
     items = value.split(",") if isinstance(value, str) else list(value or ())
     return tuple(str(v).strip() for v in items if str(v).strip() not in ("", "none"))
 
@@ -145,7 +149,7 @@ def read_config_file(path: str | None) -> tuple[list[tuple[str, Any]], dict[str,
     data = load_yaml(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"--config {path!r} must hold a mapping of settings")
-    flat = [(k, v) for k, v in data.items() if not isinstance(v, dict)]
+    flat = [(str(k), v) for k, v in data.items() if not isinstance(v, dict)]   # as flatten
     return flat, {k: v for k, v in data.items() if isinstance(v, dict)}
 
 

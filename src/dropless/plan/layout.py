@@ -60,6 +60,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OFFLOADABLE = ("query", "key", "value")
 ATTENTION_IMPLS = ("flash", "naive")
 BUFFER_FACTOR_WITHOUT_MOE = 2.0   # what a dense model's layout shows (MoEConfig's default)
+# the most devices a plan has (over a million GPUs, more than any cluster): the layout search
+# and the node sizes walk the device count's divisors, work that grows with it
+MAX_DEVICES = 2 ** 20
 
 
 def _fail(field: str, value, why: str) -> None:
@@ -83,6 +86,8 @@ class PlanConfig:
       probabilities materialised and the full square computed, as plain XLA on CPU does).
     devices_per_node: the node size; 0 takes the mesh's when it spans several nodes (dcn_*),
       else the hardware's NVLink domain, fitted to the device count (`node_size`).
+    Raises ValueError naming the field for a bad setting, for more than MAX_DEVICES devices and
+    for MoE chunks (`ep_chunks`) that do not split a device's tokens.
     """
 
     run: TrainConfig
@@ -119,6 +124,14 @@ class PlanConfig:
                 _fail("offload", self.offload, f"may only name {OFFLOADABLE}")
         if self.model.moe is None and self.mesh.expert > 1:
             _fail("run.mesh.expert", self.mesh.expert, "needs an MoE model; the model is dense")
+        k = self.ep_chunks
+        if self.micro_tokens_per_device % k:   # as the trainer's overlap.chunk_tokens refuses
+            _fail("run.model.moe.ep_comm_overlap_chunks", k,
+                  f"does not divide the {self.micro_tokens_per_device} tokens a device holds "
+                  "(per_device_batch_size x seq_len); use a divisor of them")
+        if self.mesh.num_devices > MAX_DEVICES:
+            _fail("run.mesh", self.mesh.shape, f"has {self.mesh.num_devices} devices (gpus), more "
+                  f"than the planner plans ({MAX_DEVICES}, 2**20); plan fewer GPUs")
 
     def replace(self, **changes: Any) -> "PlanConfig":
         return dataclasses.replace(self, **changes)
@@ -159,6 +172,16 @@ class PlanConfig:
     def step_tokens_per_device(self) -> int:
         """Tokens one optimizer step trains on per device: `accumulation` micro-batches."""
         return self.micro_tokens_per_device * self.accumulation
+
+    @property
+    def ep_chunks(self) -> int:
+        """The chunks each device's tokens of an MoE layer run in: the MoE layer's
+        `ep_comm_overlap_chunks` where the trainer runs it on a mesh through a dispatcher (more
+        than one device: `parallel.mesh.train_mesh`; a dispatcher other than local), else 1."""
+        moe = self.moe
+        if moe is None or self.mesh.num_devices == 1 or moe.dispatcher == "local":
+            return 1
+        return moe.ep_comm_overlap_chunks
 
     @property
     def offloaded(self) -> tuple[str, ...]:
@@ -238,6 +261,12 @@ def node_limit(cfg: PlanConfig) -> int:
     return cfg.devices_per_node or (mesh.devices_per_node if mesh.num_nodes > 1 else 0)
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of `n` > 0, ascending, in sqrt(n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def check_node_size(cfg: PlanConfig) -> None:
     """Raise ValueError when the node size the user set (`devices_per_node`) and the device
     count contradict each other: more than one node, and the devices do not fill whole nodes
@@ -245,7 +274,7 @@ def check_node_size(cfg: PlanConfig) -> None:
     (72 GPUs, run as 64) is no contradiction: no one asked for it."""
     n, asked = cfg.mesh.num_devices, cfg.devices_per_node
     if asked and asked < n and n % asked:
-        fits = [d for d in range(1, n + 1) if n % d == 0 and d <= asked]
+        fits = [d for d in divisors(n) if d <= asked]
         raise ValueError(f"devices_per_node={asked} does not divide the {n} devices (gpus / the "
                          f"mesh): {n} devices cannot fill nodes of {asked}; set devices_per_node "
                          f"to a divisor of {n} (the largest below {asked}: {fits[-1]}) or gpus "
@@ -258,7 +287,7 @@ def node_size(cfg: PlanConfig, hw: HardwareProfile) -> int:
     meshes on 64 of them)."""
     limit = node_limit(cfg) or hw.gpus_per_domain
     gpus = cfg.mesh.num_devices
-    return max(d for d in range(1, min(limit, gpus) + 1) if gpus % d == 0)
+    return max(d for d in divisors(gpus) if d <= limit)
 
 
 def on_mesh(cfg: PlanConfig, *, data: int, fsdp: int, expert: int) -> PlanConfig:

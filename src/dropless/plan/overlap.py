@@ -25,8 +25,9 @@ from dropless.plan.layout import REMAT, PlanConfig, groups
 
 
 def chunks(cfg: PlanConfig) -> int:
-    """k: the MoE layer's `ep_comm_overlap_chunks` (1 for a dense model)."""
-    return cfg.moe.ep_comm_overlap_chunks if cfg.moe is not None else 1
+    """k: the chunks the trainer runs the MoE layer's tokens in (`PlanConfig.ep_chunks`: its
+    `ep_comm_overlap_chunks` on a mesh; 1 for a dense model or one device)."""
+    return cfg.ep_chunks
 
 
 def transfer_time(cfg: PlanConfig, hw: HardwareProfile, num_chunks: int = 1) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from dropless.machine import HardwareProfile
-from dropless.plan.layout import PlanConfig, on_mesh
+from dropless.plan.layout import PlanConfig, divisors, on_mesh
 from dropless.plan.model import predict
 
 SWEEP_AXES = ("data", "fsdp")
@@ -40,10 +40,6 @@ def sweep_gpus(cfg: PlanConfig, hw: HardwareProfile, gpus: list[int], *, axis: s
     return rows
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def candidate_layouts(cfg: PlanConfig, *, min_factor: float = 1.5
                       ) -> list[tuple[PlanConfig, float]]:
     """(plan, buffer factor) for every (FSDP x EP, remat, buffer factor) the model and cluster
@@ -54,10 +50,10 @@ def candidate_layouts(cfg: PlanConfig, *, min_factor: float = 1.5
     """
     out = []
     gpus, moe = cfg.mesh.num_devices, cfg.moe
-    eps = [e for e in _divisors(gpus) if moe is not None and moe.num_experts % e == 0] or [1]
+    eps = [e for e in divisors(gpus) if moe is not None and moe.num_experts % e == 0] or [1]
     factors = [f for f in SUGGEST_FACTORS if f >= min_factor] or [max(SUGGEST_FACTORS)]
     for ep in eps:
-        for fsdp in _divisors(gpus // ep):
+        for fsdp in divisors(gpus // ep):
             layout = on_mesh(cfg, data=gpus // (ep * fsdp), fsdp=fsdp, expert=ep)
             for remat, factor in itertools.product(SUGGEST_REMATS, factors if ep > 1 else [1.0]):
                 c = layout.replace_run(remat=remat).replace(offload=None)

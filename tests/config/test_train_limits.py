@@ -1,0 +1,40 @@
+"""TrainConfig's cross-field limits that a value past them would not fail on but misbehave
+later: a seed the weights' PRNG key cannot hold, MTP depths no row has a target for."""
+import jax
+import pytest
+
+from dropless.config_file import build_config
+
+
+def test_a_seed_past_32_bits_is_refused_since_the_prng_key_drops_the_rest():
+    # why: PRNGKey keeps the low 32 bits (seed 2**32 draws seed 0's weights), 2**63 overflows
+    assert (jax.random.PRNGKey(2 ** 32) == jax.random.PRNGKey(0)).all()
+    assert build_config([("seed", 2 ** 32 - 1)]).seed == 2 ** 32 - 1
+    for key in ("seed", "init_weights_seed"):
+        for seed in (2 ** 32, 2 ** 63):
+            with pytest.raises(ValueError, match=rf"TrainConfig.seed={seed} must be < 2\*\*32"):
+                build_config([(key, seed)])
+
+
+def test_an_mtp_depth_without_a_target_in_the_row_is_refused():
+    # depth k's target at position i is token i + k + 1: inside a row of S tokens for k < S
+    assert build_config([("model.mtp_depth", 7), ("seq_len", 8)]).model.mtp_depth == 7
+    with pytest.raises(ValueError, match="TrainConfig.model.mtp_depth=8 must be < seq_len=8"):
+        build_config([("model.mtp_depth", 8), ("seq_len", 8)])
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("model.dtype", "float64", r"ModelConfig.dtype='float64' is not a model dtype \(one of "
+     r"float32, bfloat16, float16; float64 runs as float32 in JAX\)"),
+    ("model.moe.weight_dtype", "float8_e4m3fn", "MoEConfig.weight_dtype='float8_e4m3fn' is not "
+     "a model dtype"),
+    ("model.moe.dtype", "int8", "MoEConfig.dtype='int8' is not a model dtype"),
+    ("model.weight_dtype", "half", "ModelConfig.weight_dtype='half' must be spelled 'float16'"),
+    ("model.dtype", "foo", "ModelConfig.dtype='foo' is not a dtype name"),
+])
+def test_a_dtype_no_model_runs_in_is_refused_not_run_as_another(key, value, message):
+    # float64 ran as float32 (JAX without x64) while the config said float64; the planner,
+    # which has no bytes for it, was the first to refuse
+    with pytest.raises(ValueError, match=message):
+        build_config([(key, value)])
+    assert build_config([("dtype", "float16")]).model.moe.dtype == "float16"
