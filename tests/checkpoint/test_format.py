@@ -179,3 +179,26 @@ def test_a_run_directory_loads_without_optimizer_state(saved, tmp_path, monkeypa
     got_cfg, params = load_dropless(run)
     assert got_cfg == cfg
     _assert_bitwise(params, state["params"])
+
+
+def test_a_run_whose_config_describes_another_model_is_refused_in_one_line(saved, tmp_path):
+    """A run directory whose config.json no longer describes its checkpoints (edited, or a step
+    copied in from another run): one line naming the array, both shapes and config.json; the
+    intact step stays where it is (it is not damage) and loads again under the right config."""
+    cfg, state, d = saved
+    run = tmp_path / "run"
+    shutil.copytree(d, run / "checkpoints")
+    other = cfg.replace(model=cfg.model.replace(d_ff=cfg.model.d_ff * 2))
+    (run / "config.json").write_text(json.dumps(to_dict(other)))
+    with pytest.raises(ValueError) as e:
+        load_dropless(run, what="dropless eval run")
+    text = str(e.value)
+    assert text.startswith("dropless eval run: checkpoint 3 in ") and "\n" not in text
+    d, f = cfg.model.d_model, cfg.model.d_ff
+    assert f"params/layers/0/ffn/w_down_FD is ({f}, {d}) float32 in the checkpoint, " \
+           f"({2 * f}, {d}) float32 asked for" in text and f"{run / 'config.json'}" in text, text
+    assert "damaged" not in text and "nothing was changed" in text
+    assert ckpt.all_steps(run / "checkpoints") == [3]
+    assert not (run / "checkpoints" / ckpt.DAMAGED).exists()
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    _assert_bitwise(load_dropless(run)[1], state["params"])

@@ -182,3 +182,22 @@ def test_a_reader_beside_a_writer_that_saves_and_rotates(tmp_path):
     assert len(reads) >= 3 and reads == sorted(reads), reads
     ckpt.rotate(d, 1)         # a step a read held at the last save goes now, nothing is held
     assert ckpt.all_steps(d) == [n]
+
+
+@pytest.mark.parametrize("like, words", [
+    ({"w": jax.ShapeDtypeStruct((64, 96), jnp.float32), "b": LIKE["params"]["b"]},
+     "params/w is (64, 48) float32 in the checkpoint, (64, 96) float32 asked for"),
+    ({"w": LIKE["params"]["w"], "b": jax.ShapeDtypeStruct((8,), jnp.bfloat16)},
+     "params/b is (8,) float32 in the checkpoint, (8,) bfloat16 asked for"),
+    ({"w": LIKE["params"]["w"]}, "params/b is in the checkpoint but not asked for"),
+])
+def test_a_step_of_another_model_is_refused_not_called_damage(steps, like, words):
+    """Intact steps whose arrays differ from the ones asked for (a run's config.json edited, a
+    step copied in from another run): one line naming the array and both shapes and dtypes,
+    nothing read, nothing moved aside (the files are not damaged: the question is wrong)."""
+    with pytest.raises(ckpt.DoesNotFit) as e:
+        ckpt.read_newest(steps, lambda s: ckpt.read_params(steps, s, like), writer_may_run=True)
+    assert not isinstance(e.value, ckpt.NoIntactStep) and isinstance(e.value, ValueError)
+    assert words in str(e.value) and "checkpoint 4 " in str(e.value), str(e.value)
+    assert "\n" not in str(e.value) and "damaged" not in str(e.value)
+    assert ckpt.all_steps(steps) == [4, 2] and not (steps / ckpt.DAMAGED).exists()

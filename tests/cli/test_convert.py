@@ -7,6 +7,7 @@ import pytest
 
 from dropless import cli, hf
 from dropless.hf.reader import CheckpointReader
+from dropless.model_dir import load_model
 from tests._support.paths import HF_FIXTURES
 
 FIX = HF_FIXTURES
@@ -71,6 +72,35 @@ def test_eval_matches_forward(tmp_path, capsys):
     nll = -np.take_along_axis(logp, win[:, 1:, None], -1)
     assert out["windows"] == n and out["tokens"] == n * 16
     assert out["loss"] == pytest.approx(nll.mean(), rel=1e-4)
+
+
+def test_eval_of_data_shorter_than_one_window_names_the_file(tmp_path, capsys):
+    """Refused in one line naming --data and its token count (2 bytes and the end-of-document
+    id), before the model is read."""
+    data = tmp_path / "short.txt"
+    data.write_text("hi")
+    assert cli.main(["eval", f"hf:{FIX / 'mixtral'}", "--data", str(data), "--seq-len", "16",
+                     "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"dropless: error: dropless eval: --data={str(data)!r}: the data has 3 tokens, "
+                   "fewer than seq_len + 1 = 17; lower --seq-len\n"), err
+
+
+@pytest.mark.parametrize("direction", ["hf", "dropless"])
+def test_a_dtype_no_model_holds_is_refused_not_run_as_another(converted, tmp_path, capsys,
+                                                              direction):
+    """--dtype float64 would run (and be written) as float32 while the config said float64:
+    refused in one line, nothing written; numpy's spellings of the others are named as such."""
+    src = str(FIX / "mixtral") if direction == "hf" else str(converted)
+    out = tmp_path / "out"
+    assert cli.main(["convert", src, str(out), "--dtype", "float64"]) == 2
+    assert capsys.readouterr().err == (
+        f"dropless: error: dropless convert {src}: --dtype='float64' is not a model dtype (one "
+        "of float32, bfloat16, float16; float64 runs as float32 in JAX)\n")
+    assert not out.exists() and not list(tmp_path.iterdir())
+    assert cli.main(["convert", src, str(out), "--dtype", "half"]) == 0
+    cfg, params = hf.load(out) if direction == "dropless" else load_model(str(out))
+    assert (cfg.dtype, cfg.weight_dtype, str(params["embed"]["w_VD"].dtype)) == ("float16",) * 3
 
 
 def test_generate_greedy_and_sampled(capsys):

@@ -114,3 +114,59 @@ def test_save_refuses_nonzero_bias_for_softmax(tmp_path):
     params["layers"][1]["moe"]["router"]["bias_E"][0] = 0.5
     with pytest.raises(hf.UnsupportedCheckpoint, match="layers/1/moe/router/bias_E"):
         hf.save(cfg, params, tmp_path)
+
+
+@pytest.mark.parametrize("name,changes,words", [
+    ("mixtral", {"num_experts_per_tok": 8},
+     "config.json: num_experts_per_tok=8, num_local_experts=4 do not describe a valid model "
+     "(MoEConfig.top_k=8 must be <= num_experts=4); correct config.json"),
+    ("mixtral", {"num_key_value_heads": 3}, "config.json: num_key_value_heads=3, "
+                                            "num_attention_heads=4 do not describe"),
+    ("qwen3_moe", {"num_experts_per_tok": 99}, "num_experts_per_tok=99, num_experts=8 do not"),
+    ("deepseek_v3_yarn", {"n_group": 3}, "config.json: n_group=3, n_routed_experts=8 do not"),
+    ("deepseek_v3_yarn", {"first_k_dense_replace": 9},
+     "first_k_dense_replace=9, num_hidden_layers=3 do not"),
+])
+def test_keys_that_contradict_each_other_are_named_as_config_json_spells_them(
+        name, changes, words, tmp_path):
+    """Values each valid alone that together describe no model (top-k above the expert count,
+    heads that do not divide): refused naming config.json and its keys, not our field names
+    alone, before any tensor is read."""
+    d = _copy(name, tmp_path, **changes)
+    with pytest.raises(hf.BadConfig) as e:
+        hf.read_config(d)
+    assert str(e.value).startswith(f"{d / 'config.json'}: ") and words in str(e.value), e.value
+
+
+def test_tied_embeddings_with_an_lm_head_tensor_name_the_key(tmp_path):
+    """tie_word_embeddings=true but the folder holds lm_head.weight: which output layer was
+    meant is unknown, so it is refused naming the key and the tensor's file."""
+    d = _copy("mixtral", tmp_path, tie_word_embeddings=True)
+    with pytest.raises(hf.BadCheckpoint) as e:
+        hf.load(d)
+    assert str(e.value) == (
+        f"{d / 'model-00006-of-00006.safetensors'}: holds tensor 'lm_head.weight' but "
+        f"{d / 'config.json'} says tie_word_embeddings=true (the output layer is the "
+        "embedding); set it to false to use lm_head.weight, or remove the tensor")
+
+
+def test_a_bad_checkpoint_is_refused_before_any_tensor_is_read(tmp_path, monkeypatch):
+    """An unmapped tensor or the wrong shape of the last tensor is seen in the headers: no
+    tensor is read first (a large checkpoint is not streamed through only to be refused)."""
+    from safetensors.numpy import load_file, save_file
+    from dropless.hf import reader as reader_lib
+
+    def no_read(self, name):
+        raise AssertionError(f"read {name} before refusing the checkpoint")
+    monkeypatch.setattr(reader_lib.CheckpointReader, "read_raw", no_read)
+    d = _copy("qwen3_moe", tmp_path)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(32, np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match="not mapped to any parameter.*q_proj.bias"):
+        hf.load(d)
+    del tensors["model.layers.0.self_attn.q_proj.bias"]
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:-1]
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(hf.BadCheckpoint, match="tensor 'lm_head.weight' has shape"):
+        hf.load(d)

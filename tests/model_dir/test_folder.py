@@ -196,3 +196,36 @@ def test_a_dropless_directory_is_verified_against_its_hashes(tmp_path):
 def jax_leaves(tree):
     import jax
     return jax.tree.leaves(tree)
+
+
+def test_a_dropless_directory_read_under_its_config_json(tmp_path):
+    """params/ is read as config.json describes it: another parameter layout (scan_layers) is
+    converted, bitwise; another shape or dtype is refused in one line naming the array and
+    config.json, never called damage (the bytes are intact)."""
+    import jax
+    from dropless import hf
+    from dropless.model_dir import load_dropless
+    from dropless.model_dir.weights import write_dropless
+    from dropless.models.scan import to_canonical_layout
+    cfg, params = hf.load(QWEN, dtype="float32")
+    out = write_dropless(tmp_path / "dl", cfg, params)
+    written = json.loads((out / "config.json").read_text())
+
+    def edited(**model):
+        conf = json.loads(json.dumps(written))
+        conf["model"].update(model)
+        (out / "config.json").write_text(json.dumps(conf))
+    edited(scan_layers=True)
+    tcfg, back = load_dropless(out)
+    assert tcfg.model.scan_layers
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+                        params, to_canonical_layout(back))
+    assert all(jax.tree.leaves(same))
+    edited(d_ff=cfg.d_ff * 2)
+    with pytest.raises(ValueError) as e:
+        load_dropless(out, what="dropless eval dl")
+    text = str(e.value)
+    assert text.startswith(f"dropless eval dl: {out / 'params'} holds another model: ") and \
+        f"({cfg.d_ff}, {cfg.d_model}) float32 in the checkpoint, ({cfg.d_ff * 2}, {cfg.d_model}) " \
+        "float32 asked for" in text, text
+    assert str(out / "config.json") in text and "damaged" not in text and "\n" not in text

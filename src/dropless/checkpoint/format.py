@@ -28,6 +28,12 @@ from dropless.checkpoint import integrity, noise
 PARAMS = "params"          # the state's subtree `read_params` reads
 
 
+class DoesNotFit(ValueError):
+    """Stored arrays whose shapes or dtypes differ from the ones asked for: the files are
+    intact but hold another model than the config describes (a config.json edited, a step
+    copied in from another run). Not damage: nothing is moved aside."""
+
+
 def manager(directory: str | Path, *, keep: int, async_save: bool = True
             ) -> ocp.CheckpointManager:
     """A CheckpointManager for the steps under `directory`. Orbax itself removes no step:
@@ -150,18 +156,77 @@ def read_params(directory: str | Path, step: int, like: Any, *, verify: bool = T
     directory = Path(directory).absolute()
     state_dir = directory / str(step) / "state"
 
+    def stored() -> dict:
+        return {integrity.path_str(p): m for p, m in
+                jax.tree_util.tree_leaves_with_path(_state_tree(state_dir))}
+
+    def fits(abstract):
+        problems = fit_problems({k: m for k, m in stored().items()
+                                 if k.startswith(f"{PARAMS}/")}, abstract,
+                                wants="asked for", model="asked for")
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise DoesNotFit(f"checkpoint {step} in {directory} holds another model: "
+                             f"{problems[0]}{more}")
+
     def read(abstract):
-        stored = {integrity.path_str(p): m for p, m in
-                  jax.tree_util.tree_leaves_with_path(_state_tree(state_dir))}
+        have = stored()
         restore_args = jax.tree_util.tree_map_with_path(
-            lambda p, x: _restore_arg(x, stored.get(integrity.path_str(p))), abstract)
+            lambda p, x: _restore_arg(x, have.get(integrity.path_str(p))), abstract)
         with ocp.PyTreeCheckpointer() as ckptr:
             state = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
                 item=abstract, restore_args=restore_args, partial_restore=True))
         return state, read_meta(directory, step)
     state, _ = _read_step(directory, step, {PARAMS: like}, read, lambda: _state_tree(state_dir),
-                          verify=verify)
+                          verify=verify, fits=fits)
     return state[PARAMS]
+
+
+def read_saved_tree(path: str | Path, like: Any, *,
+                    check: Callable[[Any], None] | None = None) -> Any:
+    """The tree orbax's StandardCheckpointer saved at `path` (a `dropless convert` output's
+    params/), read as `like` (a tree or its jax.eval_shape: structure, dtypes, shardings). Saved
+    in the other parameter layout (`scan_layers`, `prefuse_moe_weights`) it is converted, as
+    `restore` converts a step; `check(tree)` (its hashes) runs on the tree as stored, before
+    that. Raises DoesNotFit, with nothing read, when the stored arrays differ from `like`'s in
+    shape or dtype; orbax's own errors for files it cannot read."""
+    path = Path(path).absolute()
+    to_stored, to_mine = _layout_conversions(lambda: _state_tree(path), like)
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        jax.eval_shape(to_stored, like) if to_stored else like)
+    stored = {integrity.path_str(p): m for p, m in
+              jax.tree_util.tree_leaves_with_path(_state_tree(path))}
+    problems = fit_problems(stored, abstract, wants="asked for", model="asked for")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DoesNotFit(f"{path} holds another model: {problems[0]}{more}")
+    tree = ocp.StandardCheckpointer().restore(path, abstract)
+    if check is not None:
+        check(tree)
+    if to_mine:
+        tree = jax.tree.map(lambda x, ref: jax.device_put(x, getattr(ref, "sharding", None)),
+                            to_mine(tree), like)
+    return tree
+
+
+def fit_problems(stored: dict, wanted: Any, *, wants: str = "with this config",
+                 model: str = "in this model") -> list[str]:
+    """What keeps `stored` ({path: orbax array metadata}) from being read as `wanted` (a tree
+    of arrays or ShapeDtypeStructs, in the stored layout): one phrase per array whose shape or
+    dtype differs ('... in the checkpoint, (2, 4) float32 {wants}'), is missing, or is stored
+    but not wanted ('... but not {model}'), parameters first; [] when it fits."""
+    want = {integrity.path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(wanted)}
+    problems = []
+    for name in sorted(want, key=lambda n: (not n.startswith(f"{PARAMS}/"), n)):
+        x, m = want[name], stored.get(name)
+        if m is None:
+            problems.append(f"{name} is not in the checkpoint")
+        elif tuple(m.shape) != tuple(x.shape) or jax.numpy.dtype(m.dtype) != x.dtype:
+            problems.append(f"{name} is {tuple(m.shape)} {jax.numpy.dtype(m.dtype)} in the "
+                            f"checkpoint, {tuple(x.shape)} {jax.numpy.dtype(x.dtype)} {wants}")
+    return problems + [f"{n} is in the checkpoint but not {model}" for n in stored
+                       if n not in want]
 
 
 def _restore_arg(x: jax.ShapeDtypeStruct, stored: Any) -> ocp.RestoreArgs:
@@ -180,10 +245,11 @@ def _restore_arg(x: jax.ShapeDtypeStruct, stored: Any) -> ocp.RestoreArgs:
 
 def _read_step(directory: Path, step: int, like: Any,
                read: Callable[[Any], tuple[Any, dict]], stored_tree: Callable[[], Any], *,
-               verify: bool) -> tuple[Any, dict]:
+               verify: bool, fits: Callable[[Any], None] | None = None) -> tuple[Any, dict]:
     """(tree, meta) of step `step` read by `read(abstract)` (`abstract`: `like` in the stored
-    layout, `stored_tree()` says which): inspected before, its hashes verified and its layout
-    converted to `like`'s after; a read failure becomes integrity.CheckpointDamaged."""
+    layout, `stored_tree()` says which): inspected before, `fits(abstract)` (raising
+    DoesNotFit, passed on as it is) before anything is read, its hashes verified and its
+    layout converted to `like`'s after; a read failure becomes integrity.CheckpointDamaged."""
     damage = integrity.inspect(directory, step)
     if damage is not None:
         raise integrity.CheckpointDamaged(damage)
@@ -193,7 +259,11 @@ def _read_step(directory: Path, step: int, like: Any,
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                            sharding=getattr(x, "sharding", None)),
             jax.eval_shape(to_stored, like) if to_stored else like)
+        if fits is not None:
+            fits(abstract)
         tree, meta = read(abstract)
+    except DoesNotFit:
+        raise
     except Exception as e:  # noqa: BLE001 - tensorstore's errors: which file, in one line
         noise.drop_late_callbacks()
         raise integrity.CheckpointDamaged(integrity.read_failure(e, step, directory)) from e
@@ -258,20 +328,9 @@ def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
     to_stored, _ = _layout_conversions(lambda: _saved_tree(mngr, step), like)
     if to_stored:                    # another layout of the same parameters restores exactly
         like = jax.eval_shape(to_stored, like)
-    path_str = integrity.path_str    # the metadata tree and the live state name paths alike
-    stored = {path_str(p): m for p, m in
+    stored = {integrity.path_str(p): m for p, m in   # named as the live state's paths are
               jax.tree_util.tree_leaves_with_path(mngr.item_metadata(step)["state"])}
-    wanted = {path_str(p): x for p, x in jax.tree_util.tree_leaves_with_path(like)}
-    problems = []
-    for name in sorted(wanted, key=lambda n: (not n.startswith(f"{PARAMS}/"), n)):
-        x, m = wanted[name], stored.get(name)
-        if m is None:
-            problems.append(f"{name} is not in the checkpoint")
-        elif tuple(m.shape) != tuple(x.shape) or jax.numpy.dtype(m.dtype) != x.dtype:
-            problems.append(f"{name} is {tuple(m.shape)} {jax.numpy.dtype(m.dtype)} in the "
-                            f"checkpoint, {tuple(x.shape)} {x.dtype} with this config")
-    problems += [f"{n} is in the checkpoint but not in this model" for n in stored
-                 if n not in wanted]
+    problems = fit_problems(stored, like)
     if not problems:
         return
     keys = _config_diff(saved_model or {}, model, "model.")

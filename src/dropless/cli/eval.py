@@ -55,7 +55,10 @@ def run(args) -> int:
                                  use="--data ")
         from dropless.model_dir.weights import load_model
         from dropless.models.evaluate import evaluate, windows
-        windows(tokens, args.seq_len)
+        try:
+            windows(tokens, args.seq_len)
+        except ValueError as e:   # which file was too short, and what to do
+            raise ValueError(f"dropless eval: --data={args.data!r}: {e}") from None
         cfg, params = load_model(args.model, dtype=args.dtype, what=f"dropless eval {args.model}",
                                  announce=_announce)
         check_fits(tok, cfg.vocab_size, what=f"dropless eval {args.model}")

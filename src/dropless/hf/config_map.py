@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from dropless.config import ModelConfig, MoEConfig
+from dropless.config.names import MODEL_DTYPES
 from dropless.hf.config_formats import (ARCHITECTURES, DEEPSEEK, MIXTRAL, MODEL_TYPES,  # noqa: F401
                                         QWEN3, BadConfig, Fields, UnsupportedCheckpoint,
                                         architecture, canonical)
@@ -31,7 +32,7 @@ YARN_FIELDS = (("factor", "rope_factor", 1.0, True),
                ("mscale_all_dim", "rope_mscale_all_dim", 0.0, False))
 YARN_KEYS = {"type", "rope_type", "truncate", "attention_factor"} | {k for k, *_ in YARN_FIELDS}
 FP8_BLOCK = (128, 128)
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = MODEL_DTYPES   # what a model may hold (config.names); config.json says torch_dtype
 
 
 def _bad(f: Fields, key: str, value: Any, why: str) -> UnsupportedCheckpoint:
@@ -103,7 +104,26 @@ def _common_checks(f: Fields) -> None:
                        "128x128 weight_block_size, dequantized on load)")
 
 
+def model_dtype(value: str) -> str:
+    """The name of a parameter/activation dtype asked for (`--dtype`, `hf.load(dtype=)`):
+    'float32', 'bfloat16' or 'float16' (numpy's spellings accepted: 'f4', 'half'). Raises
+    ValueError for any other: float64 would silently run as float32 (JAX without
+    jax_enable_x64) while the config said float64, and no architecture here stores it."""
+    import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
+    import numpy as np
+    try:
+        name = np.dtype(value).name
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise ValueError(f"dtype={value!r} is not a model dtype (one of {', '.join(DTYPES)}"
+                         f"{'; float64 runs as float32 in JAX' if name == 'float64' else ''})")
+    return name
+
+
 def _dtypes(f: Fields, dtype: str | None) -> dict[str, str]:
+    if dtype is not None:
+        dtype = model_dtype(dtype)
     if dtype is None:
         dtype = f.get("torch_dtype", None) or "float32"   # canonical: `dtype` folded in
         if dtype not in DTYPES:
@@ -124,10 +144,62 @@ def model_config(hf: dict, *, dtype: str | None = None, mtp_depth: int = 0,
     (4.x or 5.x, see config_formats). `dtype` overrides the checkpoint's (`torch_dtype`/`dtype`;
     bfloat16 for FP8 checkpoints). `where` names the file in errors. Raises
     UnsupportedCheckpoint naming a key we do not implement, BadConfig naming a missing key, a
-    value of the wrong type or two contradicting keys."""
+    value of the wrong type, two contradicting keys, or keys that together describe no model
+    (ModelConfig's own checks, said with config.json's keys and values); ValueError for a
+    `dtype` no model holds (`model_dtype`)."""
     hf = canonical(hf, where)
     arch = hf["architectures"][0]
-    f = Fields(hf, arch, where)
+    try:
+        return _model_config(Fields(hf, arch, where), dtype, mtp_depth)
+    except (BadConfig, UnsupportedCheckpoint):
+        raise
+    except ValueError as e:   # ModelConfig's own checks: said in config.json's keys
+        if not str(e).startswith(("ModelConfig.", "MoEConfig.")):
+            raise
+        keys = _keys_of(str(e), hf, arch)
+        raise BadConfig(f"{where}: {', '.join(keys) or 'its keys'} "
+                        f"{'does' if len(keys) == 1 else 'do'} not describe a valid model ({e}); "
+                        "correct config.json") from None
+
+
+# Which config.json key sets each field ModelConfig / MoEConfig check against others, to say
+# their errors in config.json's words (canonical key names; the expert count's key, and
+# Mixtral's expert hidden size, depend on the architecture: `_keys_of`).
+_MODEL_KEYS = {"vocab_size": "vocab_size", "d_model": "hidden_size",
+               "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+               "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+               "d_ff": "intermediate_size", "first_k_dense": "first_k_dense_replace",
+               "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta",
+               "init_std": "initializer_range", "q_lora_rank": "q_lora_rank",
+               "kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
+               "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim",
+               **{field: f"rope_scaling.{key}" for key, field, *_ in YARN_FIELDS}}
+_MOE_KEYS = {"top_k": "num_experts_per_tok", "d_ff": "moe_intermediate_size",
+             "n_groups": "n_group", "topk_groups": "topk_group",
+             "num_shared_experts": "n_shared_experts",
+             "routed_scaling_factor": "routed_scaling_factor",
+             "load_balance_coef": "router_aux_loss_coef", "seq_aux_coef": "aux_loss_alpha"}
+_EXPERTS_KEY = {DEEPSEEK: "n_routed_experts", MIXTRAL: "num_local_experts", QWEN3: "num_experts"}
+
+
+def _keys_of(message: str, hf: dict, arch: str) -> list[str]:
+    """['num_experts_per_tok=8', 'num_local_experts=4'] for a ModelConfig / MoEConfig error
+    naming fields top_k and num_experts: the config.json keys (and values) behind them."""
+    import re
+    table = _MODEL_KEYS if message.startswith("ModelConfig.") else {
+        **_MOE_KEYS, "num_experts": _EXPERTS_KEY[arch],
+        **({"d_ff": "intermediate_size"} if arch == MIXTRAL else {})}
+    keys = dict.fromkeys(table[w] for w in re.findall(r"\b(\w+)=", message) if w in table)
+    found = []
+    for key in keys:
+        head, _, tail = key.partition(".")
+        value = hf.get(head) if not tail else (hf.get(head) or {}).get(tail)
+        found.append(f"{key}={value!r}")
+    return found
+
+
+def _model_config(f: Fields, dtype: str | None, mtp_depth: int) -> tuple[ModelConfig, Layout]:
+    hf, arch = f.hf, f.arch
     _common_checks(f)
     dt = _dtypes(f, dtype)
     d = f.int("hidden_size")

@@ -18,7 +18,7 @@ import numpy as np
 from dropless.config import ModelConfig
 from dropless.hf import config_map as cm
 from dropless.hf.layout import Layout, Leaf, leaves, mtp_shared_copies
-from dropless.hf.config_formats import read_json
+from dropless.hf.config_formats import BadCheckpoint, read_json
 from dropless.hf.reader import CheckpointReader
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)   # a buffer older exports save; recomputed here
@@ -144,13 +144,25 @@ def load(path: str | Path, *, dtype: str | None = None, mesh: Any = None,
     from dropless.models.decoder import init_params
     with _opened(Path(path), dtype=dtype, mtp_depth=mtp_depth) as (hf, cfg, lay, reader):
         shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+        todo = list(leaves(cfg, lay))
+        _check_all(reader, todo, shapes, cfg, hf)     # before the first tensor is read
         params = jax.tree.map(lambda _: None, shapes)
-        used: set[str] = set()
-        for leaf in leaves(cfg, lay):
+        for leaf in todo:
             _set(params, leaf.path, _place(reader, leaf, _get(shapes, leaf.path), mesh))
-            used.update(leaf.hf)
-        _check_consumed(reader, used, cfg, hf)
     return cfg, params
+
+
+def _check_all(reader: CheckpointReader, todo: list[Leaf], shapes: Any, cfg: ModelConfig,
+               hf: dict) -> None:
+    """Every tensor the parameters need present with its dtype and shape, and every tensor of
+    the folder consumed, checked from the headers alone: a bad checkpoint is refused before
+    any tensor is read, however large."""
+    for leaf in todo:
+        shape = tuple(_get(shapes, leaf.path).shape)
+        for name in leaf.hf:
+            reader.check(name, leaf.conv.hf_shape(shape[1:] if leaf.stacked else shape),
+                         "/".join(map(str, leaf.path)))
+    _check_consumed(reader, {n for leaf in todo for n in leaf.hf}, cfg, hf)
 
 
 def _check_consumed(reader: CheckpointReader, used: set[str], cfg: ModelConfig, hf: dict) -> None:
@@ -165,6 +177,11 @@ def _check_consumed(reader: CheckpointReader, used: set[str], cfg: ModelConfig, 
         if any(name.startswith(f"model.layers.{i}.") for i in extra_mtp):
             continue   # MTP modules the caller chose not to load (mtp_depth)
         left.append(name)
+    if cfg.tie_embeddings and "lm_head.weight" in left:   # which of the two would be used?
+        raise BadCheckpoint(f"{reader.path('lm_head.weight')}: holds tensor 'lm_head.weight' but "
+                            f"{reader.folder / 'config.json'} says tie_word_embeddings=true (the "
+                            "output layer is the embedding); set it to false to use "
+                            "lm_head.weight, or remove the tensor")
     if left:
         raise ValueError(f"{reader.folder}: {len(left)} tensors are not mapped to any parameter "
                          f"(unsupported layout?): {sorted(left)[:8]}")

@@ -36,6 +36,7 @@ def load_model(spec: str, *, dtype: str | None = None, what: str = "",
     the model's dtype and weight_dtype and casts the parameters as training would hold them.
     `announce` receives the one line of a checkpoint fall-back (see `load_dropless`)."""
     parsed = parse_spec(spec)
+    dtype = _model_dtype(dtype, what or spec)
     if parsed.hf:
         from dropless import hf
         return hf.load(parsed.folder, dtype=dtype)
@@ -46,6 +47,18 @@ def load_model(spec: str, *, dtype: str | None = None, what: str = "",
         cfg = cfg.replace(dtype=dtype, weight_dtype=dtype, moe=moe)
         params = cast_like(params, cfg)
     return cfg, params
+
+
+def _model_dtype(dtype: str | None, what: str) -> str | None:
+    """`dtype`'s canonical name (`hf.config_map.model_dtype`), checked before anything is
+    read; ValueError starting with `what` for one no model holds (float64, ...)."""
+    if dtype is None:
+        return None
+    from dropless.hf.config_map import model_dtype
+    try:
+        return model_dtype(dtype)
+    except ValueError as e:
+        raise ValueError(f"{what}: --{e}") from None
 
 
 def load_dropless(folder: str | Path, *, what: str = "",
@@ -76,6 +89,11 @@ def load_dropless(folder: str | Path, *, what: str = "",
     except ckpt.NoIntactStep as e:
         raise ValueError(f"{what or folder}: neither params/ nor a readable checkpoint: {e}"
                          ) from None
+    except ckpt.DoesNotFit as e:   # intact files of another model: refused, nothing moved
+        raise ValueError(f"{what or folder}: {e}; the model asked for is the one "
+                         f"{folder / 'config.json'} describes (was it edited, or the step "
+                         "copied from another run?); nothing was changed. Restore the run's "
+                         "own config.json, or move that step out of checkpoints/") from None
     if found.damaged or found.incomplete:
         moved = ckpt.set_aside(directory, found.damaged)
         if announce is not None:
@@ -88,9 +106,10 @@ def load_dropless(folder: str | Path, *, what: str = "",
 
 def _read_params_dir(folder: Path, like: Any, *, what: str) -> Any:
     """params/ of a dropless directory, verified against its hashes.json (when it has one: a
-    folder written before the hashes were recorded has none). Raises ValueError for files that
-    cannot be read or arrays whose bytes differ."""
-    import orbax.checkpoint as ocp
+    folder written before the hashes were recorded has none) and converted to `like`'s layout.
+    Raises ValueError for files that cannot be read, arrays whose bytes differ, or arrays of
+    another shape or dtype than config.json describes."""
+    from dropless import checkpoint as ckpt
     from dropless.checkpoint import integrity
     again = "write it again with `dropless convert` from its source"
     expected = None
@@ -99,18 +118,29 @@ def _read_params_dir(folder: Path, like: Any, *, what: str) -> Any:
         expected = rec.get("hashes") if isinstance(rec, dict) else None
         if not (isinstance(expected, dict) and all(isinstance(v, str) for v in expected.values())):
             raise ValueError(f"{what}: {folder / HASHES} is not an object of array hashes; {again}")
+
+    def verify(params):
+        bad = integrity.mismatches(params, expected)
+        if bad:
+            raise _Damaged(f"{what}: {folder / 'params'} is damaged: "
+                           f"{integrity.mismatch_words(bad)}; {again}")
     try:
-        params = ocp.StandardCheckpointer().restore(folder / "params", like)
+        return ckpt.read_saved_tree(folder / "params", like, check=verify)
+    except ckpt.DoesNotFit as e:
+        raise ValueError(f"{what}: {e}; the model asked for is the one "
+                         f"{folder / 'config.json'} describes (was it edited?); restore the "
+                         f"config.json written with it, or {again}") from None
+    except _Damaged as e:
+        raise ValueError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - tensorstore's errors: the file and why, one line
         from dropless.checkpoint import noise
         noise.drop_late_callbacks()
         why = integrity.read_failure(e, 0, folder).detail.split(" cannot be read ", 1)[-1]
         raise ValueError(f"{what}: {folder / 'params'} cannot be read {why}; {again}") from None
-    bad = integrity.mismatches(params, expected)
-    if bad:
-        raise ValueError(f"{what}: {folder / 'params'} is damaged: "
-                         f"{integrity.mismatch_words(bad)}; {again}")
-    return params
+
+
+class _Damaged(Exception):
+    """params/ whose bytes differ from hashes.json (the words are the message)."""
 
 
 def cast_like(params: Any, cfg) -> Any:
@@ -185,6 +215,7 @@ def _hf_to_dropless(src: str, folder: Path, dst: str, *, dtype: str | None,
     from dropless.hf.destination import check_destination
     from dropless.model_dir.folder import hf_tokenizer
     check_destination(dst, sources=(folder,), overwrite=overwrite)
+    dtype = _model_dtype(dtype, f"dropless convert {src}")
     tok = str(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else ""
     if not tok and (folder / "tokenizer.model").is_file():
         hf_tokenizer(folder, override="")   # raises with the how-to
