@@ -39,6 +39,40 @@ def test_resume_reads_the_saved_config(tmp_path):
     assert (cfg.run_dir, cfg.run_name) == (str(tmp_path), "r1")
 
 
+def _saved_run(tmp_path, *items):
+    from dropless.config_file import build_config
+    from dropless.model_dir import to_dict
+    saved = build_config([("preset", "deepseek3-test"), ("steps", 11), *items])
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(saved)))
+    return run, saved
+
+
+def test_resume_applies_the_config_file_over_the_saved_config(tmp_path):
+    # the run's config.json, then --config, then the overrides: a --config file given with
+    # --resume was once read before config.json, so config.json undid every key it set
+    run, saved = _saved_run(tmp_path, ("learning_rate", 0.01))
+    (tmp_path / "more.yaml").write_text("steps: 30\nlearning_rate: 0.002\n")
+    cfg = train_cli.config_from_args(parse(["--config", str(tmp_path / "more.yaml"),
+                                            "--resume", str(run), "learning_rate=0.003"]))
+    assert (cfg.steps, cfg.learning_rate, cfg.model) == (30, 0.003, saved.model)
+
+
+@pytest.mark.parametrize("how", [["--preset", "tiny"], ["--config", "p.yaml"]])
+def test_resume_under_another_preset_is_refused(tmp_path, how):
+    # the saved model wins over a preset's, so another preset only relabelled the run
+    run, _ = _saved_run(tmp_path)
+    (tmp_path / "p.yaml").write_text("preset: tiny\n")
+    how = [str(tmp_path / w) if w.endswith(".yaml") else w for w in how]
+    with pytest.raises(ValueError, match=r"^preset 'tiny': .*r1 was trained as preset "
+                                         r"'deepseek3-test'.*drop"):
+        train_cli.config_from_args(parse([*how, "--resume", str(run), "steps=20"]))
+    same = train_cli.config_from_args(parse(["--preset", "deepseek3-test", "--resume", str(run),
+                                             "steps=20"]))
+    assert same.preset == "deepseek3-test" and same.steps == 20
+
+
 def test_config_show_prints_yaml_and_counts(capsys):
     p = argparse.ArgumentParser()
     config_cli.add_arguments(p)

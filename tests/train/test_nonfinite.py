@@ -113,3 +113,18 @@ def test_the_cli_stops_at_the_bad_step_and_names_the_layer(tmp_path, capsys, acc
     assert latest_step(run / "checkpoints") == 1
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["event"] == "step"] == [1]
+
+
+def test_a_new_run_refused_at_its_first_step_leaves_no_run(tmp_path, capsys):
+    """Weights of std 1e30: step 1's gradients are not finite, so no step is ever applied. The
+    run was counted as started before the guard refused the step: it left a run directory
+    with no checkpoint that `--resume` refuses. Now nothing stays, as for any run that fails
+    before its first step."""
+    items = dict(MINI, data=str(corpus(tmp_path)), run_dir=str(tmp_path / "runs"),
+                 run_name="r", steps=2, time_kernels=False, check_nan="true",
+                 **{"model.init": "normal", "model.init_std": "1e30"})
+    assert cli.main(["train"] + [f"{k}={v}" for k, v in items.items()]) == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dropless: error")]
+    assert len(err) == 1 and err[0].startswith("dropless: error: step 1: "), err
+    assert "nothing is checkpointed" in err[0]
+    assert not (tmp_path / "runs").exists()

@@ -106,6 +106,23 @@ def test_explicit_lr_decay_steps_says_the_schedule_changes(tmp_path, base):
     assert "goes from 0.001 to" in plan.notes[0]
 
 
+def test_model_keys_changed_on_resume_are_stated(tmp_path, base):
+    # parameters of the same shapes fit another top_k, scoring or scaling: the checkpoint
+    # restores, and the run says which model keys it trains them under now
+    run = copy_run(base, tmp_path, "topk")
+    fp = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["corpus"]
+    changed = mini(tmp_path, steps=8, run_name="topk", **{"model.moe.top_k": 1,
+                                                           "model.moe.routed_scaling_factor": 2.5})
+    plan = resume.plan_resume(changed, run, fp, stop_at=None, echo=print)
+    said = [n for n in plan.notes if "model keys" in n]
+    assert len(said) == 1 and "\n" not in said[0], plan.notes
+    assert "model.moe.top_k (2 in the run's config.json, 1 now)" in said[0], said
+    assert "model.moe.routed_scaling_factor (1.0 in the run's config.json, 2.5 now)" in said[0]
+    same = resume.plan_resume(mini(tmp_path, steps=8, run_name="topk"), run, fp, stop_at=None,
+                              echo=print)
+    assert not [n for n in same.notes if "model keys" in n], same.notes
+
+
 def test_run_dirs_are_unique_and_locked(tmp_path):
     cfg = mini(tmp_path)                      # no run_name: a timestamped directory
     a, b = rundir.open_run_dir(cfg), rundir.open_run_dir(cfg)

@@ -79,6 +79,40 @@ def test_an_empty_folder_is_used_and_left_empty_when_the_run_fails(tmp_path):
     assert path.is_dir() and list(path.iterdir()) == []
 
 
+def _started(path):
+    """What a run writes before its first step is done: the start record, orbax's folder."""
+    (path / "metrics.jsonl").write_text('{"event": "start"}\n')
+    (path / "checkpoints" / "1.orbax-checkpoint-tmp-0").mkdir(parents=True)
+    (path / "tb").mkdir(exist_ok=True)
+    (path / "tb" / "events.out.tfevents.1").write_bytes(b"x")
+
+
+@pytest.mark.parametrize("prepared", [(), ("checkpoints",), ("checkpoints", "tb")])
+def test_an_empty_folder_is_left_as_found_when_the_run_fails_in_its_first_step(tmp_path,
+                                                                              prepared):
+    # once the start record was written the folder held a metrics.jsonl and no marker: not a
+    # run, not empty, so the next run there was refused
+    path = tmp_path / "runs" / "empty"
+    path.mkdir(parents=True)
+    for name in prepared:
+        (path / name).mkdir()
+    before = snapshot(path)
+    run = _open(tmp_path, "empty")
+    _started(path)
+    run.discard()
+    assert snapshot(path) == before
+    rundir.open_run_dir(mini(tmp_path, run_name="empty")).release()   # usable again
+
+
+def test_a_signal_at_start_up_leaves_an_empty_folder_as_found(tmp_path):
+    from dropless.train.loop import _startup_exit_words
+    path = tmp_path / "runs" / "empty"
+    path.mkdir(parents=True)
+    run = _open(tmp_path, "empty")
+    words = _startup_exit_words(run, "SIGTERM")
+    assert list(path.iterdir()) == [] and "checkpoints" not in words and "left" in words
+
+
 @pytest.mark.parametrize("name", ["a/b", "..", ".", "/abs", " x"])
 def test_a_run_name_is_one_folder_name(tmp_path, name):
     with pytest.raises(ValueError, match="must be one folder name"):

@@ -47,13 +47,28 @@ def config_from_args(args, notes: list[str] | None = None):
         items.insert(0, ("preset", args.preset))
     if getattr(args, "profile_steps", None):
         items.append(("profile_steps", args.profile_steps))
+    saved: list = []
     if getattr(args, "resume", None):
         from dropless.config_file import resume_items
-        items = resume_items(args.resume) + items
-    cfg = build_config(items, yaml_path=args.config, notes=notes)
-    if getattr(args, "resume", None):
+        # the run's config.json under --config and the overrides (as `defaults`: the file,
+        # read after them, would otherwise have every key it sets undone by config.json)
+        saved = resume_items(args.resume)
+    cfg = build_config(items, yaml_path=args.config, notes=notes, defaults=saved)
+    if saved:
         check_resume_path(args.resume, cfg)
+        check_resume_preset(args.resume, dict(saved[:1])["preset"], cfg)
     return cfg
+
+
+def check_resume_preset(run: str, preset: str, cfg) -> None:
+    """Raise ValueError when --preset (or a `preset:` in --config) names another preset than
+    the one the resumed run was trained as: the run's config.json sets every model key, so the
+    other preset would change only the run's label."""
+    if cfg.preset != preset:
+        raise ValueError(f"preset {cfg.preset!r}: {run} was trained as preset {preset!r}, and a "
+                         "resumed run keeps its model (its config.json); drop --preset (and "
+                         "any preset: in --config), or start a new run from its weights: "
+                         f"init_from={run} with another run_name")
 
 
 def check_resume_path(run: str, cfg) -> None:

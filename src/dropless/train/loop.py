@@ -102,6 +102,8 @@ def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
     rec["dropped_tokens"] = int(m["dropped_tokens"])
     if "overflow_rounds" in m:
         rec["overflow_rounds"] = int(m["overflow_rounds"])
+    if "overflow_skipped" in m:   # overflow="error": 1 = not applied (an overflow before it)
+        rec["overflow_skipped"] = int(m["overflow_skipped"])
     rec.update(met.throughput(step_time_s=dt, tokens=tokens, flops_per_token=fpt["model"],
                               num_devices=cfg.num_devices, peak_flops_per_device=peak))
     rec["executed_tflops_per_device"] = rec["tflops_per_device"] * fpt["executed"] / fpt["model"]
@@ -159,9 +161,9 @@ def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
 def _startup_exit_words(run: RunDir, name: str) -> str:
     """Clean up for a signal before the first step (called from the signal watcher thread);
     the words that end its one line."""
-    if run.created:
-        run.discard()
-        return f"; the new run directory {run.path} was removed"
+    undone = run.undo()
+    if undone:
+        return f"; {undone}"
     return f"; {run.path} keeps its checkpoints (resume with: dropless train --resume {run.path})"
 
 
@@ -518,9 +520,6 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
     rec = _step_metrics(m, step=n, dt=now - clock.last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
     rec["input_wait_s"] = ctx.loader.wait_s.pop(n - 1, 0.0)   # its batch: index n - 1
     clock.last, clock.done = now, n
-    ctx.run.steps_done += 1
-    if ctx.run.steps_done == 1 and not ctx.run.created:
-        ctx.run.write_json("config.json", ctx.config_json)   # the resume is under way
     if profile and n == profile.stop:
         jax.profiler.stop_trace()
         prog.line(f"  profiler trace of steps {profile.start + 1}-{n} in {ctx.out_dir}/profile")
@@ -534,6 +533,10 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
                               save=functools.partial(_save_last_good, ctx))
     if state is not None:
         check(guards_lib.BEFORE_RECORD)   # raises to stop the run before step n is recorded
+    # step n is done (a refused one is not: a run refused at its first step is undone)
+    ctx.run.steps_done += 1
+    if ctx.run.steps_done == 1 and not ctx.run.created:
+        ctx.run.write_json("config.json", ctx.config_json)   # the resume is under way
     result.losses[n] = rec["loss"]
     show = n % cfg.log_every == 0 or n == end
     ctx.writer.record(rec)
@@ -574,10 +577,9 @@ def _stopped(ctx: _Ctx, result: RunResult, state, done: int) -> RunResult:
         saver.save(done, guards_lib.strip_all(ctx.guards, state), ctx.meta(done))
     saver.finish()
     ctx.prog.close()
-    if ctx.run.steps_done == 0 and ctx.run.created:
-        ctx.run.discard()
-        ctx.prog.line(f"stopped by {name} before the first step; the new run directory "
-                      f"{ctx.out_dir} was removed (nothing to resume)")
+    undone = ctx.run.undo() if ctx.run.steps_done == 0 else None
+    if undone:
+        ctx.prog.line(f"stopped by {name} before the first step; {undone} (nothing to resume)")
         return result
     if ctx.run.steps_done:
         ctx.writer.record({"event": "stopped", "step": done, "signal": name})

@@ -46,20 +46,28 @@ def eval_batches(cfg: TrainConfig, corpus) -> list:
     """The run's fixed held-out batches (the first ones, unshuffled): [B, S + 1] windows under
     packing="stream", else data.batch.Batch rows packed as the training batches are (SFT
     examples when `corpus` is a data.sft.SftCorpus), of `global_batch_size` rows (a step's;
-    `step.eval_loss` reads one in micro-batches where the run accumulates gradients)."""
+    `step.eval_loss` reads one in micro-batches where the run accumulates gradients). A split
+    of fewer sequences than a batch is one Batch whose rows past the split (which repeat its
+    first sequences) count no target, so the eval loss is the split's mean."""
     b = cfg.global_batch_size
     if isinstance(corpus, sft_lib.SftCorpus):
         addr = sft_lib.Addressing(corpus.eval, seq_len=cfg.seq_len, seed=cfg.seed,
                                   packing=cfg.packing, completion_only=cfg.sft_completion_only,
                                   shuffle=False)
-    elif cfg.packing == "stream":
+    elif (cfg.packing == "stream"
+          and data_lib.num_sequences(corpus.eval_TOK, cfg.seq_len) >= b):
         return data_lib.eval_batches(corpus, num_batches=cfg.eval_batches, batch_size=b,
                                      seq_len=cfg.seq_len)
-    else:
+    else:   # (a stream split shorter than a batch: its windows as a Batch, to mask the repeats)
         addr = loader_lib.Addressing(loader_lib.as_stream(corpus.eval_TOK, corpus.eval_ends_D),
                                      seq_len=cfg.seq_len, packing=cfg.packing, seed=cfg.seed,
                                      shuffle=False)
-    n = max(1, min(cfg.eval_batches, addr.n // b))
+    if addr.n < b:   # rows n.. wrap around to the split's start: each sequence counts once
+        rows = addr.rows(range(b))
+        mask = np.array(rows.loss_mask_BS, np.float32)
+        mask[addr.n:] = 0
+        return [rows._replace(loss_mask_BS=mask)]
+    n = min(cfg.eval_batches, addr.n // b)
     return [addr.rows(range(i * b, (i + 1) * b)) for i in range(n)]
 
 

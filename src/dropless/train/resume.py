@@ -153,7 +153,43 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
     first = data_position(cfg, meta, saved, step=latest, run_dir=run_dir, echo=notes.append)
     if saved is not None:
         cfg = _schedule(cfg, saved, start, notes.append)
+        notes += model_changes(saved, cfg)
     return ResumePlan(cfg, latest, start, first, False, saved, tuple(notes), tuple(damaged))
+
+
+_INIT_KEYS = {f"model.{k}" for k in ("init", "init_std", "head_init_std", "embed_init_std",
+                                     "init_residual_scaling")}
+
+
+def model_changes(saved: dict, cfg: TrainConfig) -> list[str]:
+    """The line (none, or one) naming the `model.*` keys `cfg` sets otherwise than the run's
+    config.json `saved`: parameters of the same shapes fit another top_k, score function or
+    scaling (checkpoint.check_compatible passes), so the resume goes on, and says under which
+    keys it now trains them. A config.json this version cannot read is left to the checks that
+    read it."""
+    from dropless.model_dir import from_dict, to_dict
+    try:
+        was = to_dict(from_dict(saved))["model"]   # in the current form: no key missing
+    except (ValueError, TypeError, KeyError):
+        return []
+    keys = [k for k in _diff(was, to_dict(cfg)["model"], "model.")
+            if k.split(" ")[0] not in _INIT_KEYS]   # how fresh weights are drawn: not read here
+    if not keys:
+        return []
+    return [f"  model keys that differ from the run's config.json: {', '.join(keys)}; the "
+            "checkpoint's parameters fit them and are trained under the new values (resume "
+            "without those overrides to keep the run's model)"]
+
+
+def _diff(was: dict, now: dict, prefix: str) -> list[str]:
+    out = []
+    for k in sorted(set(was) | set(now)):
+        a, b = was.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k} ({a!r} in the run's config.json, {b!r} now)")
+    return out
 
 
 def position(cfg: TrainConfig, next_batch: int, next_sample: int) -> dict:

@@ -48,6 +48,7 @@ class RunDir:
         self.made_parents = made_parents   # RUN_DIR and the folders above it this process made
         self.steps_done = 0          # steps this process completed (set by the loop)
         self.marked_empty = False    # the marker was written into a folder found empty
+        self.found: tuple[str, ...] = ()   # the empty folders (mount points) it held then
 
     def write_json(self, name: str, obj) -> None:
         """Write RUN_DIR/name atomically (a temporary file renamed over it)."""
@@ -66,10 +67,11 @@ class RunDir:
             self._fd = -1
 
     def discard(self) -> None:
-        """Remove the directory of a new run that never completed a step; release the lock."""
+        """Remove the directory of a new run that never completed a step (a folder found empty:
+        what the run put in it, so it is left as found); release the lock."""
         self.release()
-        if self.marked_empty and (self.path / MARKER).exists():
-            (self.path / MARKER).unlink()    # the folder was found empty: it is left so
+        if self.marked_empty:
+            self._empty_again()
         for _ in range(3):   # a file created meanwhile (another thread) fails one pass
             if not self.created or not self.path.exists():
                 break
@@ -79,6 +81,28 @@ class RunDir:
                 parent.rmdir()           # only while empty: another run may have started there
             except OSError:
                 break
+
+    def undo(self) -> str | None:
+        """Undo a run that completed no step where it made the folder (removed) or found it
+        empty (left empty); the words saying so, or None for a run that keeps its folder (a
+        resumed one)."""
+        if not (self.created or self.marked_empty):
+            return None
+        self.discard()
+        return (f"the new run directory {self.path} was removed" if self.created else
+                f"{self.path} was left empty, as it was found")
+
+    def _empty_again(self) -> None:
+        """Remove what this run wrote into the folder it found empty (the marker, the start
+        record, orbax's folder, ...): only the empty folders it found there stay, emptied.
+        Otherwise the folder would be left neither empty nor a run, and refused next time."""
+        for p in list(self.path.iterdir()) if self.path.is_dir() else ():
+            kept = p.name in self.found and p.is_dir() and not p.is_symlink()
+            for q in (list(p.iterdir()) if kept else [p]):
+                if q.is_dir() and not q.is_symlink():
+                    shutil.rmtree(q, ignore_errors=True)
+                else:
+                    q.unlink(missing_ok=True)
 
 
 def _complete(line: bytes) -> bool:
@@ -263,3 +287,4 @@ def _mark_new(run: RunDir, empty: bool) -> None:
         run.discard() if run.created else run.release()
         raise
     run.marked_empty = empty
+    run.found = tuple(p.name for p in run.path.iterdir() if p.name != MARKER) if empty else ()
