@@ -52,6 +52,30 @@ def test_resume_on_other_data_is_refused_and_changes_nothing(tmp_path, base):
     assert res.start_step == 4 and sorted(res.losses) == [5]
 
 
+def test_data_edited_past_its_first_tokens_is_other_data(tmp_path, base):
+    """The same length, the same first 4,096 tokens, one byte changed near the end: other
+    data, refused, the run unchanged (the fingerprint digests every token of both splits)."""
+    from tests._support.train_mini import TEXT
+    run = copy_run(base, tmp_path, "edited")
+    before = snapshot(run)
+    edited = TEXT[:-100] + ("#" if TEXT[-100] != "#" else "%") + TEXT[-99:]
+    assert len(edited) == len(TEXT)
+    (tmp_path / "corpus.txt").write_text(edited)
+    with pytest.raises(ValueError, match=r"made on different data .*sha256 .*restore the files"):
+        train(mini(tmp_path, steps=8, run_name="edited"), **QUIET)
+    assert snapshot(run) == before
+
+
+def test_a_checkpoint_without_the_whole_data_digest_is_judged_by_the_rest():
+    """Checkpoints written before the `sha256` digest name the data by counts and the head's
+    CRC alone: those decide, so such a run still resumes on its own data."""
+    now = {"train_tokens": 10, "eval_tokens": 2, "vocab_size": 256, "crc32": 7, "sha256": "ab"}
+    old = {k: v for k, v in now.items() if k != "sha256"}
+    assert resume.same_data(old, now) and resume.same_data(now, now)
+    assert not resume.same_data({**old, "crc32": 8}, now)
+    assert not resume.same_data({**now, "sha256": "cd"}, now)
+
+
 def test_shape_mismatch_names_parameter_and_key_and_changes_nothing(tmp_path, base):
     run = copy_run(base, tmp_path, "shape")
     before = snapshot(run)

@@ -55,15 +55,33 @@ class Corpus:
     def fingerprint(self) -> dict:
         """Identifies the corpus in a checkpoint, so a resume on different data is refused.
         The path is left out: moving the same data elsewhere does not change the batches.
-        Computed once (a checkpoint saved after the data changed still names the data read)."""
+        Every token counts: `sha256` digests both splits (an edit past the first tokens that
+        keeps the length is other data), except for a prepared dataset, whose `prepared`
+        identity is its shards' sha256 already (hashing them again would read it whole at
+        every start). Computed once (a checkpoint saved after the data changed still names the
+        data read)."""
         if "_fingerprint" not in self.__dict__:
             head = np.asarray(self.train_TOK[:4096]).astype(np.int64)
             fp = {"train_tokens": int(self.train_TOK.size),
                   "eval_tokens": int(self.eval_TOK.size), "vocab_size": self.vocab_size,
                   "crc32": int(zlib.crc32(head.tobytes()))}
-            self.__dict__["_fingerprint"] = fp | ({"prepared": self.prepared}
-                                                  if self.prepared else {})
+            if self.prepared:
+                fp["prepared"] = self.prepared
+            else:
+                fp["sha256"] = _tokens_sha256(self.train_TOK, self.eval_TOK)
+            self.__dict__["_fingerprint"] = fp
         return dict(self.__dict__["_fingerprint"])
+
+
+def _tokens_sha256(*arrays_TOK) -> str:
+    """SHA-256 of the arrays' token values (as int64, so a dtype change alone is no other data),
+    read in 16M-token pieces."""
+    h = hashlib.sha256()
+    for a in arrays_TOK:
+        h.update(b"%d:" % a.size)
+        for i in range(0, a.size, 1 << 24):
+            h.update(np.asarray(a[i:i + (1 << 24)], np.int64).tobytes())
+    return h.hexdigest()
 
 
 def stdlib_files() -> list[Path]:

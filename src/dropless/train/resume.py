@@ -117,6 +117,20 @@ def _tokens(fingerprint: dict) -> str:
     return f"{n:,}" if type(n) is int else repr(n)[:40]
 
 
+def same_data(was: dict, now: dict) -> bool:
+    """Whether checkpoint corpus fingerprint `was` names the data `now` (data.corpus: both
+    dicts). A checkpoint written before the whole-data `sha256` has none: the rest decides."""
+    if isinstance(was, dict) and "sha256" not in was:
+        now = {k: v for k, v in now.items() if k != "sha256"}
+    return was == now
+
+
+def _digest(fp: dict) -> str:
+    if isinstance(fp, dict) and "sha256" in fp:
+        return f"sha256 {str(fp['sha256'])[:12]}"
+    return f"crc32 {fp.get('crc32') if isinstance(fp, dict) else None}"
+
+
 def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
                 stop_at: int | None, echo: Callable[[str], Any], resume: bool = False,
                 strict: bool = False, skip: dict[int, integrity.Damage] | None = None
@@ -141,13 +155,13 @@ def plan_resume(cfg: TrainConfig, run_dir: Path, corpus_fingerprint: dict, *,
              "Nothing was changed.")
         return ResumePlan(cfg, latest, latest, 0, True, saved, damaged=tuple(damaged))
     meta = ckpt.read_meta(run_dir / "checkpoints", latest)   # its types checked by inspect
-    if meta["corpus"] != corpus_fingerprint:
+    if not same_data(meta["corpus"], corpus_fingerprint):
         was, now = meta["corpus"], corpus_fingerprint
         raise ValueError(f"data={cfg.data!r}: checkpoint {latest} in {run_dir} was made on "
-                         f"different data ({_tokens(was)} train tokens, crc32 "
-                         f"{was.get('crc32')}; this data: {_tokens(now)}, crc32 "
-                         f"{now.get('crc32')}); resume with the run's own data (drop the data= "
-                         "override) or start a new run")
+                         f"different data ({_tokens(was)} train tokens, {_digest(was)}; this "
+                         f"data: {_tokens(now)}, {_digest(now)}); resume with the run's own "
+                         "data, unchanged (drop the data= override, restore the files) or "
+                         "start a new run")
     start = int(meta["next_batch"])
     notes: list[str] = []
     first = data_position(cfg, meta, saved, step=latest, run_dir=run_dir, echo=notes.append)
