@@ -71,7 +71,7 @@ test-native-avx2: setup
 # dry run (DEVICE_CHECK_TESTS: it runs on the GPU machines' JAX only) run in the jax 0.11.2 venv
 # only, the JAX those machines run; the newest release gets the lowering tests.
 JAX_LEG_OLD := 0.11.2
-JAX_LEG_NEW := 0.12.0.1
+JAX_LEG_NEW := 0.12.1
 GPU_TESTS := $(wildcard tests/ops/gpu/test_triton_check*.py tests/ops/gpu/test_pallas_gpu.py \
                tests/ops/gpu/test_pallas_gpu_aligned.py tests/ops/gpu/test_mosaic_gpu.py \
                tests/ops/gpu/test_tokamax_tuned.py tests/ops/gpu/test_cudnn_ragged.py \

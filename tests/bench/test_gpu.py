@@ -92,6 +92,8 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     assert "needs an NVIDIA GPU" in info["cudnn_thd_problem"]
     # no CUDA here: the versions are recorded as absent, not guessed
     assert info["cudnn_jax"] is None and info["cudnn_torch"] is None
+    if os.environ.get("DROPLESS_GPU_LEG") == "required":   # .ci/jax_leg installs its jax's
+        assert info["jax_cuda_plugin"] == f"jax-cuda13-plugin {info['jax']}"   # CUDA 13 build
     assert "pallas_gpu" in info["gmm_usable"] and "tokamax" in info["gmm_unusable"]
     timed = {(r["mode"], r["backend"], bool(r.get("aligned"))) for r in by["gmm"]
              if "median_ms" in r}

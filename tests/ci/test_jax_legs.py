@@ -75,7 +75,7 @@ def test_the_leg_runs_the_files_it_is_given_and_no_others(tmp_path):
     py = _fake_312(tmp_path / "py312/bin/python3.12", log)
     venv = tmp_path / "venv"
     _fake_312(venv / "bin/python", log)
-    (venv / ".installed").write_text(f"HASH jax==0.11.2+cuda12-plugin {py}\n")  # up to date
+    (venv / ".installed").write_text(f"HASH jax==0.11.2+cuda13-plugin {py}\n")  # up to date
     env = _env(tmp_path, PYTHON312=str(py), TEST_WORKERS="2")
     r = _run([str(ROOT / ".ci/jax_leg"), str(venv), "0.11.2", "test", "tests/a.py", "tests/b c.py"],
              env)

@@ -12,7 +12,7 @@ import jaxlib
 import pytest
 
 from dropless.cli import main
-from dropless.train.compile_only import unavailable
+from dropless.train.compile_only import PLUGINS, unavailable
 
 
 def _plan(argv, capsys) -> tuple[int, str, str]:
@@ -25,7 +25,8 @@ def _plan(argv, capsys) -> tuple[int, str, str]:
 def no_plugin(monkeypatch):
     """The jax CUDA plugin made unimportable, whether or not this venv has it (a None entry in
     sys.modules makes `import` raise ImportError, as a missing package does)."""
-    monkeypatch.setitem(sys.modules, "jax_plugins.xla_cuda12", None)
+    for name in PLUGINS:
+        monkeypatch.setitem(sys.modules, f"jax_plugins.{name}", None)
     assert unavailable()
 
 
@@ -35,8 +36,8 @@ def test_without_the_plugin_one_line_says_what_to_install(no_plugin, capsys, kin
     v = jaxlib.__version__
     assert rc == 2 and out == ""
     assert err == (f"dropless: error: --compile-for {kind}: the jax CUDA plugin is not installed "
-                   "(jax-cuda12-plugin and jax-cuda12-pjrt of this jax's version, --no-deps): "
-                   f"pip install --no-deps jax-cuda12-plugin=={v} jax-cuda12-pjrt=={v} (the GPU "
+                   "(jax-cuda13-plugin and jax-cuda13-pjrt of this jax's version, --no-deps): "
+                   f"pip install --no-deps jax-cuda13-plugin=={v} jax-cuda13-pjrt=={v} (the GPU "
                    "test leg's .venv-jax011 and .venv-jaxnew have it), or leave --compile-for "
                    "out\n")
 
@@ -62,3 +63,21 @@ def test_without_the_option_the_plan_has_no_compiled_memory(capsys):
     import json
     rc, out, _ = _plan(["--preset", "deepseek3-1gpu", "--hardware", "h100", "--json"], capsys)
     assert rc == 0 and "compiled_memory" not in json.loads(out)
+
+
+@pytest.mark.parametrize("present,found", [(("xla_cuda13",), "xla_cuda13"),
+                                           (("xla_cuda12",), "xla_cuda12"),
+                                           (("xla_cuda13", "xla_cuda12"), "xla_cuda13"),
+                                           ((), None)])
+def test_either_cuda_build_of_the_plugin_serves_cuda13_first(monkeypatch, present, found):
+    """`jax[cuda13]` (what dropless[gpu] and the GPU machines install) brings xla_cuda13; jax
+    0.12.1 publishes no CUDA 12 build. Either makes compile-only devices; both: CUDA 13, as
+    jax's own plugin discovery orders them."""
+    import types
+
+    from dropless.train import compile_only
+    for name in PLUGINS:
+        monkeypatch.setitem(sys.modules, f"jax_plugins.{name}",
+                            types.ModuleType(name) if name in present else None)
+    assert compile_only.plugin() == found
+    assert (compile_only.unavailable() == "") == (found is not None)

@@ -127,7 +127,7 @@ def cuda_versions() -> dict:
     CUDA libraries report: 92200 is 9.22.0) and cuDNN as torch loaded it; None where absent (a
     CPU-only jax, no torch)."""
     out: dict = {"cudnn_jax": None, "cudnn_jax_build": None, "cublas_jax": None,
-                 "cudnn_torch": None}
+                 "cudnn_torch": None, "jax_cuda_plugin": jax_cuda_plugin()}
     try:
         from jax._src.lib import cuda_versions as cv   # the plugin's _versions, or None
         if cv is not None:
@@ -141,6 +141,20 @@ def cuda_versions() -> dict:
     except Exception:  # noqa: BLE001 (no torch, or no cuDNN in it: None)
         pass
     return out
+
+
+def jax_cuda_plugin() -> str | None:
+    """The jax CUDA plugin distributions installed here ("jax-cuda13-plugin 0.11.2", and
+    the others found, comma-separated), None without one: which CUDA build jax runs, and so
+    which build the compile-only tests (`train/compile_only.py`) should match."""
+    from importlib import metadata
+    found = []
+    for name in ("jax-cuda13-plugin", "jax-cuda12-plugin"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(found) or None
 
 
 def _unit_late(spec: dict, u: dict) -> str | None:

@@ -200,7 +200,7 @@ def _check_plugin(kind: str) -> None:
         import jaxlib
         v = jaxlib.__version__
         raise ValueError(f"--compile-for {kind}: {why}: pip install --no-deps "
-                         f"jax-cuda12-plugin=={v} jax-cuda12-pjrt=={v} (the GPU test leg's "
+                         f"jax-cuda13-plugin=={v} jax-cuda13-pjrt=={v} (the GPU test leg's "
                          ".venv-jax011 and .venv-jaxnew have it), or leave --compile-for out")
 
 

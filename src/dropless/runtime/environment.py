@@ -97,7 +97,7 @@ _PLATFORM_NEEDS = {"cuda": ("cuda",), "rocm": ("rocm",), "gpu": ("cuda", "rocm")
 def installed_platforms() -> list[str]:
     """The JAX platforms this installation could start, without starting any: cpu always, and
     one per installed PJRT plugin (the `jax_plugins` namespace modules and entry points JAX
-    loads: `jax_cuda12_plugin` -> cuda) and libtpu (tpu)."""
+    loads: `jax_cuda13_plugin` -> cuda) and libtpu (tpu)."""
     import pkgutil
     from importlib.metadata import entry_points
     names = []

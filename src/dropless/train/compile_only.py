@@ -1,6 +1,7 @@
 """Compile for an NVIDIA H100 or H200 without one: a compile-only device from the jax CUDA
-plugin (`jax-cuda12-plugin` + `jax-cuda12-pjrt` of jax's version, installed with --no-deps) and
-a target description of the GPU, so that `compiled.memory_analysis()` says what the executable
+plugin (`jax-cuda13-plugin` + `jax-cuda13-pjrt` of jax's version, what `jax[cuda13]` and so
+`dropless[gpu]` install, or no GPU runtime with --no-deps; the CUDA 12 build, where jax still
+publishes one, serves too) and a target description of the GPU, so that `compiled.memory_analysis()` says what the executable
 would need on it while costing no device memory.
 
 The target descriptions carry the fields of XLA's GPU specs that this XLA reads (XLA's
@@ -39,12 +40,26 @@ TARGETS = {k: _TARGET.format(bandwidth=BANDWIDTH[k], memory=MEMORY_BYTES[k], nam
            for k in MEMORY_BYTES}
 
 
+# the plugin modules looked for, in jax's own order (jax_plugins: cuda13 before cuda12)
+PLUGINS = ("xla_cuda13", "xla_cuda12")
+
+
+def plugin() -> str | None:
+    """The jax CUDA plugin module importable here (`jax_plugins.<name>`), None without one."""
+    import importlib
+    for name in PLUGINS:
+        try:
+            importlib.import_module(f"jax_plugins.{name}")
+        except ImportError:
+            continue
+        return name
+    return None
+
+
 def unavailable() -> str:
     """Why a compile-only CUDA device cannot be made here ('' when it can)."""
-    try:
-        import jax_plugins.xla_cuda12  # noqa: F401
-    except ImportError:
-        return "the jax CUDA plugin is not installed (jax-cuda12-plugin and jax-cuda12-pjrt " \
+    if plugin() is None:
+        return "the jax CUDA plugin is not installed (jax-cuda13-plugin and jax-cuda13-pjrt " \
                "of this jax's version, --no-deps)"
     return ""
 
