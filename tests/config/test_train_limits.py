@@ -1,5 +1,6 @@
 """TrainConfig's cross-field limits that a value past them would not fail on but misbehave
-later: a seed the weights' PRNG key cannot hold, MTP depths no row has a target for."""
+later: a seed the weights' PRNG key cannot hold, MTP depths no row has a target for, depths
+whose layer-by-layer loops would not end."""
 import jax
 import pytest
 
@@ -38,3 +39,17 @@ def test_a_dtype_no_model_runs_in_is_refused_not_run_as_another(key, value, mess
     with pytest.raises(ValueError, match=message):
         build_config([(key, value)])
     assert build_config([("dtype", "float16")]).model.moe.dtype == "float16"
+
+
+@pytest.mark.parametrize("key", ["model.num_layers", "model.mtp_depth"])
+def test_a_depth_past_the_layer_limit_is_refused_at_once(key):
+    """`config show model.num_layers=1000000000` looped once a layer (parameter and FLOP counts,
+    the planner) and never answered: refused, named, before any of it."""
+    import time
+    from dropless.config.names import MAX_LAYERS
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"\.{key.split('.')[1]}=1000000000 is more than "
+                                         "10,000 layers"):
+        build_config([(key, 10 ** 9), ("seq_len", 2 ** 31 - 1)])
+    assert time.perf_counter() - t0 < 5
+    build_config([(key, MAX_LAYERS), ("seq_len", 2 ** 31 - 1)])   # the limit itself is a model

@@ -10,7 +10,7 @@ from dropless.config.fields import (_check_dtype, _check_types, _fail, _one_of,
                                     _positive_ints, described)
 from dropless.config.moe import MoEConfig
 from dropless.config.names import (ATTENTION_KERNELS, ATTENTION_KINDS, INIT_SCHEMES,
-                                   LAYER_KINDS, ROPE_TYPES)
+                                   LAYER_KINDS, MAX_LAYERS, ROPE_TYPES)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,6 +124,10 @@ class ModelConfig:
         _positive_ints(c, self, ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"))
         _positive_ints(c, self, ("first_k_dense", "num_kv_heads", "head_dim", "q_lora_rank",
                                  "mtp_depth"), allow_zero=True)
+        for name in ("num_layers", "mtp_depth"):
+            if getattr(self, name) > MAX_LAYERS:
+                _fail(c, name, getattr(self, name), f"is more than {MAX_LAYERS:,} layers (the "
+                      "deepest published decoders have about 100-200); a typo?")
         _one_of(c, self, "attention", ATTENTION_KINDS)
         _one_of(c, self, "attention_kernel", ATTENTION_KERNELS)
         if not (type(self.max_segments_per_seq) is int and self.max_segments_per_seq >= 2):

@@ -37,6 +37,11 @@ MESH_AXES = ("data", "fsdp", "expert")   # the mesh axes, in mesh order
 # float64, and float8 / int types are what gmm_quantization is for, not a model's dtype
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
+# the most decoder layers (and MTP modules) a model may have: the deepest published decoders have
+# about 100-200; the model's layers are built, counted and planned one by one, so a larger
+# value (a typo, 1e9) would only make those loops endless
+MAX_LAYERS = 10_000
+
 ATTENTION_KINDS = ("mla", "mha")
 # the attention core's kernels (ops/attention.py): auto = cuDNN's flash attention where it takes
 # the operands (an NVIDIA GPU, bfloat16), else xla (the S x S scores in float32)
