@@ -24,6 +24,23 @@ def _src(tmp_path, n=200, name="a.jsonl"):
     return p
 
 
+def _kill_after(src, out, shards: int) -> None:
+    """Run prepare into `out` and kill it (an exception from its progress callback) once it has
+    written `shards` shards and read a document; a fake clock reports progress at every
+    document."""
+    def stop(p):
+        if p.shards >= shards and p.documents > 0:
+            raise Killed
+    import dropless.data.prepare as prep
+    saved = prep.time.monotonic
+    prep.time.monotonic = iter(range(0, 10 ** 6, 1)).__next__
+    try:
+        with pytest.raises(Killed):
+            prepare(_cfg(src, out), created_by="t", on_progress=stop)
+    finally:
+        prep.time.monotonic = saved
+
+
 def _cfg(src, out, **kw):
     return PrepareConfig(**{**dict(sources=(str(src),), out=str(out), eval_fraction=0.1,
                                    shard_tokens=2000, workers=0, records_per_chunk=8), **kw})
@@ -95,17 +112,7 @@ def test_a_kill_at_any_point_resumes_to_the_same_dataset(tmp_path, after_shards)
     whole = prepare(_cfg(src, tmp_path / "whole"), created_by="t")
     assert len(whole.splits["train"]) > 2
 
-    def stop(p):
-        if p.shards >= after_shards and p.documents > 0:
-            raise Killed
-    import dropless.data.prepare as prep
-    saved = prep.time.monotonic
-    prep.time.monotonic = iter(range(0, 10 ** 6, 1)).__next__
-    try:
-        with pytest.raises(Killed):
-            prepare(_cfg(src, out), created_by="t", on_progress=stop)
-    finally:
-        prep.time.monotonic = saved
+    _kill_after(src, out, after_shards)
     assert (out / ".prepare" / "state.json").is_file()
     assert prepare(_cfg(src, out), created_by="t") == whole
     for p in (tmp_path / "whole").iterdir():
@@ -272,17 +279,7 @@ def test_a_finished_shard_damaged_before_the_resume_is_refused(tmp_path, damage)
     or rewritten since gave a manifest naming a missing or other shard, reported as a success."""
     src, out = _src(tmp_path, n=300), tmp_path / "out"
 
-    def stop(p):
-        if p.shards >= 2:
-            raise Killed
-    import dropless.data.prepare as prep
-    saved = prep.time.monotonic
-    prep.time.monotonic = iter(range(0, 10 ** 6, 1)).__next__
-    try:
-        with pytest.raises(Killed):
-            prepare(_cfg(src, out), created_by="t", on_progress=stop)
-    finally:
-        prep.time.monotonic = saved
+    _kill_after(src, out, 2)
     shard = out / "train-00000.tokens"
     if damage == "truncate":
         os.truncate(shard, 10)

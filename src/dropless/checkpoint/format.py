@@ -309,12 +309,14 @@ def _layout_conversions(stored_tree: Callable[[], Any], like: Any):
     return to_stored, to_mine
 
 
-def _config_diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
+def config_diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """'KEY (A in the run's config.json, B now)' for every key whose value differs between the
+    nested dicts `saved` and `now` (KEY dotted, after `prefix`)."""
     out = []
     for k in sorted(set(saved) | set(now)):
         a, b = saved.get(k), now.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _config_diff(a, b, f"{prefix}{k}.")
+            out += config_diff(a, b, f"{prefix}{k}.")
         elif a != b:
             out.append(f"{prefix}{k} ({a!r} in the run's config.json, {b!r} now)")
     return out
@@ -333,7 +335,7 @@ def check_compatible(mngr: ocp.CheckpointManager, step: int, like: Any, *,
     problems = fit_problems(stored, like)
     if not problems:
         return
-    keys = _config_diff(saved_model or {}, model, "model.")
+    keys = config_diff(saved_model or {}, model, "model.")
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     raise ValueError(
         f"checkpoint {step} in {run_dir} does not fit this config: "

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from dropless.config import TrainConfig
 from dropless.model_dir import saved_run_config
 from dropless import checkpoint as ckpt
-from dropless.checkpoint import integrity
+from dropless.checkpoint import format as ckpt_format, integrity
 
 
 ORDER_KEYS = ("seq_len", "packing", "seed")   # what decides which rows a sample number names
@@ -186,24 +186,13 @@ def model_changes(saved: dict, cfg: TrainConfig) -> list[str]:
         was = to_dict(from_dict(saved))["model"]   # in the current form: no key missing
     except (ValueError, TypeError, KeyError):
         return []
-    keys = [k for k in _diff(was, to_dict(cfg)["model"], "model.")
+    keys = [k for k in ckpt_format.config_diff(was, to_dict(cfg)["model"], "model.")
             if k.split(" ")[0] not in _INIT_KEYS]   # how fresh weights are drawn: not read here
     if not keys:
         return []
     return [f"  model keys that differ from the run's config.json: {', '.join(keys)}; the "
             "checkpoint's parameters fit them and are trained under the new values (resume "
             "without those overrides to keep the run's model)"]
-
-
-def _diff(was: dict, now: dict, prefix: str) -> list[str]:
-    out = []
-    for k in sorted(set(was) | set(now)):
-        a, b = was.get(k), now.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _diff(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix}{k} ({a!r} in the run's config.json, {b!r} now)")
-    return out
 
 
 def position(cfg: TrainConfig, next_batch: int, next_sample: int) -> dict:
