@@ -164,6 +164,23 @@ def test_tokenizer_travels_both_ways(tmp_path):
     np.testing.assert_array_equal(np.asarray(a["embed"]["w_VD"]), np.asarray(b["embed"]["w_VD"]))
 
 
+def test_generation_config_travels_without_a_tokenizer(tmp_path):
+    """A folder with generation_config.json (the model's stop ids and sampling defaults) and no
+    tokenizer.json: the file went only as a tokenizer's side file, so it was lost both ways."""
+    src = tmp_path / "mix"
+    shutil.copytree(FIX / "mixtral", src)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (src / name).unlink(missing_ok=True)
+    (src / "generation_config.json").write_text('{"eos_token_id": [2, 7], "temperature": 0.6}')
+    assert cli.main(["convert", str(src), str(tmp_path / "dl")]) == 0
+    assert (tmp_path / "dl" / "generation_config.json").read_bytes() == \
+        (src / "generation_config.json").read_bytes()
+    assert not (tmp_path / "dl" / "tokenizer.json").exists()
+    assert cli.main(["convert", str(tmp_path / "dl"), str(tmp_path / "back")]) == 0
+    assert (tmp_path / "back" / "generation_config.json").read_bytes() == \
+        (src / "generation_config.json").read_bytes()
+
+
 def test_hf_save_refuses_a_non_empty_folder_unless_overwrite(tmp_path):
     cfg, params = hf.load(FIX / "qwen3_moe")
     dst = tmp_path / "out"

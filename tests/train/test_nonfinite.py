@@ -120,8 +120,10 @@ def test_a_new_run_refused_at_its_first_step_leaves_no_run(tmp_path, capsys):
     run was counted as started before the guard refused the step: it left a run directory
     with no checkpoint that `--resume` refuses. Now nothing stays, as for any run that fails
     before its first step."""
+    # the settings of the test above (its compiles are cached), with weights that overflow
     items = dict(MINI, data=str(corpus(tmp_path)), run_dir=str(tmp_path / "runs"),
-                 run_name="r", steps=2, time_kernels=False, check_nan="true",
+                 run_name="r", steps=3, warmup_steps=0, eval_every=100, checkpoint_every=100,
+                 time_kernels=False, check_nan="true", learning_rate="1e18",
                  **{"model.init": "normal", "model.init_std": "1e30"})
     assert cli.main(["train"] + [f"{k}={v}" for k, v in items.items()]) == 1
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dropless: error")]

@@ -60,7 +60,8 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
     """Write `params` of `cfg` as a Hugging Face folder at `path`. The architecture follows from
     cfg (MLA -> DeepSeek-V3, GQA + qk-norm -> Qwen3-MoE, GQA -> Mixtral). DeepSeek-V3 rope
     columns are written interleaved (`rope_interleave`, as the released weights are).
-    `extra_files` (paths: a tokenizer.json and the files beside it) are copied in.
+    `extra_files` (paths: a tokenizer.json and the files beside it, a generation_config.json)
+    are copied in.
 
     Never destroys (`hf.destination`): the folder is written beside `path` and moved into place
     when complete; a non-empty `path` is refused unless `overwrite` (then replaced in one step).

@@ -159,10 +159,11 @@ def tokenizer_files(tok: str) -> list[Path]:
 
 
 def write_dropless(dst: str | Path, model, params: Any, *, tokenizer: str = "",
-                   sources: tuple = (), overwrite: bool = False) -> Path:
+                   sources: tuple = (), overwrite: bool = False,
+                   extra_files: tuple[Path, ...] = ()) -> Path:
     """Write the dropless directory DST: params/ (orbax), the tokenizer's files (when
-    `tokenizer` names a tokenizer.json) and config.json (a TrainConfig holding `model`, naming
-    DST's copy of the tokenizer, or none). Written beside DST and moved into place when
+    `tokenizer` names a tokenizer.json), `extra_files` not among them (by name) and config.json
+    (a TrainConfig holding `model`, naming DST's copy of the tokenizer, or none). Written beside DST and moved into place when
     complete (`hf.destination`: a non-empty DST needs `overwrite`; `sources` may not be DST);
     config.json is written last, so a folder left by a killed write holds none and nothing
     loads it. Returns DST (absolute)."""
@@ -188,7 +189,7 @@ def write_dropless(dst: str | Path, model, params: Any, *, tokenizer: str = "",
                     raise
             files.write_text(tmp / HASHES, json.dumps(
                 {"hash": integrity.ALGORITHM, "hashes": integrity.tree_hashes(params)}))
-            for f in tokenizer_files(tokenizer):
+            for f in _by_name(tokenizer_files(tokenizer), extra_files):
                 shutil.copyfile(f, tmp / f.name)
             tcfg = TrainConfig(model=model,
                                tokenizer=str(out / "tokenizer.json") if tokenizer else "")
@@ -224,7 +225,7 @@ def _hf_to_dropless(src: str, folder: Path, dst: str, *, dtype: str | None,
         tok_lib.check_fits(tok_lib.make_tokenizer(tok), cfg.vocab_size,
                            what=f"dropless convert {src}")
     return write_dropless(dst, cfg, params, tokenizer=tok, sources=(folder,),
-                          overwrite=overwrite)
+                          overwrite=overwrite, extra_files=_generation_config(folder))
 
 
 def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
@@ -239,7 +240,21 @@ def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
         out = check_destination(dst, sources=(src,), overwrite=overwrite)
         cfg, params = load_model(src, dtype=dtype, what=f"dropless convert {src}",
                                  announce=announce)
-        extra = tokenizer_files(folder_tokenizer(src))
+        extra = _by_name(tokenizer_files(folder_tokenizer(src)),
+                         _generation_config(parse_spec(src).folder))
         hf.save(cfg, params, out, max_shard_bytes=shard_size, overwrite=overwrite,
                 extra_files=tuple(extra))
     return out
+
+
+def _generation_config(folder: Path) -> tuple[Path, ...]:
+    """The model folder's generation_config.json (its stop ids and sampling defaults: the
+    model's, so it travels with the weights where no tokenizer.json does), if it has one."""
+    p = Path(folder) / "generation_config.json"
+    return (p,) if p.is_file() else ()
+
+
+def _by_name(first, then) -> list[Path]:
+    """`first`, then those of `then` whose file name is not among them."""
+    names = {p.name for p in first}
+    return [*first, *(p for p in then if p.name not in names)]
