@@ -30,6 +30,14 @@ def test_convert_round_trip_is_bitwise(converted, tmp_path):
         assert sorted(a.names()) == sorted(b.names())
         for n in a.names():
             np.testing.assert_array_equal(a.read(n), b.read(n), err_msg=n)
+    # config.json: every key back as it was, but transformers_version (dropless wrote this one)
+    # and `dtype`, which comes back in its 4.x spelling, torch_dtype
+    src = json.loads((FIX / "mixtral" / "config.json").read_text())
+    out = json.loads((back / "config.json").read_text())
+    assert {k: v for k, v in src.items() if k not in ("transformers_version", "dtype")} == \
+        {k: v for k, v in out.items() if k not in ("rope_scaling", "attention_bias",
+                                                   "torch_dtype")}
+    assert out["torch_dtype"] == src["dtype"] and out["max_position_embeddings"] == 131072
 
 
 def test_convert_error_is_one_line(tmp_path, capsys):
@@ -173,3 +181,9 @@ def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_
     _, p1 = load_dropless(result.run_dir)
     after = evaluate(mcfg, p1, held, seq_len=32, batch_size=4)["loss"]
     assert after < before - 0.5, (before, after)
+    # the run goes back to Hugging Face with the config keys of the model it started from
+    # (init_from), not its own seq_len=32 as the context
+    assert cli.main(["convert", str(result.run_dir), str(tmp_path / "ft_hf")]) == 0
+    back = json.loads((tmp_path / "ft_hf" / "config.json").read_text())
+    assert (back["max_position_embeddings"], back["bos_token_id"], back["eos_token_id"],
+            back["router_jitter_noise"]) == (131072, 1, 2, 0.0)

@@ -4,8 +4,9 @@ and Qwen3MoeForCausalLM.
 Every config key that changes the math is either mapped or refused with an error naming the key
 and its value (sliding windows, attention biases, other activations, other rope scalings, other
 quantizations, `moe_layer_freq` != 1, ...). Keys that do not change the forward pass (token ids,
-`use_cache`, `max_position_embeddings`, `ep_size`, ...) are not read; `initializer_range`
-(0.02 when absent) is `init_std`, the std of init scheme "normal".
+`use_cache`, `max_position_embeddings`, `ep_size`, ...) are not read (`hf.round_trip` keeps them
+for the way back); `initializer_range` (0.02 when absent) is `init_std`, the std of init scheme
+"normal".
 Training-only coefficients map to our MoE loss weights: DeepSeek's `aux_loss_alpha` (when
 `seq_aux`) -> seq_aux_coef, Mixtral/Qwen3's `router_aux_loss_coef` -> load_balance_coef.
 """
@@ -304,8 +305,10 @@ def _check_softmax_moe(cfg: ModelConfig, arch: str) -> None:
 
 
 def hf_config(cfg: ModelConfig, lay: Layout) -> dict[str, Any]:
-    """The config.json that `transformers` needs for `cfg`; raises UnsupportedCheckpoint naming
-    the field the architecture cannot express."""
+    """The config.json keys `cfg` determines (`hf.round_trip.MODEL_KEYS`); the file `hf.save`
+    writes adds the keys kept from the source and `max_position_embeddings`
+    (`hf.round_trip.exported_config`). Raises UnsupportedCheckpoint naming the field the
+    architecture cannot express."""
     arch = lay.arch
     if cfg.moe is None:
         raise _save_bad("moe", None, arch, "dense models are not one of the MoE architectures")
@@ -319,8 +322,7 @@ def hf_config(cfg: ModelConfig, lay: Layout) -> dict[str, Any]:
         "rope_theta": cfg.rope_theta, "rope_scaling": _yarn_dict(cfg), "hidden_act": "silu",
         "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": cfg.weight_dtype,
         "attention_bias": False, "num_experts_per_tok": moe.top_k,
-        "max_position_embeddings": int(cfg.rope_original_max_position * cfg.rope_factor)
-        if cfg.rope_type == "yarn" else 4096}
+        "initializer_range": cfg.init_std}
     if arch == DEEPSEEK:
         pattern = "".join("M" if cfg.is_moe_layer(i) else "D" for i in range(cfg.num_layers))
         k = pattern.count("D")
@@ -338,7 +340,9 @@ def hf_config(cfg: ModelConfig, lay: Layout) -> dict[str, Any]:
                    qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
                    num_key_value_heads=cfg.num_heads, rope_interleave=lay.rope_interleave,
                    num_nextn_predict_layers=cfg.mtp_depth, scoring_func="sigmoid",
-                   topk_method="noaux_tc", moe_layer_freq=1)
+                   topk_method="noaux_tc", moe_layer_freq=1, seq_aux=moe.seq_aux_coef != 0)
+        if moe.seq_aux_coef:
+            out["aux_loss_alpha"] = moe.seq_aux_coef
         return out
     _check_softmax_moe(cfg, arch)
     out.update(num_key_value_heads=cfg.kv_heads, head_dim=cfg.mha_head_dim)

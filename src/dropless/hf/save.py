@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from dropless.config import ModelConfig
 from dropless.hf import config_map as cm
 from dropless.hf.layout import Layout, leaves, mtp_shared_copies, T, Same
+from dropless.hf.round_trip import exported_config
 
 DEFAULT_SHARD_BYTES = 4 * 2**30
 
@@ -56,12 +57,16 @@ def _entries(cfg: ModelConfig, params: dict, lay: Layout
 
 def save(cfg: ModelConfig, params: dict, path: str | Path, *,
          max_shard_bytes: int = DEFAULT_SHARD_BYTES, rope_interleave: bool = True,
-         overwrite: bool = False, extra_files: tuple = ()) -> Path:
+         overwrite: bool = False, extra_files: tuple = (),
+         kept_config: Mapping[str, Any] | None = None,
+         fallback_config: Mapping[str, Any] | None = None) -> Path:
     """Write `params` of `cfg` as a Hugging Face folder at `path`. The architecture follows from
     cfg (MLA -> DeepSeek-V3, GQA + qk-norm -> Qwen3-MoE, GQA -> Mixtral). DeepSeek-V3 rope
     columns are written interleaved (`rope_interleave`, as the released weights are).
     `extra_files` (paths: a tokenizer.json and the files beside it, a generation_config.json)
-    are copied in.
+    are copied in. config.json is `hf.round_trip.exported_config`: the model's keys, then
+    `kept_config` (the source config.json's other keys, `hf.round_trip.kept_keys`), then a
+    YaRN model's context, then `fallback_config`, then max_position_embeddings=4096.
 
     Never destroys (`hf.destination`): the folder is written beside `path` and moved into place
     when complete; a non-empty `path` is refused unless `overwrite` (then replaced in one step).
@@ -70,7 +75,8 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
     from dropless.hf.destination import check_destination, staged
     arch = cm.architecture_for(cfg)
     lay = Layout(arch, rope_interleave=rope_interleave and arch == cm.DEEPSEEK)
-    config = cm.hf_config(cfg, lay)
+    config = exported_config(cfg, kept_config, fallback=fallback_config,
+                             rope_interleave=rope_interleave)
     from dropless.models.scan import to_canonical_layout
     entries = _entries(cfg, to_canonical_layout(params), lay)
     out = check_destination(path, overwrite=overwrite)

@@ -11,6 +11,8 @@ nothing from `train`).
   (`load_model`), the reader and the writer of a dropless directory (`load_dropless`: a run
   directory's newest checkpoint through `checkpoint.read_params`; `write_dropless`), the dtype
   cast (`cast_like`) and the converters HF <-> dropless (`hf_to_dropless`, `dropless_to_hf`).
+* `model_dir.kept_config`: the Hugging Face config.json keys a dropless directory keeps for the
+  way back (`hf_kept_config.json`) and what an export writes where it keeps none.
 
 Layer (docs/architecture.md): above `hf` and `checkpoint`, below `presets` / `config_file`
 (which read folders through it) and `train`. Importing the package starts no JAX: the weights'

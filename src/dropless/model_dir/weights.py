@@ -10,7 +10,9 @@ checkpoint records them, verified on load), or, for a run directory, checkpoints
 parameters of the newest intact step are read, alone, through the one checkpoint reader,
 `checkpoint.read_newest` with `checkpoint.read_params`: hashes verified, damaged steps moved
 aside and the fall-back announced, steps a live trainer is writing skipped, without building
-optimizer state). The tokenizer (tokenizer.json and its side files) travels along.
+optimizer state). The tokenizer (tokenizer.json and its side files) travels along, and so do
+a Hugging Face source's generation_config.json and the keys of its config.json the model does
+not determine (hf_kept_config.json, `model_dir.kept_config`).
 
 Layer: `model_dir` (docs/architecture.md): above `checkpoint`, `hf` and `models`, below
 `config_file` and `train`. JAX and orbax are imported when a function needs them.
@@ -24,6 +26,8 @@ from typing import Any, Callable
 
 from dropless.model_dir.folder import (folder_tokenizer, parse_spec, read_dropless_config,
                                        read_json_object)
+from dropless.model_dir.kept_config import (KEPT_FILE, fallback_keys, is_run, kept_of_hf_folder,
+                                            origin_keys, override_words)
 from dropless.model_dir.run_config import from_dict, to_dict
 
 
@@ -160,13 +164,15 @@ def tokenizer_files(tok: str) -> list[Path]:
 
 def write_dropless(dst: str | Path, model, params: Any, *, tokenizer: str = "",
                    sources: tuple = (), overwrite: bool = False,
-                   extra_files: tuple[Path, ...] = ()) -> Path:
+                   extra_files: tuple[Path, ...] = (),
+                   kept_config: dict[str, Any] | None = None) -> Path:
     """Write the dropless directory DST: params/ (orbax), the tokenizer's files (when
-    `tokenizer` names a tokenizer.json), `extra_files` not among them (by name) and config.json
-    (a TrainConfig holding `model`, naming DST's copy of the tokenizer, or none). Written beside DST and moved into place when
-    complete (`hf.destination`: a non-empty DST needs `overwrite`; `sources` may not be DST);
-    config.json is written last, so a folder left by a killed write holds none and nothing
-    loads it. Returns DST (absolute)."""
+    `tokenizer` names a tokenizer.json), `extra_files` not among them (by name), `kept_config`
+    (a source config.json's keys for the way back, `model_dir.kept_config`) when given, and
+    config.json (a TrainConfig holding `model`, naming DST's copy of the tokenizer, or none).
+    Written beside DST and moved into place when complete (`hf.destination`: a non-empty DST
+    needs `overwrite`; `sources` may not be DST); config.json is written last, so a folder left
+    by a killed write holds none and nothing loads it. Returns DST (absolute)."""
     import orbax.checkpoint as ocp
     from dropless.checkpoint import CheckpointError, integrity, noise
     from dropless.config import TrainConfig
@@ -191,6 +197,8 @@ def write_dropless(dst: str | Path, model, params: Any, *, tokenizer: str = "",
                 {"hash": integrity.ALGORITHM, "hashes": integrity.tree_hashes(params)}))
             for f in _by_name(tokenizer_files(tokenizer), extra_files):
                 shutil.copyfile(f, tmp / f.name)
+            if kept_config is not None:
+                files.write_text(tmp / KEPT_FILE, json.dumps(kept_config, indent=2))
             tcfg = TrainConfig(model=model,
                                tokenizer=str(out / "tokenizer.json") if tokenizer else "")
             files.write_text(tmp / "config.json", json.dumps(to_dict(tcfg), indent=2))
@@ -225,7 +233,8 @@ def _hf_to_dropless(src: str, folder: Path, dst: str, *, dtype: str | None,
         tok_lib.check_fits(tok_lib.make_tokenizer(tok), cfg.vocab_size,
                            what=f"dropless convert {src}")
     return write_dropless(dst, cfg, params, tokenizer=tok, sources=(folder,),
-                          overwrite=overwrite, extra_files=_generation_config(folder))
+                          overwrite=overwrite, extra_files=_generation_config(folder),
+                          kept_config=kept_of_hf_folder(folder))
 
 
 def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
@@ -233,17 +242,35 @@ def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
                    announce: Callable[[str], Any] | None = None) -> Path:
     """Write the Hugging Face folder DST from a dropless directory SRC (cast to `dtype` if
     given; a run's newest intact checkpoint, the fall-back given to `announce`); returns DST.
-    DST is held exclusively for the whole conversion (`hf.destination.claimed`)."""
+    config.json holds the model's keys, the source's kept ones and the folder's fallbacks
+    (`model_dir.kept_config`); `announce` also gets a line for each kept key the model
+    overrides, and one when a converted folder keeps none. A KEPT_FILE that is not a JSON object
+    (or a generation_config.json that is not JSON) is refused (ValueError) before the weights
+    are read, and nothing is written. DST is held exclusively for the whole conversion
+    (`hf.destination.claimed`)."""
     from dropless import hf
     from dropless.hf.destination import check_destination, claimed
+    from dropless.hf.round_trip import overridden
+    say = announce or (lambda line: None)
+    what = f"dropless convert {src}"
+    folder = parse_spec(src).folder
     with claimed(dst):
         out = check_destination(dst, sources=(src,), overwrite=overwrite)
-        cfg, params = load_model(src, dtype=dtype, what=f"dropless convert {src}",
-                                 announce=announce)
-        extra = _by_name(tokenizer_files(folder_tokenizer(src)),
-                         _generation_config(parse_spec(src).folder))
+        saved = read_dropless_config(folder, what=what)
+        kept, kept_from = origin_keys(folder, saved, what=what, announce=say)
+        if kept is None and not is_run(folder):
+            say(f"{what}: {folder / KEPT_FILE} is absent (converted by an older dropless, or "
+                "not from a Hugging Face folder): config.json gets the defaults (docs/hf.md), "
+                "not the source's context length and other keys; convert the Hugging Face "
+                "folder again to keep them")
+        tok = folder_tokenizer(src)
+        fallback = fallback_keys(folder, saved, kept, tokenizer=tok, what=what)
+        cfg, params = load_model(src, dtype=dtype, what=what, announce=announce)
+        for line in override_words(kept_from, overridden(cfg, kept or {})):
+            say(line)
+        extra = _by_name(tokenizer_files(tok), _generation_config(folder))
         hf.save(cfg, params, out, max_shard_bytes=shard_size, overwrite=overwrite,
-                extra_files=tuple(extra))
+                extra_files=tuple(extra), kept_config=kept, fallback_config=fallback)
     return out
 
 
