@@ -210,10 +210,14 @@ A run's config is a `TrainConfig`, built from these sources, a later one winning
    (`model.moe.capacity_factor=null`, `run_name="'2024'"` for a string of digits).
 
 MaxText's flag names are accepted wherever our keys are and translated (`compat/maxtext.py`),
-as are its `xla_*` keys and environment keys (`XLA_*`, `NCCL_*`, ...). A value must have its
-key's type (booleans are true/false, ints are not floats); an unknown key is an error that
-suggests the closest one. `dropless config show` prints the config a command would get, and
-`dropless config keys` lists every accepted name.
+as are its `xla_*` keys and environment keys (`XLA_*`, `NCCL_*`, ...). Within one file or one
+command line, two names that set the same key (`mesh.expert=4` and `ici_expert_parallelism=2`,
+`seq_len` and `max_target_length`, an XLA flag in `xla_flags` and as an `xla_*` key) must give
+it the same value, in whatever order, or the config is refused naming both; there, MaxText's
+`xla_*` and environment keys add to `xla_flags` / `environment`. A value must have its key's
+type (booleans are true/false, ints are not floats); an unknown key is an error that suggests
+the closest one. `dropless config show` prints the config a command would get
+(`--maxtext`: in MaxText's flags), and `dropless config keys` lists every accepted name.
 
 For example, with `run.yaml`:
 

@@ -2,15 +2,19 @@
 
 Keys are dotted paths into TrainConfig (`steps`, `mesh.fsdp`, `model.d_model`,
 `model.moe.top_k`), `preset`, or MaxText flag names and the flat mesh names
-(`fsdp_parallelism`, `dcn_fsdp`, ...), both translated by `dropless.compat.maxtext`. Later items
-win. Setting `model.d_model` also sets `model.moe.d_model`; `model.moe=null` makes every layer
-dense; the node size follows from the mesh (`mesh.dcn_*`), and `model.moe.devices_per_node` is
-refused naming those keys. A run's config.json is read back by `resume_items` (`--resume`);
-its form (`to_dict`, `from_dict`, `upgrade`) is `model_dir.run_config`'s. MaxText `xla_*`
-keys and environment keys add to `xla_flags` / `environment` (a later value of the same flag or
-variable wins). An unknown key is a ValueError that names it and suggests the closest known
-key; a YAML syntax error or a key given twice in one mapping is a one-line ValueError naming
-the file, line and column. Values are strict: each key's value must be of its field's type
+(`fsdp_parallelism`, `dcn_fsdp`, ...), both translated by `dropless.compat.maxtext`. A later
+source (the YAML file after the defaults, the command line after the file) wins; within one
+source, two names that set the same key must agree, in either order (`one_spelling`: our
+`mesh.expert=4` with MaxText's `ici_expert_parallelism=2` is refused naming both), and a name
+given twice keeps its later value. Setting `model.d_model` also sets `model.moe.d_model`;
+`model.moe=null` makes every layer dense; the node size follows from the mesh (`mesh.dcn_*`),
+and `model.moe.devices_per_node` is refused naming those keys. A run's config.json is read back
+by `resume_items` (`--resume`); its form (`to_dict`, `from_dict`, `upgrade`) is
+`model_dir.run_config`'s. MaxText `xla_*` keys and environment keys add to `xla_flags` /
+`environment`, whatever their order in one source (a later value of the same flag or variable
+wins). An unknown key is a ValueError that names it and suggests the closest known key; a YAML
+syntax error or a key given twice in one mapping is a one-line ValueError naming the file, line
+and column. Values are strict: each key's value must be of its field's type
 (`config.scalar_fields`): booleans are true/false only (YAML's yes/no/on/off too, never 0, 1 or
 "maybe"), ints are not floats, floats are finite numbers (an int, or a string such as 3e-4 that
 PyYAML leaves unparsed, is converted), strings are strings (`run_name=2024` is refused: quote
@@ -239,12 +243,16 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
-def resolve(pairs: Iterable[tuple[str, Any]], *,
+def resolve(*sources: Iterable[tuple[str, Any]],
             notes: list[str] | None = None) -> list[tuple[str, Any]]:
-    """Settings as given ((key, value) pairs, in order, any spelling: ours or MaxText's) as
-    TrainConfig's keys and values, in the same order (a later pair wins). `notes` as in
-    `build_config`. Raises ValueError naming a key that is unknown or gone."""
-    pairs = list(pairs)
+    """Settings as given, in `sources` (each a config file, a command line, a run's saved
+    config...: (key, value) pairs in order, any spelling: ours or MaxText's) as TrainConfig's
+    keys and values, in the same order: a later source wins. Within one source two names that
+    set the same key must agree (`one_spelling`); there, MaxText's `xla_*` and environment keys
+    add to our `xla_flags` / `environment` whatever their order. `notes` as in `build_config`.
+    Raises ValueError naming a key that is unknown or gone, or two names that disagree."""
+    sources = tuple(list(s) for s in sources)
+    pairs = [pair for source in sources for pair in source]
     ours = set(known_keys())
     for k, v in pairs:
         if k == GONE_NODE_SIZE:
@@ -258,10 +266,66 @@ def resolve(pairs: Iterable[tuple[str, Any]], *,
     groups = dict(zip(mt_idx, maxtext.translate_each([pairs[i] for i in mt_idx],
                                                           context=dict(pairs), notes=notes)))
     resolved: list[tuple[str, Any]] = []
-    for i, pair in enumerate(pairs):   # the user's order: a later item wins, whatever spelling
-        resolved += groups[i] if i in groups else [pair]
-    resolved = [(k, _coerce(k, v)) for k, v in resolved]
+    at = 0
+    for source in sources:   # the user's order: a later item wins, whatever spelling
+        said = [(pair, [(k, _coerce(k, v)) for k, v in groups.get(at + i, [pair])])
+                for i, pair in enumerate(source)]
+        at += len(source)
+        one_spelling(said)
+        got = [kv for _, kvs in said for kv in kvs]
+        resolved += [kv for kv in got if not kv[0].endswith("+")]   # xla_flags, then its +
+        resolved += [kv for kv in got if kv[0].endswith("+")]
     return [(k, _coerce(k, v)) for k, v in init_from_items(resolved)] + resolved
+
+
+def _is_maxtexts(name: str) -> bool:
+    """Whether `name` is one of MaxText's own names (not ours, nor our former flat mesh keys)."""
+    return name in maxtext.KNOWN or maxtext.is_xla_flag(name) or maxtext.is_env_key(name)
+
+
+def _settings_of(key: str, value: Any) -> list[tuple[str, Any]]:
+    """(key, value) as the settings it makes: one XLA flag or environment variable a word for
+    `xla_flags` / `environment` (and their `+` forms), keyed "xla_flags --name" /
+    "environment NAME" (a later word of the same name wins, as `_add_word` applies them); any
+    other key as itself."""
+    field = key.rstrip("+")
+    if field not in ("xla_flags", "environment") or not isinstance(value, str):
+        return [(key, value)]
+    words = {word.split("=", 1)[0]: word for word in value.split()}
+    return [(f"{field} {name}", word) for name, word in words.items()]
+
+
+def one_spelling(said: list[tuple[tuple[str, Any], list[tuple[str, Any]]]]) -> None:
+    """Raise ValueError when two names of one source (`said`: each (name, value) given and the
+    (key, value) pairs it sets, `resolve`'s) set one key to different values: our
+    `mesh.expert=4` and MaxText's `ici_expert_parallelism=2`, `seq_len` and
+    `max_target_length`, an XLA flag in `xla_flags` and as a MaxText `xla_*` key, in either
+    order. The same name given twice (a command line's later `steps=`) and two of MaxText's
+    own names (whose precedence is MaxText's, e.g. `n_routing_groups: -1` over
+    `topk_routing_group`) are not refused: the later one wins."""
+    setters: dict[str, list[tuple[str, Any, Any]]] = {}
+    for (name, given), kvs in said:
+        for key, value in (s for kv in kvs for s in _settings_of(*kv)):
+            for other, other_given, other_value in setters.get(key, []):
+                if (other != name and other_value != value
+                        and not (_is_maxtexts(other) and _is_maxtexts(name))):
+                    shown = key.split(" ")[0].rstrip("+")
+                    raise ValueError(
+                        f"{_said(other, other_given, shown, other_value)} and "
+                        f"{_said(name, given, shown, value)} both set {shown} in one config "
+                        "file or command line; keep one of them, or give both the same value")
+            setters.setdefault(key, []).append((name, given, value))
+
+
+def _said(name: str, given: Any, key: str, value: Any) -> str:
+    """How a setting is named in an error: `key=value` in our spelling, else the name as given
+    and what it sets ("MaxText ici_expert_parallelism=2 (mesh.expert=2)")."""
+    if name == key:
+        return f"{key}={value!r}"
+    who = "MaxText " if _is_maxtexts(name) else ""
+    if key in ("xla_flags", "environment"):
+        return f"{who}{name}={given!r} ({key}: {value})"
+    return f"{who}{name}={given!r} ({key}={value!r})"
 
 
 def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None = None,
@@ -274,15 +338,13 @@ def build_config(items: Iterable[tuple[str, Any]] = (), *, yaml_path: str | None
     dropless.compat.maxtext); the caller prints them at start-up. Raises ValueError naming the
     key and value for anything wrong.
     """
-    pairs: list[tuple[str, Any]] = list(defaults)
+    from_file: list[tuple[str, Any]] = []
     if yaml_path:
         loaded = load_yaml(yaml_path) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {yaml_path!r} must hold a mapping of key: value")
-        pairs += flatten(loaded)
-    pairs += flatten(mapping or {})
-    pairs += list(items)
-    resolved = resolve(pairs, notes=notes)
+        from_file = flatten(loaded)
+    resolved = resolve(defaults, from_file, flatten(mapping or {}), items, notes=notes)
     preset = next((v for k, v in reversed(resolved) if k == "preset"), DEFAULT_PRESET)
     base = TrainConfig(model=get_preset(str(preset)), preset=str(preset))
     tree = to_dict(base)

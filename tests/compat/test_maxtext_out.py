@@ -154,3 +154,55 @@ def test_routed_bias_false_turns_the_bias_update_off():
     assert cfg.model.moe.bias_update_speed == 0.0
     assert build_config([("preset", "deepseek3-1gpu"), ("routed_bias", True)]).model == \
         get_preset("deepseek3-1gpu")
+
+
+def test_what_the_flags_leave_out_is_listed_at_the_top_when_not_a_default():
+    """A reader of the YAML sees every dropless setting it does not say: those with no MaxText
+    flag and the run's settings it does not write, each away from its default (a default
+    needs no flag), and nothing said below."""
+    cfg = build_config([("preset", "deepseek3-1gpu"), ("steps", 1000), ("mesh.expert", 8),
+                        ("model.init", "maxtext"), ("model.moe.z_loss_coef", 1e-3),
+                        ("learning_rate", 3e-3)])   # learning_rate: the default
+    gone = maxtext_out.left_out(cfg)
+    assert gone == [("model.moe.seq_aux_coef", 1e-4), ("model.moe.z_loss_coef", 1e-3),
+                    ("model.init", "maxtext"), ("mesh.expert", 8), ("steps", 1000)]
+    text = maxtext_out.to_yaml(cfg, "title")
+    lines = text.splitlines()
+    assert lines[0] == "# title" and lines[1].startswith("# Not said below:")
+    for key, value in gone:
+        assert f"#   {key}: {maxtext_out._yaml_value(value)}" in lines
+    assert yaml.safe_load(text) == dict(maxtext_out.items(cfg))   # the block is comments only
+
+
+def test_a_value_the_flags_say_differently_is_listed():
+    cfg = _preset_config("deepseek3-test")
+    cfg = cfg.replace(model=cfg.model.replace(attention_kernel="cudnn_thd"))
+    # MaxText's cudnn_flash_te reads back as cudnn: the file does not say cudnn_thd
+    assert ("model.attention_kernel", "cudnn_thd") in maxtext_out.left_out(cfg)
+
+
+@pytest.mark.parametrize("name,gone", [
+    ("mixtral-8x7b", []),
+    ("qwen3-30b-a3b", [("model.qk_norm", True)]),
+    ("deepseek3-671b", [("model.moe.seq_aux_coef", 1e-4), ("model.rope_type", "yarn"),
+                        ("model.rope_factor", 40.0), ("model.rope_mscale_all_dim", 1.0)]),
+])
+def test_each_presets_left_out_settings(name, gone):
+    cfg = _preset_config(name)
+    assert maxtext_out.left_out(cfg) == gone
+    first = maxtext_out.to_yaml(cfg, "t").splitlines()[1]
+    assert first.startswith("# Not said below:" if gone else "# Every dropless setting")
+
+
+def test_config_show_maxtext_writes_the_yaml_and_names_what_it_leaves_out(capsys, tmp_path):
+    from dropless.cli import main
+    assert main(["config", "show", "--preset", "deepseek3-1gpu", "--maxtext",
+                 "steps=1000"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "model.moe.seq_aux_coef=0.0001, steps=1000" in err
+    assert "#   steps: 1000" in out and "num_experts: 64" in out
+    (tmp_path / "m.yml").write_text(out)   # reads back as the model it came from
+    assert build_config(yaml_path=str(tmp_path / "m.yml")).model == get_preset("deepseek3-1gpu")
+    assert main(["config", "show", "--maxtext", "model.moe.capacity_factor=1.0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "capacity_factor=1.0" in err

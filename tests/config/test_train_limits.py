@@ -1,6 +1,7 @@
 """TrainConfig's cross-field limits that a value past them would not fail on but misbehave
 later: a seed the weights' PRNG key cannot hold, MTP depths no row has a target for, depths
-whose layer-by-layer loops would not end."""
+whose layer-by-layer loops would not end, sizes past int32 (the planner's floats overflowed)
+and more experts than any mixture has."""
 import jax
 import pytest
 
@@ -53,3 +54,31 @@ def test_a_depth_past_the_layer_limit_is_refused_at_once(key):
         build_config([(key, 10 ** 9), ("seq_len", 2 ** 31 - 1)])
     assert time.perf_counter() - t0 < 5
     build_config([(key, MAX_LAYERS), ("seq_len", 2 ** 31 - 1)])   # the limit itself is a model
+
+
+@pytest.mark.parametrize("key,field", [
+    ("model.vocab_size", "ModelConfig.vocab_size"), ("model.d_ff", "ModelConfig.d_ff"),
+    ("model.kv_lora_rank", "ModelConfig.kv_lora_rank"), ("model.moe.d_ff", "MoEConfig.d_ff"),
+    ("model.moe.top_k", "MoEConfig.top_k"), ("seq_len", "TrainConfig.seq_len"),
+    ("per_device_batch_size", "TrainConfig.per_device_batch_size"),
+    ("gradient_accumulation_steps", "TrainConfig.gradient_accumulation_steps")])
+def test_a_size_past_int32_is_refused_naming_it(key, field):
+    """A width of 1e200 made `dropless plan` die of an OverflowError (int too large to convert
+    to float) and `config show` print 180-digit counts: sizes stay below 2**31."""
+    with pytest.raises(ValueError, match=rf"{field}=2147483648 must be < 2\*\*31"):
+        build_config([(key, 2 ** 31)])
+    with pytest.raises(ValueError, match=r"must be < 2\*\*31"):
+        build_config([(key, 10 ** 200)])
+
+
+def test_a_size_just_below_the_limit_is_a_config():
+    m = 2 ** 31 - 1
+    cfg = build_config([("model.vocab_size", m), ("seq_len", m), ("per_device_batch_size", m)])
+    assert (cfg.model.vocab_size, cfg.seq_len, cfg.per_device_batch_size) == (m, m, m)
+
+
+def test_more_than_a_million_experts_is_refused():
+    with pytest.raises(ValueError, match="MoEConfig.num_experts=1048577 is more than 1,048,576 "
+                                         "experts"):
+        build_config([("model.moe.num_experts", 2 ** 20 + 1)])
+    assert build_config([("model.moe.num_experts", 2 ** 20)]).model.moe.num_experts == 2 ** 20

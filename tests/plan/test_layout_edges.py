@@ -19,7 +19,7 @@ from dropless.plan.model import predict
 
 @pytest.mark.parametrize("n", [1, 2, 3, 12, 16, 36, 97, 720, 1024])
 def test_divisors_are_those_of_a_plain_loop(n):
-    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert list(divisors(n)) == [d for d in range(1, n + 1) if n % d == 0]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -31,6 +31,9 @@ def test_divisors_are_those_of_a_plain_loop(n):
     (["--sweep-gpus", "8,100000000000"],
      r"--sweep-gpus '8,100000000000': 100000000000 is more GPUs than the planner plans"),
     (["offload=3"], "planner key 'offload': 3 must be a comma-separated string or a list"),
+    # a sweep of a hundred thousand sizes fits on a command line: a plan each, an hour
+    (["--sweep-gpus", ",".join(["8"] * 1001)],
+     r"--sweep-gpus names 1001 cluster sizes, more than a sweep plans \(1000"),
 ])
 def test_a_bad_setting_is_one_line_at_once(argv, message, capsys):
     t0 = time.perf_counter()

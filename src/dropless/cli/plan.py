@@ -18,6 +18,9 @@ from dropless.runtime import files
 from dropless.train.compile_only import TARGETS as _TARGETS
 
 COMPILE_TARGETS = tuple(sorted(_TARGETS))
+# the most cluster sizes --sweep-gpus plans (a row each, one plan a row): a list of hundreds of
+# thousands fits on a command line and would take an hour
+MAX_SWEEP_SIZES = 1000
 
 # flag dest -> the setting it gives: the trainer's key, or a planner knob (flags default to None
 # so a config file can set them; they come after the file and before key=value).
@@ -107,6 +110,9 @@ def _sweep_sizes(text: str) -> list[int]:
         sizes.append(int(item))
     if not sizes:
         raise ValueError(f"--sweep-gpus {text!r} names no cluster size (e.g. 8,16,32)")
+    if len(sizes) > MAX_SWEEP_SIZES:
+        raise ValueError(f"--sweep-gpus names {len(sizes)} cluster sizes, more than a sweep "
+                         f"plans ({MAX_SWEEP_SIZES}, a row each); name fewer")
     return sizes
 
 

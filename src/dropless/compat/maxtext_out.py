@@ -6,16 +6,20 @@ the grouped-matmul backend), so that what it writes translates back, through
 
 `items(cfg)` gives the (MaxText name, value) pairs in the order of `NAMES`; `to_yaml(cfg,
 title, command)` the YAML file (examples/deepseek3_1gpu_maxtext.yml is one). Every name written
-is one MaxText's `configs/base.yml` declares. A setting MaxText has no flag for raises
-ValueError naming our key and value; the settings that have no MaxText flag and that the
-translation leaves at dropless's defaults (the sequence-wise aux loss coefficient, the init
-scheme, the MLA norms' epsilon) are left out.
+is one MaxText's `configs/base.yml` declares. A setting MaxText cannot say (the capacity
+baseline, a grouped-matmul backend it lacks) raises ValueError naming our key and value. The
+settings the flags leave out (those with no MaxText flag, such as the sequence-wise aux loss,
+and the run's steps, mesh and data) are listed at the top of the file (`left_out`), each one
+whose value is not its default; `dropless config show --maxtext` writes the file and names
+them on stderr.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+from dropless.compat import maxtext
 from dropless.compat.maxtext import ATTENTION_KERNELS, REMAT, RENAMES
 from dropless.config import TrainConfig
 
@@ -144,9 +148,54 @@ def _yaml_value(v: Any) -> str:
     return str(v)
 
 
+# not listed when left out: the preset is a label (the file sets every model key itself)
+NOT_LISTED = ("preset",)
+
+
+def _settings(obj: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value, its field's default or MISSING) of every scalar setting of a config
+    dataclass, nested configs walked (a dense model has no model.moe keys)."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _settings(value, f"{prefix}{f.name}.")
+        elif not (f.name == "moe" and value is None):
+            out.append((prefix + f.name, value, f.default))
+    return out
+
+
+def left_out(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """The settings of `cfg` that `items(cfg)` does not say, as (our dotted key, value) in
+    TrainConfig's field order: each one whose value is not what the file gives back (the value
+    its MaxText flags translate to, else the field's default; a default needs no flag). Those
+    with no MaxText flag (the sequence-wise aux loss, the init scheme...), and the run's
+    settings the file leaves to MaxText's command (steps, the mesh, the data...)."""
+    said: dict[str, Any] = {}
+    for key, value in maxtext.translate(items(cfg)):
+        said[key] = value
+    if "model.d_model" in said and cfg.model.moe is not None:
+        said["model.moe.d_model"] = said["model.d_model"]   # one key sets both (config_file)
+    return [(key, value) for key, value, default in _settings(cfg)
+            if key not in NOT_LISTED and value != said.get(key, default)]
+
+
+def left_out_lines(cfg: TrainConfig) -> list[str]:
+    """The comment block `to_yaml` writes first: what the file leaves out (`left_out`), one
+    `key: value` a line, or one line saying nothing is."""
+    gone = left_out(cfg)
+    if not gone:
+        return ["# Every dropless setting away from its default is said below."]
+    return (["# Not said below: dropless settings away from their defaults that these MaxText "
+             "flags leave out", "# (no MaxText flag, or a setting of the run this file does "
+             "not write); MaxText runs without them:"]
+            + [f"#   {key}: {_yaml_value(value)}" for key, value in gone])
+
+
 def to_yaml(cfg: TrainConfig, header: str) -> str:
-    """The MaxText YAML of `items(cfg)`, under `header` (each line a comment)."""
-    head = [f"# {line}".rstrip() for line in header.splitlines()]
+    """The MaxText YAML of `items(cfg)`, under `header` (each line a comment) and the list of
+    what it leaves out (`left_out_lines`)."""
+    head = [f"# {line}".rstrip() for line in header.splitlines()] + left_out_lines(cfg)
     return "\n".join(head + [f"{n}: {_yaml_value(v)}" for n, v in items(cfg)]) + "\n"
 
 
@@ -163,8 +212,8 @@ Every key is one of MaxText's configs/base.yml; MaxText reads them over its base
 key=value overrides, or in a YAML whose base_config is base.yml), with run_name, hardware: gpu,
 steps and the data of the run. dropless reads the same file as the preset:
   dropless config show --config {ONE_GPU_FILE}
-Not said in MaxText's flags: the init scheme (dropless's fan_in; model.init=maxtext draws as
-MaxText does) and the sequence-wise aux loss (1e-4, DeepSeek-V3's; base.yml has no such flag).
+The two trainers' default init schemes differ (dropless's fan_in; model.init=maxtext draws as
+MaxText does), and base.yml has no flag for the sequence-wise aux loss (listed below).
 Written by (never edit by hand; tests/compat/test_maxtext_out.py checks it):
   {ONE_GPU_COMMAND}
 """

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from dropless.config.names import MODEL_DTYPES
+from dropless.config.names import MAX_SIZE, MODEL_DTYPES
 
 
 def _fail(cls: str, field: str, value: Any, why: str) -> None:
@@ -93,6 +93,15 @@ def _positive_ints(cls: str, obj: Any, names: tuple[str, ...], *, allow_zero: bo
         ok = isinstance(v, int) and not isinstance(v, bool) and (v >= 0 if allow_zero else v > 0)
         if not ok:
             _fail(cls, name, v, "must be an int >= 0" if allow_zero else "must be a positive int")
+
+
+def _sizes(cls: str, obj: Any, names: tuple[str, ...]) -> None:
+    """Each field in `names` (an int, checked before) is below MAX_SIZE (2**31)."""
+    for name in names:
+        v = getattr(obj, name)
+        if v >= MAX_SIZE:
+            _fail(cls, name, v, f"must be < 2**31 = {MAX_SIZE:,} (sizes and positions are "
+                  "int32 on the device); a typo?")
 
 
 def _one_of(cls: str, obj: Any, name: str, choices: tuple[str, ...]) -> None:

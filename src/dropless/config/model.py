@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from dropless.config.fields import (_check_dtype, _check_types, _fail, _one_of,
-                                    _positive_ints, described)
+                                    _positive_ints, _sizes, described)
 from dropless.config.moe import MoEConfig
 from dropless.config.names import (ATTENTION_KERNELS, ATTENTION_KINDS, INIT_SCHEMES,
                                    LAYER_KINDS, MAX_LAYERS, ROPE_TYPES)
@@ -124,6 +124,9 @@ class ModelConfig:
         _positive_ints(c, self, ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff"))
         _positive_ints(c, self, ("first_k_dense", "num_kv_heads", "head_dim", "q_lora_rank",
                                  "mtp_depth"), allow_zero=True)
+        _sizes(c, self, ("vocab_size", "d_model", "num_heads", "d_ff", "num_kv_heads", "head_dim",
+                         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                         "v_head_dim", "max_segments_per_seq", "rope_original_max_position"))
         for name in ("num_layers", "mtp_depth"):
             if getattr(self, name) > MAX_LAYERS:
                 _fail(c, name, getattr(self, name), f"is more than {MAX_LAYERS:,} layers (the "

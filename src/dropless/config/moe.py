@@ -5,8 +5,9 @@ import dataclasses
 from typing import Any
 
 from dropless.config.fields import (_check_dtype, _check_types, _fail, _one_of,
-                                    _positive_ints, described)
-from dropless.config.names import DISPATCHERS, GMM_QUANTIZATIONS, OVERFLOW_POLICIES, SCORE_FUNCS
+                                    _positive_ints, _sizes, described)
+from dropless.config.names import (DISPATCHERS, GMM_QUANTIZATIONS, MAX_EXPERTS, OVERFLOW_POLICIES,
+                                   SCORE_FUNCS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,6 +113,11 @@ class MoEConfig:
         _positive_ints(c, self, ("num_experts", "top_k", "d_model", "d_ff", "n_groups",
                                  "overflow_check_every_n_steps", "ep_comm_overlap_chunks"))
         _positive_ints(c, self, ("num_shared_experts", "align_expert_rows"), allow_zero=True)
+        _sizes(c, self, ("top_k", "d_model", "d_ff", "num_shared_experts", "n_groups",
+                         "align_expert_rows", "ep_comm_overlap_chunks"))
+        if self.num_experts > MAX_EXPERTS:
+            _fail(c, "num_experts", self.num_experts, f"is more than {MAX_EXPERTS:,} experts (the "
+                  "largest published mixture has about a million); a typo?")
         if self.top_k > self.num_experts:
             _fail(c, "top_k", self.top_k, f"must be <= num_experts={self.num_experts}")
         _one_of(c, self, "score_func", SCORE_FUNCS)

@@ -41,6 +41,13 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 # about 100-200; the model's layers are built, counted and planned one by one, so a larger
 # value (a typo, 1e9) would only make those loops endless
 MAX_LAYERS = 10_000
+# sizes (vocabulary, widths, heads, ranks, batch rows, sequence length) are below this:
+# positions, ids and shapes are int32 on the device, and a larger value (a typo, 1e18) would
+# only overflow the planner's float arithmetic or an allocation
+MAX_SIZE = 2 ** 31
+# experts per MoE layer are at most this (the largest published mixture has about a million:
+# "Mixture of A Million Experts", 2024); the planner draws router scores for every expert
+MAX_EXPERTS = 2 ** 20
 
 ATTENTION_KINDS = ("mla", "mha")
 # the attention core's kernels (ops/attention.py): auto = cuDNN's flash attention where it takes

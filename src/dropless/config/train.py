@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dropless.config.fields import _check_types, _fail, _one_of, _positive_ints, described
+from dropless.config.fields import (_check_types, _fail, _one_of, _positive_ints, _sizes,
+                                     described)
 from dropless.config.mesh import MeshConfig
 from dropless.config.model import ModelConfig
 from dropless.config.names import PACKINGS, REMAT_POLICIES
@@ -131,6 +132,7 @@ class TrainConfig:
         _positive_ints(c, self, ("warmup_steps", "checkpoint_every", "seed", "profile_steps",
                                  "lr_decay_steps"),
                        allow_zero=True)
+        _sizes(c, self, ("per_device_batch_size", "gradient_accumulation_steps", "seq_len"))
         if self.seed >= SEED_LIMIT:
             _fail(c, "seed", self.seed, f"must be < 2**32 = {SEED_LIMIT} (jax.random.PRNGKey "
                   f"keeps 32 bits: seed {SEED_LIMIT} would draw seed 0's weights)")

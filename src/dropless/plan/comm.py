@@ -31,22 +31,54 @@ def expected_devices_per_token(s: ModelConfig, ep: int) -> float:
 
     Device d holds experts [d*E/ep, (d+1)*E/ep). Without expert groups the top_k experts are
     a uniform random subset and the expectation is exact:
-    ep * (1 - C(E - E/ep, K) / C(E, K)). With group-limited routing (DeepSeek-V3: groups scored
-    by the sum of their two best experts, the `topk_groups` best kept, top_k among those) the
-    chosen groups each tend to hold a winner, so the routing rule itself is simulated on
-    i.i.d. scores (fixed seed, 8,192 tokens).
+    ep * (1 - C(E - E/ep, K) / C(E, K)) (`_none_on_device`). With group-limited routing
+    (DeepSeek-V3: groups scored by the sum of their two best experts, the `topk_groups` best
+    kept, top_k among those) the chosen groups each tend to hold a winner, so the routing rule
+    itself is simulated on i.i.d. scores (fixed seed, `simulated_tokens(E)` tokens: 8,192 up to
+    2,048 experts, fewer past them, so that the scores drawn stay within SIMULATED_SCORES).
     """
     e, k = s.moe.num_experts, s.moe.top_k
     if ep == 1:
         return 1.0
     per_dev = e // ep
     if s.moe.n_groups == 1 or s.moe.topk_groups == s.moe.n_groups:
-        return ep * (1.0 - math.comb(e - per_dev, k) / math.comb(e, k))
-    return _simulated_devices(e, k, s.moe.n_groups, s.moe.topk_groups, ep)
+        return ep * (1.0 - _none_on_device(e, per_dev, k))
+    return _simulated_devices(e, k, s.moe.n_groups, s.moe.topk_groups, ep,
+                              simulated_tokens(e))
 
 
-def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
-                       n: int = 8192) -> float:
+# C(E - p, K) / C(E, K) exactly while the smaller of K and p is at most this; past it the
+# binomials have thousands of digits (a million experts, top-k in the hundreds of thousands:
+# minutes of big-integer arithmetic), and a float product of those terms is as good a plan
+EXACT_TERMS = 256
+
+
+def _none_on_device(e: int, p: int, k: int) -> float:
+    """C(e - p, k) / C(e, k): the chance that none of a token's k distinct experts (of e) is
+    one of a device's p. Equal, as a rational, to C(e - k, p) / C(e, p), so with m the smaller
+    of k and p it is one correctly rounded division of two integers while m <= EXACT_TERMS,
+    and past that the product of its m factors in floats."""
+    m, big = min(k, p), max(k, p)
+    if m <= EXACT_TERMS:
+        return math.comb(e - big, m) / math.comb(e, m)
+    return max(0.0, math.prod((e - big - i) / (e - i) for i in range(m)))
+
+
+# the most router scores the simulation draws (8,192 tokens x 2,048 experts): 128 MiB of
+# float64, whatever the expert count
+SIMULATED_SCORES = 8192 * 2048
+
+
+def simulated_tokens(e: int) -> int:
+    """Tokens the group-limited routing simulation draws for `e` experts: 8,192, fewer past
+    2,048 experts (at least one)."""
+    return max(1, min(8192, SIMULATED_SCORES // e))
+
+
+@functools.lru_cache(maxsize=16)
+def _simulated_choices(e: int, k: int, n_groups: int, topk_groups: int, n: int):
+    """The experts `n` simulated tokens choose ([n, k] ids, read-only) under group-limited
+    routing on i.i.d. scores (fixed seed): the same for every EP size, so remembered."""
     import numpy as np
     rng = np.random.default_rng(0)
     scores = rng.random((n, e))
@@ -57,6 +89,15 @@ def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
     np.put_along_axis(keep, best, True, axis=1)
     scores = np.where(np.repeat(keep, eg, axis=1), scores, -1.0)
     ids = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    ids.flags.writeable = False
+    return ids
+
+
+def _simulated_devices(e: int, k: int, n_groups: int, topk_groups: int, ep: int,
+                       n: int) -> float:
+    """Mean distinct EP devices (of `ep`) among the experts `n` simulated tokens choose."""
+    import numpy as np
+    ids = _simulated_choices(e, k, n_groups, topk_groups, n)
     hit = np.zeros((n, ep), bool)
     np.put_along_axis(hit, ids // (e // ep), True, axis=1)
     return float(hit.sum(1).mean())

@@ -118,7 +118,7 @@ def train_config(pairs: Iterable[tuple[str, Any]], *, mapping: dict | None = Non
         run = build_config(pairs, mapping=mapping, notes=said,
                            defaults=[(k, v) for k, v in PLAN_DEFAULTS if k not in own])
         if from_preset is not None:
-            given = {k for k, _ in resolve([*flatten(mapping or {}), *pairs])}
+            given = {k for k, _ in resolve(flatten(mapping or {}), pairs)}
             from_preset += [(k, v) for k, v in own.items() if k not in given]
     if notes is not None:
         notes += said
@@ -174,9 +174,13 @@ def build_plan(settings: Iterable[tuple[str, Any]] = (), *, config_path: str | N
     line naming those (`preset_note`). Raises ValueError naming the bad file, key or value, and
     for a `devices_per_node` that contradicts the device count (`check_node_size`)."""
     flat, nested = read_config_file(config_path)
-    planner, pairs = split_settings([*flat, *settings])
+    in_file, from_file = split_settings(flat)
+    planner, pairs = split_settings(settings)
+    planner = {**in_file, **planner}
     used: list[tuple[str, Any]] = []
-    run = train_config(pairs, mapping=nested, from_preset=used)
+    # the file's settings stay one source (`config_file.resolve`): the flags and key=value
+    # after it win over it, and within each two spellings of one key must agree
+    run = train_config(pairs, mapping={**dict(from_file), **nested}, from_preset=used)
     if used and notes is not None:
         notes.append(preset_note(run.preset, used))
     hw = get_profile(planner.pop("hardware", "h200"))

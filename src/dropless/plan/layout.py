@@ -14,6 +14,7 @@ mesh axes that split none of its dims.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -249,6 +250,11 @@ def weight_shards(mesh: MeshConfig, group: str, *, gathered: bool = False,
     places parameters, gradients and Adam moments; `length`: its FSDP dim's, so that an axis
     that does not divide it is not counted (None: every axis divides). With `gathered`, the
     layer's all-gathered copy: its FSDP dim whole. Raises KeyError for an unknown group."""
+    return _weight_shards(mesh, group, gathered, length)
+
+
+@functools.lru_cache(maxsize=1024)   # a plan asks once a weight kind, a search once a candidate
+def _weight_shards(mesh: MeshConfig, group: str, gathered: bool, length: int | None) -> int:
     sizes = dict(zip(MESH_AXES, mesh.shape))
     return math.prod(sizes[m] for a, axes in weight_axes(group, mesh, length).items()
                      if not (gathered and a == FSDP_LOGICAL) for m in axes)
@@ -261,10 +267,12 @@ def node_limit(cfg: PlanConfig) -> int:
     return cfg.devices_per_node or (mesh.devices_per_node if mesh.num_nodes > 1 else 0)
 
 
-def divisors(n: int) -> list[int]:
-    """The divisors of `n` > 0, ascending, in sqrt(n) steps."""
+@functools.lru_cache(maxsize=64)
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of `n` > 0, ascending, in sqrt(n) steps (remembered: a plan asks for its
+    device count's at every collective group)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
+    return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
 def check_node_size(cfg: PlanConfig) -> None:
@@ -285,9 +293,12 @@ def node_size(cfg: PlanConfig, hw: HardwareProfile) -> int:
     """Devices per node: the largest divisor of the device count that fits in one node of
     `node_limit`, or of the hardware's NVLink domain (72-GPU NVL72 racks run power-of-two
     meshes on 64 of them)."""
-    limit = node_limit(cfg) or hw.gpus_per_domain
-    gpus = cfg.mesh.num_devices
-    return max(d for d in divisors(gpus) if d <= limit)
+    return _largest_divisor(cfg.mesh.num_devices, node_limit(cfg) or hw.gpus_per_domain)
+
+
+@functools.lru_cache(maxsize=256)
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in divisors(n) if d <= limit)
 
 
 def on_mesh(cfg: PlanConfig, *, data: int, fsdp: int, expert: int) -> PlanConfig:
@@ -358,7 +369,13 @@ def weight_collective_groups(cfg: PlanConfig, hw: HardwareProfile, group: str,
     dropped; none for the replicated weights), `replicas`, the mesh axes splitting none of its
     dims (its gradient shard's all-reduce: data, plus any axis dropped from its FSDP dim; every
     axis for the replicated weights)."""
-    node, m = node_size(cfg, hw), cfg.mesh
+    return _collective_groups(cfg.mesh, node_size(cfg, hw), group, length)
+
+
+# remembered by mesh, node size, group and length: a plan asks once a layer kind and part
+@functools.lru_cache(maxsize=1024)
+def _collective_groups(m: MeshConfig, node: int, group: str, length: int | None
+                       ) -> tuple[Group, Group]:
     dims = weight_axes(group, m, length)
     split = {a for axes in dims.values() for a in axes}
     return (axes_group(m, dims.get(FSDP_LOGICAL, ()), node),

@@ -29,14 +29,15 @@ the layer layout (`ModelConfig.scan_layers`):
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
-from dropless.config import ModelConfig
+from dropless.config import MeshConfig, ModelConfig
 from dropless.machine import HardwareProfile
-from dropless.models.arithmetic import (attention_matmul_params, attention_params, layer_params,
-                                       param_counts)
+from dropless.models.arithmetic import attention_matmul_params, attention_params
 from dropless.plan import comm
 from dropless.plan.layout import REMAT, PlanConfig, weight_shards
+from dropless.plan.model_numbers import layer_params, param_counts
 
 GiB = 2 ** 30
 # Gradient accumulation adds up the micro-batches' gradients in float32 (TrainConfig's
@@ -157,6 +158,14 @@ def layer_weight_lengths(s: ModelConfig, moe: bool, attention: bool = True
     have none): the routed experts' (D), MLA's query and key/value latent ranks (wq_b, wkv_b),
     the model dim (every other matrix); the norm vectors and the router replicated.
     `attention=False`: the feed-forward / MoE block alone (no attention, no norms)."""
+    return dict(_layer_weight_lengths(s, moe, attention))
+
+
+# the model's numbers below depend on the model alone: a layout search asks for them once a
+# candidate, thousands of times (tuples: a cached value is never changed by a caller)
+@functools.lru_cache(maxsize=256)
+def _layer_weight_lengths(s: ModelConfig, moe: bool, attention: bool
+                          ) -> tuple[tuple[tuple[str, int | None], float], ...]:
     d, p = s.d_model, layer_params(s, moe)
     out: dict[tuple[str, int | None], float] = {}
 
@@ -167,7 +176,7 @@ def layer_weight_lengths(s: ModelConfig, moe: bool, attention: bool = True
     add(("replicated", None), p.get("router", 0))
     add(("sharded", d), p.get("dense_ffn", 0) + p.get("shared_experts", 0))
     if not attention:
-        return out
+        return tuple(out.items())
     matmuls = attention_matmul_params(s)
     add(("replicated", None), p["norms"] + sum(attention_params(s).values())
         - sum(matmuls.values()))
@@ -176,7 +185,7 @@ def layer_weight_lengths(s: ModelConfig, moe: bool, attention: bool = True
         length = (s.q_lora_rank if mla and k == "query" and s.q_lora_rank
                   else s.kv_lora_rank if mla and k in ("key", "value") else d)
         add(("sharded", length), n)
-    return out
+    return tuple(out.items())
 
 
 def weight_groups(s: ModelConfig) -> dict[str, float]:
@@ -194,6 +203,11 @@ def block_weight_lengths(s: ModelConfig) -> dict[tuple[str, int | None], float]:
     """The whole model's parameters keyed as `layer_weight_lengths` keys one layer's: every
     block's (the MTP modules' included), the final norm and the MTP modules' three norms
     (replicated), the vocabulary's (embedding and head) and 2D (the MTP projections)."""
+    return dict(_block_weight_lengths(s))
+
+
+@functools.lru_cache(maxsize=64)
+def _block_weight_lengths(s: ModelConfig) -> tuple[tuple[tuple[str, int | None], float], ...]:
     d, c = s.d_model, param_counts(s)
     out = {("sharded", s.vocab_size): float(c["embedding"] + c["lm_head"]),
            ("replicated", None): float(d + s.mtp_depth * 3 * d)}
@@ -203,7 +217,7 @@ def block_weight_lengths(s: ModelConfig) -> dict[tuple[str, int | None], float]:
     for moe in blocks + [s.moe is not None] * s.mtp_depth:
         for key, n in layer_weight_lengths(s, moe).items():
             out[key] = out.get(key, 0.0) + n
-    return out
+    return tuple(out.items())
 
 
 def sharded_lengths(s: ModelConfig) -> dict[int, float]:
@@ -218,7 +232,11 @@ def sharded_params(cfg: PlanConfig) -> float:
     (`plan.layout.weight_shards`): the routed experts over expert x fsdp, the other matrices
     over fsdp x expert too (ZeRO-3 over both), norms and the router whole; a dim a mesh axis
     does not divide is whole over that axis (`sharded_lengths`)."""
-    s, m = cfg.model, cfg.mesh
+    return _sharded_params(cfg.model, cfg.mesh)
+
+
+@functools.lru_cache(maxsize=1024)   # asked several times a plan, once a search's candidate
+def _sharded_params(s: ModelConfig, m: MeshConfig) -> float:
     g = weight_groups(s)
     return (g["replicated"] + g["experts"] / weight_shards(m, "experts", length=s.d_model)
             + sum(n / weight_shards(m, "sharded", length=k)

@@ -32,6 +32,7 @@ from dropless.machine import HardwareProfile
 from dropless.models import arithmetic as ar
 from dropless.models.arithmetic import KINDS
 from dropless.plan import comm, flops, memory
+from dropless.plan import model_numbers as mn
 from dropless.plan.layout import (REMAT, Group, PlanConfig, flat_settings, groups, node_size,
                                   weight_collective_groups)
 from dropless.plan.overlap import chunks, ep_pipeline
@@ -115,7 +116,7 @@ def layer_times(cfg: PlanConfig, hw: HardwareProfile, moe: bool, *,
     s, ep = cfg.model, cfg.mesh.expert
     t = cfg.micro_tokens_per_device
     rates = _rates(hw, cfg)
-    fwd = ar.layer_forward_flops(s, cfg.run.seq_len, moe)
+    fwd = mn.layer_forward_flops(s, cfg.run.seq_len, moe)
     if not attention:
         fwd["gemm"] -= sum(ar.attention_proj_flops(s).values())
         fwd["attention"] = 0.0
@@ -212,7 +213,7 @@ def predict(cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom") -> di
     total_kernel = sum(kernel.values())
     t = cfg.step_tokens_per_device
     seq = cfg.run.seq_len
-    model_flops = ar.model_flops_per_token(s, seq) * t
+    model_flops = mn.model_flops_per_token(s, seq) * t
     executed = sum(kernel[k] * _rates(hw, cfg)[k] for k in KINDS)
     comm_kernel = sum(kernel[k] for k in COMM_PARTS)
     return {
@@ -220,8 +221,8 @@ def predict(cfg: PlanConfig, hw: HardwareProfile, *, name: str = "custom") -> di
         "memory": memory.memory_per_device(cfg, hw),
         "flops": {"model_per_device": model_flops, "executed_per_device": executed,
                   "model_per_token": model_flops / t,
-                  "six_n_per_token": ar.six_n_flops_per_token(s),
-                  "by_kind_forward_per_token": ar.forward_flops(s, seq)},
+                  "six_n_per_token": mn.six_n_flops_per_token(s),
+                  "by_kind_forward_per_token": mn.forward_flops(s, seq)},
         "bytes": bytes_per_step(cfg, hw),
         "time": {"step_s": step, "kernel_s": kernel, "exposed_s": exposed,
                  "kernel_total_s": total_kernel},
