@@ -68,6 +68,8 @@ ROWS = [
         ("d.jsonl", "line 2", "'text'", "string", "int"), "d.jsonl"),
     row("data-jsonl-text-null", {"d.jsonl": _jsonl(OK_LINE, '{"text": null}')},
         ("d.jsonl", "line 2", "'text'", "string", "null"), "d.jsonl"),
+    row("data-jsonl-key-twice", {"d.jsonl": _jsonl(OK_LINE, '{"text": "a", "text": "b"}')},
+        ("d.jsonl", "line 2", "key 'text' appears twice"), "d.jsonl"),
     row("data-jsonl-line-is-string", {"d.jsonl": _jsonl('"just a string"', OK_LINE)},
         ("d.jsonl", "line 1", "object", "'text'"), "d.jsonl"),
     row("data-jsonl-bad-json-line-2", {"d.jsonl": _jsonl(OK_LINE, '{"text": ', OK_LINE)},

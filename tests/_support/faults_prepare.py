@@ -77,4 +77,12 @@ ROWS = [
         ("out", "not empty"), "ok.jsonl"),
     row("eval-fraction", {"ok.jsonl": OK + "\n"}, ("--eval-fraction", "[0, 1)"), "ok.jsonl",
         extra=("--eval-fraction", "1.5")),
+    # Python's json keeps the last of two values silently: half the record's text was lost
+    row("key-twice", {"d.jsonl": OK + '\n{"text": "a", "text": "b"}\n'},
+        ("d.jsonl line 2", "key 'text' appears twice", "remove or rename"), "d.jsonl"),
+    # a byte-order mark starts a file without a word; one inside (files joined) is named
+    row("bom-inside", {"d.jsonl": (OK + "\n\ufeff" + OK + "\n").encode()},
+        ("d.jsonl line 2", "byte-order mark", "not at the start of the file"), "d.jsonl"),
+    row("workers-past-the-cap", {"ok.jsonl": OK + "\n"}, ("--workers=1000000", "1024"),
+        "ok.jsonl", extra=("--workers", "1000000")),
 ]

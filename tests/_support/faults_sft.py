@@ -89,8 +89,15 @@ def case_setup(record, template):
 TRAIN = ["train", "steps=1", "time_kernels=false", "eval_every=1", "run_dir=runs",
          "run_name=r", "data=d.jsonl", "sft=true", "tokenizer=tok/tokenizer.json", "seq_len=64"]
 
+# records no dict can hold, as they are written on line 2 (not in CASES, which are dicts)
+RAW_CASES = [
+    ("sft-key-twice", '{"messages": [{"role": "user", "content": "Hi", "content": "Hey"}, '
+                      '{"role": "assistant", "content": "Hello."}]}',
+     ("key 'content' appears twice",), CHATML),
+]
+
 ROWS = [Fault(id_, TRAIN, rc=2, words=("d.jsonl", "line 2") + words,
               setup=case_setup(record, template), unchanged=("d.jsonl",), in_process=True,
               timeout=300)
-        for id_, record, words, template in CASES] \
+        for id_, record, words, template in CASES + RAW_CASES] \
     if importlib.util.find_spec("dropless.data.loader") is not None else []

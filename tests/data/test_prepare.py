@@ -14,7 +14,8 @@ import zstandard
 from dropless.data import manifest as mf
 from dropless.data import readers
 from dropless.data.corpus import is_eval_document
-from dropless.data.prepare import PrepareConfig, copies_of, prepare, raw_tokenizer
+from dropless.data.prepare import PrepareConfig, copies_of, prepare
+from dropless.data.prepare_workers import raw_tokenizer
 from tests._support.tokenizer_folders import FOLDERS, write_folder
 
 WORDS = "the quick brown fox jumps over lazy dog stitch in time saves nine".split()

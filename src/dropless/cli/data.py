@@ -19,6 +19,7 @@ from dropless.runtime.progress import on_terminal, terminal_bar
 
 
 def add_arguments(parser) -> None:
+    from dropless.data.prepare_workers import MAX_WORKERS
     sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     p = sub.add_parser("prepare", help="corpora -> token shards + manifest.json",
                        description="corpora -> token shards + manifest.json (docs/data.md)",
@@ -37,7 +38,8 @@ def add_arguments(parser) -> None:
                    help="tokens per shard, cut at document boundaries (2**26)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="tokenizing processes (default: the number of cores); 0 = in this "
-                        "process")
+                        f"process; at most {MAX_WORKERS}, and no more are started than the "
+                        "inputs have chunks for")
     p.add_argument("--add-bos", action=argparse.BooleanOptionalAction, default=None,
                    help="put BOS before each document (default: as the tokenizer's "
                         "post-processor does; --no-add-bos: never)")

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dropless.data.readers import json_object
+from dropless.data.decoding import json_object
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                 "mask_token")

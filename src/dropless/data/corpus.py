@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dropless.data import readers, shards
+from dropless.data import decoding, readers, shards
 from dropless.data.readers import TEXT_SUFFIXES
 from dropless.data.tokenizer import make_tokenizer
 
@@ -117,15 +117,15 @@ def _where(source: str, path: Path, key: str = "data") -> str:
 def _jsonl_documents(path: Path, source: str, key: str = "data") -> list[tuple[str, str]]:
     """(name, text) per non-blank line of a JSONL file (compressed too, see `readers`): each
     line one JSON object whose "text" is a string of Unicode text (a lone surrogate escaped in
-    the JSON is refused), read and checked by `readers`, the one reader of JSONL. Raises
-    ValueError naming the file and the line that is wrong."""
+    the JSON is refused), read by `readers` and checked by `decoding`, as `data prepare` reads
+    JSONL. Raises ValueError naming the file and the line that is wrong."""
     file = readers.InputFile(path=path, name=path.name, kind="jsonl", weight=1.0, size=0)
     where, docs = _where(source, path, key), []
     for i, raw, _ in readers.jsonl_lines(file):
         at = f"{where} line {i + 1}"
-        rec = readers.parse_jsonl_line(raw, at, "text")
-        text = readers.record_text(rec, "text", at, TEXT_HINT)
-        readers.check_encodable(text, at)
+        rec = decoding.parse_jsonl_line(raw, at, "text")
+        text = decoding.record_text(rec, "text", at, TEXT_HINT)
+        decoding.check_encodable(text, at)
         docs.append((f"{path.name}:{i}", text))
     return docs
 
@@ -191,10 +191,10 @@ def check_readable_here(source: str, tokenizer: str, *, what: str = "",
 
 def text_documents(source: str, key: str = "data") -> list[tuple[str, str]]:
     """(name, text) documents of a text/JSONL source or directory, in sorted order. A text file
-    (of any suffix but .json and the token files') is read byte-exact and must be UTF-8, as
-    `data prepare` reads it (`readers.decode_utf8`). Raises ValueError for a .json file, a
-    directory with nothing to read, a file this process may not read, bytes that are not UTF-8
-    (naming the file and line) and a bad JSONL line."""
+    (of any suffix but .json and the token files') is read byte-exact but for a leading
+    byte-order mark and must be UTF-8, as `data prepare` reads it (`decoding.decode_utf8`).
+    Raises ValueError for a .json file, a directory with nothing to read, a file this process
+    may not read, bytes that are not UTF-8 (naming the file and line) and a bad JSONL line."""
     path = Path(source)
     files = _directory_files(path, source, key) if path.is_dir() else [path]
     for f in files:   # every file before any is read
@@ -208,7 +208,7 @@ def _file_documents(path: Path, source: str, key: str = "data") -> list[tuple[st
         return _jsonl_documents(path, source, key)
     if path.suffix == ".json":
         raise _not_jsonl(source, path, key)
-    return [(path.name, readers.decode_utf8(path.read_bytes(), _where(source, path, key)))]
+    return [(path.name, decoding.decode_utf8(path.read_bytes(), _where(source, path, key)))]
 
 
 def document_tokens(source: str, tok, *, what: str = "", use: str = "data=") -> np.ndarray:

@@ -4,10 +4,12 @@ Legend: N documents of a chunk, T tokens.
 
 The pipeline: the main process reads each file in chunks (`readers.text_chunks`: raw JSONL lines
 or a column's strings; it only reads and decompresses), worker processes parse and tokenize the
-chunks (the `tokenizers` batch encoder, one thread each), and the main process takes the
-results back in reading order and appends each document to its split's open shard. The output
-is therefore the same for any number of workers. At most `2 * workers` chunks are in flight and
-a shard is written to disk as it grows, so memory is bounded whatever the input's size.
+chunks (`prepare_workers`: the `tokenizers` batch encoder, one thread each; as many processes
+as asked for, up to its MAX_WORKERS, and no more than the inputs have chunks for), and the main
+process takes the results back in reading order and appends each document to its split's open
+shard. The output is therefore the same for any number of workers. At most `2 * workers` chunks
+are in flight and a shard is written to disk as it grows, so memory is bounded whatever the
+input's size.
 
 What each document becomes:
 * its text encoded without the tokenizer's special tokens, then BOS first when `add_bos` and EOS
@@ -37,12 +39,10 @@ change and nothing of it could be resumed.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import math
-import multiprocessing
 import os
 import re
 import shutil
@@ -57,6 +57,8 @@ from dropless.data import manifest as mf
 from dropless.data import readers
 from dropless.data.corpus import is_eval_document
 from dropless.data.prepare_lock import PrepareLock
+from dropless.data.prepare_workers import MAX_WORKERS, Encoder, encode_chunk, raw_tokenizer, \
+    start_pool, submit, worker_count
 from dropless.data.tokenizer import HFTokenizer, make_tokenizer
 
 STATE_DIR = ".prepare"
@@ -71,7 +73,8 @@ class PrepareConfig:
     sources: `PATH[@WEIGHT]` each (`readers.input_files`); out: the dataset folder;
     tokenizer: "byte" or a tokenizer.json path; tokenizer_source: how the user named it (kept in
     the manifest; default: `tokenizer`); add_bos: None = as the tokenizer's post-processor does;
-    workers: tokenizing processes (0: in this process)."""
+    workers: tokenizing processes (0: in this process; at most MAX_WORKERS, and a run starts
+    no more than its inputs have chunks for, `worker_count`)."""
     sources: tuple[str, ...]
     out: str
     tokenizer: str = "byte"
@@ -91,8 +94,10 @@ class PrepareConfig:
             raise ValueError(f"--eval-fraction={self.eval_fraction} must be in [0, 1)")
         if self.shard_tokens < 1:
             raise ValueError(f"--shard-tokens={self.shard_tokens} must be >= 1")
-        if self.workers < 0:
-            raise ValueError(f"--workers={self.workers} must be >= 0")
+        if not 0 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"--workers={self.workers} must be from 0 (tokenize in this "
+                             f"process) to {MAX_WORKERS}; the default, one per core "
+                             f"({os.cpu_count() or 1} here), keeps every core busy")
         if not self.text_field:
             raise ValueError("--text-field must not be empty")
         if self.records_per_chunk < 1:
@@ -109,68 +114,6 @@ class PrepareStatus:
     tokens: int
     shards: int
     resumed_tokens: int = 0
-
-
-# --- tokenizing (worker side) -------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Encoder:
-    """What a worker needs to turn texts into documents' tokens."""
-    tokenizer: str
-    dtype: str
-    bos: int | None     # prepended when set
-    eos: int | None     # appended when set
-
-
-_WORKER: dict = {}
-
-
-def raw_tokenizer(name: str):
-    """The `tokenizers.Tokenizer` of a tokenizer.json path, or None for "byte"."""
-    if name == "byte":
-        return None
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(name)
-
-
-def _init_worker(enc: _Encoder) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"   # one thread per worker process
-    _WORKER["enc"], _WORKER["tok"] = enc, raw_tokenizer(enc.tokenizer)
-
-
-def encode_texts(tok, texts: list[str], enc: _Encoder) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths_N int64, tokens_T of enc.dtype): each text's ids by the `tokenizers.Tokenizer`
-    `tok` (None: UTF-8 bytes) without its special tokens, with BOS / EOS as `enc` says; a text of
-    no token has length 0 (and no BOS / EOS either)."""
-    if tok is None:
-        ids = [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
-    else:
-        ids = [np.array(e.ids, enc.dtype)
-               for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
-    raw_N = np.fromiter((a.size for a in ids), np.int64, len(ids))
-    flat = np.concatenate(ids) if ids else np.zeros(0, enc.dtype)
-    extra = (enc.bos is not None) + (enc.eos is not None)
-    if not extra:
-        return raw_N, flat.astype(enc.dtype)
-    lengths_N = np.where(raw_N > 0, raw_N + extra, 0)
-    out_T = np.empty(int(lengths_N.sum()), enc.dtype)
-    ends = np.cumsum(lengths_N)
-    starts = ends - lengths_N
-    keep = raw_N > 0
-    # place each document's ids after its BOS slot: a position map over the flat ids
-    src_start = np.cumsum(raw_N) - raw_N
-    shift = np.repeat((starts + (enc.bos is not None) - src_start)[keep], raw_N[keep])
-    out_T[np.arange(flat.size) + shift] = flat
-    if enc.bos is not None:
-        out_T[starts[keep]] = enc.bos
-    if enc.eos is not None:
-        out_T[ends[keep] - 1] = enc.eos
-    return lengths_N, out_T
-
-
-def _encode_chunk(file: readers.InputFile, chunk: readers.Chunk, text_field: str):
-    texts = readers.chunk_texts(file, chunk, text_field)
-    return encode_texts(_WORKER["tok"], texts, _WORKER["enc"])
 
 
 # --- the shards ---------------------------------------------------------------------------------
@@ -416,7 +359,8 @@ class _Run:
         self.total = sum(f.size for f in self.files)
         self.done_bytes = sum(f.size for f in self.files[:self.position[0]])
         self.last_report = 0.0
-        pool = _pool(self.cfg.workers, self.enc)
+        self.workers = worker_count(self.cfg.workers, self.files, self.cfg.records_per_chunk)
+        pool = start_pool(self.workers, self.enc)
         try:
             self._read_all(pool)
             self.position = (len(self.files), 0)
@@ -442,9 +386,9 @@ class _Run:
                 for chunk in readers.text_chunks(f, self.cfg.text_field,
                                                  start=start if fi == first else 0,
                                                  records_per_chunk=self.cfg.records_per_chunk):
-                    job = _submit(pool, _encode_chunk, (f, chunk, self.cfg.text_field))
+                    job = submit(pool, encode_chunk, (f, chunk, self.cfg.text_field))
                     pending.append((fi, chunk.indices, base + chunk.bytes_done, job))
-                    while len(pending) > 2 * max(1, self.cfg.workers):
+                    while len(pending) > 2 * max(1, self.workers):
                         self._consume(*pending.popleft())
                 while pending:
                     self._consume(*pending.popleft())
@@ -504,8 +448,10 @@ class _Run:
         for spec, files in self.groups:
             idx = [self.files.index(f) for f in files]
             if not any(self.stats[i].documents for i in idx):
-                raise ValueError(f"source {spec!r} holds no document with text (every record "
-                                 "of it encodes to no token)")
+                why = ("every record of it encodes to no token"
+                       if any(self.stats[i].skipped for i in idx)
+                       else "no record at all: only blank lines, or no rows")
+                raise ValueError(f"source {spec!r} holds no document with text ({why})")
         if not self.shards["train"]:
             raise ValueError(f"the train split of {self.out} is empty (every document was "
                              f"held out: --eval-fraction={self.cfg.eval_fraction}); lower it")
@@ -549,7 +495,7 @@ def _tokenizer_id(cfg: PrepareConfig) -> mf.TokenizerId:
                           sha256=mf.file_sha256(cfg.tokenizer))
 
 
-def _encoder(tok, cfg: PrepareConfig) -> _Encoder:
+def _encoder(tok, cfg: PrepareConfig) -> Encoder:
     """The BOS / EOS policy: add_bos None follows the tokenizer's post-processor."""
     if isinstance(tok, HFTokenizer):
         raw = raw_tokenizer(cfg.tokenizer)
@@ -563,49 +509,8 @@ def _encoder(tok, cfg: PrepareConfig) -> _Encoder:
         raise ValueError(f"--add-bos: tokenizer {tok.name} has no BOS token")
     if cfg.add_eos and tok.eos_id is None:
         raise ValueError(f"--add-eos: tokenizer {tok.name} has no EOS token")
-    return _Encoder(tokenizer=cfg.tokenizer, dtype=mf.dtype_for_vocab(tok.vocab_size),
+    return Encoder(tokenizer=cfg.tokenizer, dtype=mf.dtype_for_vocab(tok.vocab_size),
                     bos=tok.bos_id if add_bos else None, eos=tok.eos_id if cfg.add_eos else None)
-
-
-class _Done:
-    """An already computed result with a Future's `result` (workers=0)."""
-
-    def __init__(self, fn, args):
-        self.value = fn(*args)
-
-    def result(self):
-        return self.value
-
-
-# A worker imports the data package alone: `dropless/__init__.py` imports JAX (seconds and
-# ~150 MB a process), which tokenizing never needs. The initializer is `exec` (a builtin:
-# unpickling it imports nothing) of WORKER_START, which registers `dropless` as a bare package
-# (its path, no __init__ run) before anything of dropless is unpickled, then starts the worker.
-WORKER_START = """
-import importlib.util, sys, types
-if "dropless" not in sys.modules:
-    spec = importlib.util.find_spec("dropless")
-    pkg = types.ModuleType("dropless")
-    pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
-    sys.modules["dropless"] = pkg
-from dropless.data.prepare import _Encoder, _init_worker
-_init_worker(_Encoder(**enc))
-"""
-
-
-def _pool(workers: int, enc: _Encoder):
-    if workers == 0:
-        _init_worker(enc)
-        return None
-    # spawn: the parent may have imported JAX (threads), which fork would copy half-locked;
-    # a worker that dies (killed for memory) breaks the pool: an error here, never a hang
-    return concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=exec,
-        initargs=(WORKER_START, {"enc": dataclasses.asdict(enc)}))
-
-
-def _submit(pool, fn, args):
-    return _Done(fn, args) if pool is None else pool.submit(fn, *args)
 
 
 def prepare(cfg: PrepareConfig, *, created_by: str,

@@ -15,20 +15,23 @@ Two ways to read:
 * `text_chunks(file, text_field)`: the fast path of `data.prepare`: raw chunks (undecoded JSONL
   lines, or a column's strings) that a worker process turns into texts with `chunk_texts`.
 
-Errors are ValueErrors naming the file and the line or row (`where`).
+Bytes become text and records through `data.decoding` (UTF-8, a byte-order mark at the start
+of a file dropped, JSON objects with unique keys); a Parquet / Arrow column read twice by one
+name is refused, as JSON's repeated key is. Errors are ValueErrors naming the file and the line
+or row (`where`).
 """
 from __future__ import annotations
 
 import dataclasses
-import decimal
 import glob
 import gzip
 import io
-import json
 import os
-import sys
 from pathlib import Path
 from typing import Iterator
+
+from dropless.data.decoding import check_encodable, decode_utf8, json_object, \
+    parse_jsonl_line, record_text, strip_bom
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson")
@@ -143,18 +146,6 @@ def _saved_dataset(folder: Path, spec: str) -> list[Path] | None:
     return paths
 
 
-def json_object(path: Path) -> dict:
-    """The JSON object in `path`. Raises ValueError naming the file when it is not valid JSON
-    or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data
-
-
 def walk(folder: Path, what: str, above: frozenset = frozenset()) -> Iterator[Path]:
     """Every path under `folder`, through links to folders too (as a glob's `**` goes; Python
     3.11's rglob does not, which skipped their files silently). Raises ValueError, starting
@@ -244,62 +235,6 @@ def input_files(spec: str) -> list[InputFile]:
 
 # --- JSONL --------------------------------------------------------------------------------------
 
-def json_kind(value) -> str:
-    """How an error names a JSON value's type: 'null', 'an int', 'a list', ..."""
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "an int", float: "a float", str: "a string", list: "a list",
-            dict: "an object"}.get(type(value), type(value).__name__)
-
-
-def _json_loads(line: str):
-    """json.loads, and a JSON integer of any length: int() refuses strings of more than
-    sys.get_int_max_str_digits() digits (a bare ValueError), while JSON sets no limit."""
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        raise
-    except ValueError:    # an integer too long for int(str); Decimal -> int has no such limit
-        return json.loads(line, parse_int=lambda s: int(decimal.Decimal(s)))
-
-
-def parse_jsonl_line(raw: bytes, at: str, text_field: str | None = None) -> dict:
-    """The JSON object of one raw JSONL line; ValueError naming `at` (file and line) for bytes
-    that are not UTF-8, invalid JSON, or a value that is not an object (with `text_field`, the
-    message names the field the object should hold)."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{at} is not valid UTF-8 at byte {e.start} of the line: {e.reason}"
-                         ) from None
-    try:
-        rec = _json_loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{at}, column {e.colno}: invalid JSON ({e.msg})") from None
-    except RecursionError:
-        raise ValueError(f"{at} is nested deeper than Python's JSON parser reads (about "
-                         f"{sys.getrecursionlimit()} levels of lists / objects); flatten or "
-                         "remove that record") from None
-    if not isinstance(rec, dict):
-        holding = f" with a {text_field!r} field" if text_field else ""
-        raise ValueError(f"{at} is {json_kind(rec)}, not a JSON object{holding} (JSONL: one "
-                         "object per line)")
-    return rec
-
-
-def record_text(rec: dict, text_field: str, at: str,
-                hint: str = "choose the text field with --text-field") -> str:
-    """rec[text_field], which must be a string; ValueError naming `at` and the fields there,
-    ending with `hint` (what the user can do)."""
-    if text_field not in rec:
-        fields = ", ".join(sorted(map(str, rec))[:8]) or "none"
-        raise ValueError(f"{at} has no {text_field!r} field (its fields: {fields}); {hint}")
-    text = rec[text_field]
-    if not isinstance(text, str):
-        raise ValueError(f"{at}: {text_field!r} must be a string, not {json_kind(text)}")
-    return text
-
-
 def _open_jsonl(path: Path):
     """(line-iterable binary stream, the raw file whose tell() is the progress) of a JSONL file."""
     raw = open(path, "rb")
@@ -345,10 +280,13 @@ class _ZstdFrames(io.RawIOBase):
 
 
 def jsonl_lines(file: InputFile, start: int = 0) -> Iterator[tuple[int, bytes, int]]:
-    """(line index, raw line without its newline, bytes read) per non-blank line >= start."""
+    """(line index, raw line without its newline, bytes read) per non-blank line >= start;
+    line 0 without a byte-order mark (`decoding.strip_bom`)."""
     stream, raw = _open_jsonl(file.path)
     try:
         for i, line in enumerate(_read_lines(stream, file)):
+            if i == 0:
+                line = strip_bom(line)
             if i >= start and line.strip():
                 yield i, line.rstrip(b"\r\n"), raw.tell()
     finally:
@@ -383,6 +321,17 @@ def _check_column(file: InputFile, schema, text_field: str) -> None:
     if not _string_type(t):
         raise ValueError(f"{file.path}: column {text_field!r} is {t}, not a string column; "
                          "choose the text column with --text-field")
+
+
+def _check_unique_columns(file: InputFile, schema, columns: list[str] | None) -> None:
+    """A column read (`columns`; None: every one) that the schema names twice is refused:
+    a record dict would keep one of them, and pyarrow cannot select it by name."""
+    names = schema.names
+    for c in dict.fromkeys(names if columns is None else columns):
+        if names.count(c) > 1:
+            raise ValueError(f"{file.path}: column {c!r} appears {names.count(c)} times (its "
+                             f"columns: {', '.join(names[:8])}); a record holds one value per "
+                             "name: rename the others")
 
 
 def _arrow_batches(file: InputFile, columns: list[str] | None, start: int, size: int):
@@ -420,6 +369,7 @@ def _arrow_batches(file: InputFile, columns: list[str] | None, start: int, size:
                 raise ValueError(f"{file.path}: not an Arrow IPC file or stream ({e})") from None
             total, batches = None, iter(reader)
         schema, row = reader.schema, 0
+    _check_unique_columns(file, schema, columns)
     if columns:
         for c in columns:
             _check_column(file, schema, c)
@@ -455,18 +405,6 @@ def records(file: InputFile, *, start: int = 0) -> Iterator[tuple[int, dict]]:
                 yield first + j, rec
 
 
-def decode_utf8(data: bytes, at: str) -> str:
-    """`data` (a text file's bytes) decoded as UTF-8, byte-exact (no newline translation: CRLF
-    stays CRLF, as in JSONL); ValueError naming `at` (the file) and the line of the first bytes
-    that are not UTF-8 (an encoded surrogate included)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{at} line {line} is not valid UTF-8 ({e.reason}); fix or "
-                         "remove that text") from None
-
-
 def _read_text(file: InputFile) -> str:
     """The file's text (`decode_utf8`)."""
     return decode_utf8(file.path.read_bytes(), str(file.path))
@@ -498,6 +436,19 @@ def text_chunks(file: InputFile, text_field: str, *, start: int = 0,
                         decoded=True, bytes_done=int(done * file.size))
 
 
+def max_chunks(file: InputFile, records_per_chunk: int = CHUNK_RECORDS) -> int | None:
+    """At most how many chunks `text_chunks(file)` yields, from the file's size alone; None
+    when the size does not bound them (compressed JSONL, Parquet, Arrow). A JSONL record takes
+    at least 3 bytes (`{}` and a newline; the last line may go without), and a chunk ends at
+    `records_per_chunk` records, at CHUNK_BYTES bytes of lines, or at the file's end. Only the
+    number of worker processes depends on it, never the output."""
+    if file.kind == "text":
+        return 1
+    if file.kind == "jsonl" and not file.path.name.lower().endswith((".gz", ".zst")):
+        return (file.size + 1) // 3 // records_per_chunk + file.size // CHUNK_BYTES + 1
+    return None
+
+
 def chunk_texts(file: InputFile, chunk: Chunk, text_field: str) -> list[str]:
     """The texts of a chunk (worker side): JSONL lines parsed and their `text_field` read, a
     column's nulls refused. Raises ValueError naming the file and line / row."""
@@ -513,14 +464,3 @@ def chunk_texts(file: InputFile, chunk: Chunk, text_field: str) -> list[str]:
     for i, t in zip(chunk.indices, texts):
         check_encodable(t, where(file, i))
     return texts
-
-
-def check_encodable(text: str, at: str) -> None:
-    """Every text a tokenizer is given is valid Unicode: a lone surrogate (JSON "\\ud800")
-    is refused naming `at`."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{at}: the text holds a lone surrogate {text[e.start]!r} at "
-                         f"character {e.start} (not Unicode text); fix or remove that record"
-                         ) from None

@@ -46,7 +46,7 @@ from dropless.data.batch import Batch
 from dropless.data.chat_template import ChatTemplate, PrefixMismatch, assistant_spans, \
     read_chat_template, render, token_mask
 from dropless.data.corpus import is_eval_document
-from dropless.data.readers import json_kind
+from dropless.data.decoding import json_kind
 from dropless.data import readers
 from dropless.data.tokenizer import ByteTokenizer, make_tokenizer
 
