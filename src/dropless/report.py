@@ -15,7 +15,8 @@ from dropless import json_out
 # what `summary` and `draw` read from each record, by event: field -> whether it may be absent
 # or null (numbers are ints or floats, NaN and infinities included; `step` is an int)
 FIELDS = {"step": {"step": False, "loss": False, "dropped_tokens": False, "step_time_s": True,
-                   "tokens_per_s": True, "tflops_per_device": True, "mfu": True,
+                   "tokens_per_s": True, "padded_tokens_per_s": True,
+                   "tflops_per_device": True, "mfu": True,
                    "expert_load_max_over_mean": True, "mtp_expert_load_max_over_mean": True},
           "eval": {"step": False, "eval_loss": False}}
 # a step record's expert-load tables, [layers][experts]: the decoder's MoE layers, and the MTP
@@ -75,11 +76,14 @@ def _records(path: Path, skipped: list[str]):
 
 def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
                  ) -> dict[str, list[dict]]:
-    """metrics.jsonl grouped by event ("start", "step", "eval", "end"). A resumed run's steps
-    replace the earlier records of the same step. Lines that are not complete records are
-    skipped, each named (with its line number) in `skipped`. Raises ValueError when the file is
-    missing, and naming the line and field for a record without what the report reads
-    (`check_record`) or whose expert-load table changes shape."""
+    """metrics.jsonl grouped by event ("start", "step", "eval", "end"), as the run's checkpoints
+    have it: a "start" record resuming from step S (`resumed_from`) drops the step, eval and
+    end records of steps after S written before it (an earlier session's steps that no
+    checkpoint kept, which this session trains again or never reaches; TensorBoard drops them
+    too, train/tensorboard.py), so each step is the last session's. Lines that are not
+    complete records are skipped, each named (with its line number) in `skipped`. Raises
+    ValueError when the file is missing, and naming the line and field for a record without
+    what the report reads (`check_record`) or whose expert-load table changes shape."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"run_dir={str(run_dir)!r} has no metrics.jsonl{_runs_inside(run_dir)}")
@@ -100,6 +104,8 @@ def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
                                  f"{shape[0][1]}: two runs in one file? (remove the lines of "
                                  "the other)")
             shapes.setdefault(key, (here, n))
+        if ev == "start" and _is_int(rec.get("resumed_from")):
+            _drop_after(rec["resumed_from"], steps, evals, out)
         if ev == "step":
             steps[rec["step"]] = rec
         elif ev == "eval":
@@ -111,14 +117,37 @@ def read_metrics(run_dir: str | Path, skipped: list[str] | None = None
     return out
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _drop_after(start: int, steps: dict, evals: dict, out: dict) -> None:
+    """Forget the step and eval records of steps after `start`, and the end records past it."""
+    for table in (steps, evals):
+        for k in [k for k in table if k > start]:
+            del table[k]
+    out["end"] = [r for r in out["end"] if not (_is_int(r.get("step")) and r["step"] > start)]
+
+
+def _warm_steps(m: dict[str, list[dict]], skip: int) -> set[int]:
+    """The first `skip` steps of every session (the steps after each "start" record's
+    `resumed_from`; the first `skip` step records where no start record says)."""
+    firsts = [f for f in (r.get("resumed_from") for r in m.get("start", [])) if _is_int(f)]
+    if not firsts:
+        return {r["step"] for r in m["step"][:skip]}
+    return {f + i for f in firsts for i in range(1, skip + 1)}
+
+
 def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
-    """Median step time, tokens/s, TFLOPS/device, MFU and the time a step waited for its batch
-    (input_wait_s; first `skip` steps left out), first and
-    last loss, worst expert load, total dropped tokens."""
+    """Median step time, tokens/s (real tokens; and every computed position, padding too,
+    where the records hold it), TFLOPS/device, MFU and the time a step waited for its batch
+    (input_wait_s; the first `skip` steps of each session left out), first and last loss,
+    worst expert load, total dropped tokens."""
     steps = m["step"]
     if not steps:
         return {}
-    body = steps[skip:] or steps
+    warm = _warm_steps(m, skip)
+    body = [r for r in steps if r["step"] not in warm] or steps
 
     def med(k: str) -> float | None:   # None where no record holds `k`
         vals = [r[k] for r in body if r.get(k) is not None]
@@ -126,6 +155,7 @@ def summary(m: dict[str, list[dict]], skip: int = 2) -> dict:
     return {"steps": len(steps), "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"],
             "last_eval_loss": m["eval"][-1]["eval_loss"] if m["eval"] else None,
             "median_step_time_s": med("step_time_s"), "median_tokens_per_s": med("tokens_per_s"),
+            "median_padded_tokens_per_s": med("padded_tokens_per_s"),
             "median_tflops_per_device": med("tflops_per_device"),
             "median_input_wait_s": med("input_wait_s") if any(
                 "input_wait_s" in r for r in body) else None,
@@ -220,7 +250,8 @@ def _vocab_size(run_dir: Path) -> int | None:
 
 def _throughput_figure(plt, steps: list[dict]):
     """tokens/s and MFU on two stacked axes sharing the step axis (one y scale each, so neither
-    curve is drawn over the other), each with its median and a legend."""
+    curve is drawn over the other), each with its median and a legend; where padding was
+    computed (a step's padded_tokens_per_s above its tokens_per_s), that rate too, dashed."""
     x = [r["step"] for r in steps]
     has_mfu = any(r.get("mfu") is not None for r in steps)
     fig, axes = plt.subplots(2 if has_mfu else 1, 1, figsize=(7, 6 if has_mfu else 3.4),
@@ -234,6 +265,12 @@ def _throughput_figure(plt, steps: list[dict]):
         if pts:
             med = float(np.median([p[1] for p in pts]))
             ax.axhline(med, ls=":", c="gray", label="median " + fmt.format(med))
+        padded = [(s, r["padded_tokens_per_s"]) for s, r in zip(x, steps)
+                  if r.get("padded_tokens_per_s") is not None]
+        real = dict(pts)
+        if key == "tokens_per_s" and any(v > real.get(s, v) for s, v in padded):
+            ax.plot([p[0] for p in padded], [p[1] for p in padded], "--", color=color,
+                    alpha=.5, label="with padding")
         # above the axes, never over the curve
         ax.legend(loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
         ax.set_ylabel(label), ax.grid(alpha=.3)

@@ -57,6 +57,13 @@ def test_throughput_has_one_axis_per_quantity_with_legends(run_dir):
     fig = report._throughput_figure(plt, no_mfu)
     assert [ax.get_ylabel() for ax in fig.axes] == ["tokens/s"]
     plt.close(fig)
+    # padding computed (packing=pad): the rate with it drawn too, beside the real tokens'
+    padded = [dict(r, padded_tokens_per_s=2 * r["tokens_per_s"]) for r in no_mfu]
+    fig = report._throughput_figure(plt, padded)
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()][2] == "with padding"
+    assert ax.get_lines()[-1].get_ydata()[0] == 2 * no_mfu[0]["tokens_per_s"]
+    plt.close(fig)
 
 
 def test_report_without_matplotlib_prints_numbers_and_explains(run_dir, capsys, monkeypatch):

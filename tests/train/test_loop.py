@@ -1,6 +1,6 @@
 """Training: the loss falls, router biases move only by the aux-loss-free rule, a resumed run
 reproduces the uninterrupted one bitwise, and a run killed mid-save resumes from the last
-complete checkpoint."""
+complete checkpoint, its TensorBoard files showing each step once."""
 import functools
 import json
 import shutil
@@ -14,6 +14,7 @@ from dropless.data import corpus as data
 from dropless.train import step
 from dropless.train.loop import train
 
+from tests._support.run_metrics import tb_scalars, tensorboard_scalars
 from tests._support.train_mini import TEXT, mini, shared_compilation_cache
 
 
@@ -73,6 +74,9 @@ def test_run_writes_metrics_and_checkpoints(full_run):
                 "expert_load_max_over_mean", "dropped_tokens", "tokens_per_expert"):
         assert key in steps[-1], key
     assert all(r["dropped_tokens"] == 0 for r in steps)
+    # one document, no padding: every position of the 4 x 32 batch is a real token
+    assert all(r["real_tokens"] == 4 * 32 for r in steps)
+    assert all(r["tokens_per_s"] == r["padded_tokens_per_s"] for r in steps)
     assert recs[0]["event"] == "start" and recs[0]["params"]["total"] > 0
     assert sorted(int(p.name) for p in (res.run_dir / "checkpoints").iterdir()
                   if p.name.isdigit()) == [2, 4, 6]
@@ -126,6 +130,14 @@ def test_killed_save_resumes_from_last_complete(tmp_path, full_run):
     res = train(cfg, echo=lambda s: None)
     assert res.start_step == 4
     assert res.losses == {5: full.losses[5], 6: full.losses[6]}
+    # tb/ holds both sessions' files, steps 5 and 6 twice: read as TensorBoard reads them
+    # (the resumed session's START at step 5 drops the first session's 5 and 6), once each
+    seen = tb_scalars(run)
+    assert [s for s, _ in tb_scalars(run, purge=False)["loss"]] == [1, 2, 3, 4, 5, 6, 5, 6]
+    assert [s for s, _ in seen["loss"]] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in seen["eval_loss"]] == [2, 4, 6]
+    assert seen["loss"][4][1] == np.float32(res.losses[5])
+    assert tensorboard_scalars(run) in (None, seen)   # TensorBoard's own reader, if installed
 
 
 def test_resume_on_other_data_is_refused(tmp_path, full_run):
@@ -136,18 +148,3 @@ def test_resume_on_other_data_is_refused(tmp_path, full_run):
     cfg = mini(tmp_path, steps=8, run_name="other", data=str(tmp_path / "other.txt"))
     with pytest.raises(ValueError, match="made on different data"):
         train(cfg, echo=lambda s: None)
-
-
-def test_tensorboard_encoding_hand_worked(tmp_path):
-    from dropless.train import tensorboard as tb
-    assert tb.crc32c(b"123456789") == 0xE3069283          # the CRC-32C check value
-    # Event{wall_time=1.0 (field 1, fixed64), step=3 (field 2, varint),
-    #       summary (field 5) { value (1) { tag (1) "a", simple_value (2, fixed32) 2.0 } } }
-    want = (b"\x09" + bytes.fromhex("000000000000f03f") + b"\x10\x03"
-            + b"\x2a\x0a" + b"\x0a\x08" + b"\x0a\x01a" + b"\x15" + bytes.fromhex("00000040"))
-    assert tb.encode_event(1.0, 3, scalars={"a": 2.0}) == want
-    rec = tb.record(want)
-    assert rec[:8] == len(want).to_bytes(8, "little") and rec[12:-4] == want
-    w = tb.ScalarWriter(tmp_path)
-    w.scalars(1, {"loss": 5.5, "mfu": None})
-    assert w.path.stat().st_size > 0

@@ -54,7 +54,7 @@ def _instrumented(monkeypatch, events: list, read_at: dict) -> None:
 def _steps(run_dir):
     """The step records without their timings (which differ from run to run)."""
     recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    timed = ("step_time_s", "tokens_per_s", "tflops_per_device", "mfu",
+    timed = ("step_time_s", "tokens_per_s", "padded_tokens_per_s", "tflops_per_device", "mfu",
              "executed_tflops_per_device", "tokens_per_s_per_device", "input_wait_s")
     return [{k: v for k, v in r.items() if k not in timed} for r in recs
             if r["event"] in ("step", "eval", "end")]

@@ -1,10 +1,13 @@
 """The peak FLOPS MFU divides by: one GPU table (the planner's profiles), and a CPU peak that is
-measured once per machine and cached, so two runs never divide by different numbers."""
+measured once per machine and cached, so two runs never divide by different numbers. A step's
+tokens/s counts its real tokens (not padding); its FLOPs, TFLOPS and MFU every position it
+computed."""
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from dropless import machine
@@ -73,3 +76,32 @@ def test_two_processes_divide_by_the_same_cpu_peak(tmp_path):
                           check=True, timeout=120).stdout.strip() for _ in range(2)]
     assert out[0] == out[1] and float(out[0]) > 0
     assert len(list((tmp_path / "dropless" / "cpu_peak").glob("*.json"))) == 1
+
+
+def test_tokens_per_s_counts_real_tokens_and_the_flops_every_computed_one():
+    """A "pad" batch from the loader: documents of 5, 3 and 10 tokens at S = 8 give pieces of
+    4, 2, 8 and 1 inputs (the 10-token one in two pieces that overlap by one token), each row
+    then padding: 15 real tokens of 32 positions. Two micro-batches of 2 rows: the step
+    computed all 4 rows."""
+    from dropless.config import TrainConfig
+    from dropless.data import loader
+    from dropless.presets import get_preset
+    from dropless.train import step
+    from dropless.train.loop import _step_metrics
+    addr = loader.Addressing(loader.as_stream(np.arange(1, 19), [5, 8, 18]), seq_len=8,
+                             packing="pad", seed=0, shuffle=False)
+    batch = addr.rows(range(4))
+    np.testing.assert_array_equal((batch.segment_ids_BS > 0).sum(axis=1), [4, 2, 8, 1])
+    cfg = TrainConfig(model=get_preset("deepseek3-test"), packing="pad", seq_len=8,
+                      per_device_batch_size=2, gradient_accumulation_steps=2)
+    real = step.real_tokens(batch, cfg)
+    assert int(real) == 15
+    assert int(step.real_tokens(batch, cfg.replace(packing="stream"))) == 32   # no segments
+    m = {"loss": 1.0, "dropped_tokens": 0, "real_tokens": real}
+    rec = _step_metrics(m, step=1, dt=0.5, cfg=cfg, fpt={"model": 1e9, "executed": 2e9},
+                        peak=1e12)
+    assert rec["real_tokens"] == 15 and rec["tokens_per_s"] == 30.0
+    assert rec["padded_tokens_per_s"] == 64.0
+    assert rec["tflops_per_device"] == pytest.approx(32 * 1e9 / 0.5 / 1e12)   # one device
+    assert rec["mfu"] == pytest.approx(rec["tflops_per_device"])                # 1 TFLOPS peak
+    assert rec["executed_tflops_per_device"] == pytest.approx(2 * rec["tflops_per_device"])

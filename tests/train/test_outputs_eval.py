@@ -1,13 +1,20 @@
-"""The eval batches: a held-out split shorter than one batch counts each of its sequences once
-(the rows that fill the batch by repeating it count no target), so the eval loss is the
-split's mean, whatever the packing."""
+"""The eval batches and the eval loss: a held-out split shorter than one batch counts each of its
+sequences once (the rows that fill the batch by repeating it count no target), and the eval
+loss is the mean over every target the batches count (batches that count different numbers
+weigh by them), checked against a plain loop over the targets."""
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
 import pytest
 
 from dropless.data import corpus as data_lib
-from dropless.train import outputs
+from dropless.models import decoder
+from dropless.parallel.mesh import train_mesh
+from dropless.train import outputs, step
+from dropless.train.progress import Progress
 from tests._support.train_mini import mini
 
 
@@ -42,3 +49,47 @@ def test_a_split_of_whole_batches_is_read_as_before(tmp_path):
     assert len(got) == 2
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def _per_token_reference(params, cfg, batches) -> tuple[float, list[float], list[int]]:
+    """The slow reference: (the mean over every counted target of every batch, each batch's
+    own mean, each batch's count), each target's cross-entropy taken one at a time in float64
+    from the model's logits."""
+    forward = jax.jit(functools.partial(decoder.forward, cfg=cfg.model))
+    total, count, means, counts = 0.0, 0, [], []
+    for b in batches:
+        logits = np.asarray(forward(params, b.tokens_BS, segment_ids_BS=b.segment_ids_BS,
+                                    positions_BS=b.positions_BS)[0], np.float64)
+        here, n = 0.0, 0
+        for r in range(logits.shape[0]):
+            for i in range(logits.shape[1]):
+                if b.loss_mask_BS[r, i]:
+                    row = logits[r, i]
+                    lse = row.max() + np.log(np.sum(np.exp(row - row.max())))
+                    here, n = here + lse - row[b.targets_BS[r, i]], n + 1
+        total, count = total + here, count + n
+        means.append(here / n)
+        counts.append(n)
+    return total / count, means, counts
+
+
+def test_the_eval_loss_is_the_mean_over_every_counted_target(tmp_path):
+    """packing="pad", two eval batches: the first of four whole documents (32 targets a row),
+    the second of four short ones (4 targets a row, the rest padding). The eval loss is the
+    split's per-token mean, not the mean of the two batches' means. (One dense layer: the
+    weighting is what is checked, and it compiles fast.)"""
+    cfg = mini(tmp_path, packing="pad", eval_batches=2, **{"model.num_layers": 1})
+    s = cfg.seq_len
+    lengths = [s + 1] * 4 + [5] * 4
+    rng = np.random.default_rng(1)
+    train, ev = (rng.integers(1, 256, n).astype(np.int64) for n in (4096, sum(lengths)))
+    corpus = data_lib.Corpus(train_TOK=train, eval_TOK=ev, vocab_size=256, source="t",
+                             num_documents=9, train_ends_D=np.array([train.size]),
+                             eval_ends_D=np.cumsum(lengths))
+    params = step.init_state(cfg)[0]["params"]
+    evaluator = outputs.Evaluator(cfg, corpus, train_mesh(cfg.mesh), Progress(lambda _: None))
+    got = evaluator(params)
+    want, means, counts = _per_token_reference(params, cfg, evaluator.batches)
+    assert counts == [4 * s, 4 * 4]
+    assert got == pytest.approx(want, rel=2e-6, abs=0)
+    assert abs(np.mean(means) - want) > 100 * 2e-6 * want   # what equal weights would give

@@ -140,8 +140,11 @@ def test_the_step_moves_router_biases_by_the_whole_batchs_loads():
     cfg1 = config(**WHOLE, per_device_batch_size=8)
     cfg = config(**WHOLE, per_device_batch_size=4, gradient_accumulation_steps=2)
     state, opt = step.init_state(cfg)
+    batch = packed_batch(8, 12)
     new, m = jax.device_get(jax.jit(functools.partial(step.train_step, cfg=cfg, opt=opt))(
-        state, packed_batch(8, 12)))
+        state, batch))
+    # the step's real tokens: the whole batch's positions that are not padding
+    assert int(m["real_tokens"]) == int((batch.segment_ids_BS > 0).sum()) < 8 * 12
     want = step._update_biases(state["params"], m1, cfg1)
 
     def biases(params):
@@ -205,8 +208,12 @@ def test_the_loop_trains_the_global_batch(tmp_path):
     recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["event"] == "step"]
     assert len(steps) == 2 and all(np.isfinite(r["loss"]) for r in steps)
-    for r in steps:   # the step's tokens: the global batch's
+    fpt = recs[0]["flops_per_token"]["model"]
+    for r in steps:   # the step's tokens and FLOPs: the global batch's (no padding here)
         assert r["tokens_per_s"] * r["step_time_s"] == pytest.approx(4 * 32, rel=1e-9)
+        assert r["padded_tokens_per_s"] * r["step_time_s"] == pytest.approx(4 * 32, rel=1e-9)
+        assert r["tflops_per_device"] * 1e12 * r["step_time_s"] * cfg.num_devices == (
+            pytest.approx(4 * 32 * fpt, rel=1e-9))
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "x"])

@@ -93,19 +93,22 @@ def _fmt_step(r: dict, mtp_coef: float = 0.0) -> str:
 
 def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
                   peak: float | None) -> dict:
-    tokens = cfg.global_batch_size * cfg.seq_len
+    """The "step" record of metrics.jsonl from step `step`'s host metrics `m`. The step
+    computed global batch x seq_len positions (every micro-batch's, padding too): TFLOPS and
+    MFU count those; tokens_per_s counts `m["real_tokens"]` (`step.real_tokens`: positions
+    holding a document's token; all positions where `m` has none), `met.throughput`."""
     rec = {"event": "step", "step": step, "step_time_s": dt}
     for k in ("loss", "ce_loss", "moe_loss", "mtp_loss", "mtp_moe_loss", "grad_norm", "lr",
               "load_balance_loss", "seq_aux_loss", "z_loss"):
         if k in m:
             rec[k] = float(m[k])
     rec["dropped_tokens"] = int(m["dropped_tokens"])
-    if "overflow_rounds" in m:
-        rec["overflow_rounds"] = int(m["overflow_rounds"])
-    if "overflow_skipped" in m:   # overflow="error": 1 = not applied (an overflow before it)
-        rec["overflow_skipped"] = int(m["overflow_skipped"])
-    rec.update(met.throughput(step_time_s=dt, tokens=tokens, flops_per_token=fpt["model"],
-                              num_devices=cfg.num_devices, peak_flops_per_device=peak))
+    for k in ("overflow_rounds", "overflow_skipped", "real_tokens"):
+        if k in m:   # overflow_skipped (overflow="error"): 1 = not applied
+            rec[k] = int(m[k])
+    rec.update(met.throughput(step_time_s=dt, tokens=cfg.global_batch_size * cfg.seq_len,
+                              flops_per_token=fpt["model"], num_devices=cfg.num_devices,
+                              peak_flops_per_device=peak, real_tokens=rec.get("real_tokens")))
     rec["executed_tflops_per_device"] = rec["tflops_per_device"] * fpt["executed"] / fpt["model"]
     if "tokens_per_expert_LE" in m:
         le = np.asarray(m["tokens_per_expert_LE"])
@@ -117,7 +120,6 @@ def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
             "expert_load_max_over_mean"]
         rec["mtp_tokens_per_expert"] = le.tolist()
     return rec
-
 
 
 def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
@@ -259,7 +261,7 @@ def _run(cfg: TrainConfig, run: RunDir, prog: Progress, stop: StopRequest,
                    fpt=fpt, peak=peak, peak_source=peak_source, bshard=batch_sharding(mesh),
                    prog=prog, stop=stop, saver=saver, run=run, guards=guards,
                    writer=writer, evaluator=Evaluator(cfg, corpus, mesh, prog),
-                   tb=Scalars(out_dir), config_json=to_dict(cfg),
+                   tb=Scalars(out_dir, start), config_json=to_dict(cfg),
                    loader=(batches := _loader(cfg, corpus, batch_sharding(mesh), start,
                                               plan.first_sample)))
         prog.line(_header(ctx, start))

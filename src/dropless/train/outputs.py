@@ -46,7 +46,7 @@ def eval_batches(cfg: TrainConfig, corpus) -> list:
     """The run's fixed held-out batches (the first ones, unshuffled): [B, S + 1] windows under
     packing="stream", else data.batch.Batch rows packed as the training batches are (SFT
     examples when `corpus` is a data.sft.SftCorpus), of `global_batch_size` rows (a step's;
-    `step.eval_loss` reads one in micro-batches where the run accumulates gradients). A split
+    `step.eval_sums` reads one in micro-batches where the run accumulates gradients). A split
     of fewer sequences than a batch is one Batch whose rows past the split (which repeat its
     first sequences) count no target, so the eval loss is the split's mean."""
     b = cfg.global_batch_size
@@ -72,12 +72,15 @@ def eval_batches(cfg: TrainConfig, corpus) -> list:
 
 
 class Evaluator:
-    """The eval loss over the run's fixed eval batches; compiled at its first use."""
+    """The eval loss over the run's fixed eval batches: the per-token mean over every target
+    they count (each batch's summed cross-entropy and target count added up in float64, then
+    divided: batches that count different numbers of targets, under packing "documents" and
+    "pad" or SFT, weigh by their targets); compiled at its first use."""
 
     def __init__(self, cfg: TrainConfig, corpus, mesh, prog: Progress):
         self.prog = prog
         self.batches = eval_batches(cfg, corpus)
-        self.fn = functools.partial(step_lib.eval_loss, cfg=cfg, mesh=mesh)
+        self.fn = functools.partial(step_lib.eval_sums, cfg=cfg, mesh=mesh)
         self.compiled = None
 
     def __call__(self, params) -> float:
@@ -85,17 +88,22 @@ class Evaluator:
             with Timed(self.prog, "compiling eval", "compiled"):
                 self.compiled, _ = compile_auto(self.fn, params, self.batches[0],
                                                 what="eval step")
-        return float(np.mean([float(self.compiled(params, b)) for b in self.batches]))
+        sums = jax.device_get([self.compiled(params, b) for b in self.batches])
+        nll = sum(float(s.nll) for s in sums)
+        return nll / max(sum(float(s.targets) for s in sums), 1.0)
 
 
 class Scalars:
-    """TensorBoard scalars, the writer created at the first step (a refused run writes none)."""
+    """TensorBoard scalars, the writer created at the first step (a refused run writes none).
+    `start`: the step the run resumes from (0: a new run); the writer's session starts at
+    start + 1, so TensorBoard drops what an earlier session wrote for the steps this one
+    replays (train/tensorboard.py)."""
 
-    def __init__(self, out_dir: Path):
-        self.out_dir, self.writer = out_dir, None
+    def __init__(self, out_dir: Path, start: int = 0):
+        self.out_dir, self.start, self.writer = out_dir, start, None
 
     def __call__(self, step: int, values: dict) -> None:
         if self.writer is None:
             from dropless.train.tensorboard import ScalarWriter
-            self.writer = ScalarWriter(self.out_dir)
+            self.writer = ScalarWriter(self.out_dir, first_step=self.start + 1)
         self.writer.scalars(step, values)

@@ -186,6 +186,16 @@ def target_counts(batch: Batch | jax.Array, cfg: TrainConfig) -> TargetCounts:
     return TargetCounts(ce, mtp, cfg.gradient_accumulation_steps)
 
 
+def real_tokens(batch: Batch | jax.Array, cfg: TrainConfig) -> jax.Array:
+    """int32 []: the positions of `batch` that hold a document's token (segment id != 0, as
+    `step_inputs` reads it), whether or not their target counts in the loss (a document's last
+    token, an SFT prompt); every position where the rows carry no segment ids ("stream")."""
+    x = step_inputs(batch, cfg)
+    if x.segment_ids_BS is None:
+        return jnp.asarray(x.tokens_BS.size, jnp.int32)
+    return jnp.sum(x.segment_ids_BS != 0, dtype=jnp.int32)
+
+
 def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | None = None,
             counts: TargetCounts | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Objective = CE + mtp_loss_coef * mean MTP CE + MoE balance losses (aux["loss"] summed:
@@ -313,7 +323,8 @@ def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
                loss: Callable[..., tuple[jax.Array, dict]] = loss_fn) -> tuple[State, dict]:
     """One optimizer step on a batch (a Batch or [B, S + 1] windows, see `step_inputs`; B is
     the global batch, split into micro-batches where cfg accumulates, `loss_and_grads`);
-    returns (new state, metrics). `loss(params, batch, cfg, mesh[, counts]) ->
+    returns (new state, metrics: `loss`'s, "grad_norm", "lr" and "real_tokens", the batch's
+    `real_tokens`). `loss(params, batch, cfg, mesh[, counts]) ->
     (objective, metrics)` is the language model's `loss_fn` unless a benchmark trains another
     model with this step (its metrics need `tokens_per_expert_LE` where the router biases
     learn)."""
@@ -324,30 +335,50 @@ def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
     params = _update_biases(params, metrics, cfg)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["lr"] = lr_schedule(cfg)(state["step"])
+    metrics["real_tokens"] = real_tokens(batch, cfg)
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
                  "rng": jax.random.fold_in(state["rng"], state["step"])}
     return new_state, metrics
 
 
-def eval_loss(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
-              mesh: AnyMesh | None = None) -> jax.Array:
-    """Held-out next-token cross-entropy over the counted targets (no MTP, no balance losses);
-    the batch is read as `step_inputs` says, in cfg.gradient_accumulation_steps micro-batches
-    as the step reads its batch (the same number, to rounding, as in one pass)."""
+class EvalSums(NamedTuple):
+    """A batch's held-out next-token cross-entropy as a sum and the targets it is over, so
+    batches that count different numbers of targets (packing "documents" and "pad", SFT) add
+    up to the per-token mean of them all: sum of `nll` / sum of `targets`."""
+    nll: jax.Array                 # float32 []: the counted targets' summed cross-entropy
+    targets: jax.Array             # float32 []: the targets counted (`target_counts(...).ce`)
+
+
+def eval_sums(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
+              mesh: AnyMesh | None = None) -> EvalSums:
+    """`EvalSums` of `batch` (no MTP, no balance losses): the batch read as `step_inputs`
+    says, in cfg.gradient_accumulation_steps micro-batches as the step reads its batch (their
+    sums added up)."""
     k = cfg.gradient_accumulation_steps
     if k == 1:
-        return _eval_ce(params, batch, cfg, mesh, None)
-    total = target_counts(batch, cfg).ce
+        return _eval_sums(params, batch, cfg, mesh)
 
     def one(acc, micro):
-        return acc + _eval_ce(params, micro, cfg, mesh, total), None
-    return lax.scan(one, jnp.zeros((), jnp.float32), micro_batches(batch, k))[0]
+        return jax.tree.map(jnp.add, acc, _eval_sums(params, micro, cfg, mesh)), None
+    zero = jnp.zeros((), jnp.float32)
+    return lax.scan(one, EvalSums(zero, zero), micro_batches(batch, k))[0]
 
 
-def _eval_ce(params, batch, cfg: TrainConfig, mesh: AnyMesh | None,
-             total: jax.Array | None) -> jax.Array:
+def eval_loss(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
+              mesh: AnyMesh | None = None) -> jax.Array:
+    """Held-out next-token cross-entropy of `batch`, the mean over its counted targets
+    (`eval_sums`' sum over their count; 0 where none is counted)."""
+    s = eval_sums(params, batch, cfg=cfg, mesh=mesh)
+    return s.nll / jnp.maximum(s.targets, 1)
+
+
+def _eval_sums(params, batch, cfg: TrainConfig, mesh: AnyMesh | None) -> EvalSums:
     x = step_inputs(batch, cfg)
     logits, _, _ = decoder.forward(params, x.tokens_BS, cfg.model,
                                     segment_ids_BS=x.segment_ids_BS,
                                     positions_BS=x.positions_BS, mesh=mesh)
-    return cross_entropy(logits, x.targets_BS, x.loss_mask_BS, total)
+    nll = token_nll(logits.astype(jnp.float32), x.targets_BS)
+    if x.loss_mask_BS is None:
+        return EvalSums(jnp.sum(nll), jnp.asarray(nll.size, jnp.float32))
+    mask = x.loss_mask_BS.astype(jnp.float32)
+    return EvalSums(jnp.sum(nll * mask), jnp.sum(mask))
