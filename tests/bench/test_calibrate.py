@@ -61,3 +61,44 @@ def test_predicts_moe_layer_on_eight_devices():
 def test_unknown_workload():
     with pytest.raises(ValueError, match="workload='sgd' must be one of"):
         cal.calibrate(1, workload="sgd")
+
+
+def _no_measuring(monkeypatch):
+    """Any measurement fails the test: a refusal must come before the first one."""
+    def never(*a, **k):
+        raise AssertionError("measured before the device count was checked")
+    for name in ("calibrate", "busy_fraction", "time_interleaved", "micro_benchmarks"):
+        monkeypatch.setattr(cal, name, never)
+
+
+@pytest.mark.parametrize("devices", [9, 10 ** 6])
+def test_more_devices_than_exist_are_refused_before_any_measurement(monkeypatch, devices):
+    """--calibrate-devices 9 on 8 host devices calibrated on 1 device first (a minute of
+    compiling and timing) and only then failed at the mesh, suggesting a count of 8."""
+    import jax
+    assert len(jax.devices()) == 8      # tests/conftest.py
+    _no_measuring(monkeypatch)
+    with pytest.raises(ValueError, match=rf"calibration devices={devices} \(--calibrate-devices"
+                                         r"\) but this process has 8 JAX device\(s\): calibrate "
+                                         rf"on at most 8, or on CPU start it with XLA_FLAGS="
+                                         rf"--xla_force_host_platform_device_count={devices}$"):
+        cal.run_calibration(devices=devices)
+
+
+@pytest.mark.parametrize("devices", [0, -1, True])
+def test_a_device_count_that_is_not_a_count_is_refused(monkeypatch, devices):
+    _no_measuring(monkeypatch)
+    with pytest.raises(ValueError, match=r"\(--calibrate-devices\) must be an int >= 1"):
+        cal.run_calibration(devices=devices)
+
+
+def test_the_cli_refuses_in_one_line_with_exit_2(monkeypatch, capsys):
+    """`dropless plan --calibrate --calibrate-devices 9` on 8 devices: exit 2, one line."""
+    import time
+    from dropless.cli.main import main
+    _no_measuring(monkeypatch)
+    t0 = time.perf_counter()
+    assert main(["plan", "--calibrate", "--calibrate-devices", "9"]) == 2
+    assert time.perf_counter() - t0 < 30
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dropless: error: calibration devices=9 "), err

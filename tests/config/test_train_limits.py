@@ -82,3 +82,52 @@ def test_more_than_a_million_experts_is_refused():
                                          "experts"):
         build_config([("model.moe.num_experts", 2 ** 20 + 1)])
     assert build_config([("model.moe.num_experts", 2 ** 20)]).model.moe.num_experts == 2 ** 20
+
+
+STEP_KEYS = ["steps", "warmup_steps", "lr_decay_steps", "eval_every", "checkpoint_every",
+             "log_every", "profile_steps"]
+
+
+@pytest.mark.parametrize("key", STEP_KEYS)
+def test_a_step_count_past_the_int32_step_counter_is_refused(key):
+    """The state's step and optax's count are int32: steps=2**31 wrapped to a negative step,
+    warmup_steps=10**12 died in an OverflowError inside the jitted schedule after the model was
+    compiled, and an interval past it is never reached (a typo)."""
+    with pytest.raises(ValueError, match=rf"TrainConfig.{key}=2147483648 must be < 2\*\*31 = "
+                                         r"2,147,483,648 \(the step counter is int32"):
+        build_config([(key, 2 ** 31)])
+    with pytest.raises(ValueError, match=rf"TrainConfig.{key}=10{'0' * 29} must be < 2\*\*31"):
+        build_config([(key, 10 ** 30)])
+    assert getattr(build_config([(key, 2 ** 31 - 1)]), key) == 2 ** 31 - 1
+
+
+def test_the_step_limit_is_what_the_schedule_can_count():
+    """Below the limit the jitted schedule takes the warmup (int32); at it, it overflows."""
+    import jax.numpy as jnp
+    from dropless.train.step import lr_schedule
+    cfg = build_config([("warmup_steps", 2 ** 31 - 1), ("steps", 2 ** 31 - 1)])
+    assert float(jax.jit(lr_schedule(cfg))(jnp.int32(0))) == 0.0
+    with pytest.raises(OverflowError):
+        jax.jit(lr_schedule(_unchecked(cfg, warmup_steps=2 ** 31)))(jnp.int32(0))
+
+
+def _unchecked(cfg, **changes):
+    """`cfg` with `changes` set past its checks (to show what a value the checks refuse does)."""
+    import copy
+    out = copy.copy(cfg)
+    for k, v in changes.items():
+        object.__setattr__(out, k, v)
+    return out
+
+
+@pytest.mark.parametrize("prefetch", [17, 10 ** 9])
+def test_a_prefetch_past_the_bound_is_refused(prefetch):
+    """prefetch=10**9 queued batches until host (or device) memory ran out."""
+    from dropless.config.names import MAX_PREFETCH
+    assert MAX_PREFETCH == 16
+    with pytest.raises(ValueError, match=rf"TrainConfig.prefetch={prefetch} must be <= 16"):
+        build_config([("prefetch", prefetch)])
+    assert build_config([("prefetch", MAX_PREFETCH)]).prefetch == MAX_PREFETCH
+    assert build_config([("prefetch", 0)]).prefetch == 0
+    with pytest.raises(ValueError, match=r"TrainConfig.prefetch=-1 must be an int >= 0"):
+        build_config([("prefetch", -1)])

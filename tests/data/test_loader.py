@@ -113,6 +113,33 @@ def test_prefetch_gives_the_batches_of_building_them_in_turn(docs):
         ahead.close()
 
 
+@pytest.mark.parametrize("prefetch", [-1, -100, True, 2.0])
+def test_a_prefetch_that_is_not_a_count_is_refused(docs, prefetch):
+    """A negative prefetch ran as 0 (no thread) without a word; `True` as 1."""
+    toks, ends = _stream(docs)
+    a = loader.Addressing(loader.as_stream(toks, ends), seq_len=S, packing="documents", seed=1)
+    with pytest.raises(ValueError, match=rf"Loader prefetch={prefetch!r} must be an int >= 0"):
+        loader.Loader(a, batch_size=B, prefetch=prefetch)
+
+
+def test_prefetch_holds_at_most_one_batch_more_than_it_queues(docs):
+    """The memory the config's bound (config.names.MAX_PREFETCH) stands for: a loader that is
+    never read builds `prefetch` batches for the queue and one more, then waits."""
+    import time
+    toks, ends = _stream(docs)
+    a = loader.Addressing(loader.as_stream(toks, ends), seq_len=S, packing="documents", seed=1)
+    built = []
+    ld = loader.Loader(a, batch_size=B, prefetch=3, to_step=lambda b: built.append(1) or b)
+    try:
+        deadline = time.monotonic() + 10
+        while len(built) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert len(built) == 4
+    finally:
+        ld.close()
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_a_loader_started_on_a_sample_builds_the_rows_from_there(docs, prefetch):
     # a resume with another global batch: batch 5 of 3 rows begins at sample 22

@@ -136,3 +136,65 @@ def test_bad_document_ends(tmp_path):
     np.array([4, 5], "<u8").tofile(tmp_path / sh.docs_file)
     with pytest.raises(ValueError, match="train-00000.docs: document ends"):
         mf.open_shard(tmp_path, m, sh)
+
+
+def _files(folder) -> dict:
+    """Every file under `folder` -> (bytes, mtime): what a reader must leave as it found it."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+GOOD = '"created_by": "dropless test"'
+# (id, the manifest.json text edited by hand, words the error holds); the text is edited as a
+# user's editor would, since json.dumps cannot write a key twice or NaN where we want it
+EDITED = [
+    ("duplicate-key", lambda t: t.replace(GOOD, GOOD + ', "created_by": "someone"'),
+     "key 'created_by' appears twice"),
+    ("a-list", lambda t: "[" + t + "]", "expected a JSON object"),
+    ("a-string", lambda t: json.dumps(t), "expected a JSON object"),
+    ("null", lambda t: "null", "expected a JSON object"),
+    ("count-as-string", lambda t: t.replace('"tokens": 6,', '"tokens": "6",', 1),
+     'splits.train[0].tokens="6" must be an integer'),
+    ("nan-fraction", lambda t: t.replace('"eval_fraction": 0.1', '"eval_fraction": NaN'),
+     "eval_fraction=NaN must be a number"),
+    ("infinite-weight", lambda t: t.replace('"weight": 1.0', '"weight": -Infinity'),
+     "sources[0].weight=-Infinity must be a number"),
+    ("a-5000-digit-count", lambda t: t.replace('"tokens": 6,', '"tokens": ' + "9" * 5000 + ",",
+                                               1),
+     "splits.train[0].tokens=<an integer of 16610 bits> must be an integer in [1, 2**63)"),
+    ("deep-nesting", lambda t: "[" * 100_000 + "]" * 100_000, "nested deeper than a manifest"),
+    ("nul-in-file-name", lambda t: t.replace('"train-00000.tokens"', '"train\\u0000.tokens"'),
+     "splits.train[0].tokens_file"),
+    ("surrogate-in-file-name", lambda t: t.replace('"train-00000.tokens"', '"\\ud800.tokens"'),
+     "splits.train[0].tokens_file"),
+]
+
+
+@pytest.mark.parametrize("name,edit,words", EDITED, ids=[e[0] for e in EDITED])
+def test_a_hand_edited_manifest_is_refused_in_one_line_and_nothing_changes(tmp_path, name, edit,
+                                                                         words):
+    """A key named twice was read as its last value (json.loads) and NaN passed every range
+    check; a 5000-digit count died in int -> str and deep nesting in a RecursionError, neither
+    naming the file. Each is now one line naming the file (and the key), and the folder is left
+    byte for byte as it was."""
+    mf.write_manifest(tmp_path, _manifest(tmp_path))
+    path = tmp_path / "manifest.json"
+    text = path.read_text()
+    assert '"tokens": 6,' in text and '"eval_fraction": 0.1' in text and GOOD in text
+    path.write_text(edit(text))
+    before = _files(tmp_path)
+    with pytest.raises(ValueError) as e:
+        mf.read_manifest(tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and words in msg and "\n" not in msg, msg
+    assert _files(tmp_path) == before
+
+
+def test_a_leading_byte_order_mark_is_not_content(tmp_path):
+    """As every JSON file a user may edit is read (data.decoding): a Windows editor's BOM at
+    the start is dropped, so the manifest reads as it did before the editor saved it."""
+    m = _manifest(tmp_path)
+    mf.write_manifest(tmp_path, m)
+    path = tmp_path / "manifest.json"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert mf.read_manifest(tmp_path) == m

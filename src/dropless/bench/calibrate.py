@@ -40,12 +40,24 @@ _ELEMS = 4 * 2 ** 20        # elementwise micro-benchmark: f32 elements per devi
 _AR_ELEMS = 2 ** 20         # all-reduce micro-benchmark: f32 elements per device
 
 
+def check_devices(n: int) -> None:
+    """`n` devices to calibrate on exist in this process. Starts JAX's backend to count them
+    (jax.devices(), which the calibration's mesh reads anyway; well under a second on CPU), so
+    the count is the one the run would get whatever set it: XLA_FLAGS'
+    --xla_force_host_platform_device_count, jax_num_cpu_devices, or a GPU backend. Raises
+    ValueError naming the count and how to get more."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"calibration devices={n!r} (--calibrate-devices) must be an int >= 1")
+    have = len(jax.devices())
+    if n > have:
+        raise ValueError(f"calibration devices={n} (--calibrate-devices) but this process has "
+                         f"{have} JAX device(s): calibrate on at most {have}, or on CPU start "
+                         f"it with XLA_FLAGS=--xla_force_host_platform_device_count={n}")
+
+
 def _mesh(n: int) -> Mesh:
-    devs = jax.devices()
-    if n > len(devs):
-        raise ValueError(f"calibration devices={n} but only {len(devs)} JAX devices exist "
-                         "(set XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-    return Mesh(np.array(devs[:n]), ("d",))
+    check_devices(n)
+    return Mesh(np.array(jax.devices()[:n]), ("d",))
 
 
 def _per_device(mesh: Mesh, fn, in_specs, out_specs):
@@ -265,7 +277,9 @@ def calibrate(n: int, *, workload: str = "train_step", repeats: int = 7) -> dict
 
 def run_calibration(devices: int = 8, *, workload: str = "train_step", repeats: int = 7
                     ) -> dict[str, Any]:
-    """Calibrate on 1 and `devices` host devices; the result holds the records and a text."""
+    """Calibrate on 1 and `devices` host devices; the result holds the records and a text.
+    Raises ValueError (`check_devices`) before any measurement when `devices` do not exist."""
+    check_devices(devices)
     busy = busy_fraction()
     records = []
     for n in sorted({1, devices}):

@@ -45,6 +45,16 @@ MAX_LAYERS = 10_000
 # positions, ids and shapes are int32 on the device, and a larger value (a typo, 1e18) would
 # only overflow the planner's float arithmetic or an allocation
 MAX_SIZE = 2 ** 31
+# steps and step intervals (steps, warmup_steps, lr_decay_steps, eval_every, checkpoint_every,
+# log_every, profile_steps) are below this: the state's step counter and optax's count are int32
+# on the device (step 2**31 would wrap to a negative step), a warmup past it fails inside the
+# jitted schedule after the model is compiled, and an interval past it is never reached
+MAX_STEPS = 2 ** 31
+# the most batches the loader builds ahead of the step (TrainConfig.prefetch): building a batch
+# is a steady pure function of its index, so a queue only has to cover a stall of a few steps
+# (a page-cache miss, a checkpoint competing for the disk), and each batch ahead holds the step's
+# rows placed on the devices (20 bytes a token), memory the trainer's pre-flight does not count
+MAX_PREFETCH = 16
 # experts per MoE layer are at most this (the largest published mixture has about a million:
 # "Mixture of A Million Experts", 2024); the planner draws router scores for every expert
 MAX_EXPERTS = 2 ** 20

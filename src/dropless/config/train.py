@@ -8,13 +8,16 @@ from dropless.config.fields import (_check_types, _fail, _one_of, _positive_ints
                                      described)
 from dropless.config.mesh import MeshConfig
 from dropless.config.model import ModelConfig
-from dropless.config.names import PACKINGS, REMAT_POLICIES
+from dropless.config.names import MAX_PREFETCH, MAX_STEPS, PACKINGS, REMAT_POLICIES
 from dropless.runtime.environment import check_environment
 from dropless.runtime.xla_flags import RECIPES, check_flags
 
 
 # seeds jax.random.PRNGKey tells apart (it keeps the low 32 bits; 2**63 and up overflow it)
 SEED_LIMIT = 2 ** 32
+# the fields counted in steps, each below MAX_STEPS
+STEP_FIELDS = ("steps", "warmup_steps", "lr_decay_steps", "eval_every", "checkpoint_every",
+               "log_every", "profile_steps")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,7 +99,10 @@ class TrainConfig:
     eval_data: str = described(
         "", doc="held-out data, all of it evaluated (a path, as data); \"\" = eval_fraction "
         "of data")
-    prefetch: int = described(2, doc="batches the loader builds ahead of the step")
+    prefetch: int = described(
+        2, doc=f"batches the loader builds ahead of the step, 0 to {MAX_PREFETCH} (0: each "
+               "batch is built when the step asks for it; each batch ahead holds the step's rows "
+               "on the devices)")
     # output
     run_dir: str = described("runs", doc="folder the run's directory is made in")
     run_name: str = described("", doc="the run directory's name; \"\" = a timestamped name")
@@ -133,6 +139,10 @@ class TrainConfig:
                                  "lr_decay_steps"),
                        allow_zero=True)
         _sizes(c, self, ("per_device_batch_size", "gradient_accumulation_steps", "seq_len"))
+        for name in STEP_FIELDS:
+            if getattr(self, name) >= MAX_STEPS:
+                _fail(c, name, getattr(self, name), f"must be < 2**31 = {MAX_STEPS:,} (the step "
+                      "counter is int32 on the device); a typo?")
         if self.seed >= SEED_LIMIT:
             _fail(c, "seed", self.seed, f"must be < 2**32 = {SEED_LIMIT} (jax.random.PRNGKey "
                   f"keeps 32 bits: seed {SEED_LIMIT} would draw seed 0's weights)")
@@ -159,6 +169,10 @@ class TrainConfig:
             _fail(c, "packing", self.packing, "cannot hold SFT examples (attention would cross "
                   "them): use packing=documents or packing=pad with sft=true")
         _positive_ints(c, self, ("prefetch",), allow_zero=True)
+        if self.prefetch > MAX_PREFETCH:
+            _fail(c, "prefetch", self.prefetch,
+                  f"must be <= {MAX_PREFETCH}: a deeper queue hides no longer stall, and each "
+                  "batch ahead holds the step's rows in memory")
         _one_of(c, self, "xla_recipe", tuple(RECIPES))
         moe = self.model.moe
         if moe is not None and moe.num_experts % self.mesh.expert:

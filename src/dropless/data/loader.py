@@ -186,14 +186,18 @@ class Loader:
     `sharding`. Batch `start` begins at sample `first_sample` (default `start` x `batch_size`,
     the run's own numbering).
 
-    With `prefetch` > 0 a background thread builds up to `prefetch` batches ahead of `next()`;
-    an error there (a changed data file, DataChanged) is raised by the `next()` that would have
-    returned that batch. `wait_s[i]` is how long `next()` blocked for batch i.
+    With `prefetch` > 0 a background thread builds up to `prefetch` batches ahead of `next()`
+    (and holds one more while it waits to queue it); an error there (a changed data file,
+    DataChanged) is raised by the `next()` that would have returned that batch. `wait_s[i]` is
+    how long `next()` blocked for batch i. Raises ValueError for a `prefetch` below 0 (the
+    upper bound is the config's, `TrainConfig.prefetch`).
     """
 
     def __init__(self, addressing: Addressing, *, batch_size: int, sharding=None,
                  prefetch: int = 0, start: int = 0, first_sample: int | None = None,
                  to_step: Callable[[Batch], Any] = lambda b: b):
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"Loader prefetch={prefetch!r} must be an int >= 0 (0: no thread)")
         self.addr, self.b, self.sharding, self.to_step = addressing, batch_size, sharding, to_step
         self.rows = process_rows(sharding, batch_size)
         self.start = start

@@ -24,19 +24,24 @@ manifest.json:
      "created_by": "dropless <version>"}
     SHARD = {"tokens_file", "docs_file", "tokens", "documents", "sha256", "docs_sha256"}
 
-`read_manifest` checks every key, type and sum, and `open_shard` the files' sizes (and, when
-asked, their hashes) against the manifest, so a shard that is missing, cut short or changed since
-`prepare` is refused naming the file. Every error is a ValueError naming the file and the key.
+`read_manifest` decodes the file as every JSON file a user may have edited is decoded
+(`data.decoding`: a key named twice is refused, a leading byte-order mark dropped), then checks
+every key, type and sum; `open_shard` checks the files' sizes (and, when asked, their hashes)
+against the manifest, so a shard that is missing, cut short or changed since `prepare` is refused
+naming the file. Every error is a ValueError naming the file and the key.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
 import numpy as np
+
+from dropless.data.decoding import json_object
 
 FORMAT = "dropless-tokens"
 VERSION = 1
@@ -46,6 +51,9 @@ DTYPES = ("uint16", "uint32")
 TOKENIZER_KINDS = ("byte", "hf")
 DOCS_DTYPE = np.dtype("<u8")
 HASH_BLOCK = 1 << 22
+# every count (tokens, documents, bytes, ids) is below this: offsets are uint64 in .docs and file
+# sizes int64, and a count past it (an edit, a typo) could only fail later, far from the key
+MAX_COUNT = 2 ** 63
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,6 +171,14 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _shown(v) -> str:
+    """A manifest value as an error shows it: its JSON, cut to 80 characters; an integer too
+    long for `str` (Python refuses past 4,300 digits) by its size."""
+    if _is_int(v) and abs(v).bit_length() > 256:
+        return f"<an integer of {v.bit_length()} bits>"
+    return json.dumps(v)[:80]
+
+
 class _Checker:
     """Reads keys of one JSON object, raising ValueError naming the file and the dotted key."""
 
@@ -177,8 +193,7 @@ class _Checker:
         return f"{self.key}.{k}" if self.key else k
 
     def fail(self, k: str, what: str):
-        raise ValueError(f"{self.where}: {self.name(k)}={json.dumps(self.obj.get(k))[:80]} "
-                         f"{what}")
+        raise ValueError(f"{self.where}: {self.name(k)}={_shown(self.obj.get(k))} {what}")
 
     def get(self, k: str):
         if k not in self.obj:
@@ -190,8 +205,8 @@ class _Checker:
         v = self.get(k)
         if v is None and null:
             return None
-        if not _is_int(v) or v < lo:
-            self.fail(k, f"must be an integer >= {lo}" + (" or null" if null else ""))
+        if not _is_int(v) or not lo <= v < MAX_COUNT:
+            self.fail(k, f"must be an integer in [{lo}, 2**63)" + (" or null" if null else ""))
         return v
 
     def str(self, k: str, *, choices=None, null: bool = False) -> str | None:
@@ -211,8 +226,9 @@ class _Checker:
 
     def float(self, k: str, *, lo: float, hi: float, lo_open: bool = False) -> float:
         v = self.get(k)
-        if (not isinstance(v, (int, float)) or isinstance(v, bool) or v > hi or v < lo
-                or (lo_open and v == lo)):
+        # JSON's NaN and Infinity parse to floats that no comparison below refuses
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                or v > hi or v < lo or (lo_open and v == lo)):
             self.fail(k, f"must be a number in {'(' if lo_open else '['}{lo}, {hi}]")
         return float(v)
 
@@ -229,8 +245,9 @@ def _sha(c: _Checker, k: str) -> str:
 
 def _file_name(c: _Checker, k: str) -> str:
     v = c.str(k)
-    if "/" in v or "\\" in v or v.startswith("."):
-        c.fail(k, "must be a plain file name inside the dataset folder")
+    if "/" in v or "\\" in v or v.startswith(".") or not v.isprintable():
+        c.fail(k, "must be a plain file name inside the dataset folder (`prepare` writes "
+                  "names such as train-00000.tokens)")
     return v
 
 
@@ -327,9 +344,10 @@ def read_manifest(folder: str | Path) -> Manifest:
                          f"(write one with `dropless data prepare SRC... {path.parent} "
                          f"--tokenizer ...`){hint}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        data = json_object(path)
+    except RecursionError:
+        raise ValueError(f"{path}: nested deeper than a manifest is; it is not a prepared "
+                         "dataset's manifest (prepare the data again)") from None
     return parse_manifest(data, where=str(path))
 
 
