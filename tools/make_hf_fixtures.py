@@ -9,8 +9,9 @@ with the transformers version of the running interpreter: 4.x writes tests/fixtu
     /tmp/venv-tf5/bin/pip install torch==2.14.1 transformers==5.25.0 safetensors numpy
     /tmp/venv-tf4/bin/python tools/make_hf_fixtures.py
     /tmp/venv-tf5/bin/python tools/make_hf_fixtures.py
-(`--counts-only`: only param_counts.json and transformers_defaults.json, for a new released
-config.) torch's CPU wheel (2.13.0+cpu, https://download.pytorch.org/whl/cpu) writes the same bits
+(`--counts-only`: only param_counts.json and transformers_defaults.json, for a new released config;
+`--save-compat`: only save_compat.json, after saved_configs/ changed, in each of 4.57.6, 5.24.0 and
+5.25.0.) torch's CPU wheel (2.13.0+cpu, https://download.pytorch.org/whl/cpu) writes the same bits
 as the 2.14.1 the 5.24.0 records name (the trajectory records name their torch).
 
 `--chat` writes only the chat-template fixture, tests/fixtures/chat/ (see `chat_fixtures`); it
@@ -342,6 +343,7 @@ def save_compat() -> None:
                     logits = model(torch.tensor(ref["tokens"])).logits.float().numpy()
                 errs[tag] = float(np.abs(logits - ref["logits"]).max())
         out[name] = {transformers.__version__: errs}
+        print(f"save_compat {transformers.__version__} {name}: {errs}", file=sys.stderr)
     _merge_json(ROOT / "save_compat.json", out)
 
 
@@ -542,6 +544,11 @@ def main() -> None:
                  "(see the module docstring); --chat needs neither")
     if "--trajectory" in sys.argv:
         trajectory_fixtures()
+        return
+    if "--save-compat" in sys.argv:
+        save_compat()
+        print(f"transformers {transformers.__version__}, torch {torch.__version__}: "
+              f"{ROOT / 'save_compat.json'}", file=sys.stderr)
         return
     OUT.mkdir(parents=True, exist_ok=True)
     if "--counts-only" not in sys.argv:   # only the released configs' counts and the defaults

@@ -155,10 +155,13 @@ def test_init_from_refuses_a_different_model(converted, tmp_path):
         initial_params(cfg)
 
 
-def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_path):
-    """Fine-tune the converted Mixtral fixture on text; the held-out loss (different sentences
-    of the same kind) falls, measured with the converted and the trained weights."""
+def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_path, capsys):
+    """Fine-tune (a copy of) the converted Mixtral fixture on text; the held-out loss (different
+    sentences of the same kind) falls, measured with the converted and the trained weights. The
+    run exports the source's config.json keys after the folder it started from is gone."""
+    import shutil
     from dropless.config_file import build_config
+    from dropless.model_dir.kept_config import KEPT_FILE
     from dropless.models.evaluate import evaluate
     from dropless.model_dir.weights import load_model
     from dropless.model_dir import load_dropless
@@ -167,7 +170,9 @@ def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_
     data.write_text(TEXT * 40)
     held = np.frombuffer(("Where there is a will there is a way. The early bird catches the "
                           "worm. A stitch in time saves nine. ").encode() * 3, np.uint8)
-    cfg = build_config([("init_from", str(converted)), ("tokenizer", "byte"),
+    start = tmp_path / "start"
+    shutil.copytree(converted, start)
+    cfg = build_config([("init_from", str(start)), ("tokenizer", "byte"),
                         ("data", str(data)), ("steps", 12),
                         ("per_device_batch_size", 8), ("seq_len", 32), ("warmup_steps", 2),
                         ("learning_rate", 3e-3), ("eval_every", 100), ("checkpoint_every", 0),
@@ -181,9 +186,13 @@ def test_fine_tune_from_converted_checkpoint_lowers_heldout_loss(converted, tmp_
     _, p1 = load_dropless(result.run_dir)
     after = evaluate(mcfg, p1, held, seq_len=32, batch_size=4)["loss"]
     assert after < before - 0.5, (before, after)
-    # the run goes back to Hugging Face with the config keys of the model it started from
-    # (init_from), not its own seq_len=32 as the context
+    # the run keeps the config keys of the model it started from (init_from) and goes back to
+    # Hugging Face with them, not its own seq_len=32 as the context, once that folder is gone
+    assert (result.run_dir / KEPT_FILE).read_bytes() == (converted / KEPT_FILE).read_bytes()
+    shutil.rmtree(start)
+    capsys.readouterr()
     assert cli.main(["convert", str(result.run_dir), str(tmp_path / "ft_hf")]) == 0
+    assert capsys.readouterr().err == ""
     back = json.loads((tmp_path / "ft_hf" / "config.json").read_text())
     assert (back["max_position_embeddings"], back["bos_token_id"], back["eos_token_id"],
             back["router_jitter_noise"]) == (131072, 1, 2, 0.0)

@@ -1,7 +1,7 @@
 """`dropless convert` DIR -> HF with the side file of kept config.json keys (hf_kept_config.json,
 model_dir.kept_config) damaged or edited: one line naming the file and what to do, exit 2,
 nothing written; an edited key the model determines is written as the model has it, said on
-stderr."""
+stderr; a setting the architecture's config.json cannot carry is said on stderr."""
 import json
 
 import pytest
@@ -46,3 +46,23 @@ def test_an_edited_model_key_is_said_and_the_model_wins(converted, tmp_path, cap
                                        "writing the model's hidden_size=32\n")
     out = json.loads((tmp_path / "out" / "config.json").read_text())
     assert out["hidden_size"] == 32 and out["max_position_embeddings"] == 32768
+
+
+def test_a_sequence_wise_loss_qwen3_cannot_carry_is_one_line(converted, tmp_path, capsys):
+    path = converted / "config.json"
+    good = path.read_text()
+    conf = json.loads(good)
+    conf["model"]["moe"]["seq_aux_coef"] = 0.0005
+    path.write_text(json.dumps(conf))
+    try:
+        assert cli.main(["convert", str(converted), str(tmp_path / "out")]) == 0
+    finally:
+        path.write_text(good)
+    assert capsys.readouterr().err == (
+        f"dropless: dropless convert {converted}: moe.seq_aux_coef=0.0005 is not written: "
+        "Qwen3MoeForCausalLM's config.json cannot carry it (a training setting; the exported "
+        "model computes the same)\n")
+    out = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert not {"seq_aux", "aux_loss_alpha"} & set(out)
+    assert cli.main(["convert", str(converted), str(tmp_path / "out0")]) == 0
+    assert capsys.readouterr().err == ""        # zero: nothing to say

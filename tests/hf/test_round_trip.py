@@ -153,6 +153,20 @@ def test_the_sequence_wise_loss_goes_both_ways():
     assert model(out).moe.seq_aux_coef == 0
 
 
+@pytest.mark.parametrize("name", ["mixtral", "qwen3", "deepseek"])
+def test_a_sequence_wise_loss_only_deepseek_can_carry_is_named(name):
+    cfg = model(raw(name))
+    assert rt.not_carried(cfg) == {}
+    on = cfg.replace(moe=cfg.moe.replace(seq_aux_coef=1e-3))
+    out = rt.exported_config(on)
+    if name == "deepseek":
+        assert rt.not_carried(on) == {} and out["aux_loss_alpha"] == 1e-3
+    else:   # dropped from the file, named for the line the export says
+        assert rt.not_carried(on) == {"moe.seq_aux_coef": 1e-3}
+        assert not {"seq_aux", "aux_loss_alpha"} & set(out)
+        assert out == rt.exported_config(cfg)
+
+
 def test_what_the_import_turned_into_the_model_is_not_kept():
     """FP8 weights are dequantized on import: the export holds no quantization_config; 5.x's
     spellings come back in the 4.x ones (never both, which would contradict after --dtype)."""

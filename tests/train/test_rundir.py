@@ -144,3 +144,58 @@ def test_a_folder_prepared_with_an_empty_checkpoints_mount_point_is_empty(tmp_pa
     (path / "checkpoints" / "x").write_text("x")
     with pytest.raises(ValueError, match="it looks like something else"):
         _open(tmp_path, "m")
+
+
+# -- a run started from a model keeps that model's Hugging Face config.json keys (hf_kept_config)
+
+def _from(tmp_path, name, init_from):
+    import dataclasses
+    return rundir.open_run_dir(dataclasses.replace(mini(tmp_path, run_name=name),
+                                                   init_from=init_from))
+
+
+def test_a_run_from_a_model_keeps_its_config_keys_at_start(tmp_path):
+    from dropless.model_dir.kept_config import KEPT_FILE, kept_of_hf_folder
+    conv = tmp_path / "conv"
+    _converted(conv)
+    (conv / KEPT_FILE).write_text(json.dumps({"max_position_embeddings": 777, "eos_token_id": 2}))
+    run = _from(tmp_path, "a", str(conv))
+    assert json.loads((run.path / KEPT_FILE).read_text()) == {"max_position_embeddings": 777,
+                                                              "eos_token_id": 2}
+    hf = tmp_path / "hf"
+    _hf(hf)
+    other = _from(tmp_path, "b", f"hf:{hf}")
+    assert json.loads((other.path / KEPT_FILE).read_text()) == kept_of_hf_folder(hf)
+    for r in (other, run):    # a start-up undone removes it with the folder
+        r.discard()
+    assert not (tmp_path / "runs").exists()
+    assert not (_open(tmp_path, "scratch").path / KEPT_FILE).exists()   # nothing to keep
+
+
+def test_a_found_empty_folder_keeps_the_config_keys_until_the_start_is_undone(tmp_path):
+    from dropless.model_dir.kept_config import KEPT_FILE
+    conv = tmp_path / "conv"
+    _converted(conv)
+    (conv / KEPT_FILE).write_text(json.dumps({"max_position_embeddings": 777}))
+    path = tmp_path / "runs" / "empty"
+    (path / "checkpoints").mkdir(parents=True)
+    before = snapshot(path)
+    run = _from(tmp_path, "empty", str(conv))
+    assert (path / KEPT_FILE).is_file() and (path / rundir.MARKER).is_file()
+    assert run.undo() == f"{path} was left empty, as it was found" and snapshot(path) == before
+
+
+def test_a_side_file_that_is_no_object_refuses_the_start_and_leaves_nothing(tmp_path):
+    from dropless.model_dir.kept_config import KEPT_FILE
+    conv = tmp_path / "conv"
+    _converted(conv)
+    (conv / KEPT_FILE).write_text("[1, 2]")
+    with pytest.raises(ValueError, match=rf"init_from='{conv}': {conv / KEPT_FILE} holds an "
+                                         "array, not a JSON object"):
+        _from(tmp_path, "a", str(conv))
+    assert not (tmp_path / "runs").exists()
+    empty = tmp_path / "runs" / "e"
+    empty.mkdir(parents=True)
+    with pytest.raises(ValueError, match="holds an array"):
+        _from(tmp_path, "e", str(conv))
+    assert list(empty.iterdir()) == []

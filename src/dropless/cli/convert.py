@@ -7,7 +7,8 @@ directory (that layout, or a run directory with checkpoints/) is written to DST 
 Face folder that `transformers` loads. The tokenizer (tokenizer.json and its
 tokenizer_config.json / generation_config.json) travels along, and so do the source config.json's
 keys the model does not determine (DST/hf_kept_config.json, `model_dir.kept_config`; a line on
-stderr for each the model overrides). The converters are
+stderr for each the model overrides, and for each model setting the exported config.json
+cannot carry). The converters are
 `dropless.model_dir.weights.hf_to_dropless` / `dropless_to_hf`.
 
 Nothing is destroyed (`hf.destination`): DST is written beside itself and moved into place when

@@ -15,14 +15,16 @@ export writes: the model's keys over the kept ones over the fallbacks.
   transformers releases. A source without `max_position_embeddings` meant transformers' default
   for its architecture (`config_formats.DEFAULTS`); the kept keys record that value.
 
-`max_position_embeddings` is not a model key: transformers (4.57.6, 5.18.0) sizes caches and
+`max_position_embeddings` is not a model key: transformers (4.57.6, 5.24.0, 5.25.0) sizes caches and
 limits generation with it, and computes YaRN from `factor` and
 `original_max_position_embeddings`, which the export always writes. A YaRN model without a kept
 value gets original x factor, the context YaRN stretches to.
 
 `exported_config` assembles the file: the model's keys win over kept ones (`overridden` lists
 where they disagree), and a `max_position_embeddings` that neither gives is YaRN's, else
-`fallback`'s, else `DEFAULT_MAX_POSITIONS`. Pure data: no files (the side file is
+`fallback`'s, else `DEFAULT_MAX_POSITIONS`. `not_carried` lists the model's settings the
+architecture's config.json has no key for (Mixtral's and Qwen3-MoE's sequence-wise aux loss: a
+training setting, the forward pass does not need it). Pure data: no files (the side file is
 `model_dir.kept_config`'s).
 """
 from __future__ import annotations
@@ -101,5 +103,14 @@ def overridden(cfg: ModelConfig, kept: Mapping[str, Any], *, rope_interleave: bo
     return {k: (v, model[k]) for k, v in kept.items() if k in model and model[k] != v}
 
 
+def not_carried(cfg: ModelConfig) -> dict[str, Any]:
+    """{dotted field: value} for the settings of `cfg` that the config.json of its architecture
+    (`config_map.architecture_for`) has no key for, so an export drops them: a nonzero
+    `moe.seq_aux_coef` for Mixtral and Qwen3-MoE (only DeepSeek-V3 has `aux_loss_alpha`)."""
+    if cfg.moe is None or cm.architecture_for(cfg) == cm.DEEPSEEK or not cfg.moe.seq_aux_coef:
+        return {}
+    return {"moe.seq_aux_coef": cfg.moe.seq_aux_coef}
+
+
 __all__ = ["MODEL_KEYS", "WRITER_KEYS", "MODEL_WHEN_SET", "DEFAULT_MAX_POSITIONS", "kept_keys",
-           "exported_config", "overridden"]
+           "exported_config", "overridden", "not_carried"]

@@ -7,10 +7,11 @@ keys the model does not determine, verbatim (`hf.round_trip.kept_keys`: token id
 own keys (which win; `hf.round_trip.overridden` lists the disagreements, said in one line each),
 and fills what the folder keeps nothing for (`fallback_keys`):
 
-* `max_position_embeddings`: YaRN models always write original x factor (the model's); else
-  the kept value; else, for a training run, the value kept by the model it started from
-  (`init_from`, followed through runs), else the run's `seq_len` (the longest context it
-  trained on); else 4096 (`hf.round_trip.DEFAULT_MAX_POSITIONS`).
+* `max_position_embeddings`: the kept value (a training run keeps a copy of its start's, made
+  with the run: `train.init_from.keep_start_config`; a run made before that copy existed
+  follows `init_from`, through runs, to the model it started from); else a YaRN model's
+  original x factor; else a run's `seq_len` (the longest context it trained on); else 4096
+  (`hf.round_trip.DEFAULT_MAX_POSITIONS`).
 * `bos_token_id` / `eos_token_id`: kept; else the folder's generation_config.json; else its
   tokenizer.json's BOS / EOS (`data.tokenizer`); else absent.
 * `initializer_range`: the model's `init_std`, always.
@@ -77,11 +78,12 @@ def origin_keys(folder: str | Path, saved: dict, *, what: str = "",
                 announce: Callable[[str], Any] | None = None
                 ) -> tuple[dict[str, Any] | None, Path | None]:
     """(the kept keys that go with the dropless directory `folder`, the file they come from):
-    its own KEPT_FILE; else, for a run (its config.json as saved: `saved`), those of the model
-    it started from (`init_from`: an HF folder's config.json, or a dropless directory's
-    KEPT_FILE, followed through runs); (None, None) when the model came from no Hugging Face
-    folder. A start that is gone or unreadable is said to `announce` and counts as none.
-    Raises ValueError for a KEPT_FILE that is not a JSON object (`read_kept`)."""
+    its own KEPT_FILE (for a run, the copy made at its start); else, for a run (its config.json
+    as saved: `saved`), those of the model it started from (`init_from`: an HF folder's
+    config.json, or a dropless directory's KEPT_FILE, followed through runs); (None, None) when
+    the model came from no Hugging Face folder. A start that is gone or unreadable is said to
+    `announce` and counts as none. Raises ValueError for a KEPT_FILE that is not a JSON object
+    (`read_kept`)."""
     folder, seen = Path(folder), set()
     for _ in range(_MAX_HOPS):
         kept = read_kept(folder, what=what)
@@ -155,5 +157,16 @@ def override_words(source: Path | None, changed: dict[str, tuple[Any, Any]]) -> 
             for key, (was, now) in changed.items()]
 
 
+def not_carried_words(cfg, *, what: str = "") -> list[str]:
+    """One line per setting of ModelConfig `cfg` that the exported config.json cannot carry
+    (`hf.round_trip.not_carried`), starting with `what`."""
+    from dropless.hf.config_map import architecture_for
+    from dropless.hf.round_trip import not_carried
+    prefix = f"{what}: " if what else ""
+    return [f"{prefix}{field}={value!r} is not written: {architecture_for(cfg)}'s config.json "
+            "cannot carry it (a training setting; the exported model computes the same)"
+            for field, value in not_carried(cfg).items()]
+
+
 __all__ = ["KEPT_FILE", "TOKEN_KEYS", "read_kept", "kept_of_hf_folder", "is_run", "origin_keys",
-           "fallback_keys", "override_words"]
+           "fallback_keys", "override_words", "not_carried_words"]

@@ -4,16 +4,22 @@ dropless directory (`dropless convert` output, or a run directory).
 The folders themselves (the spec, config.json, the tokenizer a folder implies, the readers of
 their weights) are `dropless.model_dir`'s; what `init_from` implies for the config (the
 folder's model as the preset, its tokenizer) is applied by `config_file.build_config` through
-`model_dir.init_from_defaults`. Here: check that the configured model is the folder's, and hand
-the loop its parameters in the configured layout and dtypes.
+`model_dir.init_from_defaults`. Here: check that the configured model is the folder's, hand
+the loop its parameters in the configured layout and dtypes, and give a new run directory its
+own copy of the Hugging Face config.json keys the start keeps (`keep_start_config`), which
+`dropless convert RUN` writes back after the start folder is gone.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 from dropless.config import INIT_FIELDS
 from dropless.model_dir import cast_like, load_dropless, parse_spec
+from dropless.model_dir.kept_config import KEPT_FILE, origin_keys
+from dropless.runtime import files
 
 # fields that do not change the parameter tree (dtypes are cast, the layout is converted; the
 # init fields say only how random weights would start)
@@ -64,3 +70,20 @@ def initial_params(cfg, *, announce: Callable[[str], Any] | None = None) -> Any:
     from dropless.models.scan import to_canonical_layout, to_config_layout
     params = to_config_layout(to_canonical_layout(params), cfg.model)
     return cast_like(params, cfg.model)
+
+
+def keep_start_config(cfg, run_path: Path) -> bool:
+    """Write RUN/hf_kept_config.json (atomically): the Hugging Face config.json keys that go
+    with the model `cfg.init_from` names (an HF folder's config.json, a convert output's
+    hf_kept_config.json, or a run's, followed through the runs it started from:
+    `model_dir.kept_config.origin_keys`). Nothing for a run from scratch, or a start that keeps
+    none or cannot be read now (the export says so). Returns whether it wrote. Raises
+    ValueError naming init_from for a kept file that is not a JSON object."""
+    if not cfg.init_from:
+        return False
+    kept, _ = origin_keys(run_path, {"init_from": cfg.init_from},
+                          what=f"init_from={cfg.init_from!r}")
+    if kept is None:
+        return False
+    files.write_text(Path(run_path) / KEPT_FILE, json.dumps(kept, indent=2))
+    return True

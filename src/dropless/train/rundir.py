@@ -8,7 +8,10 @@ directory itself, not on a lock file, so a refused resume leaves the directory b
 the kernel drops it when the process dies, even by kill -9.
 
 A folder is a run only if dropless made it: a new run's directory gets the marker file
-`.dropless-run` (a JSON object naming the dropless version and the time) as it is created.
+`.dropless-run` (a JSON object naming the dropless version and the time) as it is created, and,
+for a run started from a model (`init_from`), its own copy of the Hugging Face config.json keys
+that model keeps (hf_kept_config.json, `init_from.keep_start_config`), so an export of the run
+does not depend on that folder still being there.
 Training into, or resuming, a non-empty folder without the marker is refused before anything
 is written, in one line saying what the folder looks like (a Hugging Face model folder, a
 dropless model directory, something else) and what to do; a run made before the marker existed
@@ -265,7 +268,7 @@ def open_run_dir(cfg: TrainConfig) -> RunDir:
         empty = False if created else check_is_run(path)
         run = RunDir(path, created, _lock(path), made if created else ())
         if created or empty:
-            _mark_new(run, empty)
+            _mark_new(run, empty, cfg)
         return run
     base = time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.preset or 'custom'}"
     for n in range(1, 10_000):
@@ -275,16 +278,21 @@ def open_run_dir(cfg: TrainConfig) -> RunDir:
         except FileExistsError:
             continue
         run = RunDir(path, True, _lock(path), made)
-        _mark_new(run, False)
+        _mark_new(run, False, cfg)
         return run
     raise RuntimeError(f"could not create a unique run directory under {root} for {base}")
 
 
-def _mark_new(run: RunDir, empty: bool) -> None:
+def _mark_new(run: RunDir, empty: bool, cfg: TrainConfig) -> None:
+    """Write a new run's start files: the marker, and the kept config.json keys of the model it
+    starts from (`init_from.keep_start_config`). A failure undoes the folder (`RunDir.discard`:
+    removed, or emptied as it was found) and is raised."""
+    from dropless.train.init_from import keep_start_config
+    run.marked_empty = empty
+    run.found = tuple(p.name for p in run.path.iterdir()) if empty else ()
     try:
         write_marker(run.path)
+        keep_start_config(cfg, run.path)
     except BaseException:
-        run.discard() if run.created else run.release()
+        run.discard()
         raise
-    run.marked_empty = empty
-    run.found = tuple(p.name for p in run.path.iterdir() if p.name != MARKER) if empty else ()
