@@ -14,20 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import re
 
 import numpy as np
 
+from dropless.runtime.xla_flags import ask_host_devices
+
 PROJECTION = dict(num_experts=256, top_k=8, n_groups=8, topk_groups=4, d_model=7168, ep=64,
                   devices_per_node=8, bytes_per_value=2)   # DeepSeek-V3, bf16 dispatch
-
-
-def _set_host_devices(n: int) -> None:
-    """Ask XLA:CPU for n host devices; only effective before the backend starts."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
 def _stage_fn(spec, ctx, mesh, stage: str):
@@ -471,7 +465,7 @@ def run(args: DispatchOptions) -> int:
     """Time the dispatchers of `args` (or count their rows, or only project DeepSeek-V3),
     printing tables and appending the records to `args.out`. Returns 0; raises ValueError
     when `args.ep` does not divide the devices JAX has."""
-    _set_host_devices(args.host_devices)
+    ask_host_devices(args.host_devices)
     import jax
 
     from dropless import machine, text_table

@@ -163,6 +163,8 @@ def _compute(args) -> tuple[dict, str]:
         result = comparison()
         text = format_markdown(result)
     elif args.calibrate:
+        from dropless.runtime.xla_flags import ask_host_devices
+        ask_host_devices(args.calibrate_devices)   # on a CPU, before JAX starts
         from dropless.bench.calibrate import run_calibration
         result = run_calibration(devices=args.calibrate_devices,
                                  workload=args.calibrate_workload)

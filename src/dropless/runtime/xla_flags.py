@@ -72,6 +72,18 @@ def backend_started() -> bool:
     return bool(xb is not None and getattr(xb, "_backends", None))
 
 
+def ask_host_devices(n: int) -> bool:
+    """Ask XLA:CPU for `n` host devices (`--xla_force_host_platform_device_count`), as a command
+    that needs several devices on a CPU does before JAX starts. Does nothing where the backend
+    already exists or XLA_FLAGS already names a count (the caller's wins); True when it set it.
+    Only the host platform reads the flag: on a GPU the devices are the GPUs."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if backend_started() or "xla_force_host_platform_device_count" in flags:
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    return True
+
+
 def apply_recipe(name: str) -> dict[str, str]:
     """Set the recipe's variables in os.environ; returns what was set. Raises RuntimeError when
     a JAX backend already exists and the recipe would change something."""
