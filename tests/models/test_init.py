@@ -196,9 +196,14 @@ def test_a_hugging_face_config_gives_its_initializer_range_as_init_std():
     from dropless.hf.config_formats import DEEPSEEK
     from dropless.hf.config_map import hf_config, model_config
     from dropless.hf.layout import Layout
-    hf = hf_config(get_preset("tiny"), Layout(DEEPSEEK))
-    assert "initializer_range" not in hf and model_config(hf)[0].init_std == 0.02
+    tiny = get_preset("tiny")
+    hf = hf_config(tiny, Layout(DEEPSEEK))     # an export writes the model's init_std
+    assert hf["initializer_range"] == tiny.init_std and model_config(hf)[0].init_std == 0.02
     assert model_config({**hf, "initializer_range": 0.006})[0].init_std == 0.006
+    del hf["initializer_range"]                # absent: transformers' default, 0.02
+    assert model_config(hf)[0].init_std == 0.02
+    hf = hf_config(tiny.replace(init_std=0.006), Layout(DEEPSEEK))
+    assert hf["initializer_range"] == 0.006 and model_config(hf)[0].init_std == 0.006
 
 
 def test_weights_of_another_scheme_start_a_run():

@@ -323,8 +323,8 @@ def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
                loss: Callable[..., tuple[jax.Array, dict]] = loss_fn) -> tuple[State, dict]:
     """One optimizer step on a batch (a Batch or [B, S + 1] windows, see `step_inputs`; B is
     the global batch, split into micro-batches where cfg accumulates, `loss_and_grads`);
-    returns (new state, metrics: `loss`'s, "grad_norm", "lr" and "real_tokens", the batch's
-    `real_tokens`). `loss(params, batch, cfg, mesh[, counts]) ->
+    returns (new state, metrics: `loss`'s, "grad_norm", "lr" and, under `loss_fn`, "real_tokens",
+    the batch's `real_tokens`). `loss(params, batch, cfg, mesh[, counts]) ->
     (objective, metrics)` is the language model's `loss_fn` unless a benchmark trains another
     model with this step (its metrics need `tokens_per_expert_LE` where the router biases
     learn)."""
@@ -335,7 +335,8 @@ def train_step(state: State, batch: Batch | jax.Array, *, cfg: TrainConfig,
     params = _update_biases(params, metrics, cfg)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["lr"] = lr_schedule(cfg)(state["step"])
-    metrics["real_tokens"] = real_tokens(batch, cfg)
+    if loss is loss_fn:     # a token batch (a benchmark's own model reads its own batches)
+        metrics["real_tokens"] = real_tokens(batch, cfg)
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
                  "rng": jax.random.fold_in(state["rng"], state["step"])}
     return new_state, metrics
