@@ -70,15 +70,8 @@ def _every_candidate(cfg, hw, *, top, min_factor) -> list[dict]:
     for c, factor in sweep.candidate_layouts(cfg, min_factor=min_factor):
         r = predict(c, hw)
         if r["memory"]["fits"]:
-            rows.append({"fsdp": c.mesh.fsdp, "ep": c.mesh.expert, "data": c.mesh.data,
-                         "remat": c.run.remat, "offload": list(c.offloaded),
-                         "ragged_buffer_factor": factor, "step_s": r["time"]["step_s"],
-                         "tflops_per_device": r["tflops_per_device"],
-                         "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
-                         "memory_gib": r["memory"]["total"] / 2 ** 30,
-                         "headroom_gib": r["memory"]["headroom"] / 2 ** 30})
-    rows.sort(key=lambda row: (-row["tokens_per_s"], row["memory_gib"]))
-    return rows[:top]
+            rows.append(sweep.suggestion_row(c, factor, r))
+    return sweep.best_rows(rows, top)
 
 
 @pytest.mark.parametrize("settings,min_factor", [

@@ -115,14 +115,21 @@ def suggest(cfg: PlanConfig, hw: HardwareProfile, *, top: int = 10, min_factor: 
         for c, factor in _variants(layout, models):
             if not memory_per_device(c, hw)["fits"]:
                 continue
-            r = predict(c, hw)
-            rows.append({"fsdp": c.mesh.fsdp, "ep": c.mesh.expert, "data": c.mesh.data,
-                         "remat": c.run.remat, "offload": list(c.offloaded),
-                         "ragged_buffer_factor": factor,
-                         "step_s": r["time"]["step_s"],
-                         "tflops_per_device": r["tflops_per_device"],
-                         "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
-                         "memory_gib": r["memory"]["total"] / 2 ** 30,
-                         "headroom_gib": r["memory"]["headroom"] / 2 ** 30})
-    rows.sort(key=lambda row: (-row["tokens_per_s"], row["memory_gib"]))
-    return rows[:top]
+            rows.append(suggestion_row(c, factor, predict(c, hw)))
+    return best_rows(rows, top)
+
+
+def suggestion_row(c, factor: float, r: dict) -> dict:
+    """One row of `suggest`: the layout of candidate `c`, its buffer factor and `predict`'s
+    result `r` for it."""
+    return {"fsdp": c.mesh.fsdp, "ep": c.mesh.expert, "data": c.mesh.data,
+            "remat": c.run.remat, "offload": list(c.offloaded), "ragged_buffer_factor": factor,
+            "step_s": r["time"]["step_s"], "tflops_per_device": r["tflops_per_device"],
+            "tokens_per_s": r["tokens_per_s"], "mfu": r["mfu"],
+            "memory_gib": r["memory"]["total"] / 2 ** 30,
+            "headroom_gib": r["memory"]["headroom"] / 2 ** 30}
+
+
+def best_rows(rows: list[dict], top: int) -> list[dict]:
+    """The `top` fastest rows (tokens a second), the smaller memory first among equals."""
+    return sorted(rows, key=lambda row: (-row["tokens_per_s"], row["memory_gib"]))[:top]
