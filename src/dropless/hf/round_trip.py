@@ -22,13 +22,32 @@ value gets original x factor, the context YaRN stretches to.
 
 `exported_config` assembles the file: the model's keys win over kept ones (`overridden` lists
 where they disagree), and a `max_position_embeddings` that neither gives is YaRN's, else
-`fallback`'s, else `DEFAULT_MAX_POSITIONS`. `not_carried` lists the model's settings the
-architecture's config.json has no key for (Mixtral's and Qwen3-MoE's sequence-wise aux loss: a
-training setting, the forward pass does not need it). Pure data: no files (the side file is
+`fallback`'s, else `DEFAULT_MAX_POSITIONS`. Pure data: no files (the side file is
 `model_dir.kept_config`'s).
+
+What an export does with each ModelConfig / MoEConfig field:
+* written (`config_map.hf_config`): the shape, attention, rope, norms, routing, MTP depth,
+  `weight_dtype` (torch_dtype), `init_std` (initializer_range), and the loss weights the
+  architecture has a key for: Mixtral's and Qwen3-MoE's `router_aux_loss_coef` is
+  `moe.load_balance_coef`, DeepSeek-V3's `aux_loss_alpha` (with `seq_aux`, the keys of its
+  released config.json) is `moe.seq_aux_coef`;
+* refused (UnsupportedCheckpoint): what changes the forward pass and the architecture cannot
+  express (shared experts in Mixtral, MTP outside DeepSeek-V3, ...);
+* left out with a note (`NOTED`, `not_carried`): how the model was trained, which the file has
+  no key for: `moe.load_balance_coef` in DeepSeek-V3 (transformers' DeepseekV3Config has
+  neither `router_aux_loss_coef` nor `aux_loss_alpha`, and the released file's `aux_loss_alpha`
+  is the sequence-wise weight), `moe.seq_aux_coef` in Mixtral and Qwen3-MoE, `moe.z_loss_coef`
+  and `moe.bias_update_speed` in all three, `mtp_loss_coef` with MTP modules; and the capacity
+  baseline's `moe.capacity_factor` (the three architectures are dropless in transformers);
+* left out silently: how dropless runs, stores or first draws the model, which whoever loads
+  the folder chooses again (attention kernel, scan layout, activation dtype, grouped-matmul
+  backend and quantization recipes, dispatcher and its buffers, fused expert weights, the init
+  scheme), and the fields the architecture does not use (MLA's under GQA, GQA's under MLA,
+  YaRN's without YaRN, `mtp_loss_coef` without MTP modules).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 from dropless.config import ModelConfig
@@ -103,14 +122,46 @@ def overridden(cfg: ModelConfig, kept: Mapping[str, Any], *, rope_interleave: bo
     return {k: (v, model[k]) for k, v in kept.items() if k in model and model[k] != v}
 
 
+_TRAINING = "a training setting; the exported model computes the same"
+# dotted field -> why leaving it out keeps the exported model the one trained (module doc)
+NOTED = {"moe.load_balance_coef": _TRAINING, "moe.seq_aux_coef": _TRAINING,
+         "moe.z_loss_coef": _TRAINING, "moe.bias_update_speed": _TRAINING,
+         "mtp_loss_coef": _TRAINING,
+         "moe.capacity_factor": "the exported model is dropless: it routes every token"}
+
+
+class NotCarriedWarning(UserWarning):
+    """A setting of the model that the exported config.json cannot carry (`not_carried`): the
+    folder holds the model's weights and architecture, without it. `hf.save` gives one per
+    setting (unless it is given `announce`)."""
+
+
+def _field(cfg: ModelConfig, dotted: str) -> Any:
+    return functools.reduce(getattr, dotted.split("."), cfg)
+
+
 def not_carried(cfg: ModelConfig) -> dict[str, Any]:
-    """{dotted field: value} for the settings of `cfg` that the config.json of its architecture
-    (`config_map.architecture_for`) has no key for, so an export drops them: a nonzero
-    `moe.seq_aux_coef` for Mixtral and Qwen3-MoE (only DeepSeek-V3 has `aux_loss_alpha`)."""
-    if cfg.moe is None or cm.architecture_for(cfg) == cm.DEEPSEEK or not cfg.moe.seq_aux_coef:
+    """{dotted field: value} for the settings of `cfg` in `NOTED` that a load of the exported
+    config.json reads otherwise (`config_map.model_config` of `config_map.hf_config`): the
+    architecture has no key for them (module doc). `mtp_loss_coef` counts only with MTP
+    modules. Empty for a dense model (which `hf.save` refuses). Raises UnsupportedCheckpoint as
+    `exported_config` does."""
+    if cfg.moe is None:
         return {}
-    return {"moe.seq_aux_coef": cfg.moe.seq_aux_coef}
+    back, _ = cm.model_config(_model_keys(cfg, True), mtp_depth=cfg.mtp_depth)
+    return {field: _field(cfg, field) for field in NOTED
+            if _field(cfg, field) != _field(back, field)
+            and (field != "mtp_loss_coef" or cfg.mtp_depth)}
+
+
+def not_carried_words(cfg: ModelConfig) -> list[str]:
+    """One line per setting `not_carried(cfg)` names: the field, its value, the architecture,
+    and why the exported model is still the one trained."""
+    arch = cm.architecture_for(cfg)
+    return [f"{field}={value!r} is not written: {arch}'s config.json cannot carry it "
+            f"({NOTED[field]})" for field, value in not_carried(cfg).items()]
 
 
 __all__ = ["MODEL_KEYS", "WRITER_KEYS", "MODEL_WHEN_SET", "DEFAULT_MAX_POSITIONS", "kept_keys",
-           "exported_config", "overridden", "not_carried"]
+           "exported_config", "overridden", "NOTED", "NotCarriedWarning", "not_carried",
+           "not_carried_words"]

@@ -1,10 +1,12 @@
 """`save`: our parameters -> a Hugging Face folder `transformers` loads (sharded safetensors,
 model.safetensors.index.json, config.json), written one shard at a time into a folder beside the
-destination that replaces it only when complete (`hf.destination`)."""
+destination that replaces it only when complete (`hf.destination`). Each setting the exported
+config.json cannot carry (`hf.round_trip.not_carried`) is said once, when the folder is written."""
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -13,7 +15,7 @@ import numpy as np
 from dropless.config import ModelConfig
 from dropless.hf import config_map as cm
 from dropless.hf.layout import Layout, leaves, mtp_shared_copies, T, Same
-from dropless.hf.round_trip import exported_config
+from dropless.hf.round_trip import NotCarriedWarning, exported_config, not_carried_words
 
 DEFAULT_SHARD_BYTES = 4 * 2**30
 
@@ -59,14 +61,18 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
          max_shard_bytes: int = DEFAULT_SHARD_BYTES, rope_interleave: bool = True,
          overwrite: bool = False, extra_files: tuple = (),
          kept_config: Mapping[str, Any] | None = None,
-         fallback_config: Mapping[str, Any] | None = None) -> Path:
+         fallback_config: Mapping[str, Any] | None = None,
+         announce: Callable[[str], Any] | None = None) -> Path:
     """Write `params` of `cfg` as a Hugging Face folder at `path`. The architecture follows from
     cfg (MLA -> DeepSeek-V3, GQA + qk-norm -> Qwen3-MoE, GQA -> Mixtral). DeepSeek-V3 rope
     columns are written interleaved (`rope_interleave`, as the released weights are).
     `extra_files` (paths: a tokenizer.json and the files beside it, a generation_config.json)
     are copied in. config.json is `hf.round_trip.exported_config`: the model's keys, then
     `kept_config` (the source config.json's other keys, `hf.round_trip.kept_keys`), then a
-    YaRN model's context, then `fallback_config`, then max_position_embeddings=4096.
+    YaRN model's context, then `fallback_config`, then max_position_embeddings=4096. Each
+    setting of cfg that config.json cannot carry (a training setting such as a loss weight the
+    architecture has no key for: `hf.round_trip.not_carried`) is said in one line once the
+    folder is written: to `announce` when given, else as a `NotCarriedWarning`.
 
     Never destroys (`hf.destination`): the folder is written beside `path` and moved into place
     when complete; a non-empty `path` is refused unless `overwrite` (then replaced in one step).
@@ -77,6 +83,7 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
     lay = Layout(arch, rope_interleave=rope_interleave and arch == cm.DEEPSEEK)
     config = exported_config(cfg, kept_config, fallback=fallback_config,
                              rope_interleave=rope_interleave)
+    notes = not_carried_words(cfg)
     from dropless.models.scan import to_canonical_layout
     entries = _entries(cfg, to_canonical_layout(params), lay)
     out = check_destination(path, overwrite=overwrite)
@@ -86,6 +93,11 @@ def save(cfg: ModelConfig, params: dict, path: str | Path, *,
             shutil.copyfile(f, tmp / Path(f).name)
         # config.json last: a folder left by a killed write holds none, so nothing loads it
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for line in notes:
+        if announce is None:
+            warnings.warn(line, NotCarriedWarning, stacklevel=2)
+        else:
+            announce(line)
     return Path(path)
 
 

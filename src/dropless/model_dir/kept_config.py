@@ -157,16 +157,5 @@ def override_words(source: Path | None, changed: dict[str, tuple[Any, Any]]) -> 
             for key, (was, now) in changed.items()]
 
 
-def not_carried_words(cfg, *, what: str = "") -> list[str]:
-    """One line per setting of ModelConfig `cfg` that the exported config.json cannot carry
-    (`hf.round_trip.not_carried`), starting with `what`."""
-    from dropless.hf.config_map import architecture_for
-    from dropless.hf.round_trip import not_carried
-    prefix = f"{what}: " if what else ""
-    return [f"{prefix}{field}={value!r} is not written: {architecture_for(cfg)}'s config.json "
-            "cannot carry it (a training setting; the exported model computes the same)"
-            for field, value in not_carried(cfg).items()]
-
-
 __all__ = ["KEPT_FILE", "TOKEN_KEYS", "read_kept", "kept_of_hf_folder", "is_run", "origin_keys",
-           "fallback_keys", "override_words", "not_carried_words"]
+           "fallback_keys", "override_words"]

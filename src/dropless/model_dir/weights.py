@@ -27,7 +27,7 @@ from typing import Any, Callable
 from dropless.model_dir.folder import (folder_tokenizer, parse_spec, read_dropless_config,
                                        read_json_object)
 from dropless.model_dir.kept_config import (KEPT_FILE, fallback_keys, is_run, kept_of_hf_folder,
-                                            not_carried_words, origin_keys, override_words)
+                                            origin_keys, override_words)
 from dropless.model_dir.run_config import from_dict, to_dict
 
 
@@ -244,8 +244,9 @@ def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
     given; a run's newest intact checkpoint, the fall-back given to `announce`); returns DST.
     config.json holds the model's keys, the source's kept ones and the folder's fallbacks
     (`model_dir.kept_config`); `announce` also gets a line for each kept key the model
-    overrides, one for each model setting the architecture's config.json cannot carry (Mixtral's
-    and Qwen3-MoE's `moe.seq_aux_coef`), and one when a converted folder keeps none. A KEPT_FILE
+    overrides, one for each model setting the architecture's config.json cannot carry
+    (`hf.save`'s notes, such as Mixtral's `moe.seq_aux_coef`; without `announce` they are
+    `hf.NotCarriedWarning`s), and one when a converted folder keeps none. A KEPT_FILE
     that is not a JSON object (or a generation_config.json that is not JSON) is refused
     (ValueError) before the weights are read, and nothing is written. DST is held exclusively
     for the whole conversion (`hf.destination.claimed`)."""
@@ -267,12 +268,12 @@ def dropless_to_hf(src: str, dst: str, *, shard_size: int = 4 * 2**30,
         tok = folder_tokenizer(src)
         fallback = fallback_keys(folder, saved, kept, tokenizer=tok, what=what)
         cfg, params = load_model(src, dtype=dtype, what=what, announce=announce)
-        for line in (*override_words(kept_from, overridden(cfg, kept or {})),
-                     *not_carried_words(cfg, what=what)):
+        for line in override_words(kept_from, overridden(cfg, kept or {})):
             say(line)
         extra = _by_name(tokenizer_files(tok), _generation_config(folder))
         hf.save(cfg, params, out, max_shard_bytes=shard_size, overwrite=overwrite,
-                extra_files=tuple(extra), kept_config=kept, fallback_config=fallback)
+                extra_files=tuple(extra), kept_config=kept, fallback_config=fallback,
+                announce=None if announce is None else lambda line: say(f"{what}: {line}"))
     return out
 
 
