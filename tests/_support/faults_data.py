@@ -77,7 +77,7 @@ ROWS = [
     # '{"text": "' is 10 bytes: the bad byte is at offset 10 of line 2
     row("data-jsonl-invalid-utf8",
         {"d.jsonl": b'{"text": "ok"}\n{"text": "\xff"}\n' + OK_LINE.encode() + b"\n"},
-        ("d.jsonl", "utf-8", "byte 10", "line 2"), "d.jsonl"),
+        ("d.jsonl", "utf-8", "column 11", "line 2"), "d.jsonl"),
     # text files are read as strictly as `data prepare` reads them: the file and the line
     row("data-text-invalid-utf8", {"a.txt": ENOUGH.encode() + b"bad \xff here\n"},
         ("a.txt", "line 401", "not valid utf-8", "invalid start byte"), "a.txt"),

@@ -57,7 +57,7 @@ def test_utf_16_is_named_as_such():
     data = "hello\n".encode("utf-16")
     with pytest.raises(ValueError, match="the file is UTF-16.*save it as UTF-8"):
         decoding.decode_utf8(data, "t.txt")
-    with pytest.raises(ValueError, match="d.jsonl line 1 is not valid UTF-8.*UTF-16"):
+    with pytest.raises(ValueError, match="d.jsonl line 1, column 1: not valid UTF-8.*UTF-16"):
         decoding.parse_jsonl_line('{"text": "a"}'.encode("utf-16"), "d.jsonl line 1")
 
 

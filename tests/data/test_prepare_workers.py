@@ -42,12 +42,15 @@ def _files(tmp_path, contents: dict) -> list[readers.InputFile]:
 
 def test_worker_count_is_capped_by_the_chunks_the_inputs_can_make(tmp_path):
     small = _files(tmp_path, {"a.jsonl": b'{"text": "a"}\n' * 10, "b.txt": b"text"})
-    assert worker_count(16, small, 1024) == 2            # one chunk each, at most
+
+    def count(*args):
+        return worker_count(*args, available=1 << 50).count    # memory for any count
+    assert count(16, small, 1024) == 2            # one chunk each, at most
     # a.jsonl's 140 bytes hold at most 47 records ('{}' and a newline each): 3 chunks of 16
-    assert worker_count(16, small, 16) == 3 + 1
-    assert worker_count(1, small, 1) == 1 and worker_count(0, small, 1) == 0
+    assert count(16, small, 16) == 3 + 1
+    assert count(1, small, 1) == 1 and count(0, small, 1) == 0
     packed = _files(tmp_path, {"c.jsonl.gz": gzip.compress(b'{"text": "a"}\n' * 10)})
-    assert worker_count(16, small + packed, 1024) == 16  # a compressed size bounds nothing
+    assert count(16, small + packed, 1024) == 16  # a compressed size bounds nothing
 
 
 def test_many_workers_on_a_small_input_start_one_process(tmp_path, monkeypatch):

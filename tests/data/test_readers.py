@@ -116,7 +116,7 @@ BAD_LINES = [
     (b'{"text": "a"}\n{"text": 3}\n', "x.jsonl line 2: 'text' must be a string, not an int"),
     (b'{"text": "a"}\n{"text": \n', "x.jsonl line 2, column"),
     (b'[1]\n', "x.jsonl line 1 is a list, not a JSON object"),
-    (b'{"text": "a"}\n{"text": "\xff"}\n', "x.jsonl line 2 is not valid UTF-8 at byte 10"),
+    (b'{"text": "a"}\n{"text": "\xff"}\n', "x.jsonl line 2, column 11: not valid UTF-8"),
     # deeper than Python's parser recurses: a RecursionError (exit 1, no file named) before
     (b'{"text": "a"}\n{"text": "b", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}\n",
      "x.jsonl line 2 is nested deeper than"),

@@ -163,7 +163,7 @@ def test_a_text_file_with_nul_bytes_is_its_bytes(tmp_path):
 
 
 @pytest.mark.parametrize("data,words", [
-    (GOOD + b'{"text": "a\xffb"}\n', "d.jsonl line 2 is not valid UTF-8 at byte 11"),
+    (GOOD + b'{"text": "a\xffb"}\n', "d.jsonl line 2, column 12: not valid UTF-8"),
     (GOOD + b'{"text": "a\x00b"}\n', "d.jsonl line 2, column 12: invalid JSON (a raw "
                                     r"control character '\x00'"),
     (GOOD + b'\x00\x00\n', "d.jsonl line 2, column 1: invalid JSON"),

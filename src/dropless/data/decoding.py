@@ -13,6 +13,10 @@ What is stricter than Python's own `json` / `bytes.decode`, and why:
 * text a tokenizer is given must be Unicode: a lone surrogate (JSON "\\ud800") is refused.
 
 Every error is a ValueError starting with where the value came from (`at`: 'd.jsonl line 3').
+A position inside a line is a column: 1-based, in characters, as an editor shows it (`column`).
+On a file's first line a leading byte-order mark is not counted: editors take it for the file's
+encoding and do not show it (VS Code, vim, Emacs, Notepad++), so column 1 is the character after
+it, as on every other line column 1 is the line's first character.
 """
 from __future__ import annotations
 
@@ -61,6 +65,14 @@ def loads(text: str):
         raise
     except ValueError:    # an integer too long for int(str); Decimal -> int has no such limit
         return _BIG_INT_DECODER.decode(text)
+
+
+def column(line: bytes, at: int) -> int:
+    """The column (module doc: 1-based, in characters) of byte `at` of `line`, a line's UTF-8
+    bytes from its first character on (a file's leading byte-order mark already dropped). The
+    bytes before `at` must be UTF-8: where `at` is the first byte that is not, each character
+    before it counts once, as an editor shows them."""
+    return len(line[:at].decode("utf-8")) + 1
 
 
 def strip_bom(data: bytes) -> bytes:
@@ -121,8 +133,8 @@ def parse_jsonl_line(raw: bytes, at: str, text_field: str | None = None) -> dict
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{at} is not valid UTF-8 at byte {e.start} of the line: {e.reason}"
-                         f"{_utf16_hint(raw)}") from None
+        raise ValueError(f"{at}, column {column(raw, e.start)}: not valid UTF-8 ({e.reason}); "
+                         f"fix or remove that text{_utf16_hint(raw)}") from None
     try:
         rec = loads(line)
     except json.JSONDecodeError as e:
@@ -145,11 +157,17 @@ def json_object(path: Path) -> dict:
     """The JSON object in the file `path` (read as `parse_jsonl_line` reads a line: a leading
     byte-order mark dropped, keys unique). Raises ValueError naming the file when it is not
     UTF-8, not valid JSON, names a key twice or is not an object."""
+    raw = strip_bom(path.read_bytes())
     try:
-        text = strip_bom(path.read_bytes()).decode("utf-8")
-        data = loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        data = loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line, start = raw.count(b"\n", 0, e.start) + 1, raw.rfind(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}: not valid JSON (line {line}, column "
+                         f"{column(raw[start:e.start], e.start - start)}: not UTF-8, {e.reason})"
+                         ) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: "
+                         f"{e.msg})") from None
     except DuplicateKey as e:
         raise ValueError(f"{path}: key {e.key!r} appears twice in one object; remove or rename "
                          "one") from None

@@ -5,7 +5,8 @@ Legend: N documents of a chunk, T tokens.
 The pipeline: the main process reads each file in chunks (`readers.text_chunks`: raw JSONL lines
 or a column's strings; it only reads and decompresses), worker processes parse and tokenize the
 chunks (`prepare_workers`: the `tokenizers` batch encoder, one thread each; as many processes
-as asked for, up to its MAX_WORKERS, and no more than the inputs have chunks for), and the main
+as asked for, up to its MAX_WORKERS, no more than the inputs have chunks for, and no more than
+the memory available holds, said in a note on stderr when that makes it fewer), and the main
 process takes the results back in reading order and appends each document to its split's open
 shard. The output is therefore the same for any number of workers. At most `2 * workers` chunks
 are in flight and a shard is written to disk as it grows, so memory is bounded whatever the
@@ -46,6 +47,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -74,7 +76,7 @@ class PrepareConfig:
     tokenizer: "byte" or a tokenizer.json path; tokenizer_source: how the user named it (kept in
     the manifest; default: `tokenizer`); add_bos: None = as the tokenizer's post-processor does;
     workers: tokenizing processes (0: in this process; at most MAX_WORKERS, and a run starts
-    no more than its inputs have chunks for, `worker_count`)."""
+    no more than its inputs have chunks for and the memory available holds, `worker_count`)."""
     sources: tuple[str, ...]
     out: str
     tokenizer: str = "byte"
@@ -359,7 +361,11 @@ class _Run:
         self.total = sum(f.size for f in self.files)
         self.done_bytes = sum(f.size for f in self.files[:self.position[0]])
         self.last_report = 0.0
-        self.workers = worker_count(self.cfg.workers, self.files, self.cfg.records_per_chunk)
+        count = worker_count(self.cfg.workers, self.files, self.cfg.records_per_chunk,
+                             text_field=self.cfg.text_field, tokenizer=self.cfg.tokenizer)
+        if count.note:
+            print(count.note, file=sys.stderr, flush=True)
+        self.workers = count.count
         pool = start_pool(self.workers, self.enc)
         try:
             self._read_all(pool)

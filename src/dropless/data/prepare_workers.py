@@ -6,7 +6,22 @@ Legend: N documents of a chunk, T tokens.
 A worker parses a chunk's raw records (`readers.chunk_texts`) and encodes the texts with the
 `tokenizers` batch encoder, one thread each (`encode_texts`). `start_pool(0, ...)` tokenizes in
 the calling process instead; `worker_count` says how many processes a run starts: what it asked
-for, up to MAX_WORKERS, and no more than its inputs have chunks for.
+for, up to MAX_WORKERS, no more than its inputs have chunks for, and no more than the memory
+available holds (`worker_memory`; a note says so when that makes it fewer than asked).
+
+What one worker costs at its peak (`worker_memory`; measured with fresh workers, VmHWM less
+the idle worker's VmRSS, docs/data.md): the process; its tokenizer; and the chunk it encodes,
+which `readers.chunk_text_bytes` sizes per input kind. For the chunk the worker holds its
+payload and pickle, the texts, `encode_texts`' int64 position maps (8 bytes a token each) and,
+with a tokenizer.json, `tokenizers`' Encodings until the whole chunk is encoded (ids, type ids,
+token strings, offsets, masks, and each document's ids as a Python list: ~110 bytes a token).
+So its cost per byte of text follows the tokens per byte: ~30 for English or code at ~3.7
+bytes a token, ~100 at one token a byte, the most a byte-level or byte-fallback tokenizer
+makes, which ENCODE_PEAK takes so that the bound holds for any text. A text file is one
+string, for which `tokenizers` also keeps offsets and alignments per byte while it splits it:
+about twice that. The main process keeps 2 chunks queued per worker (each payload, and its
+pickle while it waits to be sent): QUEUED_PEAK. What the main process reads (one Parquet row
+group, one zstd block) does not grow with the workers; MEMORY_SHARE leaves room for it.
 """
 from __future__ import annotations
 
@@ -20,6 +35,15 @@ import numpy as np
 from dropless.data import readers
 
 MAX_WORKERS = 1024    # tokenizing processes: more is a typo (each holds a tokenizer in memory)
+WORKER_BYTES = 96 << 20   # an idle worker: 17 MB private memory, 80 MB as the `dropless` command
+#                           starts it (the command's module, imported again, brings JAX)
+TOKENIZER_PEAK = 14       # loading a tokenizer.json: x its file size (2.3 MB: 30 MB, 9.3: 109)
+# a worker's peak while it encodes a chunk, less its idle size, per byte of the chunk's text,
+# by (chunk: many records or one whole text, tokenizer); measured, rounded up (module doc)
+ENCODE_PEAK = {("records", "byte"): 24, ("records", "tokenizer.json"): 108,
+               ("text", "byte"): 26, ("text", "tokenizer.json"): 210}
+QUEUED_PEAK = 4           # the main process's 2 queued chunks per worker: payload + pickle each
+MEMORY_SHARE = 0.8        # of the memory available, what the workers may take together
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,14 +134,116 @@ init_worker(Encoder(**enc))
 """
 
 
-def worker_count(workers: int, files: list[readers.InputFile], records_per_chunk: int) -> int:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerCount:
+    """How many worker processes a run starts, and `note`: one line saying what was asked, what
+    runs and why, when the memory available made it fewer than asked (else None)."""
+    count: int
+    note: str | None = None
+
+
+def worker_memory(files: list[readers.InputFile], text_field: str, records_per_chunk: int,
+                  tokenizer: str) -> tuple[int, readers.InputFile, int]:
+    """(bytes one worker may take at its peak, counting its share of the main process's queue
+    (module doc); the input file whose chunks make it most; the bytes of text in one of them)
+    for `tokenizer` ("byte" or a tokenizer.json path) encoding `files`."""
+    kind = "byte" if tokenizer == "byte" else "tokenizer.json"
+    base = WORKER_BYTES + (0 if kind == "byte" else TOKENIZER_PEAK * os.path.getsize(tokenizer))
+    sized = [(readers.chunk_text_bytes(f, text_field, records_per_chunk), f) for f in files]
+    costs = [(ENCODE_PEAK["text" if f.kind == "text" else "records", kind] + QUEUED_PEAK) * n
+             for n, f in sized]
+    worst = max(range(len(files)), key=costs.__getitem__)    # the first of equals
+    return base + costs[worst], sized[worst][1], sized[worst][0]
+
+
+def worker_count(workers: int, files: list[readers.InputFile], records_per_chunk: int, *,
+                 text_field: str = "text", tokenizer: str = "byte",
+                 available: int | None = None) -> WorkerCount:
     """The worker processes a run starts: `workers`, but no more than the chunks `files` can
-    make when their sizes bound that (`readers.max_chunks`; a worker without a chunk would
-    only start up); 0 stays 0 (in this process). The output is the same for any count."""
+    make when their sizes bound that (`readers.max_chunks`; a worker without a chunk would only
+    start up), and no more than MEMORY_SHARE of `available` bytes (None: `available_memory()`;
+    unknown: no bound) holds at `worker_memory` each, with a note then; at least 1. 0 stays 0
+    (in this process). The output is the same for any count."""
     bounds = [readers.max_chunks(f, records_per_chunk) for f in files]
     if workers == 0 or None in bounds:
-        return workers
-    return max(1, min(workers, sum(bounds)))
+        count = workers
+    else:
+        count = max(1, min(workers, sum(bounds)))
+    room = available_memory() if available is None and count > 1 else available
+    if count <= 1 or room is None:
+        return WorkerCount(count=count)
+    each, file, text = worker_memory(files, text_field, records_per_chunk, tokenizer)
+    fit = max(1, int(room * MEMORY_SHARE) // each)
+    if fit >= count:
+        return WorkerCount(count=count)
+    tok = "the byte tokenizer" if tokenizer == "byte" else os.path.basename(tokenizer)
+    return WorkerCount(count=fit, note=(
+        f"note: data prepare starts {fit} tokenizing worker{'s' * (fit > 1)}, not the "
+        f"{workers} of --workers: each may take ~{_size(each)} at its peak ({tok}, chunks of "
+        f"~{_size(text)} of text in {file.path}) and {_size(room)} of memory is available; "
+        "the output is the same"))
+
+
+def _size(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
+
+
+def available_memory(proc: str = "/proc", cgroups: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes of memory this process can still take: the system's MemAvailable (/proc/meminfo;
+    else free pages, os.sysconf), or less where a cgroup (v2 or v1) of this process or a folder
+    above it sets a limit: the limit less its usage, page cache it may drop (inactive_file) not
+    counted. None where neither can be read."""
+    found = []
+    try:
+        with open(os.path.join(proc, "meminfo")) as f:
+            found += [int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:")]
+    except OSError:
+        pass
+    if not found and hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    try:
+        with open(os.path.join(proc, "self", "cgroup")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, names = cgroups, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, names = (os.path.join(cgroups, "memory"),
+                           ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                            "total_inactive_file"))
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):     # its own folder and every one above
+            room = _cgroup_room(os.path.join(base, *parts[:depth]), *names)
+            if room is not None:
+                found.append(room)
+    return min(found) if found else None
+
+
+def _cgroup_room(folder: str, limit_file: str, usage_file: str, inactive: str) -> int | None:
+    """A cgroup folder's limit less its usage (its inactive page cache not counted), or None
+    where it has no limit or cannot be read."""
+    try:
+        with open(os.path.join(folder, limit_file)) as f:
+            limit = f.read().strip()
+        if limit == "max" or int(limit) >= 1 << 60:    # v1 writes "no limit" as ~2**63
+            return None
+        with open(os.path.join(folder, usage_file)) as f:
+            usage = int(f.read())
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(os.path.join(folder, "memory.stat")) as f:
+            cache = next((int(ln.split()[1]) for ln in f if ln.split()[:1] == [inactive]), 0)
+    except (OSError, ValueError, IndexError):
+        cache = 0
+    return max(0, int(limit) - max(0, usage - cache))
 
 
 def start_pool(workers: int, enc: Encoder):

@@ -335,7 +335,8 @@ def _check_unique_columns(file: InputFile, schema, columns: list[str] | None) ->
 
 
 def _arrow_batches(file: InputFile, columns: list[str] | None, start: int, size: int):
-    """(first row, pyarrow RecordBatch, fraction of the file done) from row `start` on."""
+    """(first row, pyarrow RecordBatch of at most `size` rows, fraction of the file done) from
+    row `start` on."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     if file.kind == "parquet":
@@ -382,7 +383,8 @@ def _arrow_batches(file: InputFile, columns: list[str] | None, start: int, size:
                 if columns and file.kind == "arrow":
                     part = part.select(columns)
                 done = (row + n) / total if total else min(1.0, (source.tell() / file.size))
-                yield row + lo, part, done
+                for k in range(0, part.num_rows, size):   # an Arrow batch holds any number
+                    yield row + lo + k, part.slice(k, size), done
             row += n
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{file.path}: cannot be read at row {row} ({e})") from None
@@ -447,6 +449,63 @@ def max_chunks(file: InputFile, records_per_chunk: int = CHUNK_RECORDS) -> int |
     if file.kind == "jsonl" and not file.path.name.lower().endswith((".gz", ".zst")):
         return (file.size + 1) // 3 // records_per_chunk + file.size // CHUNK_BYTES + 1
     return None
+
+
+def chunk_text_bytes(file: InputFile, text_field: str,
+                     records_per_chunk: int = CHUNK_RECORDS) -> int:
+    """About how many bytes of text the largest chunk of `file` holds, from its size or its
+    metadata, reading no record (`prepare_workers` sizes a worker's memory by it), as
+    `text_chunks` cuts them: a text file is one chunk of its size; a JSONL chunk ends at
+    CHUNK_BYTES of lines (a plain file's size bounds it too; a compressed file's content size
+    is unknown); a Parquet chunk is `records_per_chunk` rows (read across row groups), at the
+    text column's bytes per row of the row group where they are most; an Arrow chunk is
+    `records_per_chunk` rows of one record batch, sized so by the batch where it is most. A file
+    whose metadata cannot be read: its size. A line or row much longer than its neighbours
+    makes a chunk larger than this."""
+    if file.kind == "text":
+        return file.size
+    if file.kind == "jsonl":
+        compressed = file.path.name.lower().endswith((".gz", ".zst"))
+        return CHUNK_BYTES if compressed else min(file.size, CHUNK_BYTES)
+    import pyarrow as pa
+    try:
+        if file.kind == "arrow":
+            return max((size * min(n, records_per_chunk) // n
+                        for n, size in _arrow_groups(file, text_field) if n), default=0)
+        groups = [g for g in _parquet_groups(file, text_field) if g[0]]
+    except (pa.ArrowException, OSError):
+        return file.size
+    rows = min(records_per_chunk, sum(n for n, _ in groups))
+    return max((size * rows // n for n, size in groups), default=0)
+
+
+def _parquet_groups(file: InputFile, text_field: str) -> Iterator[tuple[int, int]]:
+    """(rows, uncompressed bytes of the text column, or of every column without one) per row
+    group, from the footer."""
+    import pyarrow.parquet as pq
+    meta = pq.ParquetFile(file.path).metadata
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        cols = [rg.column(c) for c in range(rg.num_columns)]
+        named = [c for c in cols if c.path_in_schema.split(".")[0] == text_field]
+        yield rg.num_rows, sum(c.total_uncompressed_size for c in named or cols)
+
+
+def _arrow_groups(file: InputFile, text_field: str) -> Iterator[tuple[int, int]]:
+    """(rows, bytes of the text column, or of the batch without one) per record batch (the
+    batches of a memory-mapped IPC file or stream without compression are views of the map:
+    only their headers are read)."""
+    import pyarrow as pa
+    source = pa.memory_map(str(file.path))
+    try:
+        reader = pa.ipc.open_file(source)
+        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except pa.ArrowInvalid:
+        source.seek(0)
+        batches = pa.ipc.open_stream(source)
+    for b in batches:
+        i = b.schema.get_field_index(text_field)
+        yield b.num_rows, (b.column(i) if i >= 0 else b).nbytes
 
 
 def chunk_texts(file: InputFile, chunk: Chunk, text_field: str) -> list[str]:
