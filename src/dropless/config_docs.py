@@ -36,6 +36,7 @@ PROBES: dict[str, Any] = {
     "sparse_matmul": True, "megablox": True, "use_tokamax_gmm": True,
     "te_gmm_quantization": "te_mxfp8", "capacity_factor": 1.0, "remat_policy": "full",
     "n_routing_groups": 8, "topk_routing_group": 4, "warmup_steps_fraction": 0.1,
+    "learning_rate_schedule_steps": 1000,
     "attention_type": "mla", "decoder_block": "deepseek", "enable_checkpointing": False,
     "te_moe_block": True, "hardware": "gpu", "prefuse_moe_weights": True, "dataset_type": "hf",
     "hf_path": ".", "hf_data_dir": "", "hf_train_files": "train.jsonl",

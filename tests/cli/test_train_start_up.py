@@ -85,30 +85,30 @@ def test_the_peak_line_leaves_out_the_cache_path(tmp_path, monkeypatch):
 
 
 def test_the_step_line_says_what_an_mtp_loss_adds_up():
-    from dropless.train.loop import _fmt_step
+    from dropless.train.step_metrics import step_line
     rec = {"step": 3, "loss": 5.0 + 0.3 * 4.0 + 0.01, "ce_loss": 5.0, "mtp_loss": 4.0,
            "moe_loss": 0.01, "step_time_s": 0.5, "tokens_per_s": 1.0,
            "tflops_per_device": 0.0, "mfu": None, "dropped_tokens": 0}
-    assert "| loss 6.2100 (ce 5.0000 + 0.3 x mtp 4.0000 + MoE aux) |" in _fmt_step(rec, 0.3)
+    assert "| loss 6.2100 (ce 5.0000 + 0.3 x mtp 4.0000 + MoE aux) |" in step_line(rec, 0.3)
     plain = {k: v for k, v in rec.items() if k not in ("mtp_loss",)}
-    assert "| loss 6.2100 |" in _fmt_step(plain, 0.3)
+    assert "| loss 6.2100 |" in step_line(plain, 0.3)
     # a decoder of dense layers whose MTP block routes: its balance loss is in the objective
     mtp_only = {**rec, "moe_loss": 0.0, "mtp_moe_loss": 0.01}
-    assert "+ 0.3 x mtp 4.0000 + MoE aux) |" in _fmt_step(mtp_only, 0.3)
-    assert "MoE aux" not in _fmt_step({**rec, "moe_loss": 0.0, "mtp_moe_loss": 0.0}, 0.3)
+    assert "+ 0.3 x mtp 4.0000 + MoE aux) |" in step_line(mtp_only, 0.3)
+    assert "MoE aux" not in step_line({**rec, "moe_loss": 0.0, "mtp_moe_loss": 0.0}, 0.3)
 
 
 def test_the_step_line_names_the_expert_load_only_where_the_decoder_has_moe_layers():
-    from dropless.train.loop import _fmt_step
+    from dropless.train.step_metrics import step_line
     rec = {"step": 3, "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 1.0,
            "tflops_per_device": 0.0, "mfu": 0.25, "dropped_tokens": 0}
-    assert _fmt_step(rec).endswith("| MFU 25.0% | dropped 0")
-    moe = _fmt_step({**rec, "expert_load_max_over_mean": 2.345})
+    assert step_line(rec).endswith("| MFU 25.0% | dropped 0")
+    moe = step_line({**rec, "expert_load_max_over_mean": 2.345})
     assert moe.endswith("| MFU 25.0% | load max/mean 2.35 | dropped 0")   # rounded, not cut
     # a dense decoder whose MTP block routes: the block's load, named as the block's
-    mtp = _fmt_step({**rec, "mtp_expert_load_max_over_mean": 1.5})
+    mtp = step_line({**rec, "mtp_expert_load_max_over_mean": 1.5})
     assert mtp.endswith("| MFU 25.0% | mtp load max/mean 1.50 | dropped 0")
-    both = _fmt_step({**rec, "expert_load_max_over_mean": 2.0,
+    both = step_line({**rec, "expert_load_max_over_mean": 2.0,
                       "mtp_expert_load_max_over_mean": 1.5})
     assert both.endswith("| load max/mean 2.00 | mtp load max/mean 1.50 | dropped 0")
 
@@ -118,15 +118,15 @@ def test_the_step_record_holds_the_mtp_blocks_expert_loads():
     own beside the decoder's, with their worst max/mean."""
     from dropless.config import TrainConfig
     from dropless.presets import get_preset
-    from dropless.train.loop import _step_metrics
+    from dropless.train.step_metrics import step_metrics
     cfg = TrainConfig(model=get_preset("deepseek3-test"), per_device_batch_size=1, seq_len=8)
     m = {"loss": 5.0, "dropped_tokens": 0, "tokens_per_expert_LE": [[2, 2, 2, 2]],
          "mtp_tokens_per_expert_LE": [[1, 5, 1, 1]]}
-    rec = _step_metrics(m, step=1, dt=0.5, cfg=cfg, fpt={"model": 1.0, "executed": 1.0},
-                        peak=None)
+    rec = step_metrics(m, step=1, dt=0.5, cfg=cfg, fpt={"model": 1.0, "executed": 1.0},
+                       peak=None)
     assert rec["tokens_per_expert"] == [[2, 2, 2, 2]] and rec["expert_load_max_over_mean"] == 1
     assert rec["mtp_tokens_per_expert"] == [[1, 5, 1, 1]]
     assert rec["mtp_expert_load_max_over_mean"] == 2.5
-    assert "mtp_tokens_per_expert" not in _step_metrics(
+    assert "mtp_tokens_per_expert" not in step_metrics(
         {k: v for k, v in m.items() if not k.startswith("mtp")}, step=1, dt=0.5, cfg=cfg,
         fpt={"model": 1.0, "executed": 1.0}, peak=None)

@@ -165,6 +165,23 @@ ONE_KEY_CASES = [
     ("warmup_steps_fraction", 0.1, {"steps": 1000}, [("warmup_steps", 100)], None),
     # no steps given: the run's, TrainConfig's default (400), not another number
     ("warmup_steps_fraction", 0.1, {}, [("warmup_steps", 40)], None),
+    # a fraction of the schedule's steps where they are given (MaxText's int() truncates)
+    ("warmup_steps_fraction", 0.1, {"steps": 1000, "learning_rate_schedule_steps": 2000},
+     [("warmup_steps", 200)], None),
+    ("warmup_steps_fraction", 0.1, {"steps": 1000, "learning_rate_schedule_steps": -1},
+     [("warmup_steps", 100)], None),
+    ("warmup_steps_fraction", 1 / 49, {"learning_rate_schedule_steps": 49},
+     [("warmup_steps", 0)], None),   # 49 x (1 / 49) is 0.9999999999999999
+    ("learning_rate_schedule_steps", 1200, {"steps": 1000}, [("lr_decay_steps", 1200)], None),
+    ("learning_rate_schedule_steps", -1, {}, [("lr_decay_steps", 0)], None),
+    ("learning_rate_schedule_steps", 500, {"steps": 1000}, [("lr_decay_steps", 500)],
+     "learning_rate_schedule_steps=500 ends the schedule before steps=1000: from there dropless "
+     "trains at learning_rate x min_lr_ratio, where MaxText's rate is 0 "
+     "(learning_rate_final_fraction=0 makes both 0)"),
+    ("learning_rate_schedule_steps", 500, {"steps": 1000, "learning_rate_final_fraction": 0.0},
+     [("lr_decay_steps", 500)], None),   # both 0 after the schedule
+    ("lr_schedule_type", "cosine", {}, [], None),
+    ("cosine_learning_rate_final_fraction", 0.05, {}, [("min_lr_ratio", 0.05)], None),
     ("attention_type", "mla", {}, [("model.attention", "mla")], None),
     ("attention_type", "global", {}, [("model.attention", "mha")], None),
     ("decoder_block", "deepseek", {}, [], "decoder_block=deepseek changes nothing: the "
@@ -262,6 +279,12 @@ def test_every_translated_key_that_is_not_a_plain_rename_has_a_case():
     ([("ici_tensor_parallelism", 2)], ValueError,
      r"^MaxText ici_tensor_parallelism=2 is not supported \(dropless has no such mesh axis\); "
      "only 1 is accepted$"),
+    ([("lr_schedule_type", "wsd")], ValueError,
+     r"^MaxText lr_schedule_type='wsd' is not supported \(dropless's schedule is a linear "
+     r"warmup, then a cosine decay\); only cosine is accepted$"),
+    ([("learning_rate_schedule_steps", 0)], ValueError,
+     r"^MaxText learning_rate_schedule_steps=0 must be a positive number of steps, or -1 "
+     r"\(the run's steps\)$"),
     ([("ici_fsdp_parallelism", 4), ("dcn_fsdp_parallelism", -1)], ValueError,
      r"^MaxText dcn_fsdp_parallelism=-1 must be >= 1 \(MaxText's -1, 'fill the rest', is not "
      r"supported: give the size\)$"),
@@ -321,6 +344,8 @@ def test_a_tokenizer_folder_means_its_tokenizer_json(tmp_path):
      r"steps in \[0, 1\]"),
     ([("warmup_steps_fraction", 0.1), ("steps", "abc")],
      "warmup_steps_fraction=0.1 is a fraction of steps, and steps='abc' is not an int"),
+    ([("warmup_steps_fraction", 0.1), ("learning_rate_schedule_steps", "abc")],
+     "MaxText learning_rate_schedule_steps='abc' must be an int"),
     ([("routed_bias", False), ("routed_bias_update_rate", "abc")],
      "MaxText routed_bias_update_rate='abc' must be a finite number"),
     ([("remat_policy", ["full"])], r"MaxText remat_policy=\['full'\] is not supported"),

@@ -45,6 +45,13 @@ MAXTEXT_BASE = {
     "vocab_size": (32000, 712), "per_device_batch_size": (12.0, 731),
     "max_target_length": (2048, 880), "rope_max_timescale": (10000, 1016),
     "gradient_accumulation_steps": (1, 968),
+    # the run's length, learning-rate schedule and mesh
+    "steps": (150001, 836), "learning_rate": (3.0e-5, 870), "lr_schedule_type": ("cosine", 871),
+    "learning_rate_final_fraction": (0.1, 872), "warmup_steps_fraction": (0.1, 875),
+    "learning_rate_schedule_steps": (-1, 876), "dcn_data_parallelism": (-1, 660),
+    "dcn_fsdp_parallelism": (1, 661), "dcn_expert_parallelism": (1, 670),
+    "ici_data_parallelism": (1, 673), "ici_fsdp_parallelism": (-1, 674),
+    "ici_expert_parallelism": (1, 684),
 }
 ONE_GPU = ROOT / maxtext_out.ONE_GPU_FILE
 
@@ -159,13 +166,13 @@ def test_routed_bias_false_turns_the_bias_update_off():
 def test_what_the_flags_leave_out_is_listed_at_the_top_when_not_a_default():
     """A reader of the YAML sees every dropless setting it does not say: those with no MaxText
     flag and the run's settings it does not write, each away from its default (a default
-    needs no flag), and nothing said below."""
+    needs no flag), and nothing said below (the steps and the mesh are said)."""
     cfg = build_config([("preset", "deepseek3-1gpu"), ("steps", 1000), ("mesh.expert", 8),
                         ("model.init", "maxtext"), ("model.moe.z_loss_coef", 1e-3),
-                        ("learning_rate", 3e-3)])   # learning_rate: the default
+                        ("learning_rate", 3e-3), ("run_name", "r1")])
     gone = maxtext_out.left_out(cfg)
     assert gone == [("model.moe.seq_aux_coef", 1e-4), ("model.moe.z_loss_coef", 1e-3),
-                    ("model.init", "maxtext"), ("mesh.expert", 8), ("steps", 1000)]
+                    ("model.init", "maxtext"), ("run_name", "r1")]
     text = maxtext_out.to_yaml(cfg, "title")
     lines = text.splitlines()
     assert lines[0] == "# title" and lines[1].startswith("# Not said below:")
@@ -197,12 +204,74 @@ def test_each_presets_left_out_settings(name, gone):
 def test_config_show_maxtext_writes_the_yaml_and_names_what_it_leaves_out(capsys, tmp_path):
     from dropless.cli import main
     assert main(["config", "show", "--preset", "deepseek3-1gpu", "--maxtext",
-                 "steps=1000"]) == 0
+                 "steps=1000", "run_name=r1"]) == 0
     out, err = capsys.readouterr()
-    assert err.count("\n") == 1 and "model.moe.seq_aux_coef=0.0001, steps=1000" in err
-    assert "#   steps: 1000" in out and "num_experts: 64" in out
+    assert err.count("\n") == 1 and "model.moe.seq_aux_coef=0.0001, run_name=r1" in err
+    assert "\nsteps: 1000\n" in out and "#   run_name: \"r1\"" in out and "num_experts: 64" in out
     (tmp_path / "m.yml").write_text(out)   # reads back as the model it came from
     assert build_config(yaml_path=str(tmp_path / "m.yml")).model == get_preset("deepseek3-1gpu")
     assert main(["config", "show", "--maxtext", "model.moe.capacity_factor=1.0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "capacity_factor=1.0" in err
+
+
+# the keys the run's length, schedule and mesh flags translate to, compared after a round trip
+RUN_KEYS = ("steps", "learning_rate", "warmup_steps", "min_lr_ratio", "lr_decay_steps", "mesh")
+MESHES = [{}, {"mesh.fsdp": 8}, {"mesh.data": 2, "mesh.expert": 4},
+          {"mesh.data": 4, "mesh.dcn_data": 2, "mesh.fsdp": 2, "mesh.expert": 8,
+           "mesh.dcn_expert": 2},
+          {"mesh.fsdp": 16, "mesh.dcn_fsdp": 4, "mesh.expert": 2}]
+SCHEDULES = [
+    {},                                                        # the defaults: 400, warmup 20
+    {"steps": 1000, "warmup_steps": 37, "learning_rate": 1e-4, "min_lr_ratio": 0.0},
+    {"steps": 49, "warmup_steps": 1},                          # 1/49 x 49 rounds below 1
+    {"steps": 1000, "warmup_steps": 0, "lr_decay_steps": 1000, "min_lr_ratio": 1.0},
+    {"steps": 300, "warmup_steps": 300, "lr_decay_steps": 5000, "learning_rate": 2.5e-4},
+    {"steps": 1000, "warmup_steps": 100, "lr_decay_steps": 600, "min_lr_ratio": 0.0},
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("mesh", MESHES)
+def test_the_steps_schedule_and_mesh_round_trip_through_the_yaml(mesh, schedule, tmp_path):
+    """dropless config -> MaxText YAML -> dropless config: the same steps, learning rate,
+    warmup, final ratio, decay horizon and mesh, each said by a flag MaxText declares (none
+    of them left out)."""
+    cfg = build_config([("preset", "deepseek3-test"), *mesh.items(), *schedule.items()])
+    pairs = maxtext_out.items(cfg)
+    _check_types(pairs)
+    (tmp_path / "m.yml").write_text(maxtext_out.to_yaml(cfg, "round trip"))
+    back = build_config(yaml_path=str(tmp_path / "m.yml"))
+    assert {k: getattr(back, k) for k in RUN_KEYS} == {k: getattr(cfg, k) for k in RUN_KEYS}
+    assert not {k for k, _ in maxtext_out.left_out(cfg)} & {*RUN_KEYS, "mesh.data",
+                                                            "mesh.fsdp", "mesh.expert"}
+    said = dict(pairs)
+    # all six axes, so MaxText's own defaults (ici_fsdp and dcn_data -1: fill) never apply
+    for axis in ("data", "fsdp", "expert"):
+        dcn = getattr(cfg.mesh, f"dcn_{axis}")
+        assert (said[f"ici_{axis}_parallelism"], said[f"dcn_{axis}_parallelism"]) == (
+            getattr(cfg.mesh, axis) // dcn, dcn)
+    # MaxText's warmup: int(learning_rate_schedule_steps (-1: steps) x warmup_steps_fraction)
+    length = said.get("learning_rate_schedule_steps", said["steps"])
+    assert int(length * said["warmup_steps_fraction"]) == cfg.warmup_steps
+
+
+def test_the_warmup_fraction_gives_back_every_warmup_as_maxtext_truncates_it():
+    for length in range(1, 260):
+        for warmup in range(length + 1):
+            fraction = maxtext_out.warmup_fraction(warmup, length)
+            assert 0 <= fraction <= 1 and int(length * fraction) == warmup, (warmup, length)
+    assert maxtext_out.warmup_fraction(21, 20) is None
+
+
+@pytest.mark.parametrize("schedule,unsaid,absent", [
+    # the cosine ends before the run: MaxText's rate is 0 after it, ours learning_rate x 0.1
+    ({"steps": 1000, "lr_decay_steps": 500}, [("lr_decay_steps", 500)],
+     "learning_rate_schedule_steps"),
+    # a warmup longer than the run (the default 20 of 10 steps): no fraction in [0, 1] says it
+    ({"steps": 10}, [("warmup_steps", 20)], "warmup_steps_fraction"),
+])
+def test_a_schedule_maxtexts_cannot_match_is_listed_not_written(schedule, unsaid, absent):
+    cfg = build_config([("preset", "deepseek3-test"), *schedule.items()])
+    assert absent not in dict(maxtext_out.items(cfg))
+    assert set(unsaid) <= set(maxtext_out.left_out(cfg))

@@ -1,8 +1,9 @@
 """TrainConfig's cross-field limits that a value past them would not fail on but misbehave
 later: a seed the weights' PRNG key cannot hold, MTP depths no row has a target for, depths
 whose layer-by-layer loops would not end, sizes past int32 (the planner's floats overflowed)
-and more experts than any mixture has."""
+and more experts than any mixture has, and a weight decay that zeroes the weights."""
 import jax
+import numpy as np
 import pytest
 
 from dropless.config_file import build_config
@@ -131,3 +132,75 @@ def test_a_prefetch_past_the_bound_is_refused(prefetch):
     assert build_config([("prefetch", 0)]).prefetch == 0
     with pytest.raises(ValueError, match=r"TrainConfig.prefetch=-1 must be an int >= 0"):
         build_config([("prefetch", -1)])
+
+
+# learning_rate x weight_decay: AdamW's decoupled decay takes lr x wd of each matrix a step
+EXACTLY_ONE = [(0.5, 2.0), (10.0, 0.1), (1.0, 1.0)]     # 10 x 0.1 is 1 in float32
+JUST_BELOW = float(np.nextafter(np.float32(2.0), np.float32(0.0)))   # 0.5 x this < 1 in float32
+
+
+@pytest.mark.parametrize("lr,wd", EXACTLY_ONE + [(1e18, 0.1), (1e39, 0.1), (2.0, 1.0)])
+def test_a_decay_that_zeroes_or_flips_the_weights_is_refused_naming_both(lr, wd):
+    with pytest.raises(ValueError) as e:
+        build_config([("learning_rate", lr), ("weight_decay", wd)])
+    text = str(e.value)
+    assert text.startswith(f"TrainConfig.learning_rate={lr!r} x weight_decay={wd!r} = ")
+    assert "must be < 1" in text and "lower learning_rate or weight_decay" in text
+    assert "\n" not in text
+
+
+def test_the_decay_boundary_is_where_float32_puts_it():
+    """Just below 1 is a config; 0.5 x 1.9999999999999998 is below 1 in float64 but 1 in the
+    optimizer's float32, so it is refused with the product it has there."""
+    cfg = build_config([("learning_rate", 0.5), ("weight_decay", JUST_BELOW)])
+    assert cfg.weight_decay == JUST_BELOW
+    assert build_config([("learning_rate", 3e-3), ("weight_decay", 0.1)]).weight_decay == 0.1
+    assert build_config([("learning_rate", 1e18), ("weight_decay", 0.0)]).learning_rate == 1e18
+    wd64 = float(np.nextafter(2.0, 0.0))
+    assert 0.5 * wd64 < 1
+    with pytest.raises(ValueError, match=r"= 1 must be < 1"):
+        build_config([("learning_rate", 0.5), ("weight_decay", wd64)])
+
+
+@pytest.mark.parametrize("wd,after", [(2.0, "zero"), (JUST_BELOW, "positive"),
+                                      (3.0, "flipped")])
+def test_the_optimizer_does_to_the_weights_what_the_rule_says(wd, after):
+    """The rule checked as the optimizer runs it (train/step.make_optimizer at the peak, a zero
+    gradient so only the decay moves a weight): at learning_rate x weight_decay = 1 the
+    matrices are zero, above it their sign flips, just below they shrink and stay; norm
+    weights are not decayed."""
+    import jax.numpy as jnp
+    import optax
+    from dropless.train.step import make_optimizer
+    cfg = _unchecked(build_config([("warmup_steps", 0)]), learning_rate=0.5, weight_decay=wd)
+    params = {"w_up": jnp.ones((2, 2), jnp.float32), "norm": {"w_D": jnp.ones(2, jnp.float32)}}
+    opt = make_optimizer(cfg, params)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = opt.update(zero, opt.init(params), params)
+    new = optax.apply_updates(params, updates)
+    w = float(new["w_up"][0, 0])
+    assert {"zero": w == 0, "positive": 0 < w < 1e-6, "flipped": w < 0}[after], w
+    assert (new["norm"]["w_D"] == 1).all()
+    items = [("learning_rate", 0.5), ("weight_decay", wd)]
+    if after == "positive":
+        build_config(items)
+    else:
+        with pytest.raises(ValueError, match="must be < 1"):
+            build_config(items)
+
+
+@pytest.mark.parametrize("argv,in_process", [
+    (["train", "steps=1", "time_kernels=false", "run_dir=runs", "learning_rate=0.5",
+      "weight_decay=2"], False),
+    (["config", "show", "learning_rate=0.5", "adam_weight_decay=2.0"], True)])
+def test_the_command_line_refuses_it_in_one_line(tmp_path, argv, in_process):
+    """`dropless train ... learning_rate=0.5 weight_decay=2` (a subprocess: the whole path a
+    user takes) and MaxText's adam_weight_decay exit 2 with one line naming both keys and the
+    product, before a run directory exists."""
+    from tests._support.fault import Artifacts, Fault, check_row, command_env
+    row = Fault("lr-x-wd", argv, rc=2, in_process=in_process, unchanged=("runs",),
+                words=("learning_rate=0.5 x weight_decay=2.0 = 1 must be < 1",
+                       "lower learning_rate or weight_decay"))
+    (tmp_path / "case").mkdir()
+    check_row(row, tmp_path / "case",
+              Artifacts(tmp_path / "artifacts", {}, command_env(tmp_path / "jaxcache")))

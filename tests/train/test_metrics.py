@@ -87,7 +87,7 @@ def test_tokens_per_s_counts_real_tokens_and_the_flops_every_computed_one():
     from dropless.data import loader
     from dropless.presets import get_preset
     from dropless.train import step
-    from dropless.train.loop import _step_metrics
+    from dropless.train.step_metrics import step_metrics
     addr = loader.Addressing(loader.as_stream(np.arange(1, 19), [5, 8, 18]), seq_len=8,
                              packing="pad", seed=0, shuffle=False)
     batch = addr.rows(range(4))
@@ -98,8 +98,8 @@ def test_tokens_per_s_counts_real_tokens_and_the_flops_every_computed_one():
     assert int(real) == 15
     assert int(step.real_tokens(batch, cfg.replace(packing="stream"))) == 32   # no segments
     m = {"loss": 1.0, "dropped_tokens": 0, "real_tokens": real}
-    rec = _step_metrics(m, step=1, dt=0.5, cfg=cfg, fpt={"model": 1e9, "executed": 2e9},
-                        peak=1e12)
+    rec = step_metrics(m, step=1, dt=0.5, cfg=cfg, fpt={"model": 1e9, "executed": 2e9},
+                       peak=1e12)
     assert rec["real_tokens"] == 15 and rec["tokens_per_s"] == 30.0
     assert rec["padded_tokens_per_s"] == 64.0
     assert rec["tflops_per_device"] == pytest.approx(32 * 1e9 / 0.5 / 1e12)   # one device

@@ -79,7 +79,10 @@ def test_the_backward_pass_meets_the_deepest_parameter_first():
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_an_update_that_overflows_is_named_with_the_learning_rate(cfg, params, accumulate):
     opt = optax.sgd(1e39)     # finite loss and gradients; params - 1e39 * grad is not finite
-    cfg = cfg.replace(learning_rate=1e39, gradient_accumulation_steps=accumulate)
+    # weight_decay=0: the config refuses learning_rate x weight_decay >= 1 (the decay would
+    # zero the weights), and the point here is the update's overflow
+    cfg = cfg.replace(learning_rate=1e39, weight_decay=0.0,
+                      gradient_accumulation_steps=accumulate)
     where = locate(params, opt.init(params), _batch(cfg), cfg=cfg, opt=opt)
     assert where.startswith("loss and gradients finite; the optimizer update made ")
     assert "(learning_rate=1e+39)" in where and "layers/" in where
@@ -95,10 +98,11 @@ def test_the_cli_stops_at_the_bad_step_and_names_the_layer(tmp_path, capsys, acc
     """learning_rate=1e18: step 1 is finite, its update makes step 2's activations overflow in
     the first attention block. The run stops there with one line and exit 1, step 2 is neither
     applied nor recorded, and step 1 is checkpointed. With gradient accumulation the search
-    runs micro-batch by micro-batch and names the first bad one."""
+    runs micro-batch by micro-batch and names the first bad one. weight_decay=0: the config
+    refuses learning_rate x weight_decay >= 1, and the point here is the guard."""
     items = dict(MINI, data=str(corpus(tmp_path)), run_dir=str(tmp_path / "runs"),
                  run_name="r", steps=3, warmup_steps=0, eval_every=100, checkpoint_every=100,
-                 time_kernels=False, check_nan="true", learning_rate="1e18",
+                 time_kernels=False, check_nan="true", learning_rate="1e18", weight_decay=0,
                  per_device_batch_size=MINI["per_device_batch_size"] // accumulate,
                  gradient_accumulation_steps=accumulate)
     assert cli.main(["train"] + [f"{k}={v}" for k, v in items.items()]) == 1
@@ -123,7 +127,7 @@ def test_a_new_run_refused_at_its_first_step_leaves_no_run(tmp_path, capsys):
     # the settings of the test above (its compiles are cached), with weights that overflow
     items = dict(MINI, data=str(corpus(tmp_path)), run_dir=str(tmp_path / "runs"),
                  run_name="r", steps=3, warmup_steps=0, eval_every=100, checkpoint_every=100,
-                 time_kernels=False, check_nan="true", learning_rate="1e18",
+                 time_kernels=False, check_nan="true", learning_rate="1e18", weight_decay=0,
                  **{"model.init": "normal", "model.init_std": "1e30"})
     assert cli.main(["train"] + [f"{k}={v}" for k, v in items.items()]) == 1
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dropless: error")]

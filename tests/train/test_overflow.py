@@ -54,14 +54,14 @@ def test_guard_freezes_state_from_the_first_overflow_until_the_check():
 def test_a_step_record_says_whether_the_step_was_applied(skipped):
     # between the first overflowing step and the check, steps are recorded as they ran: the
     # record must say the update was not applied, or metrics.jsonl reads as a normal step
-    from dropless.train.loop import _step_metrics
+    from dropless.train.step_metrics import step_metrics
     cfg = build_config([("model.moe.overflow", "error"), ("steps", 4)])
     m = {"loss": np.float32(2.5), "dropped_tokens": np.int32(0),
          "overflow_skipped": np.int32(skipped)}
-    rec = _step_metrics(m, step=3, dt=0.5, cfg=cfg, fpt={"model": 1e6, "executed": 1e6},
-                        peak=None)
+    rec = step_metrics(m, step=3, dt=0.5, cfg=cfg, fpt={"model": 1e6, "executed": 1e6},
+                       peak=None)
     assert rec["overflow_skipped"] == skipped and type(rec["overflow_skipped"]) is int
-    assert "overflow_skipped" not in _step_metrics(
+    assert "overflow_skipped" not in step_metrics(
         {k: v for k, v in m.items() if k != "overflow_skipped"}, step=3, dt=0.5, cfg=cfg,
         fpt={"model": 1e6, "executed": 1e6}, peak=None)
 

@@ -13,8 +13,9 @@ def add_arguments(parser) -> None:
     add_config_arguments(p)   # what describes a config; not train's run options (--resume)
     p.add_argument("--maxtext", action="store_true",
                    help="print the config in MaxText's flags instead (a YAML MaxText reads over "
-                        "its base.yml): the model, dtypes, sequence, batch and remat policy; "
-                        "the settings it leaves out are listed at its top and on stderr")
+                        "its base.yml): the model, dtypes, sequence, batch, remat policy, "
+                        "steps, learning-rate schedule and mesh; the settings it leaves out "
+                        "are listed at its top and on stderr")
     sub.add_parser("keys", help="list every accepted key, ours and MaxText's")
     sub.add_parser("reference", help="print the configuration reference as markdown: every key "
                                      "of every section with its type, default, description "

@@ -5,7 +5,9 @@ dropless config keys: the edge where other spellings become ours.
 in ours (dotted paths into TrainConfig, e.g. "model.moe.top_k"). A MaxText name whose value we
 cannot honour raises ValueError naming the flag, the value and why. `TRANSLATORS` holds one
 translator per name (`RENAMES`, `NOOP_ONLY`, the mesh axes, `FORMER_KEYS` and the keys with
-rules of their own); `xla_*` and environment keys are recognised by their spelling.
+rules of their own, the data flags' in compat/maxtext_data.py); `xla_*` and environment keys are
+recognised by their spelling. What a translator reads and returns, and the readers that check
+a flag's value, are compat/maxtext_values.py's.
 
 Semantics worth knowing:
 - `sparse_matmul: true` (MaxText's default) is the grouped-matmul path, which never drops tokens
@@ -16,8 +18,16 @@ Semantics worth knowing:
   is ragged_dot on TPU (MaxText's behaviour there) and a grouped kernel on CUDA (docs/gpu.md).
   `use_tokamax_gmm: true` -> "tokamax" and wins over `megablox`, as in MaxText.
 - `n_routing_groups` / `topk_routing_group` of -1 mean "no groups".
-- `warmup_steps_fraction` (in [0, 1]) x the run's steps (TrainConfig's default when no key
-  gives them) -> warmup_steps.
+- the learning-rate schedule (MaxText's cosine: linear warmup from 0, cosine decay to
+  learning_rate x learning_rate_final_fraction at learning_rate_schedule_steps, 0 after):
+  `warmup_steps_fraction` (in [0, 1]) x learning_rate_schedule_steps (-1, its default: the
+  run's steps, TrainConfig's default when no key gives them) -> warmup_steps, truncated as
+  MaxText truncates it; `learning_rate_final_fraction` (`cosine_learning_rate_final_fraction`
+  before MaxText's WSD schedule) -> min_lr_ratio; `learning_rate_schedule_steps` ->
+  lr_decay_steps (-1 -> 0, the run's steps), with a note where it ends before the run and
+  MaxText's 0 after it differs from our learning_rate x min_lr_ratio; `lr_schedule_type` only
+  cosine. MaxText's cosine reaches its end one step earlier (at step L - 1 of a schedule of L
+  steps, ours at step L): the keys translate one to one, the last decay step differs.
 - A value a rule reads is checked as it is read (ints are ints, numbers finite), so a bad
   one is a ValueError naming the flag, never silently truncated or compared as nan.
 - `routed_bias: true` is the aux-loss-free routing bias, updated at `routed_bias_update_rate`
@@ -55,10 +65,11 @@ Keys that are accepted but change nothing add a line to `notes` (printed once at
 from __future__ import annotations
 
 import dataclasses
-import math
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from dropless.compat.maxtext_data import DATA_TRANSLATORS
+from dropless.compat.maxtext_values import (Given, Pairs, Translator, read_bool, read_float,
+                                            read_int)
 from dropless.config import MESH_AXES, TrainConfig
 from dropless.runtime import environment as env_lib
 from dropless.runtime import xla_flags as xf
@@ -102,6 +113,8 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "mtp_loss_scaling_factor": ("model.mtp_loss_coef",),
     "scan_layers": ("model.scan_layers",),
     "learning_rate": ("learning_rate",),
+    "learning_rate_final_fraction": ("min_lr_ratio",),
+    "cosine_learning_rate_final_fraction": ("min_lr_ratio",),   # its name before MaxText's WSD
     "adam_b1": ("adam_b1",),
     "adam_b2": ("adam_b2",),
     "adam_eps": ("adam_eps",),
@@ -133,8 +146,10 @@ NOOP_ONLY = {
     "ici_autoregressive_parallelism": 1, "dcn_tensor_parallelism": 1,
     "dcn_sequence_parallelism": 1, "dcn_pipeline_parallelism": 1,
     "dcn_context_parallelism": 1, "dcn_autoregressive_parallelism": 1,
-    "dcn_tensor_sequence_parallelism": 1,
+    "dcn_tensor_sequence_parallelism": 1, "lr_schedule_type": "cosine",
 }
+# why a NOOP_ONLY name takes no other value (the mesh axes': dropless has no such axis)
+NOOP_WHY = {"lr_schedule_type": "dropless's schedule is a linear warmup, then a cosine decay"}
 ICI = {f"ici_{a}_parallelism": a for a in MESH_AXES}
 DCN = {f"dcn_{a}_parallelism": a for a in MESH_AXES}
 HARDWARE = ("cpu", "gpu", "gpu_multiprocess", "tpu")
@@ -154,57 +169,15 @@ FORMER_KEYS: dict[str, str] = {
     **{f"dcn_{a}": f"mesh.dcn_{a}" for a in MESH_AXES},
 }
 
-Pairs = list[tuple[str, Any]]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Given:
-    """What a translator reads besides its own (name, value): every item given, by name
-    (`seen`), whether `sparse_matmul` is on, and the notes list it appends to."""
-    seen: dict[str, Any]
-    sparse: bool
-    notes: list[str]
-
-
-# (name, value, given) -> our pairs; raises ValueError naming the name and value
-Translator = Callable[[str, Any, Given], Pairs]
-
-
-def _bool(name: str, v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    raise ValueError(f"MaxText {name}={v!r} must be true or false")
-
-
-def _int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
-        raise ValueError(f"MaxText {name}={v!r} must be an int")
-    return int(v)
-
-
-def _float(name: str, v: Any) -> float:
-    """`v` (an int, a float or a string of one: PyYAML reads 1e-3 as a string) as a finite
-    float; ValueError naming `name` and `v` otherwise (nan and inf too: a translator compares
-    the value, and nan compares false with everything)."""
-    try:
-        f = float(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None
-    except ValueError:
-        f = None
-    if f is None or not math.isfinite(f):
-        raise ValueError(f"MaxText {name}={v!r} must be a finite number")
-    return f
-
-
 def _renamed(keys: tuple[str, ...]) -> Translator:
     return lambda name, v, given: [(key, v) for key in keys]
 
 
 def _noop_only(name: str, v: Any, given: Given) -> Pairs:
     if v != NOOP_ONLY[name]:
-        raise ValueError(f"MaxText {name}={v!r} is not supported (dropless has no such "
-                         f"mesh axis); only {NOOP_ONLY[name]} is accepted")
+        why = NOOP_WHY.get(name, "dropless has no such mesh axis")
+        raise ValueError(f"MaxText {name}={v!r} is not supported ({why}); only "
+                         f"{NOOP_ONLY[name]} is accepted")
     return []
 
 
@@ -213,10 +186,10 @@ def _mesh_axis(name: str, v: Any, given: Given) -> Pairs:
     the two `name` is (the other is read from `given`)."""
     axis = ICI.get(name) or DCN[name]
     ici_name, dcn_name = f"ici_{axis}_parallelism", f"dcn_{axis}_parallelism"
-    ici = _int(ici_name, given.seen.get(ici_name, 1))
-    dcn = _int(dcn_name, given.seen.get(dcn_name, 1))
+    ici = read_int(ici_name, given.seen.get(ici_name, 1))
+    dcn = read_int(dcn_name, given.seen.get(dcn_name, 1))
     if ici < 1 or dcn < 1:
-        bad = name if _int(name, v) < 1 else (ici_name if ici < 1 else dcn_name)
+        bad = name if read_int(name, v) < 1 else (ici_name if ici < 1 else dcn_name)
         raise ValueError(f"MaxText {bad}={given.seen.get(bad, v)!r} must be >= 1 (MaxText's "
                          "-1, 'fill the rest', is not supported: give the size)")
     return [(f"mesh.{axis}", ici * dcn), (f"mesh.dcn_{axis}", dcn)]
@@ -227,7 +200,7 @@ def _flat_mesh_key(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _te_moe_block(name: str, v: Any, given: Given) -> Pairs:
-    if _bool(name, v):
+    if read_bool(name, v):
         return [("model.moe.dispatcher", "auto")]
     given.notes.append("te_moe_block=false changes nothing: dropless has one MoE block")
     return []
@@ -245,7 +218,7 @@ def _attention_kernel(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _max_segments_per_seq(name: str, v: Any, given: Given) -> Pairs:
-    n = _int(name, v)
+    n = read_int(name, v)
     if n <= 0:
         given.notes.append(f"max_segments_per_seq={n} (no bound) keeps "
                            "model.max_segments_per_seq=32: cudnn_thd's segment form needs one "
@@ -261,7 +234,7 @@ def _hardware(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _prefuse_moe_weights(name: str, v: Any, given: Given) -> Pairs:
-    return [("model.moe.prefuse_moe_weights", _bool(name, v))]
+    return [("model.moe.prefuse_moe_weights", read_bool(name, v))]
 
 
 def _sparse_matmul(name: str, v: Any, given: Given) -> Pairs:
@@ -269,14 +242,14 @@ def _sparse_matmul(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _megablox(name: str, v: Any, given: Given) -> Pairs:
-    _bool(name, v)
-    if _bool("use_tokamax_gmm", given.seen.get("use_tokamax_gmm", False)):
+    read_bool(name, v)
+    if read_bool("use_tokamax_gmm", given.seen.get("use_tokamax_gmm", False)):
         return []   # use_tokamax_gmm wins, as in MaxText
     return [("model.moe.gmm_backend", "auto")]
 
 
 def _use_tokamax_gmm(name: str, v: Any, given: Given) -> Pairs:
-    return [("model.moe.gmm_backend", "tokamax")] if _bool(name, v) else []
+    return [("model.moe.gmm_backend", "tokamax")] if read_bool(name, v) else []
 
 
 def _te_gmm_quantization(name: str, v: Any, given: Given) -> Pairs:
@@ -287,7 +260,7 @@ def _te_gmm_quantization(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _capacity_factor(name: str, v: Any, given: Given) -> Pairs:
-    factor = _float(name, v)
+    factor = read_float(name, v)
     drop = (not given.sparse) and factor > 0
     if given.sparse and factor > 0:
         given.notes.append(f"capacity_factor={v} changes nothing with sparse_matmul=true: the "
@@ -302,14 +275,14 @@ def _remat_policy(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _n_routing_groups(name: str, v: Any, given: Given) -> Pairs:
-    n = _int(name, v)
+    n = read_int(name, v)
     if n <= 0:   # no groups: the group limit goes too
         return [("model.moe.n_groups", 1), ("model.moe.topk_groups", 1)]
     return [("model.moe.n_groups", n)]
 
 
 def _topk_routing_group(name: str, v: Any, given: Given) -> Pairs:
-    n = _int(name, v)
+    n = read_int(name, v)
     return [("model.moe.topk_groups", 1 if n <= 0 else n)]
 
 
@@ -319,15 +292,46 @@ DEFAULT_STEPS = next(f.default for f in dataclasses.fields(TrainConfig) if f.nam
 
 
 def _warmup_steps_fraction(name: str, v: Any, given: Given) -> Pairs:
-    """warmup_steps = fraction x the run's steps (those given, else TrainConfig's default)."""
-    fraction = _float(name, v)
+    """warmup_steps = int(fraction x the steps the schedule spans), truncated as MaxText
+    truncates it: learning_rate_schedule_steps where it is given and not -1, else the run's
+    steps (those given, else TrainConfig's default)."""
+    fraction = read_float(name, v)
     if not 0 <= fraction <= 1:
         raise ValueError(f"MaxText {name}={v!r} must be a fraction of the steps in [0, 1]")
+    length = given.seen.get("learning_rate_schedule_steps", -1)
+    if length != -1:
+        return [("warmup_steps", int(read_int("learning_rate_schedule_steps", length) * fraction))]
     steps = given.seen.get("steps", DEFAULT_STEPS)
     if isinstance(steps, bool) or not isinstance(steps, int):
         raise ValueError(f"MaxText {name}={v!r} is a fraction of steps, and steps={steps!r} "
                          "is not an int")
-    return [("warmup_steps", int(fraction * steps))]
+    return [("warmup_steps", int(steps * fraction))]
+
+
+# the names that set min_lr_ratio, MaxText's first (a schedule's end reads whichever is given)
+FINAL_FRACTION_NAMES = ("learning_rate_final_fraction", "cosine_learning_rate_final_fraction",
+                        "min_lr_ratio")
+
+
+def _learning_rate_schedule_steps(name: str, v: Any, given: Given) -> Pairs:
+    """The step MaxText's cosine ends at -> lr_decay_steps; -1, MaxText's default (the run's
+    steps), -> 0, ours for the same. A schedule that ends before the run is 0 after it in
+    MaxText and learning_rate x min_lr_ratio in ours, the same only for a final fraction of 0:
+    otherwise a note says so."""
+    horizon = read_int(name, v)
+    if horizon == -1:
+        return [("lr_decay_steps", 0)]
+    if horizon < 1:
+        raise ValueError(f"MaxText {name}={v!r} must be a positive number of steps, or -1 "
+                         "(the run's steps)")
+    steps = given.seen.get("steps", DEFAULT_STEPS)
+    final = next((read_float(k, given.seen[k]) for k in FINAL_FRACTION_NAMES if k in given.seen),
+                 0.1)   # MaxText's default and ours
+    if isinstance(steps, int) and horizon < steps and final != 0:
+        given.notes.append(f"{name}={horizon} ends the schedule before steps={steps}: from "
+                           "there dropless trains at learning_rate x min_lr_ratio, where "
+                           "MaxText's rate is 0 (learning_rate_final_fraction=0 makes both 0)")
+    return [("lr_decay_steps", horizon)]
 
 
 def _attention_type(name: str, v: Any, given: Given) -> Pairs:
@@ -342,7 +346,7 @@ def _base_num_kv_heads(name: str, v: Any, given: Given) -> Pairs:
     if given.seen.get("attention_type") != "mla":
         return [("model.num_kv_heads", v)]
     heads = given.seen.get("base_num_query_heads", v)
-    if _int(name, v) != _int("base_num_query_heads", heads):
+    if read_int(name, v) != read_int("base_num_query_heads", heads):
         raise ValueError(f"MaxText base_num_kv_heads={v!r} with attention_type=mla: MLA has one "
                          f"key/value head a query head (base_num_query_heads={heads!r})")
     return []
@@ -352,10 +356,10 @@ def _routed_bias(name: str, v: Any, given: Given) -> Pairs:
     """The aux-loss-free routing bias: on, it is updated at routed_bias_update_rate (our
     model.moe.bias_update_speed); off, it stays zero (speed 0), and a rate given with it is
     refused."""
-    if _bool(name, v):
+    if read_bool(name, v):
         return []
     rate = given.seen.get("routed_bias_update_rate", 0.0)
-    if _float("routed_bias_update_rate", rate) != 0.0:
+    if read_float("routed_bias_update_rate", rate) != 0.0:
         raise ValueError(f"MaxText routed_bias=false with routed_bias_update_rate={rate!r}: "
                          "a bias that is updated is on; set routed_bias=true or the rate to 0")
     return [("model.moe.bias_update_speed", 0.0)]
@@ -368,107 +372,12 @@ def _decoder_block(name: str, v: Any, given: Given) -> Pairs:
 
 
 def _enable_checkpointing(name: str, v: Any, given: Given) -> Pairs:
-    if _bool(name, v):
+    if read_bool(name, v):
         return []
     given.notes.append(f"enable_checkpointing={v} is checkpoint_every=0 save_last_step=false: a "
                        "run stopped by a signal, a non-finite step or an overflow still saves "
                        "its last good step, so it can resume")
     return [("checkpoint_every", 0), ("save_last_step", False)]
-
-
-# --- data flags ----------------------------------------------------------------------------
-DATASET_TYPES = ("hf", "grain")   # both read local files here; tfds, c4_mlperf, synthetic: no
-PREPARE = "prepare them once (dropless data prepare FILES... OUT --tokenizer hf:DIR|byte), then"
-
-
-def _dataset_type(name: str, v: Any, given: Given) -> Pairs:
-    if v not in DATASET_TYPES:
-        raise ValueError(f"MaxText dataset_type={v!r} is not supported: dropless reads local "
-                         "files (dataset_type=hf with hf_train_files, or grain with "
-                         f"grain_train_files) and prepared datasets; {PREPARE} data=OUT")
-    return []
-
-
-def _hf_path(name: str, v: Any, given: Given) -> Pairs:
-    """A local folder is the data (joined with hf_data_dir); a hub name would be a download."""
-    path = Path(str(v)) / str(given.seen.get("hf_data_dir", ""))
-    if not Path(str(v)).exists():
-        raise ValueError(f"MaxText hf_path={v!r} is not a local folder, and dropless downloads "
-                         "nothing from the Hugging Face hub: download the dataset's files "
-                         f"(huggingface-cli download --repo-type dataset {v}), {PREPARE} "
-                         "data=OUT")
-    if "hf_train_files" in given.seen:
-        return []   # the files name the data
-    return [("data", str(path))]
-
-
-def _hf_data_dir(name: str, v: Any, given: Given) -> Pairs:
-    if "hf_path" not in given.seen:
-        raise ValueError(f"MaxText hf_data_dir={v!r} needs hf_path (the folder it is inside)")
-    return []   # read by hf_path
-
-
-def _data_files(key: str) -> Translator:
-    """hf_train_files / grain_train_files / hf_eval_files -> data or eval_data: one file or
-    folder dropless trains on (a prepared dataset, text, JSONL, .npy/.bin). A glob or a list of
-    several files (Parquet, ArrayRecord...) is prepared first."""
-    def translate(name: str, v: Any, given: Given) -> Pairs:
-        text = str(v)
-        if isinstance(v, (list, tuple)) or any(c in text for c in "*?[,"):
-            raise ValueError(f"MaxText {name}={v!r} names several files; dropless trains on "
-                             f"one file or a prepared folder: {PREPARE} {key}=OUT")
-        if Path(text).suffix in (".parquet", ".arrow", ".array_record", ".tfrecord"):
-            raise ValueError(f"MaxText {name}={v!r}: a {Path(text).suffix} file is read by "
-                             f"`dropless data prepare` only; {PREPARE} {key}=OUT")
-        return [(key, text)]
-    return translate
-
-
-def _train_split(name: str, v: Any, given: Given) -> Pairs:
-    if v != "train":
-        raise ValueError(f"MaxText train_split={v!r} is not supported: dropless trains on the "
-                         "'train' split of a prepared dataset (or on the whole of hf_train_files)"
-                         "; prepare the split you want as its own dataset")
-    return []
-
-
-def _eval_split(name: str, v: Any, given: Given) -> Pairs:
-    given.notes.append(f"eval_split={v} reads the held-out split dropless has: a prepared "
-                       "dataset's 'eval' split, else eval_fraction of the data (or "
-                       "hf_eval_files)")
-    return []
-
-
-def _packing(name: str, v: Any, given: Given) -> Pairs:
-    return [("packing", "documents" if _bool(name, v) else "pad")]
-
-
-def _add_bos(name: str, v: Any, given: Given) -> Pairs:
-    _bool(name, v)
-    given.notes.append(f"add_bos={v}: a BOS is added as the tokenizer's own post-processor says "
-                       "(a prepared dataset's manifest records it); the flag changes nothing")
-    return []
-
-
-def _add_eos(name: str, v: Any, given: Given) -> Pairs:
-    if not _bool(name, v):
-        raise ValueError("MaxText add_eos=false is not supported: dropless ends every document "
-                         "with EOS (the tokenizer's) when it tokenizes text")
-    return []
-
-
-def _tokenizer_path(name: str, v: Any, given: Given) -> Pairs:
-    """A folder holding tokenizer.json -> that file (MaxText names folders)."""
-    p = Path(str(v))
-    return [("tokenizer", str(p / "tokenizer.json") if (p / "tokenizer.json").is_file()
-             else str(v))]
-
-
-def _grain_worker_count(name: str, v: Any, given: Given) -> Pairs:
-    _int(name, v)
-    given.notes.append(f"grain_worker_count={v} changes nothing: dropless builds batches on one "
-                       "background thread, `prefetch` batches ahead (docs/data.md)")
-    return []
 
 
 # the MaxText names with rules of their own, beyond a rename or a no-op value
@@ -477,16 +386,13 @@ SPECIAL_TRANSLATORS: dict[str, Translator] = {
     "te_gmm_quantization": _te_gmm_quantization, "capacity_factor": _capacity_factor,
     "remat_policy": _remat_policy, "n_routing_groups": _n_routing_groups,
     "topk_routing_group": _topk_routing_group, "warmup_steps_fraction": _warmup_steps_fraction,
+    "learning_rate_schedule_steps": _learning_rate_schedule_steps,
     "attention_type": _attention_type, "attention": _attention_kernel,
     "decoder_block": _decoder_block, "base_num_kv_heads": _base_num_kv_heads, "routed_bias": _routed_bias,
     "enable_checkpointing": _enable_checkpointing, "te_moe_block": _te_moe_block,
     "hardware": _hardware, "prefuse_moe_weights": _prefuse_moe_weights,
     "max_segments_per_seq": _max_segments_per_seq,
-    "dataset_type": _dataset_type, "hf_path": _hf_path, "hf_data_dir": _hf_data_dir,
-    "hf_train_files": _data_files("data"), "grain_train_files": _data_files("data"),
-    "hf_eval_files": _data_files("eval_data"), "train_split": _train_split,
-    "eval_split": _eval_split, "packing": _packing, "add_bos": _add_bos, "add_eos": _add_eos,
-    "tokenizer_path": _tokenizer_path, "grain_worker_count": _grain_worker_count,
+    **DATA_TRANSLATORS,
     **{name: _mesh_axis for name in (*ICI, *DCN)},
 }
 SPECIAL = tuple(SPECIAL_TRANSLATORS)
@@ -552,7 +458,7 @@ def translate_each(items: Iterable[tuple[str, Any]], *, context: dict[str, Any] 
     for a name `is_known` refuses, ValueError naming the key and value for a bad value."""
     items = list(items)
     seen = dict(items) if context is None else context
-    given = Given(seen=seen, sparse=_bool("sparse_matmul", seen.get("sparse_matmul", True)),
+    given = Given(seen=seen, sparse=read_bool("sparse_matmul", seen.get("sparse_matmul", True)),
                   notes=[] if notes is None else notes)
     return [_translate_one(name, v, given) for name, v in items]
 

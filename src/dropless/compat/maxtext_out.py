@@ -1,7 +1,8 @@
-"""A TrainConfig's model, its dtypes, sequence, batch and remat policy said in MaxText's flags:
-the other direction of the MaxText edge (`compat.maxtext`), read from the same tables
-(`RENAMES`, `REMAT`, `ATTENTION_KERNELS`) and undoing the same rules (attention_type, routing groups, capacity,
-the grouped-matmul backend), so that what it writes translates back, through
+"""A TrainConfig's model, its dtypes, sequence, batch, remat policy, steps, learning-rate
+schedule and mesh said in MaxText's flags: the other direction of the MaxText edge
+(`compat.maxtext`), read from the same tables (`RENAMES`, `REMAT`, `ATTENTION_KERNELS`) and
+undoing the same rules (attention_type, routing groups, capacity, the grouped-matmul backend,
+the warmup fraction, the mesh's ici x dcn), so that what it writes translates back, through
 `config_file.build_config`, to the config it came from (tests/compat/test_maxtext_out.py).
 
 `items(cfg)` gives the (MaxText name, value) pairs in the order of `NAMES`; `to_yaml(cfg,
@@ -9,19 +10,20 @@ title, command)` the YAML file (examples/deepseek3_1gpu_maxtext.yml is one). Eve
 is one MaxText's `configs/base.yml` declares. A setting MaxText cannot say (the capacity
 baseline, a grouped-matmul backend it lacks) raises ValueError naming our key and value. The
 settings the flags leave out (those with no MaxText flag, such as the sequence-wise aux loss,
-and the run's steps, mesh and data) are listed at the top of the file (`left_out`), each one
-whose value is not its default; `dropless config show --maxtext` writes the file and names
-them on stderr.
+a schedule MaxText's cannot match, and the run's data and outputs) are listed at the top of the
+file (`left_out`), each one whose value is not what the file gives back; `dropless config show
+--maxtext` writes the file and names them on stderr.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 from dropless.compat import maxtext
 from dropless.compat.maxtext import ATTENTION_KERNELS, REMAT, RENAMES
-from dropless.config import TrainConfig
+from dropless.config import MESH_AXES, TrainConfig
 
 # the RENAMES names written, in the order of MaxText's model configs (configs/models/*.yml)
 MODEL_NAMES = (
@@ -124,16 +126,84 @@ def _moe(cfg: TrainConfig) -> list[tuple[str, Any]]:
             ("megablox", False), ("use_tokamax_gmm", moe.gmm_backend == "tokamax")]
 
 
+# The run's length, schedule and mesh are spelled as AI-Hypercomputer/maxtext's
+# src/maxtext/configs/base.yml declares them at e591f30 (steps: line 836; learning_rate,
+# lr_schedule_type, learning_rate_final_fraction, warmup_steps_fraction,
+# learning_rate_schedule_steps: lines 870-876; dcn_*_parallelism and ici_*_parallelism: lines
+# 660-684), and mean what its src/maxtext/utils/maxtext_utils.py
+# create_learning_rate_schedule builds from them there: a linear warmup from 0 over
+# int(learning_rate_schedule_steps x warmup_steps_fraction) steps, a cosine to learning_rate x
+# learning_rate_final_fraction at learning_rate_schedule_steps (-1: steps), 0 after it.
+# Ours (train/step.lr_schedule) holds learning_rate x min_lr_ratio after lr_decay_steps, and
+# its cosine reaches its end one step later (at step L of a schedule of L steps, MaxText's at
+# L - 1: steps past the warmup / (L - warmup - 1)); the keys translate one to one, that last
+# step differs.
+
+
+def _horizon(cfg: TrainConfig) -> int | None:
+    """MaxText's learning_rate_schedule_steps for our lr_decay_steps where the file writes one:
+    None for 0 (ours for the run's steps, as MaxText's -1, its default) and for a horizon
+    before the run's end that MaxText's schedule cannot match (after it MaxText's rate is 0,
+    ours learning_rate x min_lr_ratio: the same only for min_lr_ratio 0, with the warmup
+    ending before the horizon)."""
+    horizon = cfg.lr_decay_steps
+    if horizon == 0:
+        return None
+    if horizon >= cfg.steps or (cfg.min_lr_ratio == 0 and cfg.warmup_steps < horizon):
+        return horizon
+    return None
+
+
+def warmup_fraction(warmup_steps: int, length: int) -> float | None:
+    """The warmup_steps_fraction whose int(length x fraction), MaxText's warmup steps of a
+    schedule of `length` steps, is `warmup_steps`; None for a warmup longer than the schedule
+    (no fraction in [0, 1] says it). warmup_steps / length can fall short by a rounding
+    (int(49 x (1 / 49)) is 0): then the next float up."""
+    if warmup_steps > length:
+        return None
+    fraction = warmup_steps / length
+    while int(length * fraction) < warmup_steps:
+        fraction = math.nextafter(fraction, math.inf)
+    return fraction
+
+
+def _schedule(cfg: TrainConfig) -> tuple[list[tuple[str, Any]], tuple[str, ...]]:
+    """(MaxText's steps and learning-rate flags for `cfg`, the keys of ours they cannot say:
+    lr_decay_steps where `_horizon` has none, warmup_steps where it outlasts the schedule)."""
+    horizon = _horizon(cfg)
+    out = [("steps", cfg.steps), ("learning_rate", cfg.learning_rate),
+           ("lr_schedule_type", "cosine"), ("learning_rate_final_fraction", cfg.min_lr_ratio)]
+    unsaid = ("lr_decay_steps",) if horizon is None and cfg.lr_decay_steps else ()
+    if horizon is not None:
+        out.append(("learning_rate_schedule_steps", horizon))
+    fraction = warmup_fraction(cfg.warmup_steps, horizon or cfg.steps)
+    if fraction is None:
+        unsaid += ("warmup_steps",)
+    else:
+        out.append(("warmup_steps_fraction", fraction))
+    return out, unsaid
+
+
+def _mesh(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """Each mesh axis as MaxText's ici_<axis>_parallelism (the part inside a node) and
+    dcn_<axis>_parallelism (the nodes it spans), all six: MaxText's own defaults are not ours
+    (ici_fsdp_parallelism and dcn_data_parallelism -1, fill the devices)."""
+    m = cfg.mesh
+    return ([(f"ici_{a}_parallelism", n) for a, n in zip(MESH_AXES, m.ici_shape)]
+            + [(f"dcn_{a}_parallelism", n) for a, n in zip(MESH_AXES, m.dcn_shape)])
+
+
 def items(cfg: TrainConfig) -> list[tuple[str, Any]]:
-    """`cfg`'s model, dtypes, sequence, batch and remat policy as (MaxText name, value) pairs.
-    Raises ValueError naming a setting that has no MaxText flag."""
+    """`cfg`'s model, dtypes, sequence, batch, remat policy, steps, learning-rate schedule and
+    mesh as (MaxText name, value) pairs. Raises ValueError naming a setting that has no MaxText
+    flag."""
     dense = cfg.model.moe is None
     out = [(n, _int_valued(n, _get(cfg, RENAMES[n][0]) if dense else _renamed(cfg, n)))
            for n in MODEL_NAMES if not (dense and n in MOE_NAMES)]   # dense: no model.moe
     out += _attention(cfg) + ([] if dense else _moe(cfg))
     out += [(n, _renamed(cfg, n)) for n in RUN_NAMES]
     out.append(("remat_policy", _remat(cfg.remat)))
-    return out
+    return out + _schedule(cfg)[0] + _mesh(cfg)
 
 
 def _yaml_value(v: Any) -> str:
@@ -168,16 +238,19 @@ def _settings(obj: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
 def left_out(cfg: TrainConfig) -> list[tuple[str, Any]]:
     """The settings of `cfg` that `items(cfg)` does not say, as (our dotted key, value) in
     TrainConfig's field order: each one whose value is not what the file gives back (the value
-    its MaxText flags translate to, else the field's default; a default needs no flag). Those
-    with no MaxText flag (the sequence-wise aux loss, the init scheme...), and the run's
-    settings the file leaves to MaxText's command (steps, the mesh, the data...)."""
+    its MaxText flags translate to, else the field's default; a default needs no flag), and
+    the schedule's keys MaxText's schedule cannot match whatever their value (MaxText's default
+    would stand in for them). Those with no MaxText flag (the sequence-wise aux loss, the init
+    scheme...), and the run's settings the file leaves to MaxText's command (the data, the
+    run directory...)."""
     said: dict[str, Any] = {}
     for key, value in maxtext.translate(items(cfg)):
         said[key] = value
     if "model.d_model" in said and cfg.model.moe is not None:
         said["model.moe.d_model"] = said["model.d_model"]   # one key sets both (config_file)
+    unsaid = _schedule(cfg)[1]
     return [(key, value) for key, value, default in _settings(cfg)
-            if key not in NOT_LISTED and value != said.get(key, default)]
+            if key not in NOT_LISTED and (value != said.get(key, default) or key in unsaid)]
 
 
 def left_out_lines(cfg: TrainConfig) -> list[str]:
@@ -209,8 +282,8 @@ ONE_GPU_HEADER = f"""\
 deepseek3-1gpu (`dropless train --preset deepseek3-1gpu`) in MaxText's flags: the model, bfloat16
 compute on float32 weights, sequence 4096, batch 4, remat minimal (docs/training.md "One GPU").
 Every key is one of MaxText's configs/base.yml; MaxText reads them over its base.yml (as
-key=value overrides, or in a YAML whose base_config is base.yml), with run_name, hardware: gpu,
-steps and the data of the run. dropless reads the same file as the preset:
+key=value overrides, or in a YAML whose base_config is base.yml), with run_name, hardware: gpu
+and the data of the run. dropless reads the same file as the preset:
   dropless config show --config {ONE_GPU_FILE}
 The two trainers' default init schemes differ (dropless's fan_in; model.init=maxtext draws as
 MaxText does), and base.yml has no flag for the sequence-wise aux loss (listed below).

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from dropless.config.fields import (_check_types, _fail, _one_of, _positive_ints, _sizes,
                                      described)
 from dropless.config.mesh import MeshConfig
@@ -18,6 +20,21 @@ SEED_LIMIT = 2 ** 32
 # the fields counted in steps, each below MAX_STEPS
 STEP_FIELDS = ("steps", "warmup_steps", "lr_decay_steps", "eval_every", "checkpoint_every",
                "log_every", "profile_steps")
+
+
+def decay_per_step(learning_rate: float, weight_decay: float) -> float:
+    """learning_rate x weight_decay: the share of each decayed weight that one step's decay
+    takes away at the schedule's peak, rounded as the optimizer's float32 arithmetic rounds it.
+
+    AdamW's decoupled decay (train/step.make_optimizer: optax.adamw, on matrices; norm weights
+    and router biases are masked out) adds weight_decay x w to the update, which the learning
+    rate then scales: w becomes w x (1 - learning_rate x weight_decay), so a product of 1 zeroes
+    every matrix and one above flips its sign. The peak is learning_rate itself: the warmup
+    rises to it, the cosine falls from it to learning_rate x min_lr_ratio (<= 1). Float32
+    because the schedule's value and float32 weights are: 0.5 x 1.9999999999999998 is below 1
+    in float64 and exactly 1 there."""
+    with np.errstate(over="ignore"):     # learning_rate=1e39 is inf: refused like any >= 1
+        return float(np.float32(learning_rate) * np.float32(weight_decay))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,7 +69,8 @@ class TrainConfig:
         0, doc="step the cosine ends at (constant after); 0 = steps, and a resumed run keeps "
                "its first horizon")
     weight_decay: float = described(
-        0.1, doc="AdamW's decoupled weight decay, on matrices only (not norms or biases)")
+        0.1, doc="AdamW's decoupled weight decay, on matrices only (not norms or biases); "
+               "learning_rate x weight_decay must be < 1")
     adam_b1: float = described(0.9, doc="AdamW's beta1")
     adam_b2: float = described(0.95, doc="AdamW's beta2")
     adam_eps: float = described(1e-8, doc="AdamW's epsilon")
@@ -160,6 +178,13 @@ class TrainConfig:
         for name in ("adam_b1", "adam_b2"):
             if not 0 <= getattr(self, name) < 1:
                 _fail(c, name, getattr(self, name), "must be in [0, 1)")
+        product = decay_per_step(self.learning_rate, self.weight_decay)
+        if product >= 1:
+            _fail(c, "learning_rate", self.learning_rate,
+                  f"x weight_decay={self.weight_decay!r} = {product:.6g} must be < 1: AdamW's "
+                  "decoupled decay multiplies the matrices by 1 - learning_rate x weight_decay "
+                  "each step at the peak, which zeroes them or flips their sign; lower "
+                  "learning_rate or weight_decay (weight_decay=0 turns the decay off)")
         _one_of(c, self, "remat", REMAT_POLICIES)
         if not 0 < self.eval_fraction < 1:
             _fail(c, "eval_fraction", self.eval_fraction, "must be in (0, 1)")

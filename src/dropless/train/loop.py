@@ -45,7 +45,6 @@ from dropless.data import loader as loader_lib
 from dropless.data import sft as sft_lib
 from dropless.data.shards import DataChanged
 from dropless.train import guards as guards_lib
-from dropless.train import metrics as met
 from dropless.train import preflight
 from dropless.train import profile as profile_lib
 from dropless.train.nonfinite import NonFiniteGuard
@@ -56,6 +55,7 @@ from dropless.train.progress import Progress, Timed
 from dropless.train.resume import plan_resume, position, restore_newest
 from dropless.train.rundir import RunDir, heal_metrics, open_run_dir
 from dropless.train.signals import StopRequest, stop_on_signals
+from dropless.train.step_metrics import step_line, step_metrics
 
 
 @dataclasses.dataclass
@@ -67,59 +67,6 @@ class RunResult:
     stopped_by: str = ""              # "SIGTERM"/"SIGINT" when a signal ended the run early
     nothing_to_do: bool = False       # the checkpoint was already at or past the last step
     preflight: dict = dataclasses.field(default_factory=dict)   # train/preflight.check's
-
-
-def _loss_words(r: dict, mtp_coef: float) -> str:
-    """`loss X`; with MTP, what the objective adds up (train/step.loss_fn), so the number is
-    not read as the next-token loss alone."""
-    if "mtp_loss" not in r:
-        return f"loss {r['loss']:.4f}"
-    moe = " + MoE aux" if r.get("moe_loss") or r.get("mtp_moe_loss") else ""
-    return (f"loss {r['loss']:.4f} (ce {r['ce_loss']:.4f} + {mtp_coef:g} x mtp "
-            f"{r['mtp_loss']:.4f}{moe})")
-
-
-def _fmt_step(r: dict, mtp_coef: float = 0.0) -> str:
-    mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-    load = r.get("expert_load_max_over_mean")   # None: no MoE layer in the decoder
-    mtp = r.get("mtp_expert_load_max_over_mean")   # None: no MTP block routes
-    load = ("" if load is None else f"load max/mean {load:.2f} | ") + (
-        "" if mtp is None else f"mtp load max/mean {mtp:.2f} | ")
-    return (f"step {r['step']:>5} | {_loss_words(r, mtp_coef)} | "
-            f"{r['step_time_s'] * 1e3:7.0f} ms | "
-            f"{r['tokens_per_s']:8.0f} tok/s | {r['tflops_per_device']:.4f} TFLOPS/dev | "
-            f"MFU {mfu} | {load}dropped {r['dropped_tokens']}")
-
-
-def _step_metrics(m: dict, *, step: int, dt: float, cfg: TrainConfig, fpt: dict,
-                  peak: float | None) -> dict:
-    """The "step" record of metrics.jsonl from step `step`'s host metrics `m`. The step
-    computed global batch x seq_len positions (every micro-batch's, padding too): TFLOPS and
-    MFU count those; tokens_per_s counts `m["real_tokens"]` (`step.real_tokens`: positions
-    holding a document's token; all positions where `m` has none), `met.throughput`."""
-    rec = {"event": "step", "step": step, "step_time_s": dt}
-    for k in ("loss", "ce_loss", "moe_loss", "mtp_loss", "mtp_moe_loss", "grad_norm", "lr",
-              "load_balance_loss", "seq_aux_loss", "z_loss"):
-        if k in m:
-            rec[k] = float(m[k])
-    rec["dropped_tokens"] = int(m["dropped_tokens"])
-    for k in ("overflow_rounds", "overflow_skipped", "real_tokens"):
-        if k in m:   # overflow_skipped (overflow="error"): 1 = not applied
-            rec[k] = int(m[k])
-    rec.update(met.throughput(step_time_s=dt, tokens=cfg.global_batch_size * cfg.seq_len,
-                              flops_per_token=fpt["model"], num_devices=cfg.num_devices,
-                              peak_flops_per_device=peak, real_tokens=rec.get("real_tokens")))
-    rec["executed_tflops_per_device"] = rec["tflops_per_device"] * fpt["executed"] / fpt["model"]
-    if "tokens_per_expert_LE" in m:
-        le = np.asarray(m["tokens_per_expert_LE"])
-        rec.update(met.expert_load_summary(le))
-        rec["tokens_per_expert"] = le.tolist()
-    if "mtp_tokens_per_expert_LE" in m:   # the MTP blocks' own MoE layers, one row a block
-        le = np.asarray(m["mtp_tokens_per_expert_LE"])
-        rec["mtp_expert_load_max_over_mean"] = met.expert_load_summary(le)[
-            "expert_load_max_over_mean"]
-        rec["mtp_tokens_per_expert"] = le.tolist()
-    return rec
 
 
 def train(cfg: TrainConfig, *, echo: Callable[[str], Any] = print,
@@ -519,7 +466,7 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
     cfg, prog, saver = ctx.cfg, ctx.prog, ctx.saver
     m = _read_metrics(m)
     now = time.perf_counter()
-    rec = _step_metrics(m, step=n, dt=now - clock.last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
+    rec = step_metrics(m, step=n, dt=now - clock.last, cfg=cfg, fpt=ctx.fpt, peak=ctx.peak)
     rec["input_wait_s"] = ctx.loader.wait_s.pop(n - 1, 0.0)   # its batch: index n - 1
     clock.last, clock.done = now, n
     if profile and n == profile.stop:
@@ -543,7 +490,7 @@ def _finish(ctx: _Ctx, result: RunResult, clock: _Clock, n: int, batch, m: dict,
     show = n % cfg.log_every == 0 or n == end
     ctx.writer.record(rec)
     prog.step(n, loss=rec["loss"], tokens_per_s=rec["tokens_per_s"],
-              text=_fmt_step(rec, cfg.model.mtp_loss_coef) if show else None)
+              text=step_line(rec, cfg.model.mtp_loss_coef) if show else None)
     ctx.tb(n, {k: v for k, v in rec.items() if isinstance(v, (int, float))
                and k not in ("step", "event")})
     if state is None:
