@@ -52,11 +52,14 @@ test-main: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(MAIN_SKIPS)
 
 # the native CPU library's tests and the MoE layer's again, on the library built for AVX2
-# (-mno-avx512f): a kernel choice that differs by CPU is exercised on every machine
-NATIVE_AVX2_TESTS := tests/ops/native tests/moe/test_layer.py
+# (-mno-avx512f): a kernel choice that differs by CPU is exercised on every machine. This leg
+# keeps XLA:CPU's default optimisation level (the main leg compiles at -O0, tests/conftest.py),
+# so it also runs the files of the tests marked xla_default_opt, which the main leg deselects.
+XLA_DEFAULT_OPT_TESTS := $(shell grep -rl --include='test_*.py' 'mark.xla_default_opt' tests)
+NATIVE_AVX2_TESTS := tests/ops/native tests/moe/test_layer.py $(XLA_DEFAULT_OPT_TESTS)
 # two builds racing into one cache is the same code whatever the ISA: the main leg's
 NATIVE_AVX2_SKIPS := --deselect tests/ops/native/test_load.py::test_concurrent_builds_into_one_empty_cache_both_load
-NATIVE_AVX2_ENV := DROPLESS_NATIVE_ISA=avx2
+NATIVE_AVX2_ENV := DROPLESS_NATIVE_ISA=avx2 DROPLESS_TEST_XLA_OPT=default
 test-native-avx2: setup
 	$(NATIVE_AVX2_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(NATIVE_AVX2_TESTS) $(NATIVE_AVX2_SKIPS)
 

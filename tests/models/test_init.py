@@ -29,6 +29,7 @@ def _config(tree: dict, **changes) -> ModelConfig:
     return ModelConfig(**m, moe=None if moe is None else MoEConfig(**moe)).replace(**changes)
 
 
+@pytest.mark.xla_default_opt   # the fixture holds the bits XLA's default level draws
 @pytest.mark.parametrize("case", sorted(LEGACY["cases"]))
 def test_legacy_is_the_init_of_4443fd4_bit_for_bit(case):
     c = LEGACY["cases"][case]
