@@ -10,6 +10,8 @@ AVX2 leg (Makefile) run so, the AVX2 leg with the MoE layer's tests and the test
 -O0 deselects, saying so at the end."""
 import os
 
+import pytest
+
 OPT_FLAG = "--xla_backend_optimization_level=0"
 if os.environ.get("DROPLESS_TEST_XLA_OPT", "0") == "0":
     TEST_XLA_FLAGS = f"--xla_force_host_platform_device_count=8 {OPT_FLAG}"
@@ -35,6 +37,20 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
         items[:] = [it for it in items if not it.get_closest_marker("xla_default_opt")]
         _DESELECTED.extend(it.nodeid for it in dropped)
+
+
+def pytest_sessionfinish(session):
+    out = getattr(session.config, "workeroutput", None)    # an xdist worker: tell the controller
+    if out is not None:
+        out["xla_default_opt_deselected"] = list(_DESELECTED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: each worker collected (and deselected) on its own."""
+    for nodeid in getattr(node, "workeroutput", {}).get("xla_default_opt_deselected", ()):
+        if nodeid not in _DESELECTED:
+            _DESELECTED.append(nodeid)
 
 
 def pytest_terminal_summary(terminalreporter):
