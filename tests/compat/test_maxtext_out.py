@@ -7,7 +7,9 @@ refused naming it.
 The reference for MaxText's flags: AI-Hypercomputer/maxtext at e591f30,
 src/maxtext/configs/base.yml, each name below with its default there and its line (MaxText
 parses a value given for a name by the type of its default: pyconfig.py's
-_yaml_types_to_parser).
+_yaml_types_to_parser); what its optimizer makes of them, its
+src/maxtext/optimizers/optimizers.py get_optimizer there (optax.adamw with the mask its
+adamw_mask patterns make: none by default, so every parameter is decayed).
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ MAXTEXT_BASE = {
     "routed_score_func": ("", 292), "routed_bias": (False, 293),
     "routed_bias_update_rate": (0.0, 294), "n_routing_groups": (-1, 296),
     "topk_routing_group": (-1, 298), "remat_policy": ("full", 358), "scan_layers": (True, 387),
-    "attention": ("autoselected", 392), "attention_type": ("global", 393), "q_lora_rank": (0, 448), "kv_lora_rank": (512, 449),
+    "attention": ("autoselected", 392), "attention_type": ("global", 393),
+    "q_lora_rank": (0, 448), "kv_lora_rank": (512, 449),
     "qk_nope_head_dim": (128, 450), "qk_rope_head_dim": (64, 451), "v_head_dim": (128, 452),
     "vocab_size": (32000, 712), "per_device_batch_size": (12.0, 731),
     "max_target_length": (2048, 880), "rope_max_timescale": (10000, 1016),
@@ -52,6 +55,9 @@ MAXTEXT_BASE = {
     "dcn_fsdp_parallelism": (1, 661), "dcn_expert_parallelism": (1, 670),
     "ici_data_parallelism": (1, 673), "ici_fsdp_parallelism": (-1, 674),
     "ici_expert_parallelism": (1, 684),
+    # the optimizer (adam_eps_root: 0.0, line 990, and adamw_mask: [], line 992, not written)
+    "gradient_clipping_threshold": (1.0, 964), "adam_b1": (0.9, 987), "adam_b2": (0.95, 988),
+    "adam_eps": (1.0e-8, 989), "adam_weight_decay": (0.1, 991),
 }
 ONE_GPU = ROOT / maxtext_out.ONE_GPU_FILE
 
@@ -85,7 +91,7 @@ def test_the_yaml_reads_back_as_the_preset_at_its_run_settings():
     assert (cfg.seq_len, cfg.per_device_batch_size, cfg.remat) == (
         run["seq_len"], run["per_device_batch_size"], run["remat"])
     assert notes == ["decoder_block=deepseek changes nothing: the architecture follows from the "
-                     "preset and the model keys"]
+                     "preset and the model keys", maxtext.weight_decay_differs(0.1)]
 
 
 def test_every_key_of_the_yaml_is_maxtexts_with_its_type():
@@ -206,7 +212,10 @@ def test_config_show_maxtext_writes_the_yaml_and_names_what_it_leaves_out(capsys
     assert main(["config", "show", "--preset", "deepseek3-1gpu", "--maxtext",
                  "steps=1000", "run_name=r1"]) == 0
     out, err = capsys.readouterr()
-    assert err.count("\n") == 1 and "model.moe.seq_aux_coef=0.0001, run_name=r1" in err
+    gone, differs = err.splitlines()
+    assert "model.moe.seq_aux_coef=0.0001, run_name=r1" in gone
+    assert differs == f"dropless: note: {maxtext.weight_decay_differs(0.1)}"
+    assert f"\n# {maxtext.weight_decay_differs(0.1)}\n" in out
     assert "\nsteps: 1000\n" in out and "#   run_name: \"r1\"" in out and "num_experts: 64" in out
     (tmp_path / "m.yml").write_text(out)   # reads back as the model it came from
     assert build_config(yaml_path=str(tmp_path / "m.yml")).model == get_preset("deepseek3-1gpu")
@@ -275,3 +284,61 @@ def test_a_schedule_maxtexts_cannot_match_is_listed_not_written(schedule, unsaid
     cfg = build_config([("preset", "deepseek3-test"), *schedule.items()])
     assert absent not in dict(maxtext_out.items(cfg))
     assert set(unsaid) <= set(maxtext_out.left_out(cfg))
+
+
+OPTIMIZERS = [
+    {},                                                        # the defaults
+    {"adam_b1": 0.8, "adam_b2": 0.999, "adam_eps": 1e-6, "weight_decay": 0.01, "grad_clip": 0.5},
+    {"weight_decay": 0.0, "grad_clip": 0.0},                   # no decay, no clipping
+]
+OPTIMIZER_KEYS = ("adam_b1", "adam_b2", "adam_eps", "weight_decay", "grad_clip")
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_the_optimizer_round_trips_through_the_yaml(optimizer, tmp_path):
+    """AdamW's betas, epsilon and decay and the clipping threshold are said by MaxText's flags
+    (adam_b1, adam_b2, adam_eps, adam_weight_decay, gradient_clipping_threshold: 0 turns
+    MaxText's clipping off as ours) and read back as they were, none left out."""
+    cfg = build_config([("preset", "deepseek3-test"), *optimizer.items()])
+    said = dict(maxtext_out.items(cfg))
+    _check_types(said.items())
+    assert [said[n] for n in ("adam_b1", "adam_b2", "adam_eps", "adam_weight_decay",
+                              "gradient_clipping_threshold")] == \
+        [getattr(cfg, k) for k in OPTIMIZER_KEYS]
+    (tmp_path / "m.yml").write_text(maxtext_out.to_yaml(cfg, "round trip"))
+    back = build_config(yaml_path=str(tmp_path / "m.yml"))
+    assert {k: getattr(back, k) for k in OPTIMIZER_KEYS} == \
+        {k: getattr(cfg, k) for k in OPTIMIZER_KEYS}
+    assert not {k for k, _ in maxtext_out.left_out(cfg)} & set(OPTIMIZER_KEYS)
+
+
+@pytest.mark.parametrize("decay", [0.1, 0.01, 0.0])
+def test_a_weight_decay_maxtext_applies_to_every_parameter_is_said_in_one_line(decay):
+    """MaxText's AdamW decays norm scales and the routing bias too (no adamw_mask); ours
+    matrices only: with a decay above 0 the YAML says so in one comment line above the flags,
+    and reads back with the same line as its one note about the decay."""
+    cfg = build_config([("preset", "deepseek3-1gpu"), ("weight_decay", decay)])
+    line = maxtext.weight_decay_differs(decay)
+    assert maxtext_out.differences(cfg) == ([line] if decay else [])
+    text = maxtext_out.to_yaml(cfg, "title")
+    comments = [c for c in text.splitlines() if c.startswith("# ")]
+    assert [c for c in comments if "adam_weight_decay" in c] == ([f"# {line}"] if decay else [])
+    assert "\n" not in line and yaml.safe_load(text) == dict(maxtext_out.items(cfg))
+    notes: list[str] = []
+    build_config(list(yaml.safe_load(text).items()), notes=notes)
+    assert [n for n in notes if "adam_weight_decay" in n] == ([line] if decay else [])
+
+
+def test_reading_adam_weight_decay_notes_the_difference_once(tmp_path):
+    """A MaxText config's adam_weight_decay is copied to weight_decay, with one note however
+    often it is given at that value; our weight_decay adds none."""
+    (tmp_path / "m.yml").write_text("adam_weight_decay: 0.1\n")
+    notes: list[str] = []
+    cfg = build_config([("adam_weight_decay", 0.1)], yaml_path=str(tmp_path / "m.yml"),
+                       notes=notes)
+    assert cfg.weight_decay == 0.1 and notes == [maxtext.weight_decay_differs(0.1)]
+    assert "dropless decays matrices only" in notes[0] and "adamw_mask" in notes[0]
+    for ours_or_none in ([("weight_decay", 0.1)], [("adam_weight_decay", 0)]):
+        notes = []
+        build_config(ours_or_none, notes=notes)
+        assert notes == [], ours_or_none

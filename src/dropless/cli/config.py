@@ -1,8 +1,9 @@
 """`dropless config show [--config FILE] [--preset NAME] [--maxtext] [key=value ...]`: the
 effective config (YAML) and the model's parameter counts, FLOPs per token included, or with
 --maxtext the config in MaxText's flags (`compat.maxtext_out`: the YAML, what it leaves out
-listed at its top and on stderr); `dropless config keys`: every accepted key; `dropless config
-reference`: the configuration reference (markdown, what docs/config.md holds)."""
+and what MaxText reads otherwise said at its top and on stderr); `dropless config keys`: every
+accepted key; `dropless config reference`: the configuration reference (markdown, what
+docs/config.md holds)."""
 from __future__ import annotations
 
 
@@ -14,8 +15,9 @@ def add_arguments(parser) -> None:
     p.add_argument("--maxtext", action="store_true",
                    help="print the config in MaxText's flags instead (a YAML MaxText reads over "
                         "its base.yml): the model, dtypes, sequence, batch, remat policy, "
-                        "steps, learning-rate schedule and mesh; the settings it leaves out "
-                        "are listed at its top and on stderr")
+                        "steps, learning-rate schedule, optimizer and mesh; the settings it "
+                        "leaves out, and those MaxText reads otherwise, are listed at its top "
+                        "and on stderr")
     sub.add_parser("keys", help="list every accepted key, ours and MaxText's")
     sub.add_parser("reference", help="print the configuration reference as markdown: every key "
                                      "of every section with its type, default, description "
@@ -62,7 +64,8 @@ def run(args) -> int:
 
 
 def _print_maxtext(cfg) -> int:
-    """The config as MaxText's YAML on stdout; one line on stderr naming what it leaves out.
+    """The config as MaxText's YAML on stdout; on stderr one line naming what it leaves out
+    and one for each flag MaxText reads otherwise (`maxtext_out.differences`).
     A setting MaxText cannot say (the capacity baseline, a grouped-matmul backend it lacks)
     raises ValueError naming it."""
     import sys
@@ -77,4 +80,6 @@ def _print_maxtext(cfg) -> int:
         print(f"dropless: note: the MaxText flags leave out {len(gone)} setting(s) away from "
               "dropless's defaults (listed at the top of the YAML): "
               + ", ".join(f"{k}={v}" for k, v in gone), file=sys.stderr)
+    for line in maxtext_out.differences(cfg):
+        print(f"dropless: note: {line}", file=sys.stderr)
     return 0

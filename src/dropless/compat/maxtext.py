@@ -34,6 +34,11 @@ Semantics worth knowing:
   (model.moe.bias_update_speed); `false` keeps it at zero (speed 0).
 - `base_num_kv_heads` is GQA's key/value heads under `attention_type: global`; under `mla` it
   must equal `base_num_query_heads` (MaxText's DeepSeek configs) and sets nothing.
+- `adam_b1`, `adam_b2`, `adam_eps`, `gradient_clipping_threshold` mean what ours do (optax's
+  AdamW after a global-norm clip, 0: none; MaxText's `adam_eps_root` is 0 by default, as
+  optax's, which ours never changes). `adam_weight_decay` -> weight_decay, with a note
+  (`weight_decay_differs`) when above 0: ours decays matrices only, MaxText's every parameter
+  unless its `adamw_mask` patterns exempt some.
 - `compat.maxtext_out` is the other direction: a config said in these flags.
 - `te_gmm_quantization: te_mxfp8` -> gmm_quantization "mxfp8" (emulated exactly off Blackwell).
 - `te_moe_block: true` -> our MoE layer with the fused dispatcher chosen per platform
@@ -169,8 +174,43 @@ FORMER_KEYS: dict[str, str] = {
     **{f"dcn_{a}": f"mesh.dcn_{a}" for a in MESH_AXES},
 }
 
-def _renamed(keys: tuple[str, ...]) -> Translator:
-    return lambda name, v, given: [(key, v) for key in keys]
+
+def weight_decay_differs(value: Any) -> str:
+    """The line saying what adam_weight_decay=`value` (> 0) decays in each trainer: a note where
+    a MaxText config gives it, and beside a config written in MaxText's flags
+    (compat/maxtext_out.py). MaxText's AdamW (optimizers.get_optimizer at e591f30) takes the mask
+    its `adamw_mask` patterns make, none by default, so it decays every parameter; ours
+    (train/step.make_optimizer) decays matrices only."""
+    return (f"adam_weight_decay={value}: dropless decays matrices only, MaxText's AdamW every "
+            "parameter, norm scales and any routing bias too (its adamw_mask, [] by default, "
+            "exempts none)")
+
+
+def _decay_note(v: Any) -> str | None:
+    """`weight_decay_differs` for a decay above 0; None for 0 (nothing decays in either) and
+    for a value that is no number (TrainConfig's check names it)."""
+    try:
+        decays = read_float("adam_weight_decay", v) > 0
+    except ValueError:
+        return None
+    return weight_decay_differs(v) if decays else None
+
+
+# RENAMES names whose value, copied unchanged, means something else in MaxText: name -> the
+# note it adds (None: none for this value)
+RENAME_NOTES: dict[str, Callable[[Any], str | None]] = {"adam_weight_decay": _decay_note}
+
+
+def _renamed(name: str, keys: tuple[str, ...]) -> Translator:
+    """The translator copying `name`'s value into `keys`, adding its RENAME_NOTES line once."""
+    note = RENAME_NOTES.get(name, lambda v: None)
+
+    def translate(name: str, v: Any, given: Given) -> Pairs:
+        line = note(v)
+        if line is not None and line not in given.notes:
+            given.notes.append(line)
+        return [(key, v) for key in keys]
+    return translate
 
 
 def _noop_only(name: str, v: Any, given: Given) -> Pairs:
@@ -388,7 +428,8 @@ SPECIAL_TRANSLATORS: dict[str, Translator] = {
     "topk_routing_group": _topk_routing_group, "warmup_steps_fraction": _warmup_steps_fraction,
     "learning_rate_schedule_steps": _learning_rate_schedule_steps,
     "attention_type": _attention_type, "attention": _attention_kernel,
-    "decoder_block": _decoder_block, "base_num_kv_heads": _base_num_kv_heads, "routed_bias": _routed_bias,
+    "decoder_block": _decoder_block, "base_num_kv_heads": _base_num_kv_heads,
+    "routed_bias": _routed_bias,
     "enable_checkpointing": _enable_checkpointing, "te_moe_block": _te_moe_block,
     "hardware": _hardware, "prefuse_moe_weights": _prefuse_moe_weights,
     "max_segments_per_seq": _max_segments_per_seq,
@@ -411,7 +452,7 @@ def _table(*parts: dict[str, Translator]) -> dict[str, Translator]:
 
 # every name translate_each accepts, beyond the xla_* and environment keys -> its translator
 TRANSLATORS: dict[str, Translator] = _table(
-    {name: _renamed(keys) for name, keys in RENAMES.items()},
+    {name: _renamed(name, keys) for name, keys in RENAMES.items()},
     {name: _noop_only for name in NOOP_ONLY},
     {name: _flat_mesh_key for name in FORMER_KEYS},
     SPECIAL_TRANSLATORS)

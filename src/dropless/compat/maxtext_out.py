@@ -1,5 +1,5 @@
 """A TrainConfig's model, its dtypes, sequence, batch, remat policy, steps, learning-rate
-schedule and mesh said in MaxText's flags: the other direction of the MaxText edge
+schedule, optimizer and mesh said in MaxText's flags: the other direction of the MaxText edge
 (`compat.maxtext`), read from the same tables (`RENAMES`, `REMAT`, `ATTENTION_KERNELS`) and
 undoing the same rules (attention_type, routing groups, capacity, the grouped-matmul backend,
 the warmup fraction, the mesh's ici x dcn), so that what it writes translates back, through
@@ -11,8 +11,10 @@ is one MaxText's `configs/base.yml` declares. A setting MaxText cannot say (the 
 baseline, a grouped-matmul backend it lacks) raises ValueError naming our key and value. The
 settings the flags leave out (those with no MaxText flag, such as the sequence-wise aux loss,
 a schedule MaxText's cannot match, and the run's data and outputs) are listed at the top of the
-file (`left_out`), each one whose value is not what the file gives back; `dropless config show
---maxtext` writes the file and names them on stderr.
+file (`left_out`), each one whose value is not what the file gives back. A flag written that
+MaxText reads otherwise (adam_weight_decay above 0: MaxText decays every parameter, we decay
+matrices only) is said in one comment line above the flags (`differences`). `dropless config
+show --maxtext` writes the file and names both on stderr.
 """
 from __future__ import annotations
 
@@ -35,6 +37,12 @@ MODEL_NAMES = (
     "qk_rope_head_dim", "v_head_dim", "rope_max_timescale", "mtp_num_layers",
     "mtp_loss_scaling_factor", "scan_layers", "dtype", "weight_dtype")
 RUN_NAMES = ("per_device_batch_size", "gradient_accumulation_steps", "max_target_length")
+# the optimizer's RENAMES names, in base.yml's order: the same optax AdamW after a global-norm
+# clip in both trainers (MaxText's src/maxtext/optimizers/optimizers.py get_optimizer and
+# trainers/pre_train/train.py at e591f30), adam_eps_root left at base.yml's 0, optax's and ours;
+# what the decay applies to differs (`differences`)
+OPTIMIZER_NAMES = ("gradient_clipping_threshold", "adam_b1", "adam_b2", "adam_eps",
+                   "adam_weight_decay")
 # names MaxText's base.yml declares as integers where our field is a float (rope_max_timescale:
 # 10_000); MaxText parses a value by its base.yml default's type
 INT_NAMES = ("rope_max_timescale",)
@@ -194,16 +202,24 @@ def _mesh(cfg: TrainConfig) -> list[tuple[str, Any]]:
 
 
 def items(cfg: TrainConfig) -> list[tuple[str, Any]]:
-    """`cfg`'s model, dtypes, sequence, batch, remat policy, steps, learning-rate schedule and
-    mesh as (MaxText name, value) pairs. Raises ValueError naming a setting that has no MaxText
-    flag."""
+    """`cfg`'s model, dtypes, sequence, batch, remat policy, steps, learning-rate schedule,
+    optimizer and mesh as (MaxText name, value) pairs. Raises ValueError naming a setting that
+    has no MaxText flag."""
     dense = cfg.model.moe is None
     out = [(n, _int_valued(n, _get(cfg, RENAMES[n][0]) if dense else _renamed(cfg, n)))
            for n in MODEL_NAMES if not (dense and n in MOE_NAMES)]   # dense: no model.moe
     out += _attention(cfg) + ([] if dense else _moe(cfg))
     out += [(n, _renamed(cfg, n)) for n in RUN_NAMES]
     out.append(("remat_policy", _remat(cfg.remat)))
-    return out + _schedule(cfg)[0] + _mesh(cfg)
+    out += _schedule(cfg)[0] + [(n, _renamed(cfg, n)) for n in OPTIMIZER_NAMES]
+    return out + _mesh(cfg)
+
+
+def differences(cfg: TrainConfig) -> list[str]:
+    """What the flags of `items(cfg)` make MaxText do otherwise than `cfg` does, one line each:
+    with weight_decay above 0, MaxText's AdamW decays every parameter (norm scales, a routing
+    bias) where ours decays matrices only (`maxtext.weight_decay_differs`)."""
+    return [maxtext.weight_decay_differs(cfg.weight_decay)] if cfg.weight_decay > 0 else []
 
 
 def _yaml_value(v: Any) -> str:
@@ -266,9 +282,10 @@ def left_out_lines(cfg: TrainConfig) -> list[str]:
 
 
 def to_yaml(cfg: TrainConfig, header: str) -> str:
-    """The MaxText YAML of `items(cfg)`, under `header` (each line a comment) and the list of
-    what it leaves out (`left_out_lines`)."""
-    head = [f"# {line}".rstrip() for line in header.splitlines()] + left_out_lines(cfg)
+    """The MaxText YAML of `items(cfg)`, under `header` (each line a comment), the list of what
+    it leaves out (`left_out_lines`) and a comment line for each of its `differences`."""
+    head = ([f"# {line}".rstrip() for line in header.splitlines()] + left_out_lines(cfg)
+            + [f"# {line}" for line in differences(cfg)])
     return "\n".join(head + [f"{n}: {_yaml_value(v)}" for n, v in items(cfg)]) + "\n"
 
 
