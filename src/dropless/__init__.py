@@ -1,8 +1,36 @@
-"""dropless: Mixture-of-Experts training in JAX without dropping tokens."""
-from dropless import moe, ops
-from dropless.config import MeshConfig, ModelConfig, MoEConfig, TrainConfig
-from dropless.ops import grouped_matmul, grouped_matmul_backends
+"""dropless: Mixture-of-Experts training in JAX without dropping tokens.
+
+The names below are imported when first used (PEP 562), so that `import dropless.<module>` runs
+only what that module needs: the command line's `config` and `report`, and `data prepare`'s
+tokenizing processes, never import JAX.
+"""
+from __future__ import annotations
+
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from dropless import moe, ops
+    from dropless.config import MeshConfig, ModelConfig, MoEConfig, TrainConfig
+    from dropless.ops import grouped_matmul, grouped_matmul_backends
 
 __version__ = "0.1.0"
-__all__ = ["MoEConfig", "MeshConfig", "ModelConfig", "TrainConfig", "moe", "ops",
-           "grouped_matmul", "grouped_matmul_backends"]
+# each name -> the module it comes from (a package's own submodule: itself)
+_HOME = {"MoEConfig": "dropless.config", "MeshConfig": "dropless.config",
+         "ModelConfig": "dropless.config", "TrainConfig": "dropless.config",
+         "moe": "dropless.moe", "ops": "dropless.ops",
+         "grouped_matmul": "dropless.ops", "grouped_matmul_backends": "dropless.ops"}
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'dropless' has no attribute {name!r}")
+    module = importlib.import_module(_HOME[name])
+    value = module if module.__name__ == f"dropless.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

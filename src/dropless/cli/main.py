@@ -99,7 +99,10 @@ def _is_number(tok: str) -> bool:
         return False
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or with `commands`, of those alone (the others are still
+    listed, without their arguments): `main` imports only the command it runs, so that `config`,
+    `report` and `data` start without importing JAX."""
     parser = Parser(prog="dropless", description="Dropless MoE training in JAX.")
     parser.add_argument("--traceback", action="store_true",
                         help="show the full Python trace of an error (also DROPLESS_TRACEBACK=1;"
@@ -108,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if commands is None or name in commands:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
@@ -195,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--traceback" in argv:
         argv.remove("--traceback")
         trace = True
-    parser = build_parser()
+    parser = build_parser(tuple(argv[:1]))   # the command is the first word (-h: none)
     parser.argv = argv
     args = parser.parse_args(argv)
     try:

@@ -12,7 +12,8 @@ import numbers
 import typing
 from typing import Any
 
-import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers bfloat16, float8_*: numpy's dtype() reads their names)
+import numpy as np
 
 from dropless.config.names import MAX_SIZE, MODEL_DTYPES
 
@@ -116,7 +117,7 @@ def _check_dtype(cls: str, field: str, value: str) -> None:
     if value in MODEL_DTYPES:
         return
     try:
-        dt = jnp.dtype(value)
+        dt = np.dtype(value)
     except TypeError:
         _fail(cls, field, value, f"is not a dtype name (one of {', '.join(MODEL_DTYPES)})")
     if dt.name in MODEL_DTYPES:
