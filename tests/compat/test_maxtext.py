@@ -181,6 +181,9 @@ ONE_KEY_CASES = [
     ("learning_rate_schedule_steps", 500, {"steps": 1000, "learning_rate_final_fraction": 0.0},
      [("lr_decay_steps", 500)], None),   # both 0 after the schedule
     ("lr_schedule_type", "cosine", {}, [], None),
+    ("opt_type", "adamw", {}, [], None),
+    ("adam_eps_root", 0.0, {}, [], None),
+    ("adamw_mask", [], {}, [], None),
     ("cosine_learning_rate_final_fraction", 0.05, {}, [("min_lr_ratio", 0.05)], None),
     ("attention_type", "mla", {}, [("model.attention", "mla")], None),
     ("attention_type", "global", {}, [("model.attention", "mha")], None),
@@ -282,6 +285,15 @@ def test_every_translated_key_that_is_not_a_plain_rename_has_a_case():
     ([("lr_schedule_type", "wsd")], ValueError,
      r"^MaxText lr_schedule_type='wsd' is not supported \(dropless's schedule is a linear "
      r"warmup, then a cosine decay\); only cosine is accepted$"),
+    ([("opt_type", "muon")], ValueError,
+     r"^MaxText opt_type='muon' is not supported \(dropless trains with AdamW\); only adamw "
+     "is accepted$"),
+    ([("adam_eps_root", 1e-8)], ValueError,
+     r"^MaxText adam_eps_root=1e-08 is not supported \(dropless's AdamW adds adam_eps outside "
+     r"the square root only\); only 0.0 is accepted$"),
+    ([("adamw_mask", ["norm"])], ValueError,
+     r"^MaxText adamw_mask=\['norm'\] is not supported \(dropless decays matrices only, never "
+     r"norm weights or biases\); only \[\] is accepted$"),
     ([("learning_rate_schedule_steps", 0)], ValueError,
      r"^MaxText learning_rate_schedule_steps=0 must be a positive number of steps, or -1 "
      r"\(the run's steps\)$"),

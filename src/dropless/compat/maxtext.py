@@ -152,9 +152,13 @@ NOOP_ONLY = {
     "dcn_sequence_parallelism": 1, "dcn_pipeline_parallelism": 1,
     "dcn_context_parallelism": 1, "dcn_autoregressive_parallelism": 1,
     "dcn_tensor_sequence_parallelism": 1, "lr_schedule_type": "cosine",
+    "opt_type": "adamw", "adam_eps_root": 0.0, "adamw_mask": [],
 }
 # why a NOOP_ONLY name takes no other value (the mesh axes': dropless has no such axis)
-NOOP_WHY = {"lr_schedule_type": "dropless's schedule is a linear warmup, then a cosine decay"}
+NOOP_WHY = {"lr_schedule_type": "dropless's schedule is a linear warmup, then a cosine decay",
+            "opt_type": "dropless trains with AdamW",
+            "adam_eps_root": "dropless's AdamW adds adam_eps outside the square root only",
+            "adamw_mask": "dropless decays matrices only, never norm weights or biases"}
 ICI = {f"ici_{a}_parallelism": a for a in MESH_AXES}
 DCN = {f"dcn_{a}_parallelism": a for a in MESH_AXES}
 HARDWARE = ("cpu", "gpu", "gpu_multiprocess", "tpu")
