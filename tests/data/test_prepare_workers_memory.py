@@ -7,6 +7,8 @@ from /proc/meminfo and the cgroup limits (v2 and v1), checked on fake trees."""
 import gzip
 import json
 import os
+import random
+import string
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -75,10 +77,29 @@ def test_a_worker_is_sized_by_the_kind_of_its_largest_chunks(inputs, tmp_path):
                                              pw.WORKER_BYTES + costs[worst])
     tok = tmp_path / "tokenizer.json"
     tok.write_bytes(b" " * 1000)
+    # f.jsonl's one chunk, under SLICE_BYTES, is one slice of Encodings
+    assert worst == "f.jsonl" and text < pw.SLICE_BYTES
     assert pw.worker_memory(files, "text", 1024, str(tok))[0] == (
         pw.WORKER_BYTES + pw.TOKENIZER_PEAK * 1000 + text *
-        (pw.ENCODE_PEAK[("text" if worst == "g.txt" else "records"), "tokenizer.json"]
-         + pw.QUEUED_PEAK))
+        (pw.ENCODE_PEAK["records", "tokenizer.json"] + pw.SLICE_PEAK + pw.QUEUED_PEAK))
+
+
+MB = 10 ** 6
+
+
+@pytest.mark.parametrize("chunk, tokenizer, text, records, slice_", [
+    ("records", "byte", 20 * MB, 1024, 0),                   # no Encodings
+    ("records", "tokenizer.json", 20 * MB, 1024, MiB),        # 1,024 records of 20 KB
+    ("records", "tokenizer.json", MB // 2, 1024, MB // 2),    # the chunk is one slice
+    ("records", "tokenizer.json", 1024 * 5 * MB, 1024, 5 * MB),   # a 5 MB record is a slice
+    ("records", "tokenizer.json", 8 * MB, 1, 8 * MB),         # one record a chunk
+    ("text", "tokenizer.json", 16 * MB, 1024, 0),             # the text is the slice: in the rate
+    ("text", "byte", 16 * MB, 1024, 0),
+])
+def test_a_chunks_peak_is_its_bytes_and_its_largest_slices(chunk, tokenizer, text, records,
+                                                           slice_):
+    got = pw.encode_peak(chunk, tokenizer, text, records)
+    assert got == pw.ENCODE_PEAK[chunk, tokenizer] * text + pw.SLICE_PEAK * slice_
 
 
 def test_the_count_is_what_the_memory_available_holds(inputs):
@@ -100,11 +121,12 @@ def test_the_count_is_what_the_memory_available_holds(inputs):
 def test_the_note_is_one_line_naming_asked_started_and_why(inputs):
     files = readers.input_files(str(inputs / "c.parquet"))
     each, _, text = pw.worker_memory(files, "text", 1024, "byte")
-    note = pw.worker_count(12, files, 1024, available=int(3 * each / pw.MEMORY_SHARE)).note
+    room = int(3 * each / pw.MEMORY_SHARE) + 1      # + 1: room * MEMORY_SHARE may round down
+    note = pw.worker_count(12, files, 1024, available=room).note
     assert note == (f"note: data prepare starts 3 tokenizing workers, not the 12 of --workers: "
                     f"each may take ~{round(each / MiB)} MiB at its peak (the byte tokenizer, "
                     f"chunks of ~{round(text / MiB)} MiB of text in {inputs / 'c.parquet'}) and "
-                    f"{round(int(3 * each / pw.MEMORY_SHARE) / MiB)} MiB of memory is "
+                    f"{round(room / MiB)} MiB of memory is "
                     "available; the output is the same")
 
 
@@ -130,11 +152,14 @@ def _status(text: str, key: str) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's /proc")
 @pytest.mark.parametrize("tokenizer", ["byte", "tokenizer.json"])
 def test_a_worker_encoding_a_chunk_stays_under_its_estimate(tmp_path, tokenizer):
-    """Measured as the kernel counts it: a worker's VmHWM while it encodes one chunk, less its
-    VmRSS before, against ENCODE_PEAK; the tokenizer.json is the tests' 120-token BPE, about
-    one token a byte: the densest case the estimate covers."""
+    """Measured as the kernel counts it: a worker's VmHWM while it encodes one chunk (2.6 MB of
+    text: more than one slice), less its VmRSS before, against `encode_peak`; the text is random
+    characters, for which the tokenizer.json, the tests' 120-token BPE, makes ~0.99 tokens a
+    byte: the densest case the estimate covers."""
     from tests._support.tokenizer_folders import reference_tokenizer
-    text = ("def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)  # é\n" * 40)
+    rng = random.Random(0)
+    chars = string.ascii_letters + string.digits + string.punctuation + " é\n"
+    text = "".join(rng.choice(chars) for _ in range(2600))
     pq.write_table(pa.table({"text": [text[i % 50:] for i in range(1024)]}),
                    tmp_path / "c.parquet")
     (f,) = readers.input_files(str(tmp_path / "c.parquet"))
@@ -155,9 +180,8 @@ def test_a_worker_encoding_a_chunk_stays_under_its_estimate(tmp_path, tokenizer)
     finally:
         pool.shutdown()
     assert len(lengths) == 1024
-    per_byte = (peak - idle) / size
-    assert 0.5 * pw.ENCODE_PEAK["records", tokenizer] <= per_byte <= \
-        pw.ENCODE_PEAK["records", tokenizer], (per_byte, size)
+    est = pw.encode_peak("records", tokenizer, size, 1024)
+    assert 0.4 * est <= peak - idle <= est, (peak - idle, est, size)
 
 
 def _sources(inputs):

@@ -9,19 +9,23 @@ the calling process instead; `worker_count` says how many processes a run starts
 for, up to MAX_WORKERS, no more than its inputs have chunks for, and no more than the memory
 available holds (`worker_memory`; a note says so when that makes it fewer than asked).
 
-What one worker costs at its peak (`worker_memory`; measured with fresh workers, VmHWM less
-the idle worker's VmRSS, docs/data.md): the process; its tokenizer; and the chunk it encodes,
-which `readers.chunk_text_bytes` sizes per input kind. For the chunk the worker holds its
-payload and pickle, the texts, `encode_texts`' int64 position maps (8 bytes a token each) and,
-with a tokenizer.json, `tokenizers`' Encodings until the whole chunk is encoded (ids, type ids,
-token strings, offsets, masks, and each document's ids as a Python list: ~110 bytes a token).
-So its cost per byte of text follows the tokens per byte: ~30 for English or code at ~3.7
-bytes a token, ~100 at one token a byte, the most a byte-level or byte-fallback tokenizer
-makes, which ENCODE_PEAK takes so that the bound holds for any text. A text file is one
-string, for which `tokenizers` also keeps offsets and alignments per byte while it splits it:
-about twice that. The main process keeps 2 chunks queued per worker (each payload, and its
-pickle while it waits to be sent): QUEUED_PEAK. What the main process reads (one Parquet row
-group, one zstd block) does not grow with the workers; MEMORY_SHARE leaves room for it.
+What one worker costs at its peak (`worker_memory`; measured with fresh workers, VmHWM less the
+idle worker's VmRSS, docs/data.md): the process; its tokenizer; and the chunk it encodes, which
+`readers.chunk_text_bytes` sizes per input kind. `encode_texts` encodes a chunk's texts in
+slices of at most SLICE_BYTES (a text larger than that is a slice of its own), so that
+`tokenizers`' Encodings (ids, type ids, token strings, offsets, masks: 50-70 bytes a token) live
+for one slice at a time: SLICE_PEAK per byte of the largest slice, with a tokenizer.json. The
+rest grows with the chunk: its payload and pickle, the texts (Python holds a str at 1, 2 or 4
+bytes a character, by its widest one), and the tokens, held twice and pickled once (2 or 4 bytes
+a token each): ENCODE_PEAK per byte of the chunk's text. The token terms follow the tokens per
+byte; the figures take one token a byte, the most a byte-level or byte-fallback tokenizer makes,
+so that the bound holds for any text. A text file is one string, and a string is never cut (a
+cut at an arbitrary point changes its tokens): it is one slice, for which `tokenizers` also
+keeps offsets and alignments per byte while it splits it, ~200 bytes a byte of text, all in
+ENCODE_PEAK["text", "tokenizer.json"]. The main process keeps 2 chunks queued per worker (each
+payload, and its pickle while it waits to be sent): QUEUED_PEAK. What the main process reads
+(one Parquet row group, one zstd block) does not grow with the workers; MEMORY_SHARE leaves room
+for it.
 """
 from __future__ import annotations
 
@@ -35,13 +39,15 @@ import numpy as np
 from dropless.data import readers
 
 MAX_WORKERS = 1024    # tokenizing processes: more is a typo (each holds a tokenizer in memory)
-WORKER_BYTES = 96 << 20   # an idle worker: 17 MB private memory, 80 MB as the `dropless` command
-#                           starts it (the command's module, imported again, brings JAX)
+WORKER_BYTES = 32 << 20   # an idle worker: 17 MB private memory (30 MB resident), measured as
+#                           the `dropless` command starts it
 TOKENIZER_PEAK = 14       # loading a tokenizer.json: x its file size (2.3 MB: 30 MB, 9.3: 109)
+SLICE_BYTES = 1 << 20     # text `encode_texts` encodes at once (its Encodings live that long)
 # a worker's peak while it encodes a chunk, less its idle size, per byte of the chunk's text,
 # by (chunk: many records or one whole text, tokenizer); measured, rounded up (module doc)
-ENCODE_PEAK = {("records", "byte"): 24, ("records", "tokenizer.json"): 108,
-               ("text", "byte"): 26, ("text", "tokenizer.json"): 210}
+ENCODE_PEAK = {("records", "byte"): 13, ("records", "tokenizer.json"): 24,
+               ("text", "byte"): 13, ("text", "tokenizer.json"): 220}
+SLICE_PEAK = 80           # with a tokenizer.json, per byte of a chunk's largest slice of records
 QUEUED_PEAK = 4           # the main process's 2 queued chunks per worker: payload + pickle each
 MEMORY_SHARE = 0.8        # of the memory available, what the workers may take together
 
@@ -59,11 +65,16 @@ _WORKER: dict = {}
 
 
 def raw_tokenizer(name: str):
-    """The `tokenizers.Tokenizer` of a tokenizer.json path, or None for "byte"."""
+    """The `tokenizers.Tokenizer` of a tokenizer.json path, or None for "byte"; with the padding
+    and truncation a tokenizer.json may set turned off, so that a document's ids are all its own
+    and the same in any batch."""
     if name == "byte":
         return None
     from tokenizers import Tokenizer
-    return Tokenizer.from_file(name)
+    tok = Tokenizer.from_file(name)
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
 
 
 def init_worker(enc: Encoder) -> None:
@@ -72,34 +83,70 @@ def init_worker(enc: Encoder) -> None:
     _WORKER["enc"], _WORKER["tok"] = enc, raw_tokenizer(enc.tokenizer)
 
 
+def text_slices(sizes_N: list[int], limit: int) -> list[tuple[int, int]]:
+    """[start, stop) of slices of consecutive texts, in order and covering all N, whose sizes sum
+    to at most `limit`; a text larger than `limit` is a slice of its own; no texts, no slices.
+    Sizes [3, 0, 5, 9, 1] at limit 8: (0, 3) of 3 + 0 + 5, (3, 4) the 9 alone, (4, 5) the 1."""
+    slices, start, total = [], 0, 0
+    for i, n in enumerate(sizes_N):
+        if i > start and total + n > limit:
+            slices.append((start, i))
+            start, total = i, 0
+        total += n
+    if sizes_N:
+        slices.append((start, len(sizes_N)))
+    return slices
+
+
+def utf8_size(text: str) -> int:
+    """The bytes of `text` in UTF-8 (an ASCII str's length: `isascii` reads a flag, no copy)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def slice_ids(tok, texts: list[str], dtype: str) -> list[np.ndarray]:
+    """Each text's ids by the `tokenizers.Tokenizer` `tok` (None: its UTF-8 bytes, uint8), without
+    special tokens; the texts' Encodings, made at once, are dropped on return."""
+    if tok is None:
+        return [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+    return [np.array(e.ids, dtype)
+            for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def framed(ids: list[np.ndarray], enc: Encoder) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths_N int64, tokens_T of enc.dtype): the N documents' `ids` one after another, each
+    between BOS and EOS as `enc` says; a document of no token has length 0 and no BOS / EOS."""
+    extra = (enc.bos is not None) + (enc.eos is not None)
+    lengths_N = np.fromiter((a.size + extra if a.size else 0 for a in ids), np.int64, len(ids))
+    out_T = np.empty(int(lengths_N.sum()), enc.dtype)
+    at = 0
+    for a in ids:
+        if not a.size:
+            continue
+        if enc.bos is not None:
+            out_T[at] = enc.bos
+            at += 1
+        out_T[at: at + a.size] = a
+        at += a.size
+        if enc.eos is not None:
+            out_T[at] = enc.eos
+            at += 1
+    return lengths_N, out_T
+
+
 def encode_texts(tok, texts: list[str], enc: Encoder) -> tuple[np.ndarray, np.ndarray]:
     """(lengths_N int64, tokens_T of enc.dtype): each text's ids by the `tokenizers.Tokenizer`
     `tok` (None: UTF-8 bytes) without its special tokens, with BOS / EOS as `enc` says; a text of
-    no token has length 0 (and no BOS / EOS either)."""
-    if tok is None:
-        ids = [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
-    else:
-        ids = [np.array(e.ids, enc.dtype)
-               for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
-    raw_N = np.fromiter((a.size for a in ids), np.int64, len(ids))
-    flat = np.concatenate(ids) if ids else np.zeros(0, enc.dtype)
-    extra = (enc.bos is not None) + (enc.eos is not None)
-    if not extra:
-        return raw_N, flat.astype(enc.dtype)
-    lengths_N = np.where(raw_N > 0, raw_N + extra, 0)
-    out_T = np.empty(int(lengths_N.sum()), enc.dtype)
-    ends = np.cumsum(lengths_N)
-    starts = ends - lengths_N
-    keep = raw_N > 0
-    # place each document's ids after its BOS slot: a position map over the flat ids
-    src_start = np.cumsum(raw_N) - raw_N
-    shift = np.repeat((starts + (enc.bos is not None) - src_start)[keep], raw_N[keep])
-    out_T[np.arange(flat.size) + shift] = flat
-    if enc.bos is not None:
-        out_T[starts[keep]] = enc.bos
-    if enc.eos is not None:
-        out_T[ends[keep] - 1] = enc.eos
-    return lengths_N, out_T
+    no token has length 0 (and no BOS / EOS either). The texts are encoded in slices of at most
+    SLICE_BYTES of UTF-8 (`text_slices`), each text whole and alone as `tok.encode` would
+    encode it, so only one slice's Encodings live at a time. A text is never cut: a cut at an
+    arbitrary point changes its tokens, so a text larger than SLICE_BYTES (a whole text file)
+    is encoded at once."""
+    slices = text_slices([utf8_size(t) for t in texts], SLICE_BYTES)
+    parts = [framed(slice_ids(tok, texts[lo:hi], enc.dtype), enc) for lo, hi in slices]
+    if len(parts) == 1:
+        return parts[0]
+    return (np.concatenate([p[0] for p in parts] or [np.zeros(0, np.int64)]),
+            np.concatenate([p[1] for p in parts] or [np.zeros(0, enc.dtype)]))
 
 
 def encode_chunk(file: readers.InputFile, chunk: readers.Chunk, text_field: str):
@@ -118,28 +165,24 @@ class _Done:
         return self.value
 
 
-# A worker imports the data package alone: `dropless/__init__.py` imports JAX (seconds and
-# ~150 MB a process), which tokenizing never needs. The initializer is `exec` (a builtin:
-# unpickling it imports nothing) of WORKER_START, which registers `dropless` as a bare package
-# (its path, no __init__ run) before anything of dropless is unpickled, then starts the worker.
-WORKER_START = """
-import importlib.util, sys, types
-if "dropless" not in sys.modules:
-    spec = importlib.util.find_spec("dropless")
-    pkg = types.ModuleType("dropless")
-    pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
-    sys.modules["dropless"] = pkg
-from dropless.data.prepare_workers import Encoder, init_worker
-init_worker(Encoder(**enc))
-"""
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkerCount:
     """How many worker processes a run starts, and `note`: one line saying what was asked, what
     runs and why, when the memory available made it fewer than asked (else None)."""
     count: int
     note: str | None = None
+
+
+def encode_peak(chunk: str, tokenizer: str, text_bytes: int, records_per_chunk: int) -> int:
+    """Bytes a worker takes over its idle size to encode a chunk of `text_bytes` of text (module
+    doc), by the kind of chunk ("records" or "text") and of `tokenizer` ("byte" or
+    "tokenizer.json"). A chunk of records' largest slice is taken as SLICE_BYTES, or its mean
+    record where that is more (a record is never cut), and never more than the chunk."""
+    cost = ENCODE_PEAK[chunk, tokenizer] * text_bytes
+    if chunk == "text" or tokenizer == "byte":
+        return cost
+    mean_record = -(-text_bytes // max(1, records_per_chunk))
+    return cost + SLICE_PEAK * min(text_bytes, max(SLICE_BYTES, mean_record))
 
 
 def worker_memory(files: list[readers.InputFile], text_field: str, records_per_chunk: int,
@@ -150,8 +193,8 @@ def worker_memory(files: list[readers.InputFile], text_field: str, records_per_c
     kind = "byte" if tokenizer == "byte" else "tokenizer.json"
     base = WORKER_BYTES + (0 if kind == "byte" else TOKENIZER_PEAK * os.path.getsize(tokenizer))
     sized = [(readers.chunk_text_bytes(f, text_field, records_per_chunk), f) for f in files]
-    costs = [(ENCODE_PEAK["text" if f.kind == "text" else "records", kind] + QUEUED_PEAK) * n
-             for n, f in sized]
+    costs = [encode_peak("text" if f.kind == "text" else "records", kind, n, records_per_chunk)
+             + QUEUED_PEAK * n for n, f in sized]
     worst = max(range(len(files)), key=costs.__getitem__)    # the first of equals
     return base + costs[worst], sized[worst][1], sized[worst][0]
 
@@ -252,11 +295,13 @@ def start_pool(workers: int, enc: Encoder):
     if workers == 0:
         init_worker(enc)
         return None
-    # spawn: the parent may have imported JAX (threads), which fork would copy half-locked;
+    # spawn: the parent may have imported JAX (threads), which fork would copy half-locked; a
+    # spawned worker imports the data package and the main script (the `dropless` command's
+    # imports only the command line, tests/cli/test_main_imports.py), never JAX;
     # a worker that dies (killed for memory) breaks the pool: an error here, never a hang
     return concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=exec,
-        initargs=(WORKER_START, {"enc": dataclasses.asdict(enc)}))
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_worker,
+        initargs=(enc,))
 
 
 def submit(pool, fn, args):
