@@ -34,6 +34,10 @@ FOLDERS = {   # name: (tokenizer_config.json, generation_config.json, post-proce
     "template": ({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
                   "eos_token": "</s>"}, None, "<s> $A"),
     "plain": ({"eos_token": "</s>"}, None, None),
+    # the llama folder with a tokenizer.json that sets truncation and padding (as some hub files
+    # do): transformers' tokenizer(text) turns both off unless the call asks for them
+    "truncating": (LLAMA, {"bos_token_id": 1, "eos_token_id": 2}, "<s> $A",
+                   {"truncation": {"max_length": 3}, "padding": {"length": 12, "pad_id": 0}}),
 }
 # add_bos_token=true over a tokenizer.json that adds none: transformers 4.57 adds BOS, 5.x not
 DISAGREE = (LLAMA, None, None)
@@ -70,15 +74,20 @@ def reference_tokenizer():
     return Tokenizer.from_str(json.dumps(json.loads(REFERENCE.read_text())["tokenizer"]))
 
 
-def write_folder(d: Path, tc: dict, gc: dict | None, template: str | None, tok=None) -> Path:
-    """One tokenizer folder: tokenizer.json (with `template` as its post-processor), the
-    tokenizer_config.json `tc` and, if given, the generation_config.json `gc`."""
+def write_folder(d: Path, tc: dict, gc: dict | None, template: str | None,
+                 limits: dict | None = None, *, tok=None) -> Path:
+    """One tokenizer folder: tokenizer.json (with `template` as its post-processor, and the
+    `limits` {"truncation": enable_truncation's arguments, "padding": enable_padding's} saved in
+    it), the tokenizer_config.json `tc` and, if given, the generation_config.json `gc`."""
     from tokenizers import processors
     tok = tok or reference_tokenizer()
     if template:
         specials = [(t, tok.token_to_id(t)) for t in ("<s>", "</s>") if t in template]
         tok.post_processor = processors.TemplateProcessing(single=template,
                                                            special_tokens=specials)
+    if limits:
+        tok.enable_truncation(**limits["truncation"])
+        tok.enable_padding(**limits["padding"])
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps(tc))

@@ -129,8 +129,8 @@ def _corpus_texts(paths) -> list[str]:
 
 
 def _baseline(tokenizer: str, texts: list[str]) -> dict:
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(tokenizer)
+    from dropless.data.tokenizer import tokenizer_file
+    tok = tokenizer_file(tokenizer)
     t0 = time.perf_counter()
     n = 0
     for lo in range(0, len(texts), 1024):

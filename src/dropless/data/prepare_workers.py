@@ -37,6 +37,7 @@ import os
 import numpy as np
 
 from dropless.data import readers
+from dropless.data.tokenizer import tokenizer_file
 
 MAX_WORKERS = 1024    # tokenizing processes: more is a typo (each holds a tokenizer in memory)
 WORKER_BYTES = 32 << 20   # an idle worker: 17 MB private memory (30 MB resident), measured as
@@ -65,16 +66,9 @@ _WORKER: dict = {}
 
 
 def raw_tokenizer(name: str):
-    """The `tokenizers.Tokenizer` of a tokenizer.json path, or None for "byte"; with the padding
-    and truncation a tokenizer.json may set turned off, so that a document's ids are all its own
-    and the same in any batch."""
-    if name == "byte":
-        return None
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(name)
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
+    """The `tokenizers.Tokenizer` of a tokenizer.json path (`tokenizer_file`: its
+    padding and truncation off), or None for "byte"."""
+    return None if name == "byte" else tokenizer_file(name)
 
 
 def init_worker(enc: Encoder) -> None:

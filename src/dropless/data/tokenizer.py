@@ -141,17 +141,29 @@ def special_tokens(tok, folder: Path) -> SpecialTokens:
                          add_eos=_flag(tc_path, "add_eos_token", tc.get("add_eos_token")))
 
 
+def tokenizer_file(path: str | Path):
+    """The `tokenizers.Tokenizer` of a tokenizer.json as transformers' `tokenizer(text)` uses it:
+    the padding and truncation the file may set are off (transformers turns them off unless a
+    call asks for them), so a document's ids are all its own, whole, in any batch. The one place
+    a tokenizer.json is loaded (training, eval, generate, `data prepare`'s workers). ValueError
+    naming the file when the tokenizers library cannot read it."""
+    from tokenizers import Tokenizer
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise ValueError(f"tokenizer {path}: cannot be read by the tokenizers library "
+                         f"({str(e).splitlines()[0][:200]})") from None
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
 class HFTokenizer:
     """A local Hugging Face `tokenizer.json` (nothing downloaded) and its special tokens."""
 
     def __init__(self, path: str | Path):
-        from tokenizers import Tokenizer
         self.name = str(path)
-        try:
-            self._tok = Tokenizer.from_file(str(path))
-        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
-            raise ValueError(f"tokenizer {path}: cannot be read by the tokenizers library "
-                             f"({str(e).splitlines()[0][:200]})") from None
+        self._tok = tokenizer_file(path)
         self.special = special_tokens(self._tok, Path(path).parent)
         self.vocab_size = vocab_span(self._tok)
         if self.special.eos_id is None:
