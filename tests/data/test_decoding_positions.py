@@ -16,8 +16,8 @@ import pytest
 import zstandard
 
 from dropless.data import decoding, readers
-from dropless.data.corpus import text_documents
 from dropless.data.prepare import PrepareConfig, prepare
+from tests._support.reader_errors import reader_errors
 
 BOM = b"\xef\xbb\xbf"
 GOOD = '{"text": "ok"}'.encode()
@@ -44,19 +44,7 @@ def editor_column(data: bytes, line: int, marker: bytes) -> int:
 
 def _messages(path) -> dict[str, str]:
     """The error of each reader of `path` (module doc), training's `data='PATH'` as PATH."""
-    (f,) = readers.input_files(str(path))
-    readings = {
-        "prepare": lambda: [t for c in readers.text_chunks(f, "text")
-                            for t in readers.chunk_texts(f, c, "text")],
-        "records": lambda: list(readers.records(f)),
-        "train": lambda: text_documents(str(path)),
-    }
-    out = {}
-    for name, read in readings.items():
-        with pytest.raises(ValueError) as e:
-            read()
-        out[name] = str(e.value).replace(f"data={str(path)!r}", str(path))
-    return out
+    return reader_errors(path, records=lambda f: list(readers.records(f)))
 
 
 @pytest.mark.parametrize("suffix", list(COMPRESS))

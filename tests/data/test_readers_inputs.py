@@ -20,6 +20,7 @@ from dropless.data import readers, sft
 from dropless.data.corpus import text_documents
 from dropless.data.prepare import PrepareConfig, prepare
 from dropless.data.tokenizer import ByteTokenizer
+from tests._support.reader_errors import reader_errors
 
 BOM = b"\xef\xbb\xbf"
 GOOD = b'{"text": "ok", "prompt": "Q", "completion": "A"}\n'    # a record every reader takes
@@ -74,21 +75,9 @@ def test_a_bom_before_a_blank_first_line_leaves_it_blank(tmp_path):
 def _every_reader(path, field="text"):
     """Read `path` as `data prepare`, SFT and training do; each must raise ValueError (returned,
     one per reader; training's `data='PATH'` written as PATH, as the others name it)."""
-    (f,) = readers.input_files(str(path))
-    readings = {
-        "prepare": lambda: [t for c in readers.text_chunks(f, field)
-                            for t in readers.chunk_texts(f, c, field)],
-        "sft": lambda: sft.read_examples(((readers.where(f, i), r)
-                                          for i, r in readers.records(f)),
-                                         tok=ByteTokenizer(), template=None, source=str(path)),
-        "train": lambda: text_documents(str(path)),
-    }
-    errors = {}
-    for name, read in readings.items():
-        with pytest.raises(ValueError) as e:
-            read()
-        errors[name] = str(e.value).replace(f"data={str(path)!r}", str(path))
-    return errors
+    return reader_errors(path, field, sft=lambda f: sft.read_examples(
+        ((readers.where(f, i), r) for i, r in readers.records(f)), tok=ByteTokenizer(),
+        template=None, source=str(path)))
 
 
 @pytest.mark.parametrize("line,key", [
