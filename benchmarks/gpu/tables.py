@@ -8,7 +8,8 @@ wrote (default benchmarks/results/gpu_h200.jsonl), never typed by hand: per shap
 table the records hold, the grouped-matmul times of every backend they hold (an aligned
 variant as its own column) with each one's fraction of the same-process dense matmul (the one
 measured with it, and the fastest dense of the same M x K x N in the run), the torch peer, the
-targets, the MoE layer, the training run, the tests and the sections' seconds against the plan.
+targets, the MoE layer, the training run and MaxText's beside it, the tests and the sections'
+seconds against the plan.
 The backends and shapes come from the records; the first check's records (shapes G8, G64)
 print their targets as they did (the README's GPU table). `winners` builds the table `auto`
 reads on CUDA (ops/gmm/winners.json) with `winners.from_records`.
@@ -228,6 +229,48 @@ def train_line(recs: list[dict]) -> str:
             f"{steps[0]['loss']:.2f} at step 1, {s['final_loss']:.2f} at step {steps[-1]['step']}")
 
 
+def _fmt(v, spec: str, scale: float = 1.0) -> str:
+    return "-" if v is None else format(v * scale, spec)
+
+
+def maxtext_table(recs: list[dict]) -> str:
+    """The maxtext section's summary beside the train section's (same model, batch, sequence
+    and GPU; TFLOPS and MFU by dropless's FLOP count for both), and dropless's tokens/s over
+    MaxText's; or the reason it was skipped or failed."""
+    mine = [r for r in recs if r["section"] == "maxtext"]
+    skip = next((r for r in mine if r.get("event") == "skipped"), None)
+    m = next((r for r in mine if r.get("event") == "summary"), None)
+    if skip is not None:
+        return f"MaxText: not run ({skip['skipped']}); fetch it with `{skip['fetch']}`"
+    if m is None or "median_step_time_s" not in m:
+        end = next((r for r in mine if r.get("event") == "section_end"), {})
+        tail = " / ".join((m or end).get("tail", [])[-2:])
+        return (f"MaxText: no timed step (section {end.get('status', '?')}, exit "
+                f"{(m or end).get('returncode')}): {tail}")
+    t = next((r for r in recs if r["section"] == "train" and r.get("event") == "summary"), {})
+    rows = [("MoE grouped matmul", t.get("ran", "-"), m["moe_kernel"].split(":")[0]),
+            ("steps (timed)", f"{t.get('steps', '-')} ({t.get('timed_steps', '-')})",
+             f"{m['steps']} ({m['timed_steps']})"),
+            ("median step (ms)", _fmt(t.get("median_step_time_s"), ".1f", 1e3),
+             _fmt(m["median_step_time_s"], ".1f", 1e3)),
+            ("tokens/s", _fmt(t.get("median_tokens_per_s"), ".0f"),
+             _fmt(m["median_tokens_per_s"], ".0f")),
+            ("TFLOPS (dropless's count)", _fmt(t.get("median_tflops_per_device"), ".1f"),
+             _fmt(m["median_tflops_per_device"], ".1f")),
+            ("MFU (%)", _fmt(t.get("median_mfu"), ".1f", 100), _fmt(m["median_mfu"], ".1f", 100)),
+            ("compile / first step (s)", _fmt(t.get("compile_s"), ".0f"),
+             _fmt(m["first_step_s"], ".0f"))]
+    lines = ["| | dropless (train) | MaxText |", "|---|---|---|",
+             *[f"| {a} | {b} | {c} |" for a, b, c in rows]]
+    ratio = m.get("tokens_per_s_ratio")
+    lines.append("\n" + (f"dropless / MaxText tokens/s: {ratio:.2f}" if ratio else
+                         "dropless / MaxText tokens/s: - (no train summary in this run)")
+                 + f"; MaxText's own TFLOP/s {m['median_maxtext_tflops_per_device']:.1f} "
+                 f"({m['maxtext_tflop_per_step']} TFLOP a step by its count, "
+                 f"{m['dropless_tflop_per_step']:.2f} by dropless's)")
+    return "\n".join(lines)
+
+
 def sections_table(recs: list[dict]) -> str:
     plan = next(r for r in recs if r["section"] == "plan")["estimate_h200"]
     lines = ["| section | status | seconds | estimated | cap | measurements | units skipped "
@@ -262,6 +305,8 @@ def main(argv: list[str]) -> int:
             print(f"{title}\n\n{table(recs)}\n")
     if any(r["section"] == "train" and r.get("event") == "summary" for r in recs):
         print(train_line(recs))
+    if "maxtext" in has:
+        print(f"\nthe same model in MaxText\n\n{maxtext_table(recs)}")
     return 0
 
 

@@ -88,3 +88,51 @@ def run(gmm_records: list[dict], *, device_kind: str = "NVIDIA H200",
                 {"section": name, "status": "ok", "seconds": 3.5, "estimated_h200_s": 11.1,
                  "cap_s": 15, "measurements": 1, "errors": 0, "skipped": 0, "fallbacks": 0}
                 for name in ("info", "gmm")]}]
+
+
+def train_summary(step_s: float, *, tokens: int = 16384, tflop: float = 40.555,
+                  peak_tflops: float = 989.0, device_kind: str = "NVIDIA H200") -> dict:
+    """The train section's summary of a run whose median step took `step_s` (the keys
+    tables.py reads, with numbers a test chooses)."""
+    return {"section": "train", "event": "summary", "preset": "deepseek3-1gpu", "steps": 20,
+            "timed_steps": 16, "median_step_time_s": step_s, "median_tokens_per_s": tokens / step_s,
+            "median_tflops_per_device": tflop / step_s,
+            "median_mfu": tflop / step_s / peak_tflops, "compile_s": 60.0, "ran": "tokamax",
+            "device": device_kind, "dry_run": False, "t_s": 300.0}
+
+
+def maxtext_summary(step_s: float, *, train_step_s: float | None = None, tokens: int = 16384,
+                    tflop: float = 40.555, peak_tflops: float = 989.0,
+                    device_kind: str = "NVIDIA H200", dry_run: bool = False) -> dict:
+    """The maxtext section's summary (bench/gpu_maxtext.py) of a run whose median step took
+    `step_s`, beside a train section's of `train_step_s` (None: no train summary)."""
+    rec = {"commit": "e591f30cbbf217ed67ef71263ec0538239f9c3b8", "compiled_estimate_gb": 60.1,
+           "device": device_kind, "dropless_tflop_per_step": tflop, "dry_run": dry_run,
+           "event": "summary", "final_loss": 7.1, "first_step_s": 70.0,
+           "flags": {"skip_jax_distributed_system": True, "steps": 10, "use_tokamax_gmm": True},
+           "launch_to_first_step_s": 80.0, "log": "maxtext/maxtext_train.log",
+           "max_step_time_s": step_s * 1.1, "maxtext_tflop_per_step": 40.56,
+           "maxtext_tokens_per_step": float(tokens),
+           "median_logged_step_interval_s": step_s, "median_maxtext_tflops_per_device":
+               40.56 / step_s, "median_mfu": tflop / step_s / peak_tflops,
+           "median_step_time_s": step_s, "median_tflops_per_device": tflop / step_s,
+           "median_tokens_per_s": tokens / step_s, "memory_in_use_gb": 20.5,
+           "memory_limit_gb": 139.8, "min_step_time_s": step_s * 0.95,
+           "moe_kernel": "tokamax.ragged_dot (implementation='mosaic'): use_tokamax_gmm=true",
+           "peak_source": f"table: {device_kind}", "per_device_batch_size": 4,
+           "preset": "deepseek3-1gpu", "python": "python3", "returncode": 0, "seconds": 95.0,
+           "section": "maxtext", "seq_len": 4096, "skipped_first_steps": 3, "steps": 10,
+           "t_s": 420.0, "timed_steps": 7, "tokens_per_step": tokens}
+    if train_step_s is not None:
+        rec.update(dropless_tokens_per_s=tokens / train_step_s,
+                   dropless_median_step_time_s=train_step_s,
+                   tokens_per_s_ratio=step_s / train_step_s)
+    return rec
+
+
+def maxtext_skipped(*, dry_run: bool = False) -> dict:
+    """The maxtext section's record where .maxtext/ was not carried."""
+    return {"carry": [".whl", ".maxtext"], "dry_run": dry_run, "event": "skipped",
+            "fetch": "bash benchmarks/gpu/fetch_wheels.sh && bash benchmarks/gpu/fetch_maxtext.sh",
+            "section": "maxtext", "t_s": 400.0,
+            "skipped": ".maxtext/COMMIT is missing (MaxText is fetched with network, not here)"}

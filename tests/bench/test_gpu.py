@@ -5,9 +5,10 @@ tokamax is absent here), with a stand-in tokamax that fails to compile (moe) and
 fails when it runs (train): both fall back, and the records name the backend that ran; a
 section that raises, crashes or hangs is recorded and the next one runs; a measurement that
 fails is recorded and the next one runs; the runner, signalled, kills the hung section's process
-group; every measurement is a JSON line with a progress line; the plan fits 8 minutes on one
-H200 with a 25% margin under each cap, the targets (DeepSeek-V3 and Qwen3 per-device shapes,
-fwd+bwd) first.
+group; every measurement is a JSON line with a progress line; the plan fits run.sh's 575 s on
+one H200 with a 25% margin under each cap, the targets (DeepSeek-V3 and Qwen3 per-device shapes,
+fwd+bwd) first; the maxtext section runs MaxText beside the train section where .maxtext/ is
+here, and records a skip where it is not (CI).
 
 No speed is asserted (nothing here runs on a GPU); the sections' processes are real.
 """
@@ -152,9 +153,22 @@ def test_dry_run_runs_every_section_end_to_end(dry_run):
     assert rec["plan_flags"].endswith(" model.scan_layers=true")   # the variant, as planned
     # the tests section collects the GPU tests that exist (it cannot run them without a GPU)
     assert "tests collected" in ends["tests"]["collected"] and ends["tests"]["selected"] > 50
+    # MaxText beside the train section: run (tiny, on CPU) where .maxtext/ and a Python with
+    # its packages are here, else one skip record saying how to fetch it (CI)
+    from dropless.bench import gpu_maxtext
+    ran = gpu_maxtext.missing(ROOT / ".maxtext") is None and gpu_maxtext._python(True)[0]
+    if ran:
+        (mt,) = [r for r in by["maxtext"] if r.get("event") == "summary"]
+        assert mt["returncode"] == 0 and mt["steps"] == gpu_maxtext.DRY_STEPS
+        assert mt["tokens_per_s_ratio"] == pytest.approx(
+            summary["median_tokens_per_s"] / mt["median_tokens_per_s"])
+    else:
+        assert [r["event"] for r in by["maxtext"]] == ["skipped"]
+        assert "fetch_maxtext.sh" in by["maxtext"][0]["fetch"]
     assert {p.name for p in out.iterdir()} == {
         "gpu_bench.jsonl", "info.log", "gmm.log", "moe.log", "autotune.log", "train.log",
-        "tests.log", "train", "moe_kernels.jsonl", "moe_trace"}
+        "maxtext.log", "tests.log", "train", "moe_kernels.jsonl", "moe_trace"} | (
+            {"maxtext"} if ran else set())
 
 
 @pytest.mark.parametrize("section,stage", [("moe", "compile"), ("train", "run")])
@@ -304,8 +318,8 @@ def test_the_runner_signalled_kills_the_hung_section_at_the_hard_stop(tmp_path):
     assert end["status"] == "killed" and "SIGTERM" in end["reason"]
 
 
-def test_the_plan_fits_eight_minutes_on_one_h200_with_margin():
-    assert sum(plan.CAPS_S.values()) <= plan.BUDGET_S <= 450   # run.sh: 475 s less wheels
+def test_the_plan_fits_run_sh_on_one_h200_with_margin():
+    assert sum(plan.CAPS_S.values()) <= plan.BUDGET_S <= 550   # run.sh: 575 s less wheels
     targets = ("qwen3_30b_a3b/gate_up", "deepseek_v3_ep8/gate_up")
     for tokamax in (False, True):
         est = plan.estimate(tokamax=tokamax)
@@ -430,7 +444,9 @@ def test_run_sh_is_one_bounded_command():
     text = (ROOT / "benchmarks/gpu/run.sh").read_text()
     subprocess.run(["bash", "-n", str(ROOT / "benchmarks/gpu/run.sh")], check=True)
     hard = int(re.search(r"^HARD_S=(\d+)", text, re.M).group(1))
-    assert hard <= 480 and "timeout -k 5" in text and "--budget-s" in text
+    # the device tool runs a command for at most 600 s; run.sh's wheels and nvidia-smi get 25 s
+    assert hard <= 580 and hard - plan.BUDGET_S >= 25
+    assert "timeout -k 5" in text and "--budget-s" in text
     # every wheel it carries is pinned, pydantic and pydantic-core together
     wheels = (ROOT / "benchmarks/gpu/fetch_wheels.sh").read_text()
     names = re.findall(r"([a-z][a-z0-9_.-]*)==([0-9][^\s)]*)", wheels)

@@ -20,6 +20,8 @@ OUT_DIR/<section>.log:
             (OUT_DIR/moe_kernels.jsonl, from a profiler trace), then fwd
   autotune  a restricted tokamax autotune, written as OUT_DIR/tokamax_<device kind>.json
   train     the one-GPU model's training (bench/gpu_train.py)
+  maxtext   the same model trained by MaxText on the same GPU, tokens/s beside train's
+            (bench/gpu_maxtext.py; one "skipped" record where .maxtext/ was not carried)
   tests     the GPU tests (TEST_PATTERNS, each of which must match a file) under
             JAX_PLATFORMS=cuda (Triton and Mosaic kernels for real), time-boxed: passed, failed
             and not reached are counted; cut at its cap it is still "ok"
@@ -28,7 +30,7 @@ that fails to compile or run falls back (one log line) and every record names th
 ran; the summary table at the end counts the fallbacks.
 Isolation: a section that raises, crashes or hangs is recorded (a "section_end" record with its
 status, exit code and last lines) and the next one runs; each section's process group is
-killed at its cap, at the budget's end (450 s) and when the runner is signalled (SIGTERM from
+killed at its cap, at the budget's end (550 s) and when the runner is signalled (SIGTERM from
 run.sh's hard stop, SIGINT, SIGHUP). The runner never starts a device client itself and gives
 the sections the allocator settings they need (ALLOCATOR_ENV: no preallocation), so run.sh is
 not needed for correctness. Exit status: 0 when every section produced its measurements, 1
@@ -80,7 +82,8 @@ class GpuOptions:
     all of the table, plan.SHAPES or, in a dry run, plan.DRY_SHAPES), the training steps, the
     config keys the train section sets over the preset's run settings (`train_set`, (key,
     value) pairs: a variant), the training run's directory (None: a new temporary one), the
-    whole check's deadline in seconds, the sections' time caps overridden (section ->
+    whole check's deadline in seconds, the folder MaxText is carried in (`maxtext_dir`, None:
+    the checkout's .maxtext; bench/gpu_maxtext.py), the sections' time caps overridden (section ->
     seconds), the faults injected (a section "gmm" or one measurement "gmm:pallas_gpu" -> one
     of FAULT_KINDS) and `dry_run` (every section on CPU with tiny shapes; the dry run's budget
     and caps are plan.DRY_CAP_SCALE times longer)."""
@@ -92,6 +95,7 @@ class GpuOptions:
     train_set: tuple[tuple[str, str], ...] = ()
     train_dir: str | None = None
     budget_s: float = plan.BUDGET_S
+    maxtext_dir: str | None = None
     caps: Mapping[str, float] = dataclasses.field(default_factory=dict)
     faults: Mapping[str, str] = dataclasses.field(default_factory=dict)
     dry_run: bool = False
@@ -291,7 +295,8 @@ def _spec(args: GpuOptions, section: str, t0: float, results: Path, train_dir: s
             "align_option": plan.align_option(), "profile_calls": 1 if dry else plan.PROFILE_CALLS,
             "autotune_configs": 2 if dry else plan.AUTOTUNE_CONFIGS,
             "train_steps": 2 if dry else args.train_steps, "out_dir": train_dir,
-            "train_set": [list(kv) for kv in args.train_set]}
+            "train_set": [list(kv) for kv in args.train_set],
+            "maxtext_steps": plan.MAXTEXT_STEPS, "maxtext_dir": args.maxtext_dir}
 
 
 def run_section(args: GpuOptions, section: str, *, timeout_s: float, t0: float, out_dir: Path,

@@ -29,28 +29,36 @@ from dropless.ops.gmm import shapes as gmm_shapes
 from dropless.ops.gmm.shapes import GmmShape
 
 # run order: measurements first, then the GPU tests, which are time-boxed and take what is left
-SECTIONS = ("info", "gmm", "moe", "autotune", "train", "tests")
+SECTIONS = ("info", "gmm", "moe", "autotune", "train", "maxtext", "tests")
 # seconds a section's process may run (process start included); their sum is the whole check's
-# bound: 450 s, leaving 25 s of the 8 minutes for run.sh (wheels, nvidia-smi) and the runner.
-# Eight minutes, not six: the shapes users train (DeepSeek-V3 and Qwen3 per device: 30-200x the
-# FLOPs of the first run's shapes), the MoE layer at two of them under tokamax's 30.6 s compile
-# each plus its profile, and the tokamax autotune are each new; 15 minutes of device time still
-# leave the machine's start and a rerun of a section or two. The 2026-12-04 run (seconds taken
-# / cap): info 11.1 / 18, gmm 32.4 / 127 (6 units), moe 65.2 / 65 (cut: the layer's compile
-# under tokamax took 30.6 s), train 48.1 / 96, tests 24 / 24 (60 of 124 tests reached).
+# bound: 550 s, leaving 25 s of run.sh's 575 s (HARD_S: under the device tool's 600 s a command)
+# for run.sh (wheels, nvidia-smi) and the runner. 550 s, not 450: the maxtext section (100 s:
+# MaxText training the train section's model beside it) came on top of the 8 minutes
+# the rest had; a device session's 15 minutes then hold the machine's start and the check, and
+# a rerun only of a few sections (--sections).
+# Eight minutes for the rest, not six: the shapes users train (DeepSeek-V3 and Qwen3 per device:
+# 30-200x the FLOPs of the first run's shapes), the MoE layer at two of them under tokamax's
+# 30.6 s compile each plus its profile, and the tokamax autotune are each new. The 2026-12-04
+# run (seconds taken / cap): info 11.1 / 18, gmm 32.4 / 127 (6 units), moe 65.2 / 65 (cut: the
+# layer's compile under tokamax took 30.6 s), train 48.1 / 96, tests 24 / 24 (60 of 124 tests
+# reached).
 # train trains deepseek3-1gpu (bench/gpu_train.py): one compile of a 1.7B-parameter step (the
 # trainer's, whose memory analysis is the pre-flight's) in 99 s, with room for a compile twice
 # the estimate's; the time-boxed tests have the rest (36 s).
+# maxtext (bench/gpu_maxtext.py): MaxText's wheels unpacked, its imports, one compile of the
+# same model unscanned and MAXTEXT_STEPS steps, every figure assumed (never run on a GPU yet):
+# its estimate times MARGIN.
 # gmm's 144 s time the backward's directions alone (the winner table's dlhs and drhs rows) at
 # Qwen3's gate_up beside both modes at Qwen3's and DeepSeek-V3's gate_up, every kernel planned,
 # tokamax and cuDNN's included; the 29 s come from moe and autotune (each 25% over its estimate
 # with tokamax, as every cap) and the time-boxed tests
-CAPS_S = {"info": 15, "gmm": 144, "moe": 110, "autotune": 46, "train": 99, "tests": 36}
+CAPS_S = {"info": 15, "gmm": 144, "moe": 110, "autotune": 46, "train": 99, "maxtext": 100,
+          "tests": 36}
 MARGIN = 1.25           # a section's estimate times this must fit its cap
 # the tests section is time-boxed: it runs until its cap and reports passed / failed / not
 # reached; its cap is its estimate
 TIME_BOXED = ("tests",)
-BUDGET_S = 450          # the runner's own deadline: a section gets min(cap, what is left)
+BUDGET_S = 550          # the runner's own deadline: a section gets min(cap, what is left)
 MIN_SECTION_S = 5       # a section is skipped (recorded) when less than this is left
 SECTION_RESERVE_S = 2   # a section starts no unit that would end within this of its cap
 # the dry run's caps and budget: a busy 2-core CI machine compiles far slower than the H200's
@@ -104,6 +112,8 @@ DRY_MOE_CASES = ({"model": "dry", "experts": 4, "top_k": 2, "d_model": 32, "d_ff
 # the traced calls of the profile unit (a per-kernel table of one layer fwd+bwd, per call)
 PROFILE_CALLS = 3
 TRAIN_STEPS = 20
+# MaxText's steps (bench/gpu_maxtext.py): its summary drops the first 3, the rest are timed
+MAXTEXT_STEPS = 10
 TIMING = {"samples": 3, "min_sample_s": 0.02}
 DRY_TIMING = {"samples": 1, "min_sample_s": 0.0}
 
@@ -161,6 +171,18 @@ H200_COSTS = {
     "train_step_s": 0.15,           # assumed
     "train_setup_s": 10.0,          # assumed
     "info_s": 2.9,                  # the rest of the info section's 11.1 s: torch, nvidia-smi
+    # the maxtext section (MaxText e591f30 on jax 0.11.2, never run on a GPU yet): all assumed.
+    # maxtext.sh's pip install of .whl and .maxtext/whl (~20 wheels, no network, no compile)
+    # and unpacking the source
+    "maxtext_install_s": 4.0,       # assumed
+    # MaxText's imports (transformers, flax, orbax, tokamax), its config and the CUDA client
+    "maxtext_start_s": 10.0,        # assumed
+    # one compile of the train step, 16 layers unscanned with tokamax's kernels: the train
+    # section's compile estimate for the same model, plus its model init on the device
+    "maxtext_compile_s": 50.0,      # assumed
+    # a step: ~41 TFLOP at a lower rate than dropless's assumed 0.15 s (MaxText's MLA and
+    # routing around tokamax's grouped matmul)
+    "maxtext_step_s": 0.5,          # assumed
 }
 
 # the moe section's units: (case index, mode, aligned), then the profile of the first case;
@@ -395,6 +417,9 @@ def _fixed_s(section: str, tokamax: bool, torch: bool, train_steps: int) -> floa
     if section == "train":
         return (start + a["train_setup_s"] + a["train_compile_s"]
                 + a["train_eval_s"] + train_steps * a["train_step_s"])
+    if section == "maxtext":
+        return (start + a["maxtext_install_s"] + a["maxtext_start_s"] + a["maxtext_compile_s"]
+                + MAXTEXT_STEPS * a["maxtext_step_s"])
     return float(CAPS_S[section])
 
 

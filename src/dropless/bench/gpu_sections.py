@@ -4,7 +4,7 @@ Legend: M routed rows, K contraction dim, N output dim, G groups (experts).
 
 `python -m dropless.bench.gpu_sections SPEC_JSON` runs one section: info, gmm and moe (with
 its per-kernel profile) are here, autotune in bench/gpu_autotune.py, train in bench/gpu_train.py,
-what they share in bench/gpu_common.py. Every measurement is
+maxtext in bench/gpu_maxtext.py, what they share in bench/gpu_common.py. Every measurement is
 appended to the results file as one JSON line the moment it is taken, with a progress line on
 stdout beside it, so a section cut off at its cap keeps what it measured. Inside a section each
 measurement is isolated too: a backend that fails to compile or run is recorded as an error and
@@ -33,6 +33,7 @@ from dropless.bench.gpu_common import late as _late
 from dropless.bench.gpu_common import no_compile as _no_compile
 from dropless.bench.gpu_common import operands as _operands
 from dropless.bench.gpu_common import ran as _ran
+from dropless.bench.gpu_maxtext import maxtext_section
 from dropless.bench.gpu_train import train_section
 from dropless.ops.gmm import shapes as gmm_shapes
 from dropless.ops.gmm.shapes import GmmShape
@@ -451,7 +452,8 @@ def _profile(emit: Emitter, spec: dict, base: dict, layer) -> None:
 
 
 SECTION_FNS = {"info": info_section, "gmm": gmm_section, "moe": moe_section,
-               "autotune": autotune_section, "train": train_section}
+               "autotune": autotune_section, "train": train_section,
+               "maxtext": maxtext_section}
 
 
 def _stand_in(spec: dict):

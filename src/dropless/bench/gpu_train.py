@@ -26,10 +26,9 @@ from a gpu_bench.jsonl into that file and refuses a dry run's. The dry run's dev
 which has no planner profile: its record predicts the step on the H200 the check is sized for,
 says so (`platform` "cpu", `hardware_stand_in` true) and compares nothing real.
 
-MaxText is not run beside it: the device has no network, and its wheel's imports (jax-free
-pins of tensorflow, tensorflow-text, grain, orbax, ...) are far above what may travel with a
-device run; the model's MaxText YAML is ready (examples/deepseek3_1gpu_maxtext.yml, docs/training.md
-"One GPU").
+MaxText trains the same model beside it, on the same GPU, in the next section (bench/
+gpu_maxtext.py: examples/deepseek3_1gpu_maxtext.yml, MaxText's source and the wheels its imports
+need carried as .maxtext/), whose summary puts this summary's tokens/s over MaxText's.
 """
 from __future__ import annotations
 

@@ -167,6 +167,9 @@ def _gpu_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=d.budget_s,
                    help=f"the whole check's deadline in seconds (default {d.budget_s}; the "
                         f"dry run's, and its caps, are {plan.DRY_CAP_SCALE} times longer)")
+    p.add_argument("--maxtext-dir", default=d.maxtext_dir, metavar="DIR",
+                   help="the folder benchmarks/gpu/fetch_maxtext.sh wrote, for the maxtext "
+                        "section (default: the checkout's .maxtext; absent: a skip record)")
     p.add_argument("--cap", action="append", default=[], metavar="SECTION=SECONDS",
                    help=f"override a section's time cap (defaults {plan.CAPS_S})")
     p.add_argument("--inject-fault", default="", metavar="KEY=KIND,...",
@@ -370,8 +373,8 @@ KINDS = {
                      "expert-parallel dispatchers: latency, rows/bytes moved, dedup saving",
                      _dispatch_arguments, _dispatch_options),
     "gpu": Kind("dropless.bench.gpu", "the prepared device check for one NVIDIA GPU: GPU tests, "
-                "grouped matmul vs cuBLAS and torch, MoE layer, a few training steps (--dry-run: "
-                "CPU)", _gpu_arguments, _gpu_options),
+                "grouped matmul vs cuBLAS and torch, MoE layer, a few training steps, MaxText's beside "
+                "them (--dry-run: CPU)", _gpu_arguments, _gpu_options),
     "gmm": Kind("dropless.bench.gmm", "grouped matmul backends vs a dense matmul of equal FLOPs",
                 _gmm_arguments, _gmm_options),
     "init": Kind("dropless.bench.init_convergence", "initialisation schemes (model.init): eval "
