@@ -87,19 +87,22 @@ def test_a_worker_is_sized_by_the_kind_of_its_largest_chunks(inputs, tmp_path):
 MB = 10 ** 6
 
 
-@pytest.mark.parametrize("chunk, tokenizer, text, records, slice_", [
-    ("records", "byte", 20 * MB, 1024, 0),                   # no Encodings
-    ("records", "tokenizer.json", 20 * MB, 1024, MiB),        # 1,024 records of 20 KB
-    ("records", "tokenizer.json", MB // 2, 1024, MB // 2),    # the chunk is one slice
-    ("records", "tokenizer.json", 1024 * 5 * MB, 1024, 5 * MB),   # a 5 MB record is a slice
-    ("records", "tokenizer.json", 8 * MB, 1, 8 * MB),         # one record a chunk
-    ("text", "tokenizer.json", 16 * MB, 1024, 0),             # the text is the slice: in the rate
-    ("text", "byte", 16 * MB, 1024, 0),
+@pytest.mark.parametrize("chunk, tokenizer, text, records, slice_, piece", [
+    ("records", "byte", 20 * MB, 1024, 0, 0),                   # no Encodings
+    ("records", "tokenizer.json", 20 * MB, 1024, MiB, 0),        # 1,024 records of 20 KB
+    ("records", "tokenizer.json", MB // 2, 1024, MB // 2, 0),    # the chunk is one slice
+    ("records", "tokenizer.json", 1024 * 5 * MB, 1024, 0, MiB),  # a 5 MB record: in pieces
+    ("records", "tokenizer.json", 8 * MB, 1, 0, MiB),            # one record a chunk
+    ("records", "tokenizer.json", 4 * MiB, 8, 0, MiB // 2),      # records of half a slice
+    ("text", "tokenizer.json", 16 * MB, 1024, 0, MiB),           # a text file: its pieces
+    ("text", "tokenizer.json", MB // 4, 1024, 0, MB // 4),       # a small one: one piece
+    ("text", "byte", 16 * MB, 1024, 0, 0),
 ])
-def test_a_chunks_peak_is_its_bytes_and_its_largest_slices(chunk, tokenizer, text, records,
-                                                           slice_):
+def test_a_chunks_peak_is_its_bytes_and_its_largest_slice_or_piece(chunk, tokenizer, text,
+                                                                   records, slice_, piece):
     got = pw.encode_peak(chunk, tokenizer, text, records)
-    assert got == pw.ENCODE_PEAK[chunk, tokenizer] * text + pw.SLICE_PEAK * slice_
+    assert got == (pw.ENCODE_PEAK[chunk, tokenizer] * text + pw.SLICE_PEAK * slice_
+                   + pw.PIECE_PEAK * piece)
 
 
 def test_the_count_is_what_the_memory_available_holds(inputs):

@@ -19,13 +19,17 @@ rest grows with the chunk: its payload and pickle, the texts (Python holds a str
 bytes a character, by its widest one), and the tokens, held twice and pickled once (2 or 4 bytes
 a token each): ENCODE_PEAK per byte of the chunk's text. The token terms follow the tokens per
 byte; the figures take one token a byte, the most a byte-level or byte-fallback tokenizer makes,
-so that the bound holds for any text. A text file is one string, and a string is never cut (a
-cut at an arbitrary point changes its tokens): it is one slice, for which `tokenizers` also
-keeps offsets and alignments per byte while it splits it, ~200 bytes a byte of text, all in
-ENCODE_PEAK["text", "tokenizer.json"]. The main process keeps 2 chunks queued per worker (each
-payload, and its pickle while it waits to be sent): QUEUED_PEAK. What the main process reads
-(one Parquet row group, one zstd block) does not grow with the workers; MEMORY_SHARE leaves room
-for it.
+so that the bound holds for any text. A text larger than a slice (a text file is one string,
+one document) is encoded alone, in pieces of about SLICE_BYTES whose ids are spliced where
+`text_pieces` has checked that the splice changes none (the same ids as the string encoded
+whole); `tokenizers` keeps offsets and alignments per byte of a string while it encodes it
+(~300 bytes a byte of one long string, against ~80 for a slice of many records), so a piece
+costs PIECE_PEAK per byte of it, and the text's share grows as a chunk of records' does. A text
+no cut of which passes its checks within GROW slices is encoded whole only where `piece_fits`
+finds the memory for it, and refused in one line otherwise. The main process keeps 2 chunks
+queued per worker (each payload, and its pickle while it waits to be sent): QUEUED_PEAK. What
+the main process reads (one Parquet row group, one zstd block) does not grow with the workers;
+MEMORY_SHARE leaves room for it.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import os
 import numpy as np
 
 from dropless.data import readers
+from dropless.data.text_pieces import UncuttableText, text_ids
 from dropless.data.tokenizer import tokenizer_file
 
 MAX_WORKERS = 1024    # tokenizing processes: more is a typo (each holds a tokenizer in memory)
@@ -47,8 +52,9 @@ SLICE_BYTES = 1 << 20     # text `encode_texts` encodes at once (its Encodings l
 # a worker's peak while it encodes a chunk, less its idle size, per byte of the chunk's text,
 # by (chunk: many records or one whole text, tokenizer); measured, rounded up (module doc)
 ENCODE_PEAK = {("records", "byte"): 13, ("records", "tokenizer.json"): 24,
-               ("text", "byte"): 13, ("text", "tokenizer.json"): 220}
+               ("text", "byte"): 13, ("text", "tokenizer.json"): 24}
 SLICE_PEAK = 80           # with a tokenizer.json, per byte of a chunk's largest slice of records
+PIECE_PEAK = 320          # with a tokenizer.json, per byte of one text's piece encoded alone
 QUEUED_PEAK = 4           # the main process's 2 queued chunks per worker: payload + pickle each
 MEMORY_SHARE = 0.8        # of the memory available, what the workers may take together
 
@@ -99,11 +105,23 @@ def utf8_size(text: str) -> int:
 
 def slice_ids(tok, texts: list[str], dtype: str) -> list[np.ndarray]:
     """Each text's ids by the `tokenizers.Tokenizer` `tok` (None: its UTF-8 bytes, uint8), without
-    special tokens; the texts' Encodings, made at once, are dropped on return."""
+    special tokens; the texts' Encodings, made at once, are dropped on return. A text larger
+    than SLICE_BYTES (alone in its slice) is encoded in pieces of about SLICE_BYTES with the
+    same ids (`text_pieces.text_ids`; UncuttableText where it cannot be)."""
     if tok is None:
         return [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
+    if len(texts) == 1 and utf8_size(texts[0]) > SLICE_BYTES:
+        return [text_ids(tok, texts[0], dtype, limit_bytes=SLICE_BYTES, fits=piece_fits)]
     return [np.array(e.ids, dtype)
             for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def piece_fits(text_bytes: int) -> bool:
+    """Whether encoding a piece of `text_bytes` of one text at once (PIECE_PEAK a byte) fits in
+    MEMORY_SHARE of the memory available now (unknown: yes); asked only for a text no cut of
+    which passes its checks within a slice (`text_pieces`)."""
+    room = available_memory()
+    return room is None or PIECE_PEAK * text_bytes <= MEMORY_SHARE * room
 
 
 def framed(ids: list[np.ndarray], enc: Encoder) -> tuple[np.ndarray, np.ndarray]:
@@ -131,12 +149,18 @@ def encode_texts(tok, texts: list[str], enc: Encoder) -> tuple[np.ndarray, np.nd
     """(lengths_N int64, tokens_T of enc.dtype): each text's ids by the `tokenizers.Tokenizer`
     `tok` (None: UTF-8 bytes) without its special tokens, with BOS / EOS as `enc` says; a text of
     no token has length 0 (and no BOS / EOS either). The texts are encoded in slices of at most
-    SLICE_BYTES of UTF-8 (`text_slices`), each text whole and alone as `tok.encode` would
-    encode it, so only one slice's Encodings live at a time. A text is never cut: a cut at an
-    arbitrary point changes its tokens, so a text larger than SLICE_BYTES (a whole text file)
-    is encoded at once."""
+    SLICE_BYTES of UTF-8 (`text_slices`), each text with the ids `tok.encode` gives it whole and
+    alone, so only one slice's Encodings live at a time; a text larger than SLICE_BYTES (a
+    whole text file) is a slice of its own, encoded in pieces (`slice_ids`). Raises
+    UncuttableText, its `index` the text's, where such a text can be neither cut nor held."""
     slices = text_slices([utf8_size(t) for t in texts], SLICE_BYTES)
-    parts = [framed(slice_ids(tok, texts[lo:hi], enc.dtype), enc) for lo, hi in slices]
+    parts = []
+    for lo, hi in slices:
+        try:
+            parts.append(framed(slice_ids(tok, texts[lo:hi], enc.dtype), enc))
+        except UncuttableText as e:
+            e.index = lo
+            raise
     if len(parts) == 1:
         return parts[0]
     return (np.concatenate([p[0] for p in parts] or [np.zeros(0, np.int64)]),
@@ -146,7 +170,10 @@ def encode_texts(tok, texts: list[str], enc: Encoder) -> tuple[np.ndarray, np.nd
 def encode_chunk(file: readers.InputFile, chunk: readers.Chunk, text_field: str):
     """(lengths_N, tokens_T) of a chunk's texts (`encode_texts`), in a started worker."""
     texts = readers.chunk_texts(file, chunk, text_field)
-    return encode_texts(_WORKER["tok"], texts, _WORKER["enc"])
+    try:
+        return encode_texts(_WORKER["tok"], texts, _WORKER["enc"])
+    except UncuttableText as e:
+        raise ValueError(f"{readers.where(file, chunk.indices[e.index])}: {e}") from None
 
 
 class _Done:
@@ -170,13 +197,18 @@ class WorkerCount:
 def encode_peak(chunk: str, tokenizer: str, text_bytes: int, records_per_chunk: int) -> int:
     """Bytes a worker takes over its idle size to encode a chunk of `text_bytes` of text (module
     doc), by the kind of chunk ("records" or "text") and of `tokenizer` ("byte" or
-    "tokenizer.json"). A chunk of records' largest slice is taken as SLICE_BYTES, or its mean
-    record where that is more (a record is never cut), and never more than the chunk."""
+    "tokenizer.json"). With a tokenizer.json, a chunk of records' largest slice is taken as
+    SLICE_BYTES (never more than the chunk) at SLICE_PEAK, or, where its mean record is larger
+    than that, one text's piece of SLICE_BYTES at PIECE_PEAK; a text's largest piece is
+    SLICE_BYTES, or the whole text where it is smaller."""
     cost = ENCODE_PEAK[chunk, tokenizer] * text_bytes
-    if chunk == "text" or tokenizer == "byte":
+    if tokenizer == "byte":
         return cost
+    if chunk == "text":
+        return cost + PIECE_PEAK * min(text_bytes, SLICE_BYTES)
     mean_record = -(-text_bytes // max(1, records_per_chunk))
-    return cost + SLICE_PEAK * min(text_bytes, max(SLICE_BYTES, mean_record))
+    return cost + max(SLICE_PEAK * min(text_bytes, SLICE_BYTES),
+                      PIECE_PEAK * min(mean_record, SLICE_BYTES))
 
 
 def worker_memory(files: list[readers.InputFile], text_field: str, records_per_chunk: int,
