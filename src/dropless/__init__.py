@@ -1,8 +1,9 @@
 """dropless: Mixture-of-Experts training in JAX without dropping tokens.
 
 The names below are imported when first used (PEP 562), so that `import dropless.<module>` runs
-only what that module needs: the command line's `config` and `report`, and `data prepare`'s
-tokenizing processes, never import JAX.
+only what that module needs: the command line's `report` and `config` (but for a Hugging Face
+folder's model, `--preset hf:DIR`, read through `dropless.hf`), and `data prepare`'s tokenizing
+processes, never import JAX (tests/cli/test_main_imports.py).
 """
 from __future__ import annotations
 

@@ -230,14 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         status, message = describe(e)
         print("dropless: error: " + "\n".join(bounded(x) for x in message.split("\n")),
               file=sys.stderr)
-        from dropless.checkpoint import CheckpointError
-        if isinstance(e, CheckpointError):
-            # After some failed saves (a read-only file system) orbax leaves background
-            # threads waiting for signals that never come, and the interpreter would wait for
-            # them at exit forever; the run's state is settled, so leave without joining them.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
+        # a CheckpointError comes only from a loaded `dropless.checkpoint`; importing it to ask
+        # would load JAX into the commands that never need it (`config`, `report`)
+        if "dropless.checkpoint" in sys.modules:
+            from dropless.checkpoint import CheckpointError
+            if isinstance(e, CheckpointError):
+                # After some failed saves (a read-only file system) orbax leaves background
+                # threads waiting for signals that never come, and the interpreter would wait
+                # for them at exit forever; the run's state is settled, so leave without
+                # joining them.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
         return status
 
 

@@ -8,6 +8,8 @@ from dropless.config.fields import (_check_dtype, _check_types, _fail, _one_of,
                                     _positive_ints, _sizes, described)
 from dropless.config.names import (DISPATCHERS, GMM_QUANTIZATIONS, MAX_EXPERTS, OVERFLOW_POLICIES,
                                    SCORE_FUNCS)
+from dropless.ops.gmm.aliases import canonical_backend
+from dropless.ops.gmm.names import check_backend_name
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,8 +165,8 @@ class MoEConfig:
         if not self.ragged_buffer_factor >= 1.0:
             _fail(c, "ragged_buffer_factor", self.ragged_buffer_factor, "must be >= 1.0")
         _one_of(c, self, "overflow", OVERFLOW_POLICIES)
-        # the backend name is checked against its registry (below config), read at call time
-        from dropless.ops.gmm.registry import canonical_backend, check_backend_name
+        # ops' list of backend names (below config): the registry's when it is loaded, else the
+        # built-in names, checked without loading a backend (and JAX) for `dropless config show`
         check_backend_name(self.gmm_backend, where="MoEConfig.gmm_backend")
         object.__setattr__(self, "gmm_backend", canonical_backend(self.gmm_backend))
         _one_of(c, self, "dispatcher", DISPATCHERS)

@@ -1,6 +1,33 @@
 """Models built from the MoE layer: the DeepSeek-V3 / Mixtral / Qwen3-MoE decoder, and the
-arithmetic model of its parameters and FLOPs (`arithmetic`)."""
-from dropless.models.arithmetic import flops_per_token, param_counts
-from dropless.models.decoder import forward, init_params
+arithmetic model of its parameters and FLOPs (`arithmetic`).
 
-__all__ = ["flops_per_token", "forward", "init_params", "param_counts"]
+The names below are imported when first used (PEP 562), so that `dropless config show`, which
+reads only `arithmetic`, never imports JAX; `forward` and `init_params` bring in the decoder
+(and JAX) when asked for.
+"""
+from __future__ import annotations
+
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from dropless.models.arithmetic import flops_per_token, param_counts
+    from dropless.models.decoder import forward, init_params
+
+# each name -> the module it comes from
+_HOME = {"flops_per_token": "dropless.models.arithmetic",
+         "param_counts": "dropless.models.arithmetic",
+         "forward": "dropless.models.decoder", "init_params": "dropless.models.decoder"}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'dropless.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

@@ -1,8 +1,38 @@
 """Array operations: the grouped matmul, its registry and backends (`ops.gmm`; the GPU kernels
 in `ops.gpu`, the native CPU library in `ops.native`), and what each platform offers the MoE
-layer beyond it, asked for by capability (`ops.kernels`)."""
-from dropless.ops.gmm import (backend_spec, grouped_matmul, grouped_matmul_backends,
-                              padding_stats, register_backend, resolve_backend)
+layer beyond it, asked for by capability (`ops.kernels`).
 
-__all__ = ["grouped_matmul", "grouped_matmul_backends", "register_backend", "resolve_backend",
-           "backend_spec", "padding_stats"]
+The names below are imported when first used (PEP 562), so that the configs can check a
+backend name (`ops.gmm.names`) without loading the backends, and with them JAX.
+"""
+from __future__ import annotations
+
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from dropless.ops.gmm.baselines import padding_stats
+    from dropless.ops.gmm.registry import (backend_spec, grouped_matmul,
+                                           grouped_matmul_backends, register_backend,
+                                           resolve_backend)
+
+# each name -> the module it comes from
+_HOME = {"grouped_matmul": "dropless.ops.gmm.registry",
+         "grouped_matmul_backends": "dropless.ops.gmm.registry",
+         "register_backend": "dropless.ops.gmm.registry",
+         "resolve_backend": "dropless.ops.gmm.registry",
+         "backend_spec": "dropless.ops.gmm.registry",
+         "padding_stats": "dropless.ops.gmm.baselines"}
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'dropless.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

@@ -33,6 +33,9 @@ records, per grouped matmul, what `auto` chose on each platform and what `tokama
 caller can say which backend ran. `stand_in` puts a backend first on a platform's chain (tests
 and `bench gpu --dry-run` use failing stand-ins to show the fallback on CPU). An old backend
 name (`aliases.ALIASES`: `openblas` -> `native`) is accepted wherever a name is, as its new one.
+
+Loading this module registers the built-in backends (at its end); `names.py` lists their names
+without JAX, for the configs, which check a name without loading any backend.
 """
 from __future__ import annotations
 
@@ -47,9 +50,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from dropless.ops.gmm import choices, winners
+from dropless.ops.gmm.baselines import loop_gmm, padded_gmm, ragged_dot_gmm, reference_gmm
 from dropless.ops.gmm.shapes import DIRECTIONS
-from dropless.ops.gmm.aliases import ALIASES, canonical_backend
+from dropless.ops.gmm.aliases import canonical_backend
 from dropless.ops.gmm.choices import auto_scope, note, shape_key  # noqa: F401 (re-exported)
+from dropless.ops.gmm.names import BACKENDS, check_backend_name  # noqa: F401 (re-exported)
+from dropless.ops.gmm.tiled import tiled_gmm
+from dropless.ops.gpu import cudnn_ragged, mosaic_gpu, pallas_gpu, tokamax_backend
+from dropless.ops.gpu.pallas_plan import ALIGNED_ROW_BLOCK
+from dropless.ops.native import native_gmm, problem as native_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,14 +112,6 @@ def backend_spec(name: str) -> BackendSpec:
                                f"{p} -> {resolve_backend('auto', p)}" for p in AUTO_PLATFORMS),
                            aligned=True)
     return _REGISTRY[name]
-
-
-def check_backend_name(name: str, where: str = "backend") -> None:
-    """Raise ValueError naming `where`, the value and the known backends if `name` is unknown
-    (an old name, `aliases.ALIASES`, is known)."""
-    if name != "auto" and ALIASES.get(name, name) not in _REGISTRY:
-        raise ValueError(f"{where}={name!r} is not a grouped-matmul backend; "
-                         f"known: {', '.join(grouped_matmul_backends())}")
 
 
 AUTO_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -198,16 +199,15 @@ def tokamax_available() -> bool:
     suits this jax (`tokamax_backend.tokamax_problem`; cached there)."""
     if importlib.util.find_spec("tokamax") is None:
         return False
-    from dropless.ops.gpu.tokamax_backend import tokamax_problem  # noqa: PLC0415
-    return tokamax_problem() is None
+    return tokamax_backend.tokamax_problem() is None
 
 
 def tokamax_unusable() -> str | None:
     """Why `auto` cannot use tokamax here (None: it can); the tokamax backend's `problem`."""
     if tokamax_available():
         return None
-    from dropless.ops.gpu.tokamax_backend import tokamax_problem  # noqa: PLC0415
-    return tokamax_problem() if importlib.util.find_spec("tokamax") else "tokamax is not installed"
+    return (tokamax_backend.tokamax_problem() if importlib.util.find_spec("tokamax")
+            else "tokamax is not installed")
 
 
 def what_ran(events: list[dict], platform: str) -> list[dict]:
@@ -424,3 +424,43 @@ def grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Arr
                           else jnp.result_type(lhs_MK, rhs_GKN))
     return spec.fn(lhs_MK, rhs_GKN, group_sizes_G.astype(jnp.int32), out_dtype=out_dtype,
                    **options)
+
+
+# The built-in backends, registered when this module loads (whoever reads the registry imports
+# it); `names.BACKENDS` lists them for the configs, which check a name without loading them.
+register_backend("reference", reference_gmm,
+                 description="per-group masked loop, G x the work; obviously correct (tests)")
+register_backend("ragged_dot", ragged_dot_gmm,
+                 description="jax.lax.ragged_dot (XLA): a grouped kernel on TPU; on CUDA a "
+                             "zero-padded dense product (G x the FLOPs), by name only")
+register_backend("tiled", tiled_gmm, options=("tile_sizes",),
+                 description="pure-JAX row tiles per group with hand-written VJP; CPU default")
+register_backend("native", native_gmm, problem=native_problem,
+                 description="the native CPU library (ops/native): one GEMM per group through "
+                             "XLA's FFI, rows in place, OpenBLAS's sgemm or, on AVX-512, the "
+                             "library's own tiled kernel (float32; other dtypes run tiled); CPU "
+                             "default when it builds (old name: openblas)")
+register_backend("pallas_gpu", pallas_gpu.pallas_gpu_gmm, options=pallas_gpu.OPTIONS,
+                 description="our Pallas kernels via Triton (fwd, dlhs, drhs), sizes on device; "
+                             "CUDA; interpret mode on CPU (slow, for tests)",
+                 aligned=True, row_block=ALIGNED_ROW_BLOCK)
+register_backend("tokamax", tokamax_backend.tokamax_gmm, options=("implementation",),
+                 problem=tokamax_unusable,
+                 description="tokamax.ragged_dot (Mosaic GPU SM90/SM100, Triton); optional "
+                             "dependency, the `gpu` extra")
+register_backend("mosaic_gpu", mosaic_gpu.mosaic_gpu_gmm, options=mosaic_gpu.OPTIONS,
+                 problem=mosaic_gpu.mosaic_problem,
+                 description="jax's own Mosaic GPU kernels for Hopper (ragged_dot_mgpu: fwd, dlhs; "
+                             "drhs ours or, with drhs='mosaic', transposed_ragged_dot_mgpu); "
+                             "bf16/f16, sm_90a; other operands run pallas_gpu")
+register_backend("cudnn_ragged_dot", cudnn_ragged.cudnn_ragged_gmm, problem=cudnn_ragged.problem,
+                 description="jax.lax.ragged_dot as XLA's cuDNN grouped GEMM; usable only where "
+                             "cuDNN >= 9.22 is loaded and XLA_FLAGS enables the fusion "
+                             "(ops/gpu/cudnn_ragged.py detects both)")
+register_backend("padded", padded_gmm, options=("capacity",),
+                 description="pad each group to a capacity, one batched GEMM (naive baseline)")
+register_backend("loop", loop_gmm, jittable=False,
+                 description="host loop over groups, sizes copied to host (naive baseline)")
+if tuple(_REGISTRY) != BACKENDS:   # the configs check names against that list
+    raise ImportError(f"ops/gmm/names.py's BACKENDS {BACKENDS} are not the backends registered "
+                      f"here, {tuple(_REGISTRY)}: make them the same")
