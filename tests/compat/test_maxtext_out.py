@@ -47,7 +47,7 @@ MAXTEXT_BASE = {
     "qk_nope_head_dim": (128, 450), "qk_rope_head_dim": (64, 451), "v_head_dim": (128, 452),
     "vocab_size": (32000, 712), "per_device_batch_size": (12.0, 731),
     "max_target_length": (2048, 880), "rope_max_timescale": (10000, 1016),
-    "gradient_accumulation_steps": (1, 968),
+    "gradient_accumulation_steps": (1, 968), "num_vocab_tiling": (1, 705),
     # the run's length, learning-rate schedule and mesh
     "steps": (150001, 836), "learning_rate": (3.0e-5, 870), "lr_schedule_type": ("cosine", 871),
     "learning_rate_final_fraction": (0.1, 872), "warmup_steps_fraction": (0.1, 875),

@@ -182,7 +182,7 @@ def test_mtp_sees_exactly_one_token_ahead():
 
 
 def test_masked_cross_entropy_hand_worked():
-    from dropless.train.step import cross_entropy
+    from dropless.train.cross_entropy import cross_entropy
     logits = jnp.log(jnp.array([[[0.5, 0.5], [0.9, 0.1]]]))
     targets = jnp.array([[0, 1]])
     np.testing.assert_allclose(cross_entropy(logits, targets), (np.log(2) + np.log(10)) / 2,

@@ -87,6 +87,7 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "per_device_batch_size": ("per_device_batch_size",),
     "gradient_accumulation_steps": ("gradient_accumulation_steps",),
     "max_target_length": ("seq_len",),
+    "num_vocab_tiling": ("num_vocab_tiling",),
     "steps": ("steps",),
     "weight_dtype": ("model.weight_dtype", "model.moe.weight_dtype"),
     "dtype": ("model.dtype", "model.moe.dtype"),

@@ -36,7 +36,8 @@ MODEL_NAMES = (
     "load_balance_loss_weight", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
     "qk_rope_head_dim", "v_head_dim", "rope_max_timescale", "mtp_num_layers",
     "mtp_loss_scaling_factor", "scan_layers", "dtype", "weight_dtype")
-RUN_NAMES = ("per_device_batch_size", "gradient_accumulation_steps", "max_target_length")
+RUN_NAMES = ("per_device_batch_size", "gradient_accumulation_steps", "max_target_length",
+             "num_vocab_tiling")
 # the optimizer's RENAMES names, in base.yml's order: the same optax AdamW after a global-norm
 # clip in both trainers (MaxText's src/maxtext/optimizers/optimizers.py get_optimizer and
 # trainers/pre_train/train.py at e591f30), adam_eps_root left at base.yml's 0, optax's and ours;

@@ -61,6 +61,10 @@ class TrainConfig:
         1, doc="micro-batches whose gradients a step adds up before its one optimizer update "
                "(the batch grows, the activations' memory does not)")
     seq_len: int = described(128, doc="tokens per sequence")
+    num_vocab_tiling: int = described(
+        1, doc="slices of the sequence the loss runs the output head on, one at a time "
+               "(MaxText's key): the logits take 1/N of the memory, for one more head forward "
+               "in the backward; must divide seq_len")
     learning_rate: float = described(3e-3, doc="peak learning rate, reached after the warmup")
     warmup_steps: int = described(20, doc="steps of linear warmup from 0 to learning_rate")
     min_lr_ratio: float = described(
@@ -157,6 +161,11 @@ class TrainConfig:
                                  "lr_decay_steps"),
                        allow_zero=True)
         _sizes(c, self, ("per_device_batch_size", "gradient_accumulation_steps", "seq_len"))
+        _positive_ints(c, self, ("num_vocab_tiling",))
+        if self.seq_len % self.num_vocab_tiling:
+            _fail(c, "num_vocab_tiling", self.num_vocab_tiling,
+                  f"must divide seq_len={self.seq_len}: each slice is seq_len / "
+                  "num_vocab_tiling positions of every row; use a divisor of seq_len")
         for name in STEP_FIELDS:
             if getattr(self, name) >= MAX_STEPS:
                 _fail(c, name, getattr(self, name), f"must be < 2**31 = {MAX_STEPS:,} (the step "

@@ -285,7 +285,19 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *,
             segment_ids_BS: jax.Array | None = None, positions_BS: jax.Array | None = None,
             mesh: AnyMesh | None = None, remat: str = "none"
             ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-    """Token ids [B, S] -> (logits_BSV float32, last hidden h_BSD, aux).
+    """Token ids [B, S] -> (logits_BSV float32, last hidden h_BSD, aux): `hidden`, then the
+    final norm and the output head (`logits_from_hidden`)."""
+    h_BSD, aux = hidden(params, tokens_BS, cfg, segment_ids_BS=segment_ids_BS,
+                        positions_BS=positions_BS, mesh=mesh, remat=remat)
+    return logits_from_hidden(params, h_BSD, params["final_norm"]["w_D"], cfg), h_BSD, aux
+
+
+def hidden(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *,
+           segment_ids_BS: jax.Array | None = None, positions_BS: jax.Array | None = None,
+           mesh: AnyMesh | None = None, remat: str = "none"
+           ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Token ids [B, S] -> (last hidden h_BSD, before the final norm; aux): the model without
+    its output head, for a loss that runs the head itself (train/cross_entropy.py).
 
     Packed rows: `segment_ids_BS` confines attention to each segment (causal AND same
     segment), `positions_BS` (in [0, S)) gives the rotary positions; either None: a plain
@@ -307,11 +319,22 @@ def forward(params: Params, tokens_BS: jax.Array, cfg: ModelConfig, *,
     layers = {k: compute_weights(params[k], cfg) if once else params[k]
               for k in (PER_LAYER, SCANNED) if k in params}
     x, auxes = run_layers(layers, x, _block_fn(cfg, mesh, remat), cos, sin, segment_ids_BS)
-    logits = logits_from_hidden(params, x, params["final_norm"]["w_D"], cfg)
-    return logits, x, _merge_aux(auxes)
+    return x, _merge_aux(auxes)
 
 
 def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: ModelConfig, *,
+               segment_ids_BS: jax.Array | None = None, positions_BS: jax.Array | None = None,
+               mesh: AnyMesh | None = None, remat: str = "none"
+               ) -> tuple[list[jax.Array], dict]:
+    """DeepSeek-V3 multi-token prediction: `mtp_hidden`, then each module's output norm and the
+    shared output head. Returns ([logits_BSV per depth], aux)."""
+    hs, aux = mtp_hidden(params, h_BSD, tokens_BS, cfg, segment_ids_BS=segment_ids_BS,
+                         positions_BS=positions_BS, mesh=mesh, remat=remat)
+    return [logits_from_hidden(params, h, m["out_norm_D"], cfg)
+            for h, m in zip(hs, params.get("mtp", []))], aux
+
+
+def mtp_hidden(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: ModelConfig, *,
                segment_ids_BS: jax.Array | None = None, positions_BS: jax.Array | None = None,
                mesh: AnyMesh | None = None, remat: str = "none"
                ) -> tuple[list[jax.Array], dict]:
@@ -319,10 +342,10 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
     depth's hidden state with the embedding of token i+k and predicts token i+k+1; its block
     attends with the row's segment ids and rotary positions of position i, as `forward`.
 
-    Returns ([logits_BSV per depth], aux); positions i >= S - k see wrapped tokens, and in a
-    packed row positions whose token i+k lies in another segment see another document: both
-    must be masked out of the loss (see `dropless.train.step.loss_fn`). Positions that are
-    kept never attend to those.
+    Returns ([hidden h_BSD per depth, before its module's `out_norm_D`], aux); positions
+    i >= S - k see wrapped tokens, and in a packed row positions whose token i+k lies in
+    another segment see another document: both must be masked out of the loss (see
+    `dropless.train.step.loss_fn`). Positions that are kept never attend to those.
     """
     check_documents(tokens_BS, segment_ids_BS, positions_BS)
     dt = jnp.dtype(cfg.dtype)
@@ -338,5 +361,5 @@ def mtp_logits(params: Params, h_BSD: jax.Array, tokens_BS: jax.Array, cfg: Mode
         h_BSD, aux = fn(block, h_BSD, cos, sin, segment_ids_BS)
         if aux:
             auxes.append(aux)
-        out.append(logits_from_hidden(params, h_BSD, m["out_norm_D"], cfg))
+        out.append(h_BSD)
     return out, _merge_aux(auxes)

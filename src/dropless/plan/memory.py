@@ -25,7 +25,7 @@ the layer layout (`ModelConfig.scan_layers`):
     `layer_workspace` is the largest block's tensors and their gradients
     (`workspace_bytes_per_token`, `Activations.block`), and the head's logits, freed before
     the last layer's backward begins, count only where they exceed it (`logits` is that
-    excess). Measured against XLA's compiled step: tests/train/test_preflight*_gpu_compile.py.
+    excess). Under `num_vocab_tiling` N the logits live a tile at a time: 1/N of them. Measured against XLA's compiled step: tests/train/test_preflight*_gpu_compile.py.
 """
 from __future__ import annotations
 
@@ -346,7 +346,7 @@ def memory_per_device(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
     out = weight_memory(cfg)
     act = activation_memory(cfg)
     logits = float(cfg.micro_tokens_per_device * s.vocab_size * (cfg.activation_bytes + 4)
-                   * (1 + s.mtp_depth))
+                   * (1 + s.mtp_depth)) / cfg.run.num_vocab_tiling
     out["activations"] = act.kept
     if s.scan_layers:
         out.update(layer_workspace=act.layer, logits=logits)

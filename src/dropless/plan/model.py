@@ -164,10 +164,12 @@ def _exposed(parts: dict[str, float], overlap: str, cost: float,
 
 
 def head_times(cfg: PlanConfig, hw: HardwareProfile) -> dict[str, float]:
-    """Output head (and MTP heads) in one micro-batch: logits matmul forward + backward, loss
+    """Output head (and MTP heads) in one micro-batch: logits matmul forward + backward (and
+    the forward again in the backward under num_vocab_tiling > 1: train/cross_entropy.py), loss
     elementwise."""
     s, t = cfg.model, cfg.micro_tokens_per_device
-    f = 3 * ar.head_forward_flops(s) * t * (1 + s.mtp_depth)
+    passes = 3 + (cfg.run.num_vocab_tiling > 1)
+    f = passes * ar.head_forward_flops(s) * t * (1 + s.mtp_depth)
     logits = t * s.vocab_size * (cfg.activation_bytes + 4) * (1 + s.mtp_depth)
     return {"gemm": f / _rates(hw, cfg)["gemm"],
             "elementwise": 3 * logits / (hw.hbm_bw * hw.hbm_efficiency)}

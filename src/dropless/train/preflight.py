@@ -60,7 +60,8 @@ _HINTS = {
     "activations": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps), "
                    "or set remat=full",
     "layer_workspace": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps)",
-    "logits": "lower seq_len or per_device_batch_size (+ gradient_accumulation_steps)",
+    "logits": "set num_vocab_tiling (a divisor of seq_len), or lower seq_len or "
+              "per_device_batch_size (+ gradient_accumulation_steps)",
     "ep_buffers": "lower per_device_batch_size",
 }
 PARTS = tuple(_HINTS)

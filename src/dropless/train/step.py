@@ -38,6 +38,7 @@ from dropless.models import attention, decoder
 from dropless.moe import update_bias
 from dropless.moe.dispatch.overlap import NOT_SUMMED
 from dropless.parallel.mesh import AnyMesh
+from dropless.train.cross_entropy import mean_nll, nll_from_hidden
 
 State = dict[str, Any]
 
@@ -87,33 +88,6 @@ def new_state(params, opt: optax.GradientTransformation, rng: jax.Array) -> Stat
     """The state at step 0 of `params` under `opt` (fresh optimizer state), `rng` its key."""
     return {"params": params, "opt_state": opt.init(params),
             "step": jnp.zeros((), jnp.int32), "rng": rng}
-
-
-def token_nll(logits_BSV: jax.Array, targets_BS: jax.Array) -> jax.Array:
-    """-log softmax(logits)[target] per position: optax's
-    `softmax_cross_entropy_with_integer_labels` (logsumexp minus the target's logit), the same
-    arithmetic and the same bits, with the target's logit picked by a compare against the
-    vocabulary's iota (a sum of one logit and zeros) instead of a gather.
-    The gradient is then one elementwise pass over the logits (softmax minus the one-hot, which
-    a consumer may read in another dtype in the same pass); a gather's gradient is a
-    scatter-add into a float32 [B, S, V] array that XLA writes out first."""
-    vocab = lax.broadcasted_iota(jnp.int32, logits_BSV.shape, logits_BSV.ndim - 1)
-    picked = jnp.sum(jnp.where(vocab == targets_BS[..., None], logits_BSV, 0.0), axis=-1)
-    return jax.nn.logsumexp(logits_BSV, axis=-1) - picked
-
-
-def cross_entropy(logits_BSV: jax.Array, targets_BS: jax.Array,
-                  mask_BS: jax.Array | None = None, total: jax.Array | None = None
-                  ) -> jax.Array:
-    """Mean token cross-entropy in float32 (over mask when given). `total`: divide the summed
-    (masked) cross-entropy by this count instead of this batch's own (a micro-batch's share of
-    a larger batch's mean)."""
-    nll = token_nll(logits_BSV.astype(jnp.float32), targets_BS)
-    if total is not None:
-        return jnp.sum(nll if mask_BS is None else nll * mask_BS) / jnp.maximum(total, 1)
-    if mask_BS is None:
-        return jnp.mean(nll)
-    return jnp.sum(nll * mask_BS) / jnp.maximum(jnp.sum(mask_BS), 1)
 
 
 class StepInputs(NamedTuple):
@@ -210,20 +184,22 @@ def loss_fn(params, batch: Batch | jax.Array, cfg: TrainConfig, mesh: AnyMesh | 
     x = step_inputs(batch, cfg)
     share = (lambda v: v) if counts is None else (lambda v: v / counts.micro_batches)
     docs = {"segment_ids_BS": x.segment_ids_BS, "positions_BS": x.positions_BS}
-    logits, h, aux = decoder.forward(params, x.tokens_BS, m, **docs, mesh=mesh,
-                                      remat=cfg.remat)
-    ce = cross_entropy(logits, x.targets_BS, x.loss_mask_BS,
-                       None if counts is None else counts.ce)
+    h, aux = decoder.hidden(params, x.tokens_BS, m, **docs, mesh=mesh, remat=cfg.remat)
+    nll = nll_from_hidden(params, h, params["final_norm"]["w_D"], x.targets_BS, m,
+                          cfg.num_vocab_tiling)
+    ce = mean_nll(nll, x.loss_mask_BS, None if counts is None else counts.ce)
     total = ce + share(aux["moe_loss"])
     metrics = {"ce_loss": ce, **aux}
     if m.mtp_depth:
-        mtp, mtp_aux = decoder.mtp_logits(params, h, x.tokens_BS, m, **docs, mesh=mesh,
+        mtp, mtp_aux = decoder.mtp_hidden(params, h, x.tokens_BS, m, **docs, mesh=mesh,
                                            remat=cfg.remat)
         losses = []
-        for k, lg in enumerate(mtp, start=1):
-            losses.append(cross_entropy(lg, jnp.roll(x.targets_BS, -k, axis=1),
-                                        mtp_mask(x, k),
-                                        None if counts is None else counts.mtp[k - 1]))
+        for k, (h_k, module) in enumerate(zip(mtp, params["mtp"]), start=1):
+            targets = jnp.roll(x.targets_BS, -k, axis=1)
+            nll = nll_from_hidden(params, h_k, module["out_norm_D"], targets, m,
+                                  cfg.num_vocab_tiling)
+            losses.append(mean_nll(nll, mtp_mask(x, k),
+                                   None if counts is None else counts.mtp[k - 1]))
         metrics["mtp_loss"] = sum(losses) / len(losses)
         metrics["mtp_moe_loss"] = mtp_aux["moe_loss"]   # the MTP blocks' own balance losses
         total = total + m.mtp_loss_coef * metrics["mtp_loss"] + share(mtp_aux["moe_loss"])
@@ -375,10 +351,10 @@ def eval_loss(params, batch: Batch | jax.Array, *, cfg: TrainConfig,
 
 def _eval_sums(params, batch, cfg: TrainConfig, mesh: AnyMesh | None) -> EvalSums:
     x = step_inputs(batch, cfg)
-    logits, _, _ = decoder.forward(params, x.tokens_BS, cfg.model,
-                                    segment_ids_BS=x.segment_ids_BS,
-                                    positions_BS=x.positions_BS, mesh=mesh)
-    nll = token_nll(logits.astype(jnp.float32), x.targets_BS)
+    h, _ = decoder.hidden(params, x.tokens_BS, cfg.model, segment_ids_BS=x.segment_ids_BS,
+                          positions_BS=x.positions_BS, mesh=mesh)
+    nll = nll_from_hidden(params, h, params["final_norm"]["w_D"], x.targets_BS, cfg.model,
+                          cfg.num_vocab_tiling)
     if x.loss_mask_BS is None:
         return EvalSums(jnp.sum(nll), jnp.asarray(nll.size, jnp.float32))
     mask = x.loss_mask_BS.astype(jnp.float32)
