@@ -58,7 +58,7 @@ CONFIG_COMMANDS = [["config", "show", "--preset", "deepseek3-1gpu"],
 
 @pytest.fixture(scope="module")
 def config_commands_run() -> list[list]:
-    """[status, JAX imported, the decoder imported] after each of CONFIG_COMMANDS, run in turn
+    """[status, JAX imported, the decoder imported, ml_dtypes imported] after each of CONFIG_COMMANDS, run in turn
     by one fresh interpreter (one each would cost about a second apiece): what the first of
     them imports, the later ones see too."""
     code = textwrap.dedent(f"""
@@ -70,7 +70,8 @@ def config_commands_run() -> list[list]:
                     contextlib.redirect_stderr(io.StringIO()):
                 status = main(argv)
             seen.append([status, 'jax' in sys.modules,
-                         'dropless.models.decoder' in sys.modules])
+                         'dropless.models.decoder' in sys.modules,
+                         'ml_dtypes' in sys.modules])
         print(json.dumps(seen))""")
     return json.loads(_run(code, cwd=ROOT).strip().splitlines()[-1])
 
@@ -78,14 +79,21 @@ def config_commands_run() -> list[list]:
 def test_the_config_commands_never_import_the_model(config_commands_run):
     """`config show` reads the parameter counts from `models.arithmetic` alone: importing it
     does not bring in `models.decoder` (its package's `forward` loads on first use)."""
-    assert [[status, decoder] for status, _, decoder in config_commands_run] == [
+    assert [[status, decoder] for status, _, decoder, _ in config_commands_run] == [
         [0, False]] * len(CONFIG_COMMANDS)
 
 
 def test_the_config_commands_run_without_importing_jax(config_commands_run):
     """MoEConfig checks its gmm_backend against ops/gmm/names.py's list, which loads no
     backend (the packages above it load their names on first use)."""
-    assert [[status, jax] for status, jax, _ in config_commands_run] == [
+    assert [[status, jax] for status, jax, _, _ in config_commands_run] == [
+        [0, False]] * len(CONFIG_COMMANDS)
+
+
+def test_the_config_commands_leave_ml_dtypes_unloaded(config_commands_run):
+    """A dtype name the configs know is checked by name; ml_dtypes (~0.7 s to import) is loaded
+    only to name an unknown one (config/fields.py `_check_dtype`)."""
+    assert [[status, ml] for status, _, _, ml in config_commands_run] == [
         [0, False]] * len(CONFIG_COMMANDS)
 
 
