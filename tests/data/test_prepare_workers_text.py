@@ -1,12 +1,12 @@
 """A text file in `data prepare` (`prepare_workers`): one document, encoded in pieces of about
 SLICE_BYTES (`text_pieces`), whose shard tokens are the whole file's encoding by the
 tokenizer.json (`Tokenizer.encode(text, add_special_tokens=False)`) between BOS and EOS; a
-worker encoding a 16 MiB text file stays under its estimate (`encode_peak`), which is bounded
-by a piece rather than by the file; a text that can be neither cut nor held is refused in one
+worker encoding the largest text file it is given whole (readers.TEXT_WHOLE_BYTES: a larger one
+is streamed, tests/data/test_prepare_text_stream*.py) stays under its estimate (`encode_peak`);
+a text that can be neither cut nor held is refused in one
 line naming the file (exit 2), writing nothing."""
 import json
 import os
-import random
 
 import numpy as np
 import pytest
@@ -16,21 +16,14 @@ from dropless.data import manifest as mf
 from dropless.data import prepare_workers as pw
 from dropless.data import readers
 from dropless.data.prepare import PrepareConfig, prepare
-from tests._support.tokenizer_styles import STYLE_CORPUS, build
+from tests._support.prepare_memory import mixed_text
+from tests._support.tokenizer_styles import build
 
 MiB = 1 << 20
 FOLDERS = {   # style: (tokenizer_config.json, post-processor template adding BOS, or None)
     "prepend": ({"bos_token": "<s>", "eos_token": "</s>"}, "<s> $A"),
     "gpt2": ({"eos_token": "<|endoftext|>"}, None),
 }
-
-
-def _text(size: int, seed: int = 0) -> str:
-    """Corpus lines between runs of spaces, newlines, CRLFs, emoji and CJK, `size` characters."""
-    rng = random.Random(seed)
-    fills = [" " * 300, "\n" * 50, "\r\n" * 20, "\N{GRINNING FACE}" * 9, "日本語" * 30, ""]
-    block = "".join(rng.choice(STYLE_CORPUS) + rng.choice(fills) for _ in range(4000))
-    return (block * (size // len(block) + 1))[:size]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +46,7 @@ def folders(tmp_path_factory):
 @pytest.mark.parametrize("style", list(FOLDERS))
 def test_a_text_file_of_several_slices_is_its_whole_encoding(folders, tmp_path, style):
     from tokenizers import Tokenizer
-    text = _text(3 * pw.SLICE_BYTES + 12345)
+    text = mixed_text(3 * pw.SLICE_BYTES + 12345)
     (tmp_path / "book.txt").write_text(text, newline="")
     m = prepare(PrepareConfig(sources=(str(tmp_path / "book.txt"),), out=str(tmp_path / "out"),
                               tokenizer=str(folders[style]), eval_fraction=0.0, workers=1),
@@ -77,11 +70,13 @@ def _status(text: str, key: str) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's /proc")
-def test_a_worker_encoding_a_16_mib_text_file_stays_under_its_estimate(folders, tmp_path):
-    """As the kernel counts it (VmHWM less the idle VmRSS, as docs/data.md measures): a 16 MiB
-    text file, at ~1.3 bytes a token with the gpt2 style, uint32 ids (the most the token
-    terms take); encoded whole, as before, it took ~200-275 bytes a byte (3.3-4.4 GiB)."""
-    (tmp_path / "big.txt").write_text(_text(16 * MiB, seed=1), newline="")
+def test_a_worker_encoding_the_largest_whole_text_file_stays_under_its_estimate(folders,
+                                                                               tmp_path):
+    """As the kernel counts it (VmHWM less the idle VmRSS, as docs/data.md measures): a text
+    file of TEXT_WHOLE_BYTES, at ~1.3 bytes a token with the gpt2 style, uint32 ids (the most
+    the token terms take); encoded as one string it would take ~200-275 bytes a byte."""
+    data = mixed_text(readers.TEXT_WHOLE_BYTES, seed=1).encode()[:readers.TEXT_WHOLE_BYTES]
+    (tmp_path / "big.txt").write_bytes(data.decode("utf-8", "ignore").encode())
     (f,) = readers.input_files(str(tmp_path / "big.txt"))
     chunk = next(readers.text_chunks(f, "text"))
     size = readers.chunk_text_bytes(f, "text")
@@ -96,7 +91,8 @@ def test_a_worker_encoding_a_16_mib_text_file_stays_under_its_estimate(folders, 
         pool.shutdown()
     assert len(lengths) == 1 and lengths[0] > size // 4
     est = pw.encode_peak("text", "tokenizer.json", size, 1024)
-    assert est < 50 * size and 0.25 * est <= peak - idle <= est, (peak - idle, est, size)
+    assert not readers.streamed(f) and size > readers.TEXT_WHOLE_BYTES - 4
+    assert 0.25 * est <= peak - idle <= est, (peak - idle, est, size)
 
 
 def test_a_text_that_can_be_neither_cut_nor_held_is_refused_in_one_line(folders, tmp_path,

@@ -83,7 +83,8 @@ def test_a_check_that_fails_after_the_piece_is_encoded_cuts_elsewhere(toks, monk
     """Checks 3 and 4 (module doc) reject cuts on these texts, and the ids stay exact."""
     rejected = []
     real = tp._reject
-    monkeypatch.setattr(tp, "_reject", lambda r, c, can: rejected.append(c) or real(r, c, can))
+    monkeypatch.setattr(tp, "_reject",
+                        lambda r, c, can, **kw: rejected.append(c) or real(r, c, can, **kw))
     for style in ("gpt2", "llama3", "prepend"):
         tok = toks[style]
         text = TEXTS["long runs"]

@@ -94,9 +94,18 @@ def decode_utf8(data: bytes, at: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{at} line {line} is not valid UTF-8 ({e.reason}); fix or "
-                         f"remove that text{_utf16_hint(data)}") from None
+        raise utf8_error(data, e, at) from None
+
+
+def utf8_error(data: bytes, e: UnicodeDecodeError, at: str, *, lines_before: int = 0,
+               head: bytes | None = None) -> ValueError:
+    """The error `decode_utf8` raises for `e`, raised decoding `data`: part of a text file after
+    `lines_before` newlines, whose first bytes (a byte-order mark dropped) are `head` (None:
+    `data` is the start)."""
+    line = lines_before + data.count(b"\n", 0, e.start) + 1
+    hint = _utf16_hint(data if head is None else head)
+    return ValueError(f"{at} line {line} is not valid UTF-8 ({e.reason}); fix or remove that "
+                      f"text{hint}")
 
 
 def json_kind(value) -> str:

@@ -10,7 +10,10 @@ the memory available holds, said in a note on stderr when that makes it fewer), 
 process takes the results back in reading order and appends each document to its split's open
 shard. The output is therefore the same for any number of workers. At most `2 * workers` chunks
 are in flight and a shard is written to disk as it grows, so memory is bounded whatever the
-input's size.
+input's size. A text file larger than `readers.TEXT_WHOLE_BYTES` (one document that no chunk
+should hold whole, `readers.streamed`) is no worker's: the main process reads it in parts and
+encodes it as it reads (`_stream_text`, `prepare_workers.stream_document`), appending its tokens
+to the open shard as they come, with the ids and the shards of the whole file as one chunk.
 
 What each document becomes:
 * its text encoded without the tokenizer's special tokens, then BOS first when `add_bos` and EOS
@@ -60,7 +63,8 @@ from dropless.data import readers
 from dropless.data.corpus import is_eval_document
 from dropless.data.prepare_lock import PrepareLock
 from dropless.data.prepare_workers import MAX_WORKERS, Encoder, encode_chunk, raw_tokenizer, \
-    start_pool, submit, worker_count
+    start_pool, stream_document, submit, worker_count
+from dropless.data.text_pieces import UncuttableText
 from dropless.data.tokenizer import HFTokenizer, make_tokenizer
 
 STATE_DIR = ".prepare"
@@ -138,6 +142,7 @@ class _ShardWriter:
         self.buffered = 0
         self.tokens = 0
         self.ends: list[int] = []
+        self.doc_start: int | None = None     # of a document coming in parts (`extend`)
 
     def add(self, tokens_T: np.ndarray, copies: int) -> None:
         data = tokens_T.astype(self.dtype, copy=False).tobytes()
@@ -148,6 +153,39 @@ class _ShardWriter:
             self.ends.append(self.tokens)
         if self.buffered >= WRITE_BUFFER:
             self._flush()
+
+    def extend(self, tokens_T: np.ndarray) -> None:
+        """Append the next part of a document that comes in parts (`end_document` ends it)."""
+        if self.doc_start is None:
+            self.doc_start = self.tokens
+        data = tokens_T.astype(self.dtype, copy=False).tobytes()
+        self.buffer.append(data)
+        self.buffered += len(data)
+        self.tokens += tokens_T.size
+        if self.buffered >= WRITE_BUFFER:
+            self._flush()
+
+    def end_document(self, copies: int) -> None:
+        """End the document `extend` gave the parts of, written `copies` (>= 1) times in all: the
+        copies after the first are read back from the file, a WRITE_BUFFER at a time."""
+        start, end, self.doc_start = self.doc_start, self.tokens, None
+        self.ends.append(end)
+        if copies < 2:
+            return
+        self._flush()
+        self.file.flush()
+        item = self.dtype.itemsize
+        with open(self.tmp, "rb") as f:
+            for _ in range(copies - 1):
+                f.seek(start * item)
+                left = (end - start) * item
+                while left:
+                    block = f.read(min(left, WRITE_BUFFER))
+                    self.hash.update(block)
+                    self.file.write(block)
+                    left -= len(block)
+                self.tokens += end - start
+                self.ends.append(self.tokens)
 
     def _flush(self) -> None:
         for b in self.buffer:
@@ -383,26 +421,33 @@ class _Run:
         return m
 
     def _read_all(self, pool) -> None:
-        pending: collections.deque = collections.deque()
         first, start = self.position
         for fi in range(first, len(self.files)):
             f = self.files[fi]
             base = self.done_bytes
             try:
-                for chunk in readers.text_chunks(f, self.cfg.text_field,
-                                                 start=start if fi == first else 0,
-                                                 records_per_chunk=self.cfg.records_per_chunk):
-                    job = submit(pool, encode_chunk, (f, chunk, self.cfg.text_field))
-                    pending.append((fi, chunk.indices, base + chunk.bytes_done, job))
-                    while len(pending) > 2 * max(1, self.workers):
-                        self._consume(*pending.popleft())
-                while pending:
-                    self._consume(*pending.popleft())
+                if not readers.streamed(f):
+                    self._read_chunks(fi, base, start if fi == first else 0, pool)
+                elif fi != first or start == 0:
+                    self._stream_text(fi, base)
             except ValueError:
                 self._check_unchanged(fi)    # a line cut by a change is the change, not bad JSON
                 raise
             self._check_unchanged(fi)
             self.done_bytes = base + f.size
+
+    def _read_chunks(self, fi: int, base: int, start: int, pool) -> None:
+        """Encode file `fi`'s records from index `start` on in the pool's workers, at most
+        2 x workers chunks in flight, consumed in reading order."""
+        f, pending = self.files[fi], collections.deque()
+        for chunk in readers.text_chunks(f, self.cfg.text_field, start=start,
+                                         records_per_chunk=self.cfg.records_per_chunk):
+            job = submit(pool, encode_chunk, (f, chunk, self.cfg.text_field))
+            pending.append((fi, chunk.indices, base + chunk.bytes_done, job))
+            while len(pending) > 2 * max(1, self.workers):
+                self._consume(*pending.popleft())
+        while pending:
+            self._consume(*pending.popleft())
 
     def _consume(self, fi: int, indices: list[int], bytes_done: int, job) -> None:
         lengths_N, tokens_T = job.result()
@@ -425,6 +470,45 @@ class _Run:
                 self.position = (fi, idx + 1)
                 self._cut()
         self._report(bytes_done)
+
+    def _stream_text(self, fi: int, base: int) -> None:
+        """Encode text file `fi` (one document, `readers.streamed`) here, in parts as it is
+        read, appending its tokens to its split's open shard as they come
+        (`prepare_workers.stream_document`): the same tokens as a worker's chunk of the whole
+        text, in memory that does not grow with the file. A cut follows the document, as
+        `_consume` makes it; a run killed inside it resumes from the cut before (the open
+        shard's temporary file is removed then)."""
+        f, st = self.files[fi], self.stats[fi]
+        ident = readers.identity(f, 0)
+        if is_eval_document(ident, self.cfg.eval_fraction):
+            writer, copies = self.writers["eval"], 1
+        else:
+            writer, copies = self.writers["train"], copies_of(ident, f.weight)
+
+        def parts():
+            for text, done in readers.text_parts(f):
+                yield text
+                self._report(base + done)
+
+        tok = None if self.cfg.tokenizer == "byte" else self.tok.raw
+        n = 0
+        try:
+            for part_T in stream_document(tok, parts(), readers.text_size(f), self.enc):
+                n += part_T.size
+                if copies:
+                    writer.extend(part_T)
+        except UncuttableText as e:
+            raise ValueError(f"{readers.where(f, 0)}: {e}") from None
+        if n == 0:
+            st.skipped += 1
+            return
+        st.documents += 1
+        st.tokens += n
+        if copies:
+            writer.end_document(copies)
+        if max(w.tokens for w in self.writers.values()) >= self.cfg.shard_tokens:
+            self.position = (fi, 1)
+            self._cut()
 
     def _cut(self) -> None:
         """Close both open shards, then record the position reached (module doc)."""

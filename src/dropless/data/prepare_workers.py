@@ -26,7 +26,9 @@ whole); `tokenizers` keeps offsets and alignments per byte of a string while it 
 (~300 bytes a byte of one long string, against ~80 for a slice of many records), so a piece
 costs PIECE_PEAK per byte of it, and the text's share grows as a chunk of records' does. A text
 no cut of which passes its checks within GROW slices is encoded whole only where `piece_fits`
-finds the memory for it, and refused in one line otherwise. The main process keeps 2 chunks
+finds the memory for it, and refused in one line otherwise. A text file larger than
+`readers.TEXT_WHOLE_BYTES` is no worker's chunk: the main process encodes it as it reads it
+(`stream_document`), in `stream_peak` whatever its size. The main process keeps 2 chunks
 queued per worker (each payload, and its pickle while it waits to be sent): QUEUED_PEAK. What
 the main process reads (one Parquet row group, one zstd block) does not grow with the workers;
 MEMORY_SHARE leaves room for it.
@@ -37,11 +39,12 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from dropless.data import readers
-from dropless.data.text_pieces import UncuttableText, text_ids
+from dropless.data.text_pieces import UncuttableText, stream_ids, text_ids
 from dropless.data.tokenizer import tokenizer_file
 
 MAX_WORKERS = 1024    # tokenizing processes: more is a typo (each holds a tokenizer in memory)
@@ -56,6 +59,8 @@ ENCODE_PEAK = {("records", "byte"): 13, ("records", "tokenizer.json"): 24,
 SLICE_PEAK = 80           # with a tokenizer.json, per byte of a chunk's largest slice of records
 PIECE_PEAK = 320          # with a tokenizer.json, per byte of one text's piece encoded alone
 QUEUED_PEAK = 4           # the main process's 2 queued chunks per worker: payload + pickle each
+STREAM_HELD = 48 << 20    # the main process streaming a text file (`stream_document`): the text
+#                           it holds (a few slices), its parts, the open shard's write buffer
 MEMORY_SHARE = 0.8        # of the memory available, what the workers may take together
 
 
@@ -114,6 +119,38 @@ def slice_ids(tok, texts: list[str], dtype: str) -> list[np.ndarray]:
         return [text_ids(tok, texts[0], dtype, limit_bytes=SLICE_BYTES, fits=piece_fits)]
     return [np.array(e.ids, dtype)
             for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def stream_document(tok, parts: Iterable[str], total_bytes: int,
+                    enc: Encoder) -> Iterator[np.ndarray]:
+    """The tokens `framed` gives one text (BOS, its ids, EOS as `enc` says; nothing for a text of
+    no token) as arrays of enc.dtype one after another, for the text that is `parts` joined
+    (`total_bytes` of UTF-8): encoded by `tok` as `slice_ids` encodes it whole (None: its UTF-8
+    bytes), reading the parts as it goes (`text_pieces.stream_ids`), so that only a few slices
+    of it are held at a time. Raises UncuttableText."""
+    if tok is None:
+        ids = (np.frombuffer(p.encode("utf-8"), np.uint8) for p in parts)
+    else:
+        ids = stream_ids(tok, parts, total_bytes, enc.dtype, limit_bytes=SLICE_BYTES,
+                         fits=piece_fits)
+    started = False
+    for a in ids:
+        if not a.size:
+            continue
+        if not started and enc.bos is not None:
+            yield np.array([enc.bos], enc.dtype)
+        started = True
+        yield a.astype(enc.dtype, copy=False)
+    if started and enc.eos is not None:
+        yield np.array([enc.eos], enc.dtype)
+
+
+def stream_peak(tokenizer: str) -> int:
+    """Bytes the main process takes over its idle size while it encodes a text file in parts
+    (`stream_document`), whatever the file's size: STREAM_HELD, and with a tokenizer.json
+    ("byte" otherwise) one piece of SLICE_BYTES encoded alone (PIECE_PEAK a byte). A piece
+    grows past a slice (to GROW slices, or the rest of the text) only where `piece_fits`."""
+    return STREAM_HELD + (0 if tokenizer == "byte" else PIECE_PEAK * SLICE_BYTES)
 
 
 def piece_fits(text_bytes: int) -> bool:

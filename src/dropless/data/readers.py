@@ -13,7 +13,9 @@ Two ways to read:
 * `records(file)`: (index, record dict) for every record (SFT reads prompt / completion or
   messages through it);
 * `text_chunks(file, text_field)`: the fast path of `data.prepare`: raw chunks (undecoded JSONL
-  lines, or a column's strings) that a worker process turns into texts with `chunk_texts`.
+  lines, or a column's strings) that a worker process turns into texts with `chunk_texts`;
+* `text_parts(file)`: a text file's one text in parts, for one larger than TEXT_WHOLE_BYTES
+  (`streamed`), which `data.prepare` encodes as it reads it rather than as one chunk.
 
 Bytes become text and records through `data.decoding` (UTF-8, a byte-order mark at the start
 of a file dropped, JSON objects with unique keys); a Parquet / Arrow column read twice by one
@@ -30,8 +32,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from dropless.data.decoding import check_encodable, decode_utf8, json_object, \
-    parse_jsonl_line, record_text, strip_bom
+from dropless.data.decoding import UTF8_BOM, check_encodable, decode_utf8, json_object, \
+    parse_jsonl_line, record_text, strip_bom, utf8_error
 
 TEXT_SUFFIXES = (".txt", ".py", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson")
@@ -39,6 +41,8 @@ PARQUET_SUFFIXES = (".parquet",)
 ARROW_SUFFIXES = (".arrow",)
 CHUNK_RECORDS = 1024
 CHUNK_BYTES = 4 << 20        # a JSONL chunk ends at this many raw bytes even when short of records
+TEXT_WHOLE_BYTES = 4 << 20   # a text file up to this size is one chunk; a larger one is streamed
+TEXT_PART_BYTES = 1 << 20    # bytes `text_parts` reads at a time
 KINDS = {"jsonl": JSONL_SUFFIXES, "parquet": PARQUET_SUFFIXES, "arrow": ARROW_SUFFIXES,
          "text": TEXT_SUFFIXES}
 
@@ -412,6 +416,61 @@ def _read_text(file: InputFile) -> str:
     return decode_utf8(file.path.read_bytes(), str(file.path))
 
 
+def streamed(file: InputFile) -> bool:
+    """Whether `data.prepare` reads `file` in parts (`text_parts`) rather than in chunks: a text
+    file larger than TEXT_WHOLE_BYTES, one document that no chunk need hold whole."""
+    return file.kind == "text" and file.size > TEXT_WHOLE_BYTES
+
+
+def text_size(file: InputFile) -> int:
+    """The bytes of a text file's UTF-8 text: its size, less a leading byte-order mark."""
+    with open(file.path, "rb") as f:
+        return file.size - len(UTF8_BOM) * (f.read(len(UTF8_BOM)) == UTF8_BOM)
+
+
+def _utf8_end(data: bytes) -> int:
+    """Where a last UTF-8 character that `data` holds only the first bytes of starts (its
+    length when the last one is whole, or when the bytes are not UTF-8: decoding names them)."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        b = data[n - back]
+        if b < 0x80:
+            return n
+        if b >= 0xC0:                   # a lead byte: of 2, 3 or 4 bytes
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return n - back if need > back else n
+    return n
+
+
+def text_parts(file: InputFile, part_bytes: int | None = None) -> Iterator[tuple[str, int]]:
+    """A text file's text (`_read_text`'s, that is `decode_utf8`'s) in parts of about
+    `part_bytes` (None: TEXT_PART_BYTES) cut between characters, each with how many bytes of
+    the file are read; the same ValueError as `_read_text` for bytes that are not UTF-8 (the
+    first such, naming its line)."""
+    part_bytes = part_bytes or TEXT_PART_BYTES
+    head, carry, lines, done = None, b"", 0, 0
+    with open(file.path, "rb") as f:
+        while True:
+            block = f.read(part_bytes if head else max(part_bytes, len(UTF8_BOM)))
+            done += len(block)
+            data = carry + block
+            if head is None:
+                data = strip_bom(data)
+                head = data[:len(UTF8_BOM)]
+            end = _utf8_end(data) if block else len(data)
+            try:
+                text = data[:end].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise utf8_error(data[:end], e, str(file.path), lines_before=lines,
+                                 head=head) from None
+            lines += data.count(b"\n", 0, end)
+            carry = data[end:]
+            if text:
+                yield text, done
+            if not block:
+                return
+
+
 def text_chunks(file: InputFile, text_field: str, *, start: int = 0,
                 records_per_chunk: int = CHUNK_RECORDS) -> Iterator[Chunk]:
     """`file`'s records from index `start` on, in chunks for `chunk_texts`. A Parquet / Arrow
@@ -443,9 +502,10 @@ def max_chunks(file: InputFile, records_per_chunk: int = CHUNK_RECORDS) -> int |
     when the size does not bound them (compressed JSONL, Parquet, Arrow). A JSONL record takes
     at least 3 bytes (`{}` and a newline; the last line may go without), and a chunk ends at
     `records_per_chunk` records, at CHUNK_BYTES bytes of lines, or at the file's end. Only the
-    number of worker processes depends on it, never the output."""
+    number of worker processes depends on it, never the output. A streamed text file
+    (`streamed`) makes none: the main process encodes it."""
     if file.kind == "text":
-        return 1
+        return 0 if streamed(file) else 1
     if file.kind == "jsonl" and not file.path.name.lower().endswith((".gz", ".zst")):
         return (file.size + 1) // 3 // records_per_chunk + file.size // CHUNK_BYTES + 1
     return None
@@ -455,7 +515,8 @@ def chunk_text_bytes(file: InputFile, text_field: str,
                      records_per_chunk: int = CHUNK_RECORDS) -> int:
     """About how many bytes of text the largest chunk of `file` holds, from its size or its
     metadata, reading no record (`prepare_workers` sizes a worker's memory by it), as
-    `text_chunks` cuts them: a text file is one chunk of its size; a JSONL chunk ends at
+    `text_chunks` cuts them: a text file is one chunk of its size (a streamed one, `streamed`,
+    is no worker's chunk: 0); a JSONL chunk ends at
     CHUNK_BYTES of lines (a plain file's size bounds it too; a compressed file's content size
     is unknown); a Parquet chunk is `records_per_chunk` rows (read across row groups), at the
     text column's bytes per row of the row group where they are most; an Arrow chunk is
@@ -463,7 +524,7 @@ def chunk_text_bytes(file: InputFile, text_field: str,
     whose metadata cannot be read: its size. A line or row much longer than its neighbours
     makes a chunk larger than this."""
     if file.kind == "text":
-        return file.size
+        return 0 if streamed(file) else file.size
     if file.kind == "jsonl":
         compressed = file.path.name.lower().endswith((".gz", ".zst"))
         return CHUNK_BYTES if compressed else min(file.size, CHUNK_BYTES)

@@ -37,12 +37,17 @@ another one. Where no cut in a band of a piece passes, the piece grows by a slic
 GROW slices and only while `fits(bytes of the piece)` says the memory holds it; then the rest
 of the text is encoded whole where `fits` holds it, or `UncuttableText` is raised: never
 different ids.
+
+`stream_ids` makes the same cuts on a text given in parts (a text file as it is read,
+`data.prepare`), holding only the text from CONTEXT characters before the last piece not yet
+given out to GROW slices and CONTEXT characters past the piece being cut (`_Rest`), so a text of
+any size costs a few slices; `text_ids` is the same loop on a string held whole.
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -138,8 +143,11 @@ def _slice_chars(text: str, s: int, limit_bytes: int) -> int:
 
 
 def _next_cut(tok, text: str, s: int, limit_bytes: int, context: int, rejected: set[int],
-              fits: Callable[[int], bool]) -> tuple[int, _Window | None]:
-    """(end of the piece from s, W of its cut; None at the text's end) (module doc)."""
+              fits: Callable[[int], bool], rest: _Rest | None = None
+              ) -> tuple[int, _Window | None]:
+    """(end of the piece from s, W of its cut; None at the text's end) (module doc). `rest`:
+    where `text` is the start of a longer text (`stream_ids`), its sizes; then (-1, None) says
+    that the rest of the text is to be encoded whole, and must be read first."""
     n = len(text)
     size = _slice_chars(text, s, limit_bytes)
     if n - s <= size:
@@ -155,14 +163,91 @@ def _next_cut(tok, text: str, s: int, limit_bytes: int, context: int, rejected: 
                     return c, w
         if hi == n - context:
             break
-    rest = _utf8_size(text[s:]) + context
-    if not fits(rest):
+    total = _utf8_size(text) if rest is None else rest.total_bytes
+    at = 0 if rest is None else rest.dropped_chars
+    left = (_utf8_size(text[s:]) if rest is None else rest.after(s)) + context
+    if not fits(left):
         raise UncuttableText(
-            f"no place to cut this text of {_utf8_size(text) / 2 ** 20:.0f} MiB where its "
-            f"tokens stay the same was found after character {s}, and encoding the remaining "
-            f"{rest / 2 ** 20:.0f} MiB whole takes more memory than is available; split it "
+            f"no place to cut this text of {total / 2 ** 20:.0f} MiB where its tokens stay "
+            f"the same was found after character {s + at}, and encoding the remaining "
+            f"{left / 2 ** 20:.0f} MiB whole takes more memory than is available; split it "
             "into smaller files, or prepare it where more memory is free")
-    return n, None
+    return (n, None) if rest is None or rest.at_end else (-1, None)
+
+
+class _Rest:
+    """The part of a text read so far and not dropped yet (`text`, from character
+    `dropped_chars` of the whole on), from an iterator of its parts; `total_bytes`: the UTF-8
+    size of the whole text; `at_end`: every part is read. `dropping` False: `drop` keeps all
+    (a text held whole anyway is not copied again)."""
+
+    def __init__(self, parts: Iterable[str], total_bytes: int, *, dropping: bool = True):
+        self.parts, self.total_bytes, self.dropping = iter(parts), total_bytes, dropping
+        self.text, self.at_end, self.dropped_bytes, self.dropped_chars = "", False, 0, 0
+
+    def fill(self, chars: int | None) -> None:
+        """Read parts until `text` holds `chars` characters (None: all of them) or the end."""
+        got = [self.text]
+        have = len(self.text)
+        while not self.at_end and (chars is None or have < chars):
+            part = next(self.parts, None)
+            if part is None:
+                self.at_end = True
+            else:
+                got.append(part)
+                have += len(part)
+        self.text = "".join(got)
+
+    def after(self, s: int) -> int:
+        """UTF-8 bytes of the whole text from `text[s]` on."""
+        return self.total_bytes - self.dropped_bytes - _utf8_size(self.text[:s])
+
+    def drop(self, chars: int) -> int:
+        """Drop the first `chars` characters of `text`; how many were dropped (0 or chars)."""
+        if not self.dropping or chars <= 0:
+            return 0
+        self.dropped_bytes += _utf8_size(self.text[:chars])
+        self.dropped_chars += chars
+        self.text = self.text[chars:]
+        return chars
+
+
+def _piece_ids(tok, rest: _Rest, dtype: str, limit_bytes: int, fits: Callable[[int], bool],
+               context: int) -> Iterator[np.ndarray]:
+    """The ids of the text `rest` reads, piece by piece (module doc), as arrays of `dtype`. It
+    holds the text from CONTEXT characters before the last piece not yet given out (a check
+    that fails at the next piece re-cuts that one) to GROW slices and CONTEXT characters past
+    the piece being cut: what a cut's search reads. Raises UncuttableText."""
+    ahead = GROW * limit_bytes + context + 1
+    s, head, pending, rejected = 0, None, None, set()
+    while True:
+        rest.fill(s + ahead)
+        text = rest.text
+        if s >= len(text):
+            break
+        end, w = _next_cut(tok, text, s, limit_bytes, context, rejected, fits, rest)
+        if end < 0:                     # the rest is encoded whole: read it all
+            rest.fill(None)
+            continue
+        ids = fast_ids(tok, text[s - context if head else 0: end])
+        if head is not None:
+            if ids[:head.span] != head.ids[:head.span]:       # (4) fails: cut s is rejected
+                _reject(rejected, s, pending, at=rest.dropped_chars)
+                (s, head, _), pending = pending, None         # re-cut from the piece before
+                continue
+            del ids[:head.k]
+        if w is not None and ids[len(ids) - w.j:] != w.ids[w.k - w.j: w.k]:
+            _reject(rejected, end, True, at=rest.dropped_chars)  # (3) fails: cut elsewhere
+            continue
+        if pending is not None:
+            yield np.array(pending[2], dtype)
+        pending, s, head = (s, head, ids), end, w
+        if pending[1] is not None:      # text before the pending piece's context is done
+            d = rest.drop(pending[0] - context)
+            pending, s = (pending[0] - d, *pending[1:]), s - d
+            rejected = {r - d for r in rejected}
+    if pending is not None:
+        yield np.array(pending[2], dtype)
 
 
 def text_ids(tok, text: str, dtype: str, *, limit_bytes: int,
@@ -174,35 +259,35 @@ def text_ids(tok, text: str, dtype: str, *, limit_bytes: int,
     holds it), asked only where no cut is found within a slice. Raises UncuttableText."""
     if len(text) <= 4 * context or _utf8_size(text) <= limit_bytes:
         return np.array(fast_ids(tok, text), dtype)
-    out: list[np.ndarray] = []
-    pending = None          # (start, head window, ids): the last piece, not yet emitted
-    s, head, rejected = 0, None, set()
-    while s < len(text):
-        end, w = _next_cut(tok, text, s, limit_bytes, context, rejected, fits)
-        ids = fast_ids(tok, text[s - context if head else 0: end])
-        if head is not None:
-            if ids[:head.span] != head.ids[:head.span]:       # (4) fails: cut s is rejected
-                _reject(rejected, s, pending)
-                (s, head, _), pending = pending, None         # re-cut from the piece before
-                continue
-            del ids[:head.k]
-        if w is not None and ids[len(ids) - w.j:] != w.ids[w.k - w.j: w.k]:
-            _reject(rejected, end, True)                      # (3) fails: cut elsewhere
-            continue
-        if pending is not None:
-            out.append(np.array(pending[2], dtype))
-        pending, s, head = (s, head, ids), end, w
-    if pending is not None:
-        out.append(np.array(pending[2], dtype))
+    out = list(_piece_ids(tok, _Rest([text], _utf8_size(text), dropping=False), dtype,
+                          limit_bytes, fits, context))
     return np.concatenate(out) if out else np.zeros(0, dtype)
 
 
-def _reject(rejected: set[int], cut: int, can: object) -> None:
+def stream_ids(tok, parts: Iterable[str], total_bytes: int, dtype: str, *, limit_bytes: int,
+               fits: Callable[[int], bool] = lambda nbytes: True,
+               context: int = CONTEXT) -> Iterator[np.ndarray]:
+    """The ids `text_ids` gives the text that is `parts` joined (`total_bytes` of UTF-8), as
+    arrays of `dtype` one after another, reading the parts as it goes: it holds a few slices
+    of the text (`_piece_ids`), not all of it, unless no cut passes and the rest is encoded
+    whole (only where `fits` holds it). The cuts, and so the ids, are those of `text_ids` on
+    the whole string. Raises UncuttableText."""
+    rest = _Rest(parts, total_bytes)
+    rest.fill(GROW * limit_bytes + context + 1)
+    if rest.at_end:                     # short: as text_ids takes it, whole or in pieces
+        yield text_ids(tok, rest.text, dtype, limit_bytes=limit_bytes, fits=fits,
+                       context=context)
+        return
+    yield from _piece_ids(tok, rest, dtype, limit_bytes, fits, context)
+
+
+def _reject(rejected: set[int], cut: int, can: object, *, at: int = 0) -> None:
     """Add `cut` to the rejected ones; UncuttableText where that cannot go on (`can` falsy: the
-    piece before it is already written, or REJECTS are reached)."""
+    piece before it is already written, or REJECTS are reached); `at`: the characters of the
+    text before position 0 (dropped), for the message."""
     if not can or len(rejected) >= REJECTS:
         raise UncuttableText(
-            f"the tokens around character {cut} of this text depend on more than "
+            f"the tokens around character {cut + at} of this text depend on more than "
             f"{CONTEXT // 2} characters each side of it, and {len(rejected)} other cuts were "
             "rejected; split it into smaller files, or report the tokenizer to dropless")
     rejected.add(cut)

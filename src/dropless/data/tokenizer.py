@@ -188,6 +188,11 @@ class HFTokenizer:
                     f"but {path}'s post-processor {'adds' if adds[key] else 'does not add'} that "
                     "token; transformers 4 and 5 read this folder differently: make them agree")
 
+    @property
+    def raw(self):
+        """The `tokenizers.Tokenizer` (`tokenizer_file`: padding and truncation off)."""
+        return self._tok
+
     def encode(self, text: str) -> np.ndarray:
         """The ids transformers' tokenizer(text) gives: special tokens as the post-processor adds
         them (module doc)."""
