@@ -7,8 +7,9 @@ processes, never import JAX (tests/cli/test_main_imports.py).
 """
 from __future__ import annotations
 
-import importlib
 import typing
+
+from dropless.runtime.lazy_names import lazy_names
 
 if typing.TYPE_CHECKING:
     from dropless import moe, ops
@@ -23,15 +24,4 @@ _HOME = {"MoEConfig": "dropless.config", "MeshConfig": "dropless.config",
          "grouped_matmul": "dropless.ops", "grouped_matmul_backends": "dropless.ops"}
 __all__ = list(_HOME)
 
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'dropless' has no attribute {name!r}")
-    module = importlib.import_module(_HOME[name])
-    value = module if module.__name__ == f"dropless.{name}" else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals())

@@ -7,8 +7,9 @@ reads only `arithmetic`, never imports JAX; `forward` and `init_params` bring in
 """
 from __future__ import annotations
 
-import importlib
 import typing
+
+from dropless.runtime.lazy_names import lazy_names
 
 if typing.TYPE_CHECKING:
     from dropless.models.arithmetic import flops_per_token, param_counts
@@ -20,14 +21,4 @@ _HOME = {"flops_per_token": "dropless.models.arithmetic",
          "forward": "dropless.models.decoder", "init_params": "dropless.models.decoder"}
 __all__ = sorted(_HOME)
 
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'dropless.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals())

@@ -7,8 +7,9 @@ backend name (`ops.gmm.names`) without loading the backends, and with them JAX.
 """
 from __future__ import annotations
 
-import importlib
 import typing
+
+from dropless.runtime.lazy_names import lazy_names
 
 if typing.TYPE_CHECKING:
     from dropless.ops.gmm.baselines import padding_stats
@@ -25,14 +26,4 @@ _HOME = {"grouped_matmul": "dropless.ops.gmm.registry",
          "padding_stats": "dropless.ops.gmm.baselines"}
 __all__ = list(_HOME)
 
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'dropless.ops' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals())

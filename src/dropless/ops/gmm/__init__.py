@@ -6,8 +6,9 @@ the registry registers the built-in backends when it loads (`registry.py`).
 """
 from __future__ import annotations
 
-import importlib
 import typing
+
+from dropless.runtime.lazy_names import lazy_names
 
 if typing.TYPE_CHECKING:
     from dropless.ops.gmm.baselines import padding_stats
@@ -26,14 +27,4 @@ _HOME = {"grouped_matmul": "dropless.ops.gmm.registry",
          "DEFAULT_TILE_SIZES": "dropless.ops.gmm.tiled"}
 __all__ = list(_HOME)
 
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'dropless.ops.gmm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals())
