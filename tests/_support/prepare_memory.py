@@ -47,3 +47,26 @@ def prepare_peak(**config) -> int:
             1, mp_context=multiprocessing.get_context("spawn")) as pool:
         peak, _ = pool.submit(_measure, config).result()
     return peak
+
+
+_STATUS = "open('/proc/self/status').read()"
+_CLEAR_PEAK = "open('/proc/self/clear_refs', 'w').write('5')"    # VmHWM := VmRSS
+
+
+def _in(text: str, key: str) -> int:
+    return next(int(ln.split()[1]) * 1024 for ln in text.splitlines() if ln.startswith(key))
+
+
+def worker_peak(enc, file, chunk, text_field: str = "text"):
+    """(the chunk's document lengths, bytes over its idle size) of a fresh `data prepare`
+    worker (`prepare_workers.start_pool(1, enc)`) encoding `chunk` of `file`."""
+    from dropless.data import prepare_workers as pw
+    pool = pw.start_pool(1, enc)
+    try:
+        pool.submit(eval, _CLEAR_PEAK).result()
+        idle = _in(pool.submit(eval, _STATUS).result(), "VmRSS:")
+        lengths, _ = pool.submit(pw.encode_chunk, file, chunk, text_field).result()
+        peak = _in(pool.submit(eval, _STATUS).result(), "VmHWM:")
+    finally:
+        pool.shutdown()
+    return lengths, peak - idle

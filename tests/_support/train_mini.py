@@ -15,6 +15,16 @@ MINI = {"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
         "learning_rate": 1e-2, "warmup_steps": 2}
 
 
+# An MLA model with a dense and an MoE layer and MTP depth 1, float32, for the train step's own
+# tests (no data, no run directory): small enough to compile fast.
+STEP_KEYS = {"preset": "deepseek3-test", "model.d_model": 32, "model.num_layers": 2,
+             "model.num_heads": 2, "model.kv_lora_rank": 16, "model.q_lora_rank": 0,
+             "model.qk_nope_head_dim": 8, "model.qk_rope_head_dim": 8, "model.v_head_dim": 8,
+             "model.moe.d_ff": 16, "model.moe.num_experts": 8, "model.moe.top_k": 2,
+             "model.moe.gmm_backend": "ragged_dot", "model.mtp_depth": 1, "seq_len": 12,
+             "per_device_batch_size": 4}
+
+
 def corpus(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.txt"
     if not path.exists():

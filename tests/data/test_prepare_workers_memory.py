@@ -19,6 +19,7 @@ from dropless import cli
 from dropless.data import prepare_workers as pw
 from dropless.data import readers
 from dropless.data.prepare import PrepareConfig, prepare
+from tests._support.prepare_memory import worker_peak
 
 MiB = 1 << 20
 TEXTS = [f"doc {i} " + "word é " * (i % 37) for i in range(600)]   # 'é': 2 UTF-8 bytes
@@ -144,14 +145,6 @@ def test_an_arrow_batch_is_read_in_chunks_of_records_per_chunk(tmp_path):
     assert [t for c in chunks for t in c.payload] == TEXTS[3:100]
 
 
-STATUS = "open('/proc/self/status').read()"
-CLEAR_PEAK = "open('/proc/self/clear_refs', 'w').write('5')"    # VmHWM := VmRSS
-
-
-def _status(text: str, key: str) -> int:
-    return next(int(ln.split()[1]) * 1024 for ln in text.splitlines() if ln.startswith(key))
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's /proc")
 @pytest.mark.parametrize("tokenizer", ["byte", "tokenizer.json"])
 def test_a_worker_encoding_a_chunk_stays_under_its_estimate(tmp_path, tokenizer):
@@ -174,17 +167,10 @@ def test_a_worker_encoding_a_chunk_stays_under_its_estimate(tmp_path, tokenizer)
         reference_tokenizer().save(str(tmp_path / "tokenizer.json"))
         enc = pw.Encoder(tokenizer=str(tmp_path / "tokenizer.json"), dtype="uint16", bos=1,
                          eos=2)
-    pool = pw.start_pool(1, enc)
-    try:
-        pool.submit(eval, CLEAR_PEAK).result()
-        idle = _status(pool.submit(eval, STATUS).result(), "VmRSS:")
-        lengths, _ = pool.submit(pw.encode_chunk, f, chunk, "text").result()
-        peak = _status(pool.submit(eval, STATUS).result(), "VmHWM:")
-    finally:
-        pool.shutdown()
+    lengths, used = worker_peak(enc, f, chunk)
     assert len(lengths) == 1024
     est = pw.encode_peak("records", tokenizer, size, 1024)
-    assert 0.4 * est <= peak - idle <= est, (peak - idle, est, size)
+    assert 0.4 * est <= used <= est, (used, est, size)
 
 
 def _sources(inputs):

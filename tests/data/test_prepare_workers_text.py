@@ -16,7 +16,7 @@ from dropless.data import manifest as mf
 from dropless.data import prepare_workers as pw
 from dropless.data import readers
 from dropless.data.prepare import PrepareConfig, prepare
-from tests._support.prepare_memory import mixed_text
+from tests._support.prepare_memory import mixed_text, worker_peak
 from tests._support.tokenizer_styles import build
 
 MiB = 1 << 20
@@ -61,14 +61,6 @@ def test_a_text_file_of_several_slices_is_its_whole_encoding(folders, tmp_path, 
     assert shard.documents == 1 and got.tolist() == want
 
 
-STATUS = "open('/proc/self/status').read()"
-CLEAR_PEAK = "open('/proc/self/clear_refs', 'w').write('5')"    # VmHWM := VmRSS
-
-
-def _status(text: str, key: str) -> int:
-    return next(int(ln.split()[1]) * 1024 for ln in text.splitlines() if ln.startswith(key))
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's /proc")
 def test_a_worker_encoding_the_largest_whole_text_file_stays_under_its_estimate(folders,
                                                                                tmp_path):
@@ -81,18 +73,11 @@ def test_a_worker_encoding_the_largest_whole_text_file_stays_under_its_estimate(
     chunk = next(readers.text_chunks(f, "text"))
     size = readers.chunk_text_bytes(f, "text")
     enc = pw.Encoder(tokenizer=str(folders["gpt2"]), dtype="uint32", bos=None, eos=3)
-    pool = pw.start_pool(1, enc)
-    try:
-        pool.submit(eval, CLEAR_PEAK).result()
-        idle = _status(pool.submit(eval, STATUS).result(), "VmRSS:")
-        lengths, _ = pool.submit(pw.encode_chunk, f, chunk, "text").result()
-        peak = _status(pool.submit(eval, STATUS).result(), "VmHWM:")
-    finally:
-        pool.shutdown()
+    lengths, used = worker_peak(enc, f, chunk)
     assert len(lengths) == 1 and lengths[0] > size // 4
     est = pw.encode_peak("text", "tokenizer.json", size, 1024)
     assert not readers.streamed(f) and size > readers.TEXT_WHOLE_BYTES - 4
-    assert 0.25 * est <= peak - idle <= est, (peak - idle, est, size)
+    assert 0.25 * est <= used <= est, (used, est, size)
 
 
 def test_a_text_that_can_be_neither_cut_nor_held_is_refused_in_one_line(folders, tmp_path,

@@ -25,15 +25,9 @@ from dropless.parallel.sharding import state_shardings
 from dropless.train import step
 from dropless.train.loop import train
 
-from tests._support.train_mini import mini
+from tests._support.train_mini import STEP_KEYS, mini
 
-# an MLA model with a dense and an MoE layer, MTP depth 1, float32, small enough to compile fast
-KEYS = {"preset": "deepseek3-test", "model.d_model": 32, "model.num_layers": 2,
-        "model.num_heads": 2, "model.kv_lora_rank": 16, "model.q_lora_rank": 0,
-        "model.qk_nope_head_dim": 8, "model.qk_rope_head_dim": 8, "model.v_head_dim": 8,
-        "model.moe.d_ff": 16, "model.moe.num_experts": 8, "model.moe.top_k": 2,
-        "model.moe.gmm_backend": "ragged_dot", "model.mtp_depth": 1, "seq_len": 12,
-        "per_device_batch_size": 4}
+KEYS = STEP_KEYS   # the train step: an MLA model, a dense and an MoE layer, MTP 1
 
 
 def config(**kw) -> TrainConfig:
