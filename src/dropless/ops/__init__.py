@@ -12,18 +12,13 @@ import typing
 from dropless.runtime.lazy_names import lazy_names
 
 if typing.TYPE_CHECKING:
-    from dropless.ops.gmm.baselines import padding_stats
-    from dropless.ops.gmm.registry import (backend_spec, grouped_matmul,
-                                           grouped_matmul_backends, register_backend,
-                                           resolve_backend)
+    from dropless.ops.gmm import (backend_spec, grouped_matmul, grouped_matmul_backends,
+                                  padding_stats, register_backend, resolve_backend)
 
-# each name -> the module it comes from
-_HOME = {"grouped_matmul": "dropless.ops.gmm.registry",
-         "grouped_matmul_backends": "dropless.ops.gmm.registry",
-         "register_backend": "dropless.ops.gmm.registry",
-         "resolve_backend": "dropless.ops.gmm.registry",
-         "backend_spec": "dropless.ops.gmm.registry",
-         "padding_stats": "dropless.ops.gmm.baselines"}
+# each name -> the module it comes from: ops.gmm's own names (its `_HOME` says where each lives)
+_HOME = {name: "dropless.ops.gmm" for name in (
+    "grouped_matmul", "grouped_matmul_backends", "register_backend", "resolve_backend",
+    "backend_spec", "padding_stats")}
 __all__ = list(_HOME)
 
 __getattr__, __dir__ = lazy_names(__name__, _HOME, globals())
